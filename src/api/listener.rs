@@ -1,0 +1,192 @@
+//! The `Http3Listener` custom resource (group `h3-ingress.dev`, version `v1alpha1`).
+
+// kube's printcolumn(...) repeats `type_ = ...` per column, which clippy mistakes for a
+// duplicated attribute.
+#![allow(clippy::duplicated_attributes)]
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::settings::{
+    AltSvcSettings, HttpSettings, MetricsSettings, SocketSettings, TransportSettings, Upstream,
+};
+use super::Addresses;
+
+fn default_port() -> u16 {
+    super::settings::DEFAULT_PORT
+}
+
+/// An HTTP/3 (QUIC) listener run by a hostNetwork DaemonSet in front of an existing TCP ingress.
+///
+/// Cluster-scoped because it owns a UDP port on every selected node.
+#[derive(CustomResource, Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[kube(
+    group = "h3-ingress.dev",
+    version = "v1alpha1",
+    kind = "Http3Listener",
+    shortname = "h3l",
+    status = "Http3ListenerStatus",
+    derive = "PartialEq",
+    doc = "An HTTP/3 listener that proxies to the cluster's existing TCP ingress",
+    printcolumn(name = "Port", type_ = "integer", json_path = ".spec.port"),
+    printcolumn(
+        name = "Hosts",
+        type_ = "string",
+        json_path = ".status.hostsSummary",
+        description = "hosts served / hosts wanted"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.nodes.summary",
+        description = "data plane pods ready / desired"
+    ),
+    printcolumn(
+        name = "UDP-Drops",
+        type_ = "integer",
+        json_path = ".status.udp.drops",
+        description = "UDP datagrams the kernel dropped on our sockets, summed over pods"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct Http3ListenerSpec {
+    /// Ingresses of this class (with annotation `h3-ingress.dev/enabled: "true"`) are served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress_class_name: Option<String>,
+    /// UDP port the QUIC sockets bind on every node.
+    #[serde(default = "default_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: u16,
+    #[serde(default)]
+    pub addresses: Addresses,
+    pub upstream: Upstream,
+    #[serde(default)]
+    pub socket: SocketSettings,
+    #[serde(default)]
+    pub transport: TransportSettings,
+    #[serde(default)]
+    pub alt_svc: AltSvcSettings,
+    #[serde(default)]
+    pub metrics: MetricsSettings,
+    #[serde(default)]
+    pub http: HttpSettings,
+    /// Hosts not defined by an Ingress, each with its TLS Secret.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<ListenerHost>,
+    /// Nodes that run the data plane (normally the ingress node pool).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Data plane image; defaults to the operator's own image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Run a privileged init container that raises net.core.rmem_max/wmem_max to 7500000
+    /// on each node (seed 002). Off by default; status reports clamped buffers either way.
+    #[serde(default)]
+    pub tune_node_buffer_limits: bool,
+}
+
+/// A host served with the certificate of a TLS Secret.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenerHost {
+    pub name: String,
+    pub secret_ref: SecretRef,
+}
+
+#[derive(
+    Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Http3ListenerStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`, `SocketsBound`, `BuffersApplied`, `Degraded` (see `api::conditions`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// "serving/wanted", for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosts_summary: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<HostStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<NodesStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub udp: Option<UdpStatus>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requests: Vec<HostRequests>,
+}
+
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct HostStatus {
+    pub name: String,
+    /// `namespace/name` of the Ingress that asked for this host, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress: Option<String>,
+    /// `namespace/name` of the TLS Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    /// `Serving` or `NotServing`.
+    pub state: String,
+    /// Machine-readable reason (see `api::reasons`).
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// Whether the TCP ingress answers this host with `Alt-Svc: h3=":PORT"`; unknown until probed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alt_svc_advertised: Option<bool>,
+    /// The DNS HTTPS record to publish so first visits can use HTTP/3 (RFC 9460).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub dns_https_record: String,
+}
+
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct NodesStatus {
+    pub desired: i32,
+    pub ready: i32,
+    /// "ready/desired", for `kubectl get`.
+    pub summary: String,
+}
+
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct UdpStatus {
+    /// Datagrams dropped on the data plane's own sockets, summed over pods.
+    pub drops: i64,
+    /// Smallest effective SO_RCVBUF over pods and families.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_receive_buffer_bytes: Option<i64>,
+    /// Whether any pod got less buffer than requested.
+    #[serde(default)]
+    pub clamped: bool,
+}
+
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct HostRequests {
+    pub host: String,
+    /// HTTP/3 requests served for this host since the pods started, summed over pods.
+    pub total: i64,
+}

@@ -1,0 +1,76 @@
+//! What a data plane pod reports on `/status` (JSON) and the operator aggregates into the
+//! `Http3Listener` status. Plain data, shared by both sides.
+
+use serde::{Deserialize, Serialize};
+
+/// One UDP socket as bound and configured, read back from the kernel.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct SocketReport {
+    /// `ipv4` or `ipv6`.
+    pub family: String,
+    /// Local address the socket is bound to.
+    pub address: String,
+    pub bound: bool,
+    /// Why binding failed, when it did.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub error: String,
+    pub receive_buffer_requested_bytes: u64,
+    /// SO_RCVBUF as read back (the kernel reports double the usable size).
+    pub receive_buffer_effective_bytes: u64,
+    pub send_buffer_requested_bytes: u64,
+    pub send_buffer_effective_bytes: u64,
+    /// True when the kernel granted less than requested (net.core.rmem_max/wmem_max too low).
+    pub clamped: bool,
+    /// Segments per sendmsg the kernel accepts (1 = no GSO).
+    pub gso_segments: u64,
+    /// Datagrams the kernel dropped on this socket (/proc/net/udp `drops`).
+    pub drops: u64,
+}
+
+/// One host as the data plane sees it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct HostReport {
+    pub name: String,
+    /// `Serving` or `NotServing` (see `api::host_states`).
+    pub state: String,
+    /// A constant from `api::reasons`.
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// `namespace/name` of the Ingress that asked for the host (Kubernetes mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress: Option<String>,
+    /// `namespace/name` of the Secret, or the certificate file (standalone mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    /// Result of probing the TCP ingress for `Alt-Svc: h3=":PORT"`; None until probed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alt_svc_advertised: Option<bool>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub alt_svc_message: String,
+    /// HTTP/3 requests served for this host since start.
+    #[serde(default)]
+    pub requests: u64,
+}
+
+/// The whole `/status` document of one pod.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusReport {
+    pub version: String,
+    pub port: u16,
+    pub sockets: Vec<SocketReport>,
+    pub hosts: Vec<HostReport>,
+    /// Sum of `sockets[].drops`.
+    pub udp_drops: u64,
+    /// Host-wide UDP receive-buffer errors (/proc/net/snmp + snmp6).
+    pub udp_host_receive_buffer_errors: u64,
+    pub requests_total: u64,
+    /// Increments on every applied configuration.
+    pub config_generation: u64,
+    /// Changes the running pod refused because they need new sockets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restart_required: Vec<String>,
+}

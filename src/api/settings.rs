@@ -1,0 +1,349 @@
+//! Listener settings shared by the standalone YAML file and the `Http3Listener` spec.
+//!
+//! The same structs are deserialised from a file (`h3-ingress proxy --config`) and from the
+//! custom resource, so a field has one name, one default and one meaning everywhere. Defaults
+//! are serde defaults, which schemars copies into the CRD schema, so the API server applies the
+//! very same values.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub const DEFAULT_PORT: u16 = 443;
+pub const DEFAULT_IPV4: &str = "0.0.0.0";
+pub const DEFAULT_IPV6: &str = "::";
+/// Socket buffers QUIC servers want; the kernel doubles what it grants (see socket(7)).
+pub const DEFAULT_BUFFER_BYTES: u32 = 4 * 1024 * 1024;
+/// What QUIC stacks (quic-go, nginx docs, seed 002) recommend for net.core.rmem_max/wmem_max.
+pub const RECOMMENDED_SYSCTL_BUFFER_MAX: u32 = 7_500_000;
+pub const DEFAULT_ALT_SVC_MAX_AGE: u32 = 86_400;
+/// Metrics and health port. Chosen to stay clear of the ports hostNetwork daemons commonly
+/// hold on a node: node-exporter 9100, Prometheus 9090, ingress-nginx 10254, kubelet
+/// 10248/10250/10255, kube-proxy 10249/10256, Calico 9091, Cilium 9962-9965.
+pub const DEFAULT_METRICS_ADDRESS: &str = "0.0.0.0:9476";
+
+fn default_port() -> u16 {
+    DEFAULT_PORT
+}
+fn default_true() -> bool {
+    true
+}
+fn default_ipv4() -> Option<String> {
+    Some(DEFAULT_IPV4.to_string())
+}
+fn default_ipv6() -> Option<String> {
+    Some(DEFAULT_IPV6.to_string())
+}
+fn default_buffer() -> u32 {
+    DEFAULT_BUFFER_BYTES
+}
+fn default_alt_svc_max_age() -> u32 {
+    DEFAULT_ALT_SVC_MAX_AGE
+}
+fn default_metrics_address() -> String {
+    DEFAULT_METRICS_ADDRESS.to_string()
+}
+
+/// Which local addresses get a UDP socket. One socket per family, never a dual-stack socket:
+/// an AF_INET6 socket that also carries IPv4 cannot set DF on its IPv4 datagrams (seed 000).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Addresses {
+    /// IPv4 address of the AF_INET socket; `null` runs without IPv4.
+    #[serde(default = "default_ipv4")]
+    pub ipv4: Option<String>,
+    /// IPv6 address of the AF_INET6 (IPV6_V6ONLY) socket; `null` runs without IPv6.
+    #[serde(default = "default_ipv6")]
+    pub ipv6: Option<String>,
+}
+
+impl Default for Addresses {
+    fn default() -> Self {
+        Self {
+            ipv4: default_ipv4(),
+            ipv6: default_ipv6(),
+        }
+    }
+}
+
+/// How the proxy checks the certificate of the TCP ingress it forwards to.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum UpstreamVerify {
+    /// The upstream must present exactly the certificate this proxy serves for the request's host.
+    #[default]
+    ServedCertificate,
+    /// The upstream certificate must chain to the system trust store and match the host.
+    System,
+    /// No verification (lab use only).
+    Insecure,
+}
+
+fn default_connect_timeout() -> u32 {
+    5
+}
+fn default_response_timeout() -> u32 {
+    60
+}
+
+/// The existing TCP ingress every request is forwarded to.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Upstream {
+    /// `host:port` of the TCP ingress, for example `127.0.0.1:443`.
+    pub address: String,
+    /// Speak TLS to the upstream, with SNI set to the request's host.
+    #[serde(default = "default_true")]
+    pub tls: bool,
+    /// How the upstream's certificate is verified.
+    #[serde(default)]
+    pub verify: UpstreamVerify,
+    /// Send a PROXY protocol v2 header on a per-client upstream connection.
+    #[serde(default)]
+    pub proxy_protocol: bool,
+    /// Seconds to wait for the TCP (and TLS) connection to the upstream.
+    #[serde(default = "default_connect_timeout")]
+    #[schemars(range(min = 1, max = 300))]
+    pub connect_timeout_seconds: u32,
+    /// Seconds to wait for the upstream's response headers; answered with 504 when exceeded.
+    #[serde(default = "default_response_timeout")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub response_timeout_seconds: u32,
+}
+
+/// UDP socket buffers (seed 002: 208 KB buffers drop datagrams on uploads).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SocketSettings {
+    /// Requested SO_RCVBUF in bytes; the effective size is read back and exported.
+    #[serde(default = "default_buffer")]
+    #[schemars(range(min = 65536, max = 1073741824))]
+    pub receive_buffer_bytes: u32,
+    /// Requested SO_SNDBUF in bytes.
+    #[serde(default = "default_buffer")]
+    #[schemars(range(min = 65536, max = 1073741824))]
+    pub send_buffer_bytes: u32,
+    /// Use SO_RCVBUFFORCE/SO_SNDBUFFORCE to exceed net.core.rmem_max/wmem_max (needs CAP_NET_ADMIN).
+    #[serde(default)]
+    pub force_buffers: bool,
+}
+
+impl Default for SocketSettings {
+    fn default() -> Self {
+        Self {
+            receive_buffer_bytes: DEFAULT_BUFFER_BYTES,
+            send_buffer_bytes: DEFAULT_BUFFER_BYTES,
+            force_buffers: false,
+        }
+    }
+}
+
+/// Congestion controller of the QUIC connections.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum CongestionControl {
+    /// CUBIC that forgives one loss of the handshake flight (seed 004).
+    #[default]
+    #[serde(rename = "cubic-hs")]
+    CubicHs,
+    /// quinn's stock CUBIC.
+    #[serde(rename = "cubic")]
+    Cubic,
+    /// quinn's NewReno.
+    #[serde(rename = "newreno")]
+    NewReno,
+    /// quinn's (experimental) BBR.
+    #[serde(rename = "bbr")]
+    Bbr,
+}
+
+impl CongestionControl {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CongestionControl::CubicHs => "cubic-hs",
+            CongestionControl::Cubic => "cubic",
+            CongestionControl::NewReno => "newreno",
+            CongestionControl::Bbr => "bbr",
+        }
+    }
+}
+
+pub const DEFAULT_STREAM_RECEIVE_WINDOW: u64 = 2 * 1024 * 1024;
+pub const DEFAULT_CONNECTION_RECEIVE_WINDOW: u64 = 16 * 1024 * 1024;
+pub const DEFAULT_SEND_WINDOW: u64 = 16 * 1024 * 1024;
+pub const DEFAULT_INITIAL_WINDOW_PACKETS: u32 = 10;
+pub const DEFAULT_IDLE_TIMEOUT_SECONDS: u32 = 30;
+pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 100;
+
+fn default_stream_window() -> u64 {
+    DEFAULT_STREAM_RECEIVE_WINDOW
+}
+fn default_connection_window() -> u64 {
+    DEFAULT_CONNECTION_RECEIVE_WINDOW
+}
+fn default_send_window() -> u64 {
+    DEFAULT_SEND_WINDOW
+}
+fn default_initial_window_packets() -> u32 {
+    DEFAULT_INITIAL_WINDOW_PACKETS
+}
+fn default_idle_timeout() -> u32 {
+    DEFAULT_IDLE_TIMEOUT_SECONDS
+}
+fn default_max_streams() -> u32 {
+    DEFAULT_MAX_CONCURRENT_STREAMS
+}
+
+/// QUIC transport parameters. Defaults avoid the 64 KB-per-round-trip brake of seed 002.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TransportSettings {
+    /// Congestion controller: `cubic-hs` (default), `cubic`, `newreno` or `bbr`.
+    #[serde(default)]
+    pub congestion_control: CongestionControl,
+    /// Initial congestion window in packets of the initial MTU (RFC 9002 suggests 10).
+    #[serde(default = "default_initial_window_packets")]
+    #[schemars(range(min = 2, max = 100))]
+    pub initial_window_packets: u32,
+    /// How much a client may send on one stream before we read it (at least 1 MiB).
+    #[serde(default = "default_stream_window")]
+    #[schemars(range(min = 1048576, max = 268435456))]
+    pub stream_receive_window_bytes: u64,
+    /// How much a client may send on all streams of a connection.
+    #[serde(default = "default_connection_window")]
+    #[schemars(range(min = 1048576, max = 1073741824))]
+    pub connection_receive_window_bytes: u64,
+    /// How much unacknowledged data we buffer per connection for sending.
+    #[serde(default = "default_send_window")]
+    #[schemars(range(min = 1048576, max = 1073741824))]
+    pub send_window_bytes: u64,
+    /// Upper bound for path-MTU discovery (UDP payload bytes). Absent: derived from the
+    /// largest interface MTU of the host minus IP and UDP headers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1200, max = 65527))]
+    pub max_udp_payload_bytes: Option<u16>,
+    /// Close a connection after this many seconds without traffic.
+    #[serde(default = "default_idle_timeout")]
+    #[schemars(range(min = 1, max = 600))]
+    pub idle_timeout_seconds: u32,
+    /// Concurrent request streams a client may open.
+    #[serde(default = "default_max_streams")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub max_concurrent_streams: u32,
+}
+
+impl Default for TransportSettings {
+    fn default() -> Self {
+        Self {
+            congestion_control: CongestionControl::default(),
+            initial_window_packets: DEFAULT_INITIAL_WINDOW_PACKETS,
+            stream_receive_window_bytes: DEFAULT_STREAM_RECEIVE_WINDOW,
+            connection_receive_window_bytes: DEFAULT_CONNECTION_RECEIVE_WINDOW,
+            send_window_bytes: DEFAULT_SEND_WINDOW,
+            max_udp_payload_bytes: None,
+            idle_timeout_seconds: DEFAULT_IDLE_TIMEOUT_SECONDS,
+            max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
+        }
+    }
+}
+
+/// The `Alt-Svc` header added to h3 responses that lack one.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AltSvcSettings {
+    /// `ma=` of the advertised `h3` alternative, in seconds.
+    #[serde(default = "default_alt_svc_max_age")]
+    pub max_age_seconds: u32,
+}
+
+impl Default for AltSvcSettings {
+    fn default() -> Self {
+        Self {
+            max_age_seconds: DEFAULT_ALT_SVC_MAX_AGE,
+        }
+    }
+}
+
+/// Prometheus metrics, `/healthz`, `/readyz` and `/status`.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MetricsSettings {
+    /// `ip:port` of the metrics and health endpoint.
+    #[serde(default = "default_metrics_address")]
+    pub address: String,
+}
+
+impl Default for MetricsSettings {
+    fn default() -> Self {
+        Self {
+            address: default_metrics_address(),
+        }
+    }
+}
+
+pub const DEFAULT_MAX_FIELD_SECTION_SIZE: u32 = 64 * 1024;
+pub const DEFAULT_DRAIN_TIMEOUT_SECONDS: u32 = 30;
+
+fn default_field_section() -> u32 {
+    DEFAULT_MAX_FIELD_SECTION_SIZE
+}
+fn default_drain() -> u32 {
+    DEFAULT_DRAIN_TIMEOUT_SECONDS
+}
+
+/// HTTP/3 request handling.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HttpSettings {
+    /// SETTINGS_MAX_FIELD_SECTION_SIZE advertised to clients and enforced on requests.
+    #[serde(default = "default_field_section")]
+    #[schemars(range(min = 4096, max = 1048576))]
+    pub max_field_section_size_bytes: u32,
+    /// On SIGTERM, in-flight requests get this long to finish before connections close.
+    #[serde(default = "default_drain")]
+    #[schemars(range(min = 0, max = 3600))]
+    pub drain_timeout_seconds: u32,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self {
+            max_field_section_size_bytes: DEFAULT_MAX_FIELD_SECTION_SIZE,
+            drain_timeout_seconds: DEFAULT_DRAIN_TIMEOUT_SECONDS,
+        }
+    }
+}
+
+/// A host served from certificate files (standalone mode).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileHost {
+    /// Host name (SNI and `:authority`), e.g. `a.example.com` or `*.example.com`.
+    pub name: String,
+    /// PEM certificate chain, leaf first.
+    pub cert_file: String,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: String,
+}
+
+/// The standalone configuration file of `h3-ingress proxy --config FILE`.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileConfig {
+    /// UDP port of both sockets.
+    #[serde(default = "default_port")]
+    pub port: u16,
+    #[serde(default)]
+    pub addresses: Addresses,
+    pub upstream: Upstream,
+    #[serde(default)]
+    pub socket: SocketSettings,
+    #[serde(default)]
+    pub transport: TransportSettings,
+    #[serde(default)]
+    pub alt_svc: AltSvcSettings,
+    #[serde(default)]
+    pub metrics: MetricsSettings,
+    #[serde(default)]
+    pub http: HttpSettings,
+    #[serde(default)]
+    pub hosts: Vec<FileHost>,
+}

@@ -1,0 +1,324 @@
+//! Hosts and their certificates, validated once when the configuration is built.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::sign::CertifiedKey;
+
+use crate::api::reasons;
+
+/// Why a host cannot be served. Each maps to a per-host reason users see in status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostError {
+    #[error("{0:?} is not a valid host name")]
+    InvalidName(String),
+    #[error("certificate invalid: {0}")]
+    CertificateInvalid(String),
+    #[error("certificate is not valid for {host} (it names {names})")]
+    DoesNotMatchHost { host: String, names: String },
+}
+
+impl HostError {
+    /// The status reason constant for this error.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            HostError::InvalidName(_) | HostError::CertificateInvalid(_) => {
+                reasons::CERTIFICATE_INVALID
+            }
+            HostError::DoesNotMatchHost { .. } => reasons::CERTIFICATE_DOES_NOT_MATCH_HOST,
+        }
+    }
+}
+
+/// One servable host: its name (lowercase, possibly `*.domain`) and its certified key.
+pub struct HostEntry {
+    pub name: String,
+    pub certified_key: Arc<CertifiedKey>,
+    /// Seconds since the epoch after which the leaf certificate is no longer valid.
+    pub not_after: i64,
+    /// SHA-256 of the leaf certificate, hex; lets logs and status tell certificates apart.
+    pub leaf_sha256: String,
+}
+
+impl fmt::Debug for HostEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostEntry")
+            .field("name", &self.name)
+            .field("not_after", &self.not_after)
+            .field("leaf_sha256", &self.leaf_sha256)
+            .finish()
+    }
+}
+
+impl HostEntry {
+    /// Builds a host from PEM text. Pure: `now_unix` is passed in so tests control time.
+    pub fn from_pem(
+        name: &str,
+        cert_pem: &[u8],
+        key_pem: &[u8],
+        now_unix: i64,
+    ) -> Result<HostEntry, HostError> {
+        let name = normalize_host_name(name)?;
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
+            .collect::<Result<_, _>>()
+            .map_err(|e| HostError::CertificateInvalid(format!("certificate PEM: {e}")))?;
+        if chain.is_empty() {
+            return Err(HostError::CertificateInvalid(
+                "no CERTIFICATE block in the certificate PEM".into(),
+            ));
+        }
+        let key = PrivateKeyDer::from_pem_slice(key_pem)
+            .map_err(|e| HostError::CertificateInvalid(format!("private key PEM: {e}")))?;
+        Self::from_der(&name, chain, key, now_unix)
+    }
+
+    pub fn from_der(
+        name: &str,
+        chain: Vec<CertificateDer<'static>>,
+        key: PrivateKeyDer<'static>,
+        now_unix: i64,
+    ) -> Result<HostEntry, HostError> {
+        let name = normalize_host_name(name)?;
+        let leaf = chain
+            .first()
+            .ok_or_else(|| HostError::CertificateInvalid("empty certificate chain".into()))?;
+        let (_, parsed) = x509_parser::parse_x509_certificate(leaf.as_ref())
+            .map_err(|e| HostError::CertificateInvalid(format!("leaf certificate: {e}")))?;
+        let not_after = parsed.validity().not_after.timestamp();
+        let not_before = parsed.validity().not_before.timestamp();
+        if now_unix > not_after {
+            return Err(HostError::CertificateInvalid(format!(
+                "expired at {}",
+                parsed.validity().not_after
+            )));
+        }
+        if now_unix < not_before {
+            return Err(HostError::CertificateInvalid(format!(
+                "not valid before {}",
+                parsed.validity().not_before
+            )));
+        }
+
+        let ee = webpki::EndEntityCert::try_from(leaf)
+            .map_err(|e| HostError::CertificateInvalid(format!("leaf certificate: {e:?}")))?;
+        // A wildcard host is checked with a name the wildcard covers.
+        let probe = match name.strip_prefix("*.") {
+            Some(parent) => format!("h3-ingress-name-check.{parent}"),
+            None => name.clone(),
+        };
+        let server_name = ServerName::try_from(probe.as_str())
+            .map_err(|_| HostError::InvalidName(name.clone()))?;
+        if ee.verify_is_valid_for_subject_name(&server_name).is_err() {
+            return Err(HostError::DoesNotMatchHost {
+                host: name,
+                names: subject_names(&parsed),
+            });
+        }
+
+        let signing_key = rustls::crypto::ring::sign::any_supported_type(&key)
+            .map_err(|e| HostError::CertificateInvalid(format!("private key: {e}")))?;
+        let certified = CertifiedKey::new(chain, signing_key);
+        if let Err(e) = certified.keys_match() {
+            return Err(HostError::CertificateInvalid(format!(
+                "private key does not belong to the certificate: {e}"
+            )));
+        }
+        let leaf_sha256 = {
+            use sha2::Digest;
+            hex::encode(sha2::Sha256::digest(certified.cert[0].as_ref()))
+        };
+        Ok(HostEntry {
+            name,
+            certified_key: Arc::new(certified),
+            not_after,
+            leaf_sha256,
+        })
+    }
+
+    /// The leaf certificate we serve (used to verify the upstream in `servedCertificate` mode).
+    pub fn leaf(&self) -> &CertificateDer<'static> {
+        &self.certified_key.cert[0]
+    }
+}
+
+fn subject_names(cert: &x509_parser::certificate::X509Certificate<'_>) -> String {
+    let mut names = Vec::new();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for n in &san.value.general_names {
+            if let x509_parser::extensions::GeneralName::DNSName(d) = n {
+                names.push(d.to_string());
+            }
+        }
+    }
+    if names.is_empty() {
+        for cn in cert.subject().iter_common_name() {
+            if let Ok(s) = cn.as_str() {
+                names.push(format!("CN={s}"));
+            }
+        }
+    }
+    if names.is_empty() {
+        "no DNS names".into()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// Lowercases and checks a host name; `*.example.com` is allowed (one leading label).
+pub fn normalize_host_name(name: &str) -> Result<String, HostError> {
+    let lower = name.trim_end_matches('.').to_ascii_lowercase();
+    let rest = lower.strip_prefix("*.").unwrap_or(&lower);
+    if !is_dns_name(rest) || !rest.contains('.') && lower.starts_with("*.") {
+        return Err(HostError::InvalidName(name.to_string()));
+    }
+    Ok(lower)
+}
+
+/// RFC 1123 host name: labels of letters, digits and inner hyphens, 1-63 bytes, 253 in all.
+pub fn is_dns_name(s: &str) -> bool {
+    if s.is_empty() || s.len() > 253 {
+        return false;
+    }
+    s.split('.').all(|label| {
+        !label.is_empty()
+            && label.len() <= 63
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    })
+}
+
+/// The hosts a configuration serves, looked up by SNI and by `:authority`.
+#[derive(Debug, Clone, Default)]
+pub struct HostTable {
+    hosts: BTreeMap<String, Arc<HostEntry>>,
+}
+
+impl HostTable {
+    /// Adds a host; a second entry for the same name is refused (returns false).
+    pub fn insert(&mut self, entry: HostEntry) -> bool {
+        if self.hosts.contains_key(&entry.name) {
+            return false;
+        }
+        self.hosts.insert(entry.name.clone(), Arc::new(entry));
+        true
+    }
+
+    /// Exact name first, then a wildcard for the name's parent domain (one label only).
+    pub fn lookup(&self, name: &str) -> Option<&Arc<HostEntry>> {
+        let name = name.trim_end_matches('.').to_ascii_lowercase();
+        if let Some(h) = self.hosts.get(&name) {
+            return Some(h);
+        }
+        let (_, parent) = name.split_once('.')?;
+        self.hosts.get(&format!("*.{parent}"))
+    }
+
+    pub fn len(&self) -> usize {
+        self.hosts.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.hosts.is_empty()
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.hosts.keys().map(|s| s.as_str())
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<HostEntry>> {
+        self.hosts.values()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn self_signed(names: &[&str]) -> (String, String) {
+        let ck = rcgen::generate_simple_self_signed(
+            names.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        )
+        .unwrap();
+        (ck.cert.pem(), ck.signing_key.serialize_pem())
+    }
+
+    fn now() -> i64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64
+    }
+
+    #[test]
+    fn valid_host_loads() {
+        let (c, k) = self_signed(&["a.example.com"]);
+        let h = HostEntry::from_pem("A.Example.com", c.as_bytes(), k.as_bytes(), now()).unwrap();
+        assert_eq!(h.name, "a.example.com");
+        assert_eq!(h.leaf_sha256.len(), 64);
+    }
+
+    #[test]
+    fn wrong_name_is_reported_with_the_names_the_certificate_has() {
+        let (c, k) = self_signed(&["a.example.com"]);
+        let e =
+            HostEntry::from_pem("b.example.com", c.as_bytes(), k.as_bytes(), now()).unwrap_err();
+        assert_eq!(e.reason(), reasons::CERTIFICATE_DOES_NOT_MATCH_HOST);
+        assert!(e.to_string().contains("a.example.com"), "{e}");
+    }
+
+    #[test]
+    fn mismatched_key_and_garbage_are_invalid() {
+        let (c, _) = self_signed(&["a.example.com"]);
+        let (_, other_key) = self_signed(&["a.example.com"]);
+        let e = HostEntry::from_pem("a.example.com", c.as_bytes(), other_key.as_bytes(), now())
+            .unwrap_err();
+        assert_eq!(e.reason(), reasons::CERTIFICATE_INVALID);
+        let e = HostEntry::from_pem("a.example.com", b"junk", b"junk", now()).unwrap_err();
+        assert_eq!(e.reason(), reasons::CERTIFICATE_INVALID);
+    }
+
+    #[test]
+    fn expired_certificate_is_invalid() {
+        let mut params = rcgen::CertificateParams::new(vec!["a.example.com".to_string()]).unwrap();
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        let e = HostEntry::from_pem(
+            "a.example.com",
+            cert.pem().as_bytes(),
+            key.serialize_pem().as_bytes(),
+            now(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("expired"), "{e}");
+    }
+
+    #[test]
+    fn wildcard_lookup_covers_one_label() {
+        let (c, k) = self_signed(&["*.example.com"]);
+        let mut t = HostTable::default();
+        assert!(t.insert(
+            HostEntry::from_pem("*.example.com", c.as_bytes(), k.as_bytes(), now()).unwrap()
+        ));
+        assert!(t.lookup("x.example.com").is_some());
+        assert!(t.lookup("X.EXAMPLE.COM.").is_some());
+        assert!(t.lookup("a.b.example.com").is_none());
+        assert!(t.lookup("example.com").is_none());
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert!(normalize_host_name("ok-host.example").is_ok());
+        assert!(normalize_host_name("-bad.example").is_err());
+        assert!(normalize_host_name("bad_host.example").is_err());
+        assert!(normalize_host_name("*.com").is_err());
+        assert!(normalize_host_name("").is_err());
+    }
+}

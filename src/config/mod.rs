@@ -1,0 +1,637 @@
+//! The one validated, in-memory configuration of the data plane.
+//!
+//! It is built by pure functions, either from the standalone YAML file ([`file`]) or from
+//! Kubernetes objects ([`kube`]); the data plane never knows which. Validation happens here,
+//! once, at the edge: everything downstream takes a [`ProxyConfig`] and trusts it.
+
+pub mod file;
+mod hosts;
+pub mod kube;
+
+use std::fmt;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
+
+pub use hosts::{HostEntry, HostError, HostTable};
+
+use crate::api::{
+    host_states, reasons, Addresses, AltSvcSettings, FileConfig, HostReport, Http3ListenerSpec,
+    HttpSettings, MetricsSettings, SocketSettings, TransportSettings, Upstream, UpstreamVerify,
+};
+
+/// One validation problem: the field path (`upstream.address`) and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+/// Every problem found in one configuration, so a user fixes them in one go.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigError {
+    pub errors: Vec<FieldError>,
+}
+
+impl ConfigError {
+    pub fn single(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            errors: vec![FieldError {
+                path: path.into(),
+                message: message.into(),
+            }],
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let lines: Vec<String> = self.errors.iter().map(|e| e.to_string()).collect();
+        write!(f, "{}", lines.join("; "))
+    }
+}
+
+/// The sockets: changing any of these needs new sockets, hence a restart (or a rolled pod).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenConfig {
+    pub port: u16,
+    pub ipv4: Option<Ipv4Addr>,
+    pub ipv6: Option<Ipv6Addr>,
+    pub receive_buffer_bytes: u32,
+    pub send_buffer_bytes: u32,
+    pub force_buffers: bool,
+}
+
+/// Where the upstream lives: a literal address or a DNS name, plus the port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamAddress {
+    pub host: String,
+    pub port: u16,
+}
+
+impl fmt::Display for UpstreamAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamConfig {
+    pub address: UpstreamAddress,
+    pub tls: bool,
+    pub verify: UpstreamVerify,
+    pub proxy_protocol: bool,
+    pub connect_timeout: Duration,
+    pub response_timeout: Duration,
+}
+
+/// The validated configuration the data plane runs.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    pub listen: ListenConfig,
+    pub metrics_address: SocketAddr,
+    pub upstream: UpstreamConfig,
+    pub transport: TransportSettings,
+    pub http: HttpSettings,
+    pub alt_svc_max_age: u32,
+    pub hosts: HostTable,
+    /// Per-host state for `/status`: one `Serving` entry per host in `hosts`, plus (in
+    /// Kubernetes mode) the hosts that were wanted but cannot be served, with the reason.
+    pub host_reports: Vec<HostReport>,
+}
+
+impl ProxyConfig {
+    /// Fields that differ between `self` (running) and `next` but cannot be applied to bound
+    /// sockets. A reload must refuse them loudly rather than ignore them (seed 000).
+    pub fn restart_required_changes(&self, next: &ProxyConfig) -> Vec<String> {
+        let (a, b) = (&self.listen, &next.listen);
+        let mut changed = Vec::new();
+        if a.port != b.port {
+            changed.push(format!("port {} -> {}", a.port, b.port));
+        }
+        if a.ipv4 != b.ipv4 {
+            changed.push(format!("addresses.ipv4 {:?} -> {:?}", a.ipv4, b.ipv4));
+        }
+        if a.ipv6 != b.ipv6 {
+            changed.push(format!("addresses.ipv6 {:?} -> {:?}", a.ipv6, b.ipv6));
+        }
+        if a.receive_buffer_bytes != b.receive_buffer_bytes {
+            changed.push(format!(
+                "socket.receiveBufferBytes {} -> {}",
+                a.receive_buffer_bytes, b.receive_buffer_bytes
+            ));
+        }
+        if a.send_buffer_bytes != b.send_buffer_bytes {
+            changed.push(format!(
+                "socket.sendBufferBytes {} -> {}",
+                a.send_buffer_bytes, b.send_buffer_bytes
+            ));
+        }
+        if a.force_buffers != b.force_buffers {
+            changed.push(format!(
+                "socket.forceBuffers {} -> {}",
+                a.force_buffers, b.force_buffers
+            ));
+        }
+        if self.metrics_address != next.metrics_address {
+            changed.push(format!(
+                "metrics.address {} -> {}",
+                self.metrics_address, next.metrics_address
+            ));
+        }
+        changed
+    }
+}
+
+/// The listener-wide settings both sources share, borrowed from either.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings<'a> {
+    pub port: u16,
+    pub addresses: &'a Addresses,
+    pub upstream: &'a Upstream,
+    pub socket: &'a SocketSettings,
+    pub transport: &'a TransportSettings,
+    pub alt_svc: &'a AltSvcSettings,
+    pub metrics: &'a MetricsSettings,
+    pub http: &'a HttpSettings,
+}
+
+impl<'a> From<&'a FileConfig> for Settings<'a> {
+    fn from(c: &'a FileConfig) -> Self {
+        Settings {
+            port: c.port,
+            addresses: &c.addresses,
+            upstream: &c.upstream,
+            socket: &c.socket,
+            transport: &c.transport,
+            alt_svc: &c.alt_svc,
+            metrics: &c.metrics,
+            http: &c.http,
+        }
+    }
+}
+
+impl<'a> From<&'a Http3ListenerSpec> for Settings<'a> {
+    fn from(c: &'a Http3ListenerSpec) -> Self {
+        Settings {
+            port: c.port,
+            addresses: &c.addresses,
+            upstream: &c.upstream,
+            socket: &c.socket,
+            transport: &c.transport,
+            alt_svc: &c.alt_svc,
+            metrics: &c.metrics,
+            http: &c.http,
+        }
+    }
+}
+
+/// Collects field errors under a path prefix (`""` for the file, `"spec"` for the CRD).
+pub(crate) struct Errors {
+    prefix: String,
+    pub(crate) list: Vec<FieldError>,
+}
+
+impl Errors {
+    pub(crate) fn new(prefix: &str) -> Self {
+        Self {
+            prefix: prefix.to_string(),
+            list: Vec::new(),
+        }
+    }
+
+    pub(crate) fn path(&self, field: &str) -> String {
+        if self.prefix.is_empty() {
+            field.to_string()
+        } else {
+            format!("{}.{}", self.prefix, field)
+        }
+    }
+
+    pub(crate) fn push(&mut self, field: &str, message: impl Into<String>) {
+        let path = self.path(field);
+        self.list.push(FieldError {
+            path,
+            message: message.into(),
+        });
+    }
+}
+
+/// Validates the listener-wide settings and combines them with already-validated hosts.
+/// Pure: no file, socket or API access.
+pub fn build(
+    settings: Settings<'_>,
+    hosts: HostTable,
+    prefix: &str,
+) -> Result<ProxyConfig, ConfigError> {
+    let mut errs = Errors::new(prefix);
+
+    if settings.port == 0 {
+        errs.push("port", "0 is not a usable UDP port");
+    }
+
+    let ipv4 = match settings.addresses.ipv4.as_deref() {
+        None => None,
+        Some(s) => match s.parse::<Ipv4Addr>() {
+            Ok(a) => Some(a),
+            Err(_) => {
+                errs.push("addresses.ipv4", format!("{s:?} is not an IPv4 address"));
+                None
+            }
+        },
+    };
+    let ipv6 = match settings.addresses.ipv6.as_deref() {
+        None => None,
+        Some(s) => match s
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<Ipv6Addr>()
+        {
+            Ok(a) if a.to_ipv4_mapped().is_some() => {
+                errs.push(
+                    "addresses.ipv6",
+                    format!("{s:?} is an IPv4-mapped address; put IPv4 in addresses.ipv4"),
+                );
+                None
+            }
+            Ok(a) => Some(a),
+            Err(_) => {
+                errs.push("addresses.ipv6", format!("{s:?} is not an IPv6 address"));
+                None
+            }
+        },
+    };
+    if settings.addresses.ipv4.is_none() && settings.addresses.ipv6.is_none() {
+        errs.push(
+            "addresses",
+            "ipv4 and ipv6 are both null; at least one family must be enabled",
+        );
+    }
+
+    let address = match parse_host_port(&settings.upstream.address) {
+        Ok(a) => Some(a),
+        Err(why) => {
+            errs.push(
+                "upstream.address",
+                format!("{:?} is not host:port ({why})", settings.upstream.address),
+            );
+            None
+        }
+    };
+    if !settings.upstream.tls && settings.upstream.verify != UpstreamVerify::ServedCertificate {
+        // `verify` has no meaning without TLS; accept the default silently but reject an
+        // explicit non-default so a user does not believe verification happens.
+        errs.push(
+            "upstream.verify",
+            format!("{:?} needs upstream.tls: true", settings.upstream.verify),
+        );
+    }
+    check_range(
+        &mut errs,
+        "upstream.connectTimeoutSeconds",
+        settings.upstream.connect_timeout_seconds as u64,
+        1,
+        300,
+    );
+    check_range(
+        &mut errs,
+        "upstream.responseTimeoutSeconds",
+        settings.upstream.response_timeout_seconds as u64,
+        1,
+        3600,
+    );
+
+    let s = settings.socket;
+    check_range(
+        &mut errs,
+        "socket.receiveBufferBytes",
+        s.receive_buffer_bytes as u64,
+        65_536,
+        1 << 30,
+    );
+    check_range(
+        &mut errs,
+        "socket.sendBufferBytes",
+        s.send_buffer_bytes as u64,
+        65_536,
+        1 << 30,
+    );
+
+    let t = settings.transport;
+    check_range(
+        &mut errs,
+        "transport.initialWindowPackets",
+        t.initial_window_packets as u64,
+        2,
+        100,
+    );
+    check_range(
+        &mut errs,
+        "transport.streamReceiveWindowBytes",
+        t.stream_receive_window_bytes,
+        1 << 20,
+        1 << 28,
+    );
+    check_range(
+        &mut errs,
+        "transport.connectionReceiveWindowBytes",
+        t.connection_receive_window_bytes,
+        1 << 20,
+        1 << 30,
+    );
+    if t.connection_receive_window_bytes < t.stream_receive_window_bytes {
+        errs.push(
+            "transport.connectionReceiveWindowBytes",
+            format!(
+                "{} is smaller than transport.streamReceiveWindowBytes ({})",
+                t.connection_receive_window_bytes, t.stream_receive_window_bytes
+            ),
+        );
+    }
+    check_range(
+        &mut errs,
+        "transport.sendWindowBytes",
+        t.send_window_bytes,
+        1 << 20,
+        1 << 30,
+    );
+    if let Some(m) = t.max_udp_payload_bytes {
+        check_range(
+            &mut errs,
+            "transport.maxUdpPayloadBytes",
+            m as u64,
+            1200,
+            65_527,
+        );
+    }
+    check_range(
+        &mut errs,
+        "transport.idleTimeoutSeconds",
+        t.idle_timeout_seconds as u64,
+        1,
+        600,
+    );
+    check_range(
+        &mut errs,
+        "transport.maxConcurrentStreams",
+        t.max_concurrent_streams as u64,
+        1,
+        10_000,
+    );
+
+    let h = settings.http;
+    check_range(
+        &mut errs,
+        "http.maxFieldSectionSizeBytes",
+        h.max_field_section_size_bytes as u64,
+        4096,
+        1 << 20,
+    );
+    check_range(
+        &mut errs,
+        "http.drainTimeoutSeconds",
+        h.drain_timeout_seconds as u64,
+        0,
+        3600,
+    );
+
+    let metrics_address = match settings.metrics.address.parse::<SocketAddr>() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            errs.push(
+                "metrics.address",
+                format!("{:?} is not ip:port", settings.metrics.address),
+            );
+            None
+        }
+    };
+
+    if !errs.list.is_empty() {
+        return Err(ConfigError { errors: errs.list });
+    }
+    let (Some(address), Some(metrics_address)) = (address, metrics_address) else {
+        unreachable!("every None above pushed an error");
+    };
+
+    Ok(ProxyConfig {
+        listen: ListenConfig {
+            port: settings.port,
+            ipv4,
+            ipv6,
+            receive_buffer_bytes: s.receive_buffer_bytes,
+            send_buffer_bytes: s.send_buffer_bytes,
+            force_buffers: s.force_buffers,
+        },
+        metrics_address,
+        upstream: UpstreamConfig {
+            address,
+            tls: settings.upstream.tls,
+            verify: settings.upstream.verify,
+            proxy_protocol: settings.upstream.proxy_protocol,
+            connect_timeout: Duration::from_secs(settings.upstream.connect_timeout_seconds as u64),
+            response_timeout: Duration::from_secs(
+                settings.upstream.response_timeout_seconds as u64,
+            ),
+        },
+        transport: t.clone(),
+        http: h.clone(),
+        alt_svc_max_age: settings.alt_svc.max_age_seconds,
+        host_reports: hosts
+            .iter()
+            .map(|h| HostReport {
+                name: h.name.clone(),
+                state: host_states::SERVING.to_string(),
+                reason: reasons::SERVING.to_string(),
+                ..Default::default()
+            })
+            .collect(),
+        hosts,
+    })
+}
+
+fn check_range(errs: &mut Errors, field: &str, value: u64, min: u64, max: u64) {
+    if value < min || value > max {
+        errs.push(field, format!("{value} is outside {min}..={max}"));
+    }
+}
+
+/// Parses `host:port`, `ip:port` or `[ipv6]:port`.
+pub fn parse_host_port(s: &str) -> Result<UpstreamAddress, &'static str> {
+    if let Ok(sa) = s.parse::<SocketAddr>() {
+        if sa.port() == 0 {
+            return Err("port 0");
+        }
+        return Ok(UpstreamAddress {
+            host: sa.ip().to_string(),
+            port: sa.port(),
+        });
+    }
+    let (host, port) = s.rsplit_once(':').ok_or("no port")?;
+    let port: u16 = port.parse().map_err(|_| "port is not a number 1-65535")?;
+    if port == 0 {
+        return Err("port 0");
+    }
+    if host.is_empty() {
+        return Err("empty host");
+    }
+    if host.contains(':') || host.starts_with('[') {
+        return Err("IPv6 literals need brackets: [::1]:443");
+    }
+    if !hosts::is_dns_name(host) {
+        return Err("host is neither an IP address nor a DNS name");
+    }
+    Ok(UpstreamAddress {
+        host: host.to_ascii_lowercase(),
+        port,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(yaml: &str) -> FileConfig {
+        file::parse(yaml).expect("parses")
+    }
+
+    fn messages(r: Result<ProxyConfig, ConfigError>) -> Vec<String> {
+        r.unwrap_err()
+            .errors
+            .iter()
+            .map(|e| e.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn defaults_match_the_documented_values() {
+        let f = file("upstream: {address: '127.0.0.1:443'}");
+        let c = build((&f).into(), HostTable::default(), "").unwrap();
+        assert_eq!(c.listen.port, 443);
+        assert_eq!(c.listen.ipv4, Some(Ipv4Addr::UNSPECIFIED));
+        assert_eq!(c.listen.ipv6, Some(Ipv6Addr::UNSPECIFIED));
+        assert_eq!(c.listen.receive_buffer_bytes, 4_194_304);
+        assert_eq!(c.listen.send_buffer_bytes, 4_194_304);
+        assert!(!c.listen.force_buffers);
+        assert!(c.upstream.tls);
+        assert_eq!(c.upstream.verify, UpstreamVerify::ServedCertificate);
+        assert!(!c.upstream.proxy_protocol);
+        assert_eq!(c.alt_svc_max_age, 86_400);
+        assert_eq!(c.metrics_address.port(), 9476);
+        assert!(c.transport.stream_receive_window_bytes >= 1 << 20);
+        assert!(c.transport.connection_receive_window_bytes >= 16 << 20);
+        assert_eq!(c.transport.idle_timeout_seconds, 30);
+        assert_eq!(c.http.max_field_section_size_bytes, 65_536);
+        assert_eq!(c.http.drain_timeout_seconds, 30);
+    }
+
+    #[test]
+    fn null_family_disables_it() {
+        let f = file("upstream: {address: 'ingress:443'}\naddresses: {ipv6: null}");
+        let c = build((&f).into(), HostTable::default(), "").unwrap();
+        assert_eq!(c.listen.ipv4, Some(Ipv4Addr::UNSPECIFIED));
+        assert_eq!(c.listen.ipv6, None);
+        assert_eq!(c.upstream.address.host, "ingress");
+    }
+
+    #[test]
+    fn both_families_null_is_an_error() {
+        let f = file("upstream: {address: '127.0.0.1:443'}\naddresses: {ipv4: null, ipv6: null}");
+        let m = messages(build((&f).into(), HostTable::default(), ""));
+        assert_eq!(m.len(), 1);
+        assert!(m[0].starts_with("addresses: "), "{m:?}");
+    }
+
+    #[test]
+    fn errors_name_the_field_and_the_value() {
+        let f = file(
+            "upstream: {address: foo}\naddresses: {ipv4: '::1', ipv6: '1.2.3.4'}\nmetrics: {address: nope}\nsocket: {receiveBufferBytes: 10}",
+        );
+        let m = messages(build((&f).into(), HostTable::default(), ""));
+        assert!(
+            m.contains(&"upstream.address: \"foo\" is not host:port (no port)".to_string()),
+            "{m:?}"
+        );
+        assert!(
+            m.contains(&"addresses.ipv4: \"::1\" is not an IPv4 address".to_string()),
+            "{m:?}"
+        );
+        assert!(
+            m.contains(&"addresses.ipv6: \"1.2.3.4\" is not an IPv6 address".to_string()),
+            "{m:?}"
+        );
+        assert!(
+            m.contains(&"metrics.address: \"nope\" is not ip:port".to_string()),
+            "{m:?}"
+        );
+        assert!(
+            m.contains(&"socket.receiveBufferBytes: 10 is outside 65536..=1073741824".to_string()),
+            "{m:?}"
+        );
+    }
+
+    #[test]
+    fn crd_paths_carry_the_spec_prefix() {
+        let f = file("upstream: {address: 'x:0'}");
+        let m = messages(build((&f).into(), HostTable::default(), "spec"));
+        assert!(m[0].starts_with("spec.upstream.address: \"x:0\""), "{m:?}");
+    }
+
+    #[test]
+    fn mapped_ipv6_is_refused() {
+        let f = file("upstream: {address: '127.0.0.1:443'}\naddresses: {ipv6: '::ffff:1.2.3.4'}");
+        let m = messages(build((&f).into(), HostTable::default(), ""));
+        assert!(m[0].contains("IPv4-mapped"), "{m:?}");
+    }
+
+    #[test]
+    fn host_port_forms() {
+        assert_eq!(parse_host_port("127.0.0.1:443").unwrap().host, "127.0.0.1");
+        assert_eq!(parse_host_port("[::1]:8443").unwrap().port, 8443);
+        assert_eq!(
+            parse_host_port("Ingress.Example:443").unwrap().host,
+            "ingress.example"
+        );
+        assert!(parse_host_port("::1:443").is_err());
+        assert!(parse_host_port("foo").is_err());
+        assert!(parse_host_port("foo:99999").is_err());
+        assert!(parse_host_port(":443").is_err());
+        assert!(parse_host_port("bad_host!:443").is_err());
+    }
+
+    #[test]
+    fn restart_changes_are_listed() {
+        let a = file("upstream: {address: '127.0.0.1:443'}");
+        let b = file("upstream: {address: '127.0.0.1:443'}\nport: 8443\nsocket: {receiveBufferBytes: 212992}");
+        let ca = build((&a).into(), HostTable::default(), "").unwrap();
+        let cb = build((&b).into(), HostTable::default(), "").unwrap();
+        let changes = ca.restart_required_changes(&cb);
+        assert_eq!(changes.len(), 2, "{changes:?}");
+        assert!(changes[0].starts_with("port 443 -> 8443"));
+        assert!(ca.restart_required_changes(&ca.clone()).is_empty());
+    }
+
+    #[test]
+    fn window_relation_is_checked() {
+        let f = file(
+            "upstream: {address: '127.0.0.1:443'}\ntransport: {streamReceiveWindowBytes: 8388608, connectionReceiveWindowBytes: 4194304}",
+        );
+        let m = messages(build((&f).into(), HostTable::default(), ""));
+        assert!(
+            m[0].starts_with("transport.connectionReceiveWindowBytes: 4194304 is smaller"),
+            "{m:?}"
+        );
+    }
+}

@@ -1,0 +1,12 @@
+//! h3-ingress: HTTP/3 in front of an existing TCP ingress.
+//!
+//! - [`api`]: the `Http3Listener` CRD and shared settings types (no I/O)
+//! - [`config`]: the one validated configuration, built from a file or from Kubernetes objects
+//! - [`proxy`]: the data plane (sockets, TLS, QUIC, HTTP/3 -> TCP ingress, metrics)
+//! - [`operator`]: the Kubernetes controller
+//! - [`check`]: an HTTP/3 + HTTP/2 client that proves h3 really runs
+//! - [`demo`]: everything on localhost with no cluster and no files
+
+pub mod api;
+pub mod config;
+pub mod proxy;

@@ -1,0 +1,3 @@
+//! The data plane: UDP sockets, TLS, QUIC, the HTTP/3 -> TCP ingress request path, metrics.
+
+pub mod metrics;
