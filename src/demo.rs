@@ -136,9 +136,17 @@ fn ingress_response(req: &Request<Incoming>, port: u16, blob: Bytes) -> Response
         ),
         _ => (StatusCode::NOT_FOUND, "text/plain", Bytes::from_static(b"not found\n")),
     };
+    let len = body.len();
+    // HEAD gets the headers of GET and no body (RFC 9110 9.3.2).
+    let body = if req.method() == http::Method::HEAD {
+        Bytes::new()
+    } else {
+        body
+    };
     Response::builder()
         .status(status)
         .header(header::CONTENT_TYPE, ctype)
+        .header(header::CONTENT_LENGTH, len)
         // What the real ingress must send so browsers find HTTP/3.
         .header(header::ALT_SVC, format!("h3=\":{port}\"; ma=86400"))
         .body(Full::new(body))

@@ -560,8 +560,11 @@ async fn connection(
     let connecting = match incoming.accept() {
         Ok(c) => c,
         Err(e) => {
-            m.handshakes.with_label_values(&[handshake::FAILED]).inc();
-            debug!(error = %e, "incoming connection refused");
+            // quinn processes the ClientHello here, so TLS failures (unknown SNI) land here.
+            if let Some(result) = handshake_result(&e) {
+                m.handshakes.with_label_values(&[result]).inc();
+            }
+            debug!(error = %e, "handshake failed");
             return;
         }
     };
