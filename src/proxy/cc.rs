@@ -336,6 +336,10 @@ impl CubicHs {
         self.ssthresh = ((window * BETA) as u64).max(self.minimum_window());
         self.window = self.ssthresh;
         self.epoch.start = None;
+        self.count_congestion_event();
+    }
+
+    fn count_congestion_event(&mut self) {
         self.counters.congestion_events += 1;
         self.config
             .stats
@@ -378,11 +382,7 @@ impl Controller for CubicHs {
             // A path that just proved persistently congested has nothing left to forgive.
             self.forgiveness_used = true;
             if !counted {
-                self.counters.congestion_events += 1;
-                self.config
-                    .stats
-                    .congestion_events
-                    .fetch_add(1, Ordering::Relaxed);
+                self.count_congestion_event();
             }
             return;
         }
@@ -399,6 +399,13 @@ impl Controller for CubicHs {
                 .stats
                 .handshake_losses_forgiven
                 .fetch_add(1, Ordering::Relaxed);
+            // The nginx debug line of seed 004 is how the collapse was found; keep the
+            // equivalent decision visible.
+            tracing::debug!(
+                window = self.window,
+                lost_bytes,
+                "first-flight loss forgiven, staying in slow start"
+            );
             return;
         }
 
