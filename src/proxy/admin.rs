@@ -104,7 +104,7 @@ fn route(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
 
 /// The congestion controllers count into atomics; mirror them into the registry on scrape.
 fn sync_cc_counters(shared: &Shared) {
-    let forgiven = shared.cc_stats.losses_forgiven.load(Ordering::Relaxed);
+    let forgiven = shared.cc_stats.handshake_losses_forgiven();
     let c = &shared.metrics.handshake_losses_forgiven;
     let seen = c.get();
     if forgiven > seen {

@@ -224,7 +224,7 @@ pub async fn serve(
     ready: Option<oneshot::Sender<RunningProxy>>,
 ) -> Result<(), ProxyError> {
     let metrics = Metrics::new();
-    let cc_stats = Arc::new(CcStats::default());
+    let cc_stats = CcStats::new();
 
     // Sockets first: everything else is pointless without them.
     let mut listen = initial.listen.clone();
@@ -665,15 +665,18 @@ fn record_stats(conn: &quinn::Connection, m: &Metrics) {
     m.connection_path_mtu.observe(s.path.current_mtu as f64);
     m.connection_lost_packets.inc_by(s.path.lost_packets);
     m.connection_sent_packets.inc_by(s.path.sent_packets);
-    m.connection_congestion_events
-        .inc_by(s.path.congestion_events);
+    // quinn counts every loss event; cubic-hs knows which ones really reduced the window.
+    let counters = cc::connection_counters(conn.congestion_state());
+    let events = counters.map_or(s.path.congestion_events, |c| c.congestion_events);
+    m.connection_congestion_events.inc_by(events);
     m.connection_black_holes.inc_by(s.path.black_holes_detected);
     debug!(
         rtt_ms = s.path.rtt.as_millis() as u64,
         mtu = s.path.current_mtu,
         lost = s.path.lost_packets,
         sent = s.path.sent_packets,
-        congestion_events = s.path.congestion_events,
+        congestion_events = events,
+        forgiven = counters.map_or(0, |c| c.handshake_losses_forgiven),
         cwnd = s.path.cwnd,
         "connection closed"
     );
