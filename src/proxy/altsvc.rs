@@ -72,7 +72,6 @@ async fn probe_all(shared: &Arc<Shared>) {
         let req = Request::builder()
             .method(Method::HEAD)
             .uri(format!("{}://{host}/", gen.upstream.scheme()))
-            .header(header::HOST, host.as_str())
             .header(header::USER_AGENT, "h3-ingress-alt-svc-probe")
             .body(Empty::new().map_err(|never| match never {}).boxed())
             .expect("probe request is valid");

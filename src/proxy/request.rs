@@ -208,9 +208,9 @@ pub fn upstream_parts(
             .map_err(|_| Reject::malformed("header cookie has invalid bytes"))?;
         headers.insert(header::COOKIE, value);
     }
-    let host_value = HeaderValue::from_str(&v.authority)
-        .map_err(|_| Reject::malformed(":authority has invalid bytes"))?;
-    headers.insert(header::HOST, host_value);
+    // No Host field: the URI carries the authority, which hyper sends as `:authority` on h2
+    // and as Host on HTTP/1.1. Sending both makes nginx before 1.25 answer 400 ("duplicate
+    // host header") on h2.
 
     let ip = canonical_ip(client);
     append_list(
@@ -364,7 +364,8 @@ mod tests {
         let client: SocketAddr = "[::ffff:192.0.2.1]:5555".parse().unwrap();
         let p = upstream_parts(&r, &v, client, "https").unwrap();
         assert_eq!(p.uri.to_string(), "https://a.test/path?q=1");
-        assert_eq!(p.headers["host"], "a.test");
+        assert!(p.headers.get("host").is_none());
+        assert_eq!(p.uri.authority().unwrap().as_str(), "a.test");
         assert_eq!(p.headers["cookie"], "a=1; b=2");
         assert_eq!(p.headers["x-forwarded-for"], "198.51.100.7, 192.0.2.1");
         assert_eq!(p.headers["x-forwarded-proto"], "https");

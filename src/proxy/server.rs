@@ -621,6 +621,9 @@ async fn connection(
 
     let mut requests = JoinSet::new();
     let mut goaway_sent = false;
+    // Responses finished during the drain may still sit unacknowledged in quinn's send
+    // buffer; closing the connection then would cut them off.
+    let mut wait_for_client_close = false;
     loop {
         tokio::select! {
             _ = drain.cancelled(), if !goaway_sent => {
@@ -631,6 +634,7 @@ async fn connection(
                 if requests.is_empty() {
                     break;
                 }
+                wait_for_client_close = true;
             }
             Some(_) = requests.join_next(), if !requests.is_empty() => {
                 if goaway_sent && requests.is_empty() {
@@ -654,6 +658,13 @@ async fn connection(
     // Requests already accepted finish (the drain deadline bounds this from outside);
     // dropping the h3 connection closes it with H3_NO_ERROR.
     while requests.join_next().await.is_some() {}
+    if wait_for_client_close {
+        // The client closes once it has everything (GOAWAY told it to); the global drain
+        // deadline closes the endpoint if it never does.
+        debug!("drain: responses complete, waiting for the client to close");
+        let _ = h3conn.accept().await;
+        conn.closed().await;
+    }
     drop(h3conn);
     record_stats(&conn, &m);
 }

@@ -16,6 +16,7 @@ pub mod net;
 pub mod nginx;
 pub mod pki;
 pub mod process;
+pub mod proxy;
 pub mod tls;
 
 // Re-exports for convenience; a given test binary uses only some of them.
