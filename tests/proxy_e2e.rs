@@ -1013,3 +1013,92 @@ fn live_sockets_are_split_v6only_with_df_and_export_what_the_kernel_granted() {
     assert_eq!(status["sockets"][0]["clamped"], clamped, "{status:#}");
     assert_eq!(s.proxy.log().contains("net.core.rmem_max=7500000"), clamped);
 }
+
+#[test]
+fn a_cancelled_stream_drops_the_upstream_request() {
+    let s = Setup::start_with(slow_download_nginx(), |c| c);
+    let reqs = json!([
+        {"name": "cancelled", "path": "/slow/5m.bin", "timeout": 0.8},
+        {"name": "after", "path": "/whoami"}
+    ]);
+    let run = s
+        .h3("a.test", "/", Family::V4)
+        .requests(&reqs)
+        .run()
+        .unwrap();
+    assert_eq!(run.request(0)["error"], "timeout", "{:#}", run.json);
+    assert_eq!(run.status(1), Some(200), "{:#}", run.json);
+    // nginx finishes (and logs) the request when its h2 stream is reset, long before the
+    // 2.5 s the rate-limited body would take, and having sent only part of it.
+    let entries = s.nginx.wait_for_access_log(Duration::from_secs(5), |es| {
+        es.iter().any(|e| e["uri"] == "/slow/5m.bin")
+    });
+    let entry = entries.iter().find(|e| e["uri"] == "/slow/5m.bin").unwrap();
+    let sent = entry["body_bytes_sent"].as_u64().unwrap();
+    assert!(sent < 5 << 20, "nginx sent the whole body: {entry:#}");
+    assert!(
+        started.elapsed() < Duration::from_millis(2400),
+        "upstream request was not dropped"
+    );
+}
+
+#[test]
+fn alt_svc_probe_reports_whether_the_tcp_ingress_advertises_us() {
+    // nginx advertising our UDP port for its hosts...
+    let pki = Arc::new(TestPki::generate().unwrap());
+    let port = free_udp_port();
+    let nginx = NginxFixture::start(NginxOptions {
+        pki: Some(pki.clone()),
+        alt_svc: Some(format!("h3=\":{port}\"; ma=86400")),
+        ..Default::default()
+    })
+    .unwrap();
+    let proxy = ProxyProcess::start(base_config(&pki, port, nginx.port())).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        let st = proxy.status();
+        if st["hosts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|h| !h["altSvcAdvertised"].is_null())
+        {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "probe never ran: {st:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for h in status["hosts"].as_array().unwrap() {
+        assert_eq!(h["altSvcAdvertised"], true, "{status:#}");
+    }
+    assert_eq!(
+        sample(
+            &proxy.metrics(),
+            "h3_ingress_alt_svc_advertised",
+            &[("host", "a.test")]
+        ),
+        1.0
+    );
+    drop(proxy);
+
+    // ...and one that does not: status says so and how to fix it.
+    let s = Setup::start();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let st = s.proxy.status();
+        let h = &st["hosts"][0];
+        if h["altSvcAdvertised"] == false {
+            assert!(
+                h["altSvcMessage"]
+                    .as_str()
+                    .unwrap()
+                    .contains("nginx.org/server-snippets"),
+                "{st:#}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "probe never ran: {st:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(s.proxy.log().contains("does not send Alt-Svc"));
+}

@@ -63,6 +63,7 @@ async fn probe_all(shared: &Arc<Shared>) {
     let gen = shared.current.load_full();
     let port = shared.port;
     let mut results = std::collections::BTreeMap::new();
+    let previous = shared.alt_svc_probes.lock().expect("probe lock").clone();
     for entry in gen.config.hosts.iter() {
         // A wildcard host is probed under a name it covers.
         let host = match entry.name.strip_prefix("*.") {
@@ -101,16 +102,19 @@ async fn probe_all(shared: &Arc<Shared>) {
                 }
             }
         };
-        let gauge = shared
+        shared
             .metrics
             .alt_svc_advertised
-            .with_label_values(&[&entry.name]);
-        let before = gauge.get();
-        gauge.set(probe.advertised as i64);
-        if probe.advertised && before != 1 {
-            info!(host = %entry.name, "TCP ingress advertises HTTP/3 (Alt-Svc) for this host");
-        } else if !probe.advertised && before != 0 {
-            warn!(host = %entry.name, "{}", probe.message);
+            .with_label_values(&[&entry.name])
+            .set(probe.advertised as i64);
+        // Log transitions only: the probe repeats every few minutes.
+        let before = previous.get(&entry.name).map(|p| p.advertised);
+        if before != Some(probe.advertised) {
+            if probe.advertised {
+                info!(host = %entry.name, "TCP ingress advertises HTTP/3 (Alt-Svc) for this host");
+            } else {
+                warn!(host = %entry.name, "{}", probe.message);
+            }
         }
         results.insert(entry.name.clone(), probe);
     }
