@@ -1036,9 +1036,10 @@ fn a_cancelled_stream_drops_the_upstream_request() {
     let entry = entries.iter().find(|e| e["uri"] == "/slow/5m.bin").unwrap();
     let sent = entry["body_bytes_sent"].as_u64().unwrap();
     assert!(sent < 5 << 20, "nginx sent the whole body: {entry:#}");
+    let took = entry["request_time"].as_f64().unwrap();
     assert!(
-        started.elapsed() < Duration::from_millis(2400),
-        "upstream request was not dropped"
+        took < 2.0,
+        "upstream request was not dropped (nginx took {took} s): {entry:#}"
     );
 }
 
