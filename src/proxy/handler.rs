@@ -7,6 +7,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::{Buf, Bytes, BytesMut};
+use futures_util::FutureExt;
 use h3::error::Code;
 use h3::server::RequestStream;
 use http::{header, Response, StatusCode};
@@ -381,7 +382,38 @@ async fn request_body(
             };
             Ok(BodyStart::Complete(body))
         }
-        _ => Ok(BodyStart::Streaming(Bytes::new())),
+        declared => {
+            // Most requests without a body arrive with the stream already finished. Then the
+            // upstream gets an empty body, not a chunked one (a GET with
+            // `transfer-encoding: chunked` is refused by some servers).
+            match recv.recv_data().now_or_never() {
+                Some(Ok(None)) => {
+                    if let Some(d) = declared.filter(|d| *d > 0) {
+                        return Err(mismatch(d, 0));
+                    }
+                    let trailers = recv.recv_trailers().await.map_err(BodyError::Client)?;
+                    Ok(BodyStart::Complete(match trailers {
+                        None => http_body_util::Empty::new()
+                            .map_err(|never| match never {})
+                            .boxed(),
+                        Some(t) => {
+                            http_body_util::StreamBody::new(futures_util::stream::iter(vec![Ok::<
+                                _,
+                                BoxError,
+                            >(
+                                Frame::trailers(t),
+                            )]))
+                            .boxed()
+                        }
+                    }))
+                }
+                Some(Ok(Some(mut chunk))) => {
+                    Ok(BodyStart::Streaming(chunk.copy_to_bytes(chunk.remaining())))
+                }
+                Some(Err(e)) => Err(BodyError::Client(e)),
+                None => Ok(BodyStart::Streaming(Bytes::new())),
+            }
+        }
     }
 }
 
@@ -395,15 +427,19 @@ async fn pump(
     cancel: CancellationToken,
     ctx: Arc<ConnCtx>,
 ) {
-    let mut total: u64 = first.len() as u64;
-    if !first.is_empty() && tx.send(Ok(Frame::data(first))).await.is_err() {
-        return;
-    }
+    let mut total: u64 = 0;
     let upload = ctx.shared.metrics.body_bytes.with_label_values(&["upload"]);
+    let mut pending = (!first.is_empty()).then_some(first);
     loop {
-        match recv.recv_data().await {
-            Ok(Some(mut chunk)) => {
-                let data = chunk.copy_to_bytes(chunk.remaining());
+        let next = match pending.take() {
+            Some(data) => Ok(Some(data)),
+            None => recv
+                .recv_data()
+                .await
+                .map(|c| c.map(|mut c| c.copy_to_bytes(c.remaining()))),
+        };
+        match next {
+            Ok(Some(data)) => {
                 total += data.len() as u64;
                 upload.inc_by(data.len() as u64);
                 if let Some(d) = declared {
