@@ -9,4 +9,5 @@
 
 pub mod api;
 pub mod config;
+pub mod operator;
 pub mod proxy;
