@@ -4,7 +4,9 @@
 //! Pure builders ([`resources`], [`status`], [`events`]) are kept apart from the thin I/O
 //! shells that talk to the API server.
 
+pub mod events;
 pub mod resources;
+pub mod status;
 
 /// Labels on everything the operator makes (see the shared contract).
 pub mod labels {
