@@ -18,6 +18,16 @@ struct Cli {
 enum Command {
     /// Print the Http3Listener CustomResourceDefinition as YAML.
     Crd,
+    /// Write every object the operator creates for two example listeners as YAML.
+    Render {
+        #[arg(long, default_value = "target/rendered/operator")]
+        out: PathBuf,
+        /// Namespace the data-plane objects go to.
+        #[arg(long, default_value = "h3-ingress")]
+        namespace: String,
+        #[arg(long, env = "H3_INGRESS_IMAGE", default_value = h3_ingress::operator::DEFAULT_IMAGE)]
+        data_plane_image: String,
+    },
     /// Validate a standalone configuration file and print the result.
     Validate {
         /// YAML configuration file.
@@ -32,6 +42,28 @@ fn main() -> ExitCode {
         Command::Crd => {
             print!("{}", h3_ingress::api::crd_yaml());
             ExitCode::SUCCESS
+        }
+        Command::Render {
+            out,
+            namespace,
+            data_plane_image,
+        } => {
+            let params = h3_ingress::operator::resources::Params {
+                namespace,
+                default_image: data_plane_image,
+            };
+            match h3_ingress::operator::render::write_all(&out, &params) {
+                Ok(files) => {
+                    for f in files {
+                        println!("{}", f.display());
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
         }
         Command::Validate { config } => match h3_ingress::config::file::load(&config) {
             Ok(c) => {

@@ -5,6 +5,7 @@
 //! shells that talk to the API server.
 
 pub mod events;
+pub mod render;
 pub mod resources;
 pub mod status;
 
@@ -22,3 +23,7 @@ pub mod labels {
 
 /// The one server-side-apply field manager of the operator.
 pub const FIELD_MANAGER: &str = "h3-ingress-operator";
+
+/// Data plane image when neither `spec.image` nor `--data-plane-image` says otherwise.
+pub const DEFAULT_IMAGE: &str =
+    concat!("ghcr.io/h3-ingress/h3-ingress:", env!("CARGO_PKG_VERSION"));
