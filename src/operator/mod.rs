@@ -6,6 +6,7 @@
 
 pub mod admin;
 pub mod controller;
+pub mod dataplane;
 pub mod events;
 pub mod leader;
 pub mod render;
