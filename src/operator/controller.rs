@@ -426,20 +426,65 @@ fn identity() -> String {
 
 /// Runs the operator until SIGTERM/SIGINT.
 pub async fn run(opts: Options) -> Result<(), Error> {
-    let metrics = OperatorMetrics::new();
-    let ready = Arc::new(AtomicBool::new(false));
     let admin = super::admin::bind(opts.admin_address)
         .await
         .map_err(|e| Error::Admin(opts.admin_address, e))?;
-    tokio::spawn(super::admin::serve(
-        admin,
-        AdminState {
-            metrics: metrics.clone(),
-            ready: ready.clone(),
-        },
-    ));
-
     let client = Client::try_default().await.map_err(Error::Client)?;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    {
+        let token = shutdown.clone();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            tracing::info!("shutting down");
+            token.cancel();
+        });
+    }
+    run_with(
+        client,
+        opts,
+        Some(admin),
+        Arc::new(HttpReportFetcher::default()),
+        shutdown,
+    )
+    .await
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
+/// The operator with its client, admin socket, report source and shutdown supplied, so the
+/// whole wiring can run against a mock API server in tests.
+pub async fn run_with(
+    client: Client,
+    opts: Options,
+    admin: Option<tokio::net::TcpListener>,
+    reports: Arc<dyn ReportFetcher>,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> Result<(), Error> {
+    let metrics = OperatorMetrics::new();
+    let ready = Arc::new(AtomicBool::new(false));
+    if let Some(admin) = admin {
+        tokio::spawn(super::admin::serve(
+            admin,
+            AdminState {
+                metrics: metrics.clone(),
+                ready: ready.clone(),
+            },
+        ));
+    }
+
     let listeners = Api::<Http3Listener>::all(client.clone());
     listeners
         .list(&ListParams::default().limit(1))
@@ -447,7 +492,6 @@ pub async fn run(opts: Options) -> Result<(), Error> {
         .map_err(Error::CrdMissing)?;
 
     let id = identity();
-    let shutdown = tokio_util::sync::CancellationToken::new();
     let (leader_tx, leader_rx) = watch::channel(!opts.leader_election);
     let election = if opts.leader_election {
         let cfg = leader::LeaseConfig::new(&opts.namespace, &opts.lease_name, &id);
@@ -494,7 +538,7 @@ pub async fn run(opts: Options) -> Result<(), Error> {
         },
         ingress_store.clone(),
         leader_rx.clone(),
-        Arc::new(HttpReportFetcher::default()),
+        reports,
         Reporter {
             controller: FIELD_MANAGER.to_string(),
             instance: Some(id.clone()),
@@ -553,7 +597,6 @@ pub async fn run(opts: Options) -> Result<(), Error> {
         namespace = %opts.namespace,
         leader_election = opts.leader_election,
         identity = %id,
-        admin = %opts.admin_address,
         "operator starting"
     );
     controller
@@ -569,7 +612,7 @@ pub async fn run(opts: Options) -> Result<(), Error> {
         .reconcile_all_on(secret_trigger)
         .reconcile_all_on(leader_trigger)
         .with_config(kube::runtime::controller::Config::default().debounce(Duration::from_secs(1)))
-        .shutdown_on_signal()
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(reconcile, error_policy, ctx)
         .for_each(|r| {
             if let Err(e) = r {
