@@ -153,6 +153,27 @@ mod tests {
     }
 
     #[test]
+    fn crd_carries_cel_rules_for_dependent_fields() {
+        let json = serde_json::to_value(crd()).unwrap();
+        let spec = &json["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"];
+        let rule = |field: &str| {
+            spec[field]["x-kubernetes-validations"][0]["rule"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert_eq!(
+            rule("transport"),
+            "self.connectionReceiveWindowBytes >= self.streamReceiveWindowBytes"
+        );
+        assert_eq!(
+            rule("upstream"),
+            "self.tls || self.verify == 'servedCertificate'"
+        );
+    }
+
+    #[test]
     fn checked_in_crd_matches_generated() {
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),
