@@ -27,6 +27,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use super::admin::{results, AdminState, OperatorMetrics};
+use super::altsvc::{controller_of, Controller as IngressController};
 use super::events::{self, PlannedEvent, Target};
 use super::reports::{status_address, HttpReportFetcher, ReportFetcher};
 use super::resources::{self, label_selector, Desired, Params};
@@ -344,8 +345,21 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         }
     };
 
+    let controllers: BTreeMap<String, IngressController> = ingresses
+        .iter()
+        .filter(|i| {
+            let key = ingress_key(i);
+            resolved
+                .reports
+                .iter()
+                .any(|h| h.ingress.as_deref() == Some(&key))
+        })
+        .filter_map(|i| controller_of(i).map(|c| (ingress_key(i), c)))
+        .collect();
     let previous = listener.status.as_ref();
     let next = status::aggregate(&status::Inputs {
+        controllers: &controllers,
+        alt_svc_max_age: listener.spec.alt_svc.max_age_seconds,
         generation: listener.metadata.generation,
         port: listener.spec.port,
         spec_error,

@@ -7,6 +7,7 @@ use k8s_openapi::api::apps::v1::DaemonSetStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
+use super::altsvc::{advice, Controller};
 use crate::api::{
     conditions, host_states, reasons, HostReport, HostRequests, HostStatus, Http3ListenerStatus,
     NodesStatus, StatusReport, UdpStatus, RECOMMENDED_SYSCTL_BUFFER_MAX,
@@ -48,6 +49,11 @@ pub struct Inputs<'a> {
     pub pods: &'a [PodReport],
     /// The status currently stored, for transition times and UDP drop growth.
     pub previous: Option<&'a Http3ListenerStatus>,
+    /// The TCP ingress controller each Ingress (`namespace/name`) is written for, when its
+    /// annotations say; makes the missing-Alt-Svc advice specific.
+    pub controllers: &'a BTreeMap<String, Controller>,
+    /// `spec.altSvc.maxAgeSeconds`, for that advice.
+    pub alt_svc_max_age: u32,
     pub now: Timestamp,
 }
 
@@ -190,7 +196,14 @@ fn host_status(inp: &Inputs, wanted: &HostReport) -> HostStatus {
         .find(|(_, x)| x.alt_svc_advertised == Some(false))
     {
         h.alt_svc_advertised = Some(false);
-        let why = if x.alt_svc_message.is_empty() {
+        let controller = wanted.ingress.as_ref().and_then(|i| inp.controllers.get(i));
+        // A probe that failed outright keeps its own message; a missing header gets the
+        // advice for the controller the Ingress is written for.
+        let header_missing =
+            x.alt_svc_message.is_empty() || x.alt_svc_message.contains("Alt-Svc: h3=");
+        let why = if let (Some(c), true) = (controller, header_missing) {
+            advice(*c, &wanted.name, inp.port, inp.alt_svc_max_age)
+        } else if x.alt_svc_message.is_empty() {
             format!(
                 "the TCP ingress does not answer {} with Alt-Svc: h3=\":{}\"",
                 wanted.name, inp.port
@@ -561,6 +574,8 @@ mod tests {
     use super::*;
     use crate::api::SocketReport;
 
+    static NO_CONTROLLERS: BTreeMap<String, Controller> = BTreeMap::new();
+
     fn t(s: i64) -> Timestamp {
         Timestamp::from_second(s).unwrap()
     }
@@ -651,6 +666,8 @@ mod tests {
             daemon_set: d,
             pods,
             previous,
+            controllers: &NO_CONTROLLERS,
+            alt_svc_max_age: 86_400,
             now: t(now),
         }
     }
