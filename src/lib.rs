@@ -8,6 +8,8 @@
 //! - [`demo`]: everything on localhost with no cluster and no files
 
 pub mod api;
+pub mod check;
 pub mod config;
+pub mod demo;
 pub mod operator;
 pub mod proxy;
