@@ -108,6 +108,8 @@ struct World {
     /// Every Secret request, as `path?query`.
     secret_requests: Vec<String>,
     down: bool,
+    /// The listener to list (the default one when unset).
+    listener: Option<Value>,
 }
 
 async fn api_server(mut handle: Handle, world: Arc<Mutex<World>>) {
@@ -137,7 +139,10 @@ async fn api_server(mut handle: Handle, world: Arc<Mutex<World>>) {
                     Some("public"),
                     "the listener is watched by name: {query}"
                 );
-                (path.clone(), vec![listener()])
+                (
+                    path.clone(),
+                    vec![w.listener.clone().unwrap_or_else(listener)],
+                )
             }
             "/apis/networking.k8s.io/v1/ingresses" => {
                 (path.clone(), w.ingress.clone().into_iter().collect())
@@ -284,4 +289,265 @@ async fn objects_in_configs_out_live_updates_and_last_good_config_when_the_api_g
     drop(rx);
     let done = tokio::time::timeout(Duration::from_secs(5), source).await;
     assert!(matches!(done, Ok(Ok(Ok(())))), "{done:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The same source driving the real data plane: a certificate rotated in a Secret is served to
+// new connections while a connection opened before the swap keeps working on its old one.
+
+mod live {
+    use super::*;
+    use h3_ingress::proxy::{serve, ConfigUpdate};
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    use rustls::{DigitallySignedStruct, SignatureScheme};
+    use std::net::SocketAddr;
+    use tokio_util::sync::CancellationToken;
+
+    /// Accepts any server certificate (the test compares the served one itself) but still
+    /// checks the handshake signatures.
+    #[derive(Debug)]
+    struct AcceptAny(Arc<rustls::crypto::CryptoProvider>);
+
+    impl ServerCertVerifier for AcceptAny {
+        fn verify_server_cert(
+            &self,
+            _: &CertificateDer<'_>,
+            _: &[CertificateDer<'_>],
+            _: &ServerName<'_>,
+            _: &[u8],
+            _: UnixTime,
+        ) -> Result<ServerCertVerified, rustls::Error> {
+            Ok(ServerCertVerified::assertion())
+        }
+        fn verify_tls12_signature(
+            &self,
+            m: &[u8],
+            c: &CertificateDer<'_>,
+            d: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls12_signature(
+                m,
+                c,
+                d,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+        fn verify_tls13_signature(
+            &self,
+            m: &[u8],
+            c: &CertificateDer<'_>,
+            d: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls13_signature(
+                m,
+                c,
+                d,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
+    }
+
+    fn client() -> quinn::Endpoint {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut tls = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)))
+            .with_no_client_auth();
+        tls.alpn_protocols = vec![b"h3".to_vec()];
+        let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
+        let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        ep.set_default_client_config(quinn::ClientConfig::new(Arc::new(quic)));
+        ep
+    }
+
+    struct H3 {
+        conn: quinn::Connection,
+        send: h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>,
+        _driver: tokio::task::JoinHandle<()>,
+    }
+
+    impl H3 {
+        async fn connect(ep: &quinn::Endpoint, addr: SocketAddr, host: &str) -> H3 {
+            let conn = ep
+                .connect(addr, host)
+                .unwrap()
+                .await
+                .expect("QUIC handshake");
+            let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn.clone()))
+                .await
+                .expect("HTTP/3 setup");
+            let driver = tokio::spawn(async move {
+                let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
+            });
+            H3 {
+                conn,
+                send,
+                _driver: driver,
+            }
+        }
+
+        fn served_cert_sha256(&self) -> String {
+            use sha2::Digest;
+            let certs = self
+                .conn
+                .peer_identity()
+                .unwrap()
+                .downcast::<Vec<CertificateDer<'static>>>()
+                .unwrap();
+            hex::encode(sha2::Sha256::digest(certs[0].as_ref()))
+        }
+
+        async fn get(&mut self, host: &str) -> (u16, String) {
+            let req = http::Request::get(format!("https://{host}/"))
+                .body(())
+                .unwrap();
+            let mut s = self.send.send_request(req).await.expect("request");
+            s.finish().await.unwrap();
+            let resp = s.recv_response().await.expect("response");
+            let mut body = Vec::new();
+            while let Some(chunk) = s.recv_data().await.unwrap() {
+                use bytes::Buf;
+                body.extend_from_slice(chunk.chunk());
+            }
+            (
+                resp.status().as_u16(),
+                String::from_utf8_lossy(&body).into_owned(),
+            )
+        }
+    }
+
+    /// A plain-HTTP stand-in for the TCP ingress.
+    async fn upstream() -> SocketAddr {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (s, _) = l.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(|_req| async {
+                        Ok::<_, Infallible>(hyper::Response::new(http_body_util::Full::new(
+                            Bytes::from_static(b"from the TCP ingress"),
+                        )))
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                        .await;
+                });
+            }
+        });
+        addr
+    }
+
+    fn free_udp_port() -> u16 {
+        std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_running_proxy_serves_a_rotated_certificate_without_dropping_an_open_connection() {
+        let up = upstream().await;
+        let port = free_udp_port();
+        let mut l = listener();
+        l["spec"] = json!({
+            "ingressClassName": "nginx",
+            "port": port,
+            "addresses": {"ipv4": "127.0.0.1", "ipv6": null},
+            "upstream": {"address": up.to_string(), "tls": false},
+            "metrics": {"address": "127.0.0.1:0"}
+        });
+        let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<RespBody>>();
+        let world = Arc::new(Mutex::new(World::default()));
+        let secrets_path = "/api/v1/namespaces/shop/secrets";
+        let (s1, sha1) = secret("web-tls", "a.example.com", "10");
+        {
+            let mut w = world.lock().unwrap();
+            w.ingress = Some(ingress(&[("a.example.com", "web-tls")], "5"));
+            w.secrets.insert(format!("{secrets_path}/web-tls"), s1);
+            w.listener = Some(l);
+        }
+        tokio::spawn(api_server(handle, world.clone()));
+        let (tx, mut configs) = mpsc::channel(4);
+        tokio::spawn(watch_listener(
+            Client::new(svc, "default"),
+            "public".into(),
+            tx,
+        ));
+
+        // The proxy starts on the first configuration and takes the rest as live updates,
+        // as `proxy --listener` does.
+        let initial = next(&mut configs, "initial objects").await;
+        let (updates_tx, updates_rx) = mpsc::channel(4);
+        tokio::spawn(async move {
+            while let Some(c) = configs.recv().await {
+                if updates_tx
+                    .send(ConfigUpdate::Apply(Box::new(c)))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        });
+        let shutdown = CancellationToken::new();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let proxy = tokio::spawn(serve(initial, updates_rx, shutdown.clone(), Some(ready_tx)));
+        let running = tokio::time::timeout(Duration::from_secs(10), ready_rx)
+            .await
+            .unwrap()
+            .unwrap();
+        let addr = running.udp_addrs[0];
+        assert_eq!(addr.port(), port);
+
+        let ep = client();
+        let mut before = H3::connect(&ep, addr, "a.example.com").await;
+        assert_eq!(before.served_cert_sha256(), sha1);
+        assert_eq!(
+            before.get("a.example.com").await,
+            (200, "from the TCP ingress".to_string())
+        );
+
+        // Rotate the certificate in the Secret.
+        let (s2, sha2) = secret("web-tls", "a.example.com", "11");
+        wait_for_watch(&world, &format!("{secrets_path}/web-tls"))
+            .await
+            .send(event("MODIFIED", &s2))
+            .unwrap();
+
+        // New connections get the new certificate (no restart, same sockets)...
+        let mut served = String::new();
+        for _ in 0..100 {
+            let c = H3::connect(&ep, addr, "a.example.com").await;
+            served = c.served_cert_sha256();
+            if served == sha2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(served, sha2, "the rotated certificate was never served");
+
+        // ...while the connection opened before the swap is still alive and still answers.
+        assert!(
+            before.conn.close_reason().is_none(),
+            "{:?}",
+            before.conn.close_reason()
+        );
+        assert_eq!(
+            before.get("a.example.com").await,
+            (200, "from the TCP ingress".to_string())
+        );
+        assert_eq!(before.served_cert_sha256(), sha1);
+
+        shutdown.cancel();
+        let done = tokio::time::timeout(Duration::from_secs(40), proxy).await;
+        assert!(matches!(done, Ok(Ok(Ok(())))), "{done:?}");
+    }
 }
