@@ -629,6 +629,17 @@ async fn a_standby_replica_makes_no_api_call_at_all() {
 }
 
 #[tokio::test]
+async fn a_listener_being_deleted_is_left_to_the_garbage_collector() {
+    let h = harness(true, vec![ingress()]);
+    let mut l = listener();
+    l.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
+    // An empty script: any request fails the test.
+    assert_eq!(run(h, l, vec![]).await, Action::await_change());
+}
+
+#[tokio::test]
 async fn an_invalid_spec_leaves_the_data_plane_alone_and_says_why() {
     let h = harness(true, vec![]);
     let mut l = listener();

@@ -398,6 +398,11 @@ pub async fn reconcile(listener: Arc<Http3Listener>, ctx: Arc<Context>) -> Resul
         // Becoming leader re-reconciles every listener (see `run`).
         return Ok(Action::await_change());
     }
+    if listener.metadata.deletion_timestamp.is_some() {
+        // Being deleted (foreground): the garbage collector is removing what we made;
+        // applying it again would fight it.
+        return Ok(Action::await_change());
+    }
     let _timer = ctx.metrics.reconcile_seconds.start_timer();
     let result = reconcile_as_leader(&listener, &ctx).await;
     let label = if result.is_ok() {
