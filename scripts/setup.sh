@@ -31,7 +31,7 @@ APT_PACKAGES=(
 # pip distribution name : import name (the import is how we detect it is present)
 PIP_PACKAGES=(
     "aioquic:aioquic"                       # tests/py/h3client.py
-    "kubernetes-validate:kubernetes_validate"
+    "kubernetes-validate==1.37.0:kubernetes_validate"  # pinned: tests/manifests/validate.sh checks against 1.37 (= k8s-openapi v1_37)
     "helm-python-sdk:helm_python"
     "dockerfile:dockerfile"
     "pyyaml:yaml"

@@ -11,4 +11,5 @@ pub mod api;
 pub mod check;
 pub mod config;
 pub mod demo;
+pub mod operator;
 pub mod proxy;

@@ -60,6 +60,18 @@ enum Command {
     },
     /// Print the Http3Listener CustomResourceDefinition as YAML.
     Crd,
+    /// Run the Kubernetes operator (Http3Listener controller).
+    Operator(OperatorArgs),
+    /// Write every object the operator creates for two example listeners as YAML.
+    Render {
+        #[arg(long, default_value = "target/rendered/operator")]
+        out: PathBuf,
+        /// Namespace the data-plane objects go to.
+        #[arg(long, default_value = "h3-ingress")]
+        namespace: String,
+        #[arg(long, env = "H3_INGRESS_IMAGE", default_value = h3_ingress::operator::DEFAULT_IMAGE)]
+        data_plane_image: String,
+    },
     /// Validate a standalone configuration file and print the result.
     Validate {
         /// YAML configuration file.
@@ -78,6 +90,40 @@ fn init_logging(default: &str) {
 }
 
 const SERVER_LOG: &str = "info,quinn=warn,quinn_proto=warn,h3=warn,rustls=warn,hyper=warn";
+
+#[derive(clap::Args)]
+struct OperatorArgs {
+    /// Namespace of the data-plane DaemonSets, ServiceAccounts and the leader Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "h3-ingress")]
+    namespace: String,
+    /// Elect a leader through a Lease so several replicas are safe (the default).
+    #[arg(long, overrides_with = "no_leader_election")]
+    leader_election: bool,
+    /// Act as leader unconditionally (one replica only).
+    #[arg(long)]
+    no_leader_election: bool,
+    #[arg(long, default_value = "h3-ingress-operator")]
+    lease_name: String,
+    /// Data plane image for listeners without spec.image.
+    #[arg(long, env = "H3_INGRESS_IMAGE", default_value = h3_ingress::operator::DEFAULT_IMAGE)]
+    data_plane_image: String,
+    /// Serves /healthz, /readyz and /metrics.
+    #[arg(long, default_value = "0.0.0.0:9477")]
+    admin_address: std::net::SocketAddr,
+}
+
+async fn run_operator(a: OperatorArgs) -> anyhow::Result<ExitCode> {
+    init_logging("info,kube=warn,hyper=warn");
+    let opts = h3_ingress::operator::controller::Options {
+        namespace: a.namespace,
+        leader_election: !a.no_leader_election,
+        lease_name: a.lease_name,
+        data_plane_image: a.data_plane_image,
+        admin_address: a.admin_address,
+    };
+    h3_ingress::operator::controller::run(opts).await?;
+    Ok(ExitCode::SUCCESS)
+}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -105,6 +151,29 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Crd => {
             print!("{}", h3_ingress::api::crd_yaml());
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Operator(a) => run_operator(a).await,
+        Command::Render {
+            out,
+            namespace,
+            data_plane_image,
+        } => {
+            let params = h3_ingress::operator::resources::Params {
+                namespace,
+                default_image: data_plane_image,
+            };
+            match h3_ingress::operator::render::write_all(&out, &params) {
+                Ok(files) => {
+                    for f in files {
+                        println!("{}", f.display());
+                    }
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    Ok(ExitCode::FAILURE)
+                }
+            }
         }
         Command::Validate { config } => match h3_ingress::config::file::load(&config) {
             Ok(c) => {
