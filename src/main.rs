@@ -26,8 +26,16 @@ enum Command {
     /// Run the HTTP/3 data plane in front of the TCP ingress.
     Proxy {
         /// Standalone mode: YAML configuration file (SIGHUP reloads hosts and certificates).
+        #[arg(
+            long,
+            required_unless_present = "listener",
+            conflicts_with = "listener"
+        )]
+        config: Option<PathBuf>,
+        /// Kubernetes mode: serve this Http3Listener, its annotated Ingresses and their
+        /// Secrets, following changes live.
         #[arg(long)]
-        config: PathBuf,
+        listener: Option<String>,
     },
     /// Fetch a URL over HTTP/3 (and HTTP/2) and prove both serve the same thing.
     Check {
@@ -194,9 +202,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Ok(ExitCode::from(2))
             }
         },
-        Command::Proxy { config } => {
+        Command::Proxy { config, listener } => {
             init_logging(SERVER_LOG);
-            run_file_proxy(config).await
+            match (config, listener) {
+                (Some(path), _) => run_file_proxy(path).await,
+                (None, Some(name)) => run_kube_proxy(name).await,
+                (None, None) => unreachable!("clap requires --config or --listener"),
+            }
         }
         Command::Check {
             url,
@@ -266,6 +278,59 @@ async fn run_file_proxy(path: PathBuf) -> anyhow::Result<ExitCode> {
                 }
                 _ = term.recv() => { tracing::info!("SIGTERM"); sd.cancel(); return; }
                 _ = int.recv() => { tracing::info!("SIGINT"); sd.cancel(); return; }
+            }
+        }
+    });
+    h3_ingress::proxy::serve(initial, rx, shutdown, None).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// SIGTERM/SIGINT cancel `shutdown`.
+fn cancel_on_signals(shutdown: CancellationToken) -> anyhow::Result<()> {
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM"),
+            _ = int.recv() => tracing::info!("SIGINT"),
+        }
+        shutdown.cancel();
+    });
+    Ok(())
+}
+
+async fn run_kube_proxy(name: String) -> anyhow::Result<ExitCode> {
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+    let shutdown = CancellationToken::new();
+    cancel_on_signals(shutdown.clone())?;
+    let (config_tx, mut configs) = mpsc::channel(4);
+    let watcher_name = name.clone();
+    let watch_shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        if let Err(e) =
+            h3_ingress::operator::dataplane::watch_listener(client, watcher_name, config_tx).await
+        {
+            tracing::error!("watching the listener failed: {e}");
+            watch_shutdown.cancel();
+        }
+    });
+    tracing::info!(listener = %name, "waiting for the Http3Listener, its Ingresses and Secrets");
+    let initial = tokio::select! {
+        c = configs.recv() => match c {
+            Some(c) => c,
+            None => anyhow::bail!("the listener watch ended before a configuration arrived"),
+        },
+        _ = shutdown.cancelled() => return Ok(ExitCode::SUCCESS),
+    };
+    // Later configurations are applied live; socket changes are refused by the proxy and
+    // rolled out by the operator (the pod template carries their hash).
+    let (tx, rx) = mpsc::channel(4);
+    tokio::spawn(async move {
+        while let Some(c) = configs.recv().await {
+            if tx.send(ConfigUpdate::Apply(Box::new(c))).await.is_err() {
+                return;
             }
         }
     });
