@@ -173,11 +173,19 @@ async fn run(cli: PluginCli) -> Result<ExitCode, PluginError> {
                     let port = if has_port(&addr) {
                         None
                     } else {
-                        // Only ask the cluster for the port when the address lacks one.
-                        let client =
-                            client(cli.kubeconfig.as_deref(), cli.context.as_deref()).await?;
-                        let listeners = fetch_listeners(&client, None).await?;
-                        listener_for_host(&listeners, &host).map(|l| l.spec.port)
+                        // The address lacks a port: the listener's, when the cluster answers.
+                        let found =
+                            match client(cli.kubeconfig.as_deref(), cli.context.as_deref()).await {
+                                Ok(c) => fetch_listeners(&c, None).await,
+                                Err(e) => Err(e),
+                            };
+                        match found {
+                            Ok(ls) => listener_for_host(&ls, &host).map(|l| l.spec.port),
+                            Err(e) => {
+                                eprintln!("warning: using port 443 ({e})");
+                                None
+                            }
+                        }
                     };
                     CheckTarget {
                         address: node_address(&addr, port.unwrap_or(443)),

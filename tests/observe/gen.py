@@ -8,12 +8,14 @@ Sources -> derived files:
 - the chart (rendered with default values)  -> deploy/operator.yaml (Helm-only labels removed)
 - charts/h3-ingress/rules/ + preset         -> deploy/prometheus/h3-ingress.rules.yml
 - the alert names of the rules file         -> values.schema.json enum of disabledAlerts
+- the `# --` comments of values.yaml        -> the values table of charts/h3-ingress/README.md
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -112,6 +114,42 @@ def schema_json() -> str:
     return json.dumps(schema, indent=2) + "\n"
 
 
+def _values_table() -> str:
+    """Key | Type | Default | Description, from the `# --` comments of values.yaml."""
+    text = (ROOT / "charts/h3-ingress/values.yaml").read_text()
+    values = yaml.safe_load(text)
+    rows, stack, desc = [], [], None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("# --"):
+            desc = [stripped[4:].strip()]
+            continue
+        if stripped.startswith("#") and desc is not None:
+            desc.append(stripped[1:].strip())
+            continue
+        m = re.match(r"^(\s*)([A-Za-z][\w-]*):", line)
+        if not m:
+            if stripped and not stripped.startswith("-"):
+                desc = None
+            continue
+        indent = len(m.group(1)) // 2
+        stack = stack[:indent] + [m.group(2)]
+        if desc is not None:
+            value = values
+            for k in stack:
+                value = value[k]
+            kind = {dict: "object", list: "list", bool: "bool", int: "int", str: "string"}.get(type(value), "any")
+            default = json.dumps(value) if not isinstance(value, str) else f'"{value}"'
+            rows.append(f"| `{'.'.join(stack)}` | {kind} | `{default}` | {' '.join(desc)} |")
+            desc = None
+    return "\n".join(["| Key | Type | Default | Description |", "|---|---|---|---|", *rows]) + "\n"
+
+
+def chart_readme() -> str:
+    head = (ROOT / "charts/h3-ingress/README.md.tmpl").read_text()
+    return head.replace("{{VALUES_TABLE}}", _values_table())
+
+
 def targets() -> dict[Path, str]:
     crd = (ROOT / "crds" / CRD).read_text()
     dash = dashboard_json()
@@ -123,6 +161,7 @@ def targets() -> dict[Path, str]:
         ROOT / "charts/h3-ingress/values.schema.json": schema_json(),
         ROOT / "deploy/operator.yaml": deploy_operator(),
         ROOT / "deploy/prometheus/h3-ingress.rules.yml": deploy_rules(),
+        ROOT / "charts/h3-ingress/README.md": chart_readme(),
     }
 
 
