@@ -9,6 +9,8 @@
 //! - [`plugin`]: `kubectl h3-ingress` (this binary installed as `kubectl-h3_ingress`)
 
 pub mod api;
+pub mod check;
 pub mod config;
+pub mod demo;
 pub mod plugin;
 pub mod proxy;

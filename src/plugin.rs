@@ -14,6 +14,7 @@
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -60,6 +61,8 @@ pub enum PluginError {
     HostNotServed(String),
     #[error("no ready data plane pod of listener {0} has a host IP; pass --node ADDR")]
     NoReadyNode(String),
+    #[error("cannot resolve node address {0}: {1}")]
+    Resolve(String, #[source] std::io::Error),
     #[error("cannot find this executable to run the check: {0}")]
     CurrentExe(#[source] std::io::Error),
     #[error("cannot run {exe}: {source}")]
@@ -102,11 +105,12 @@ enum PluginCommand {
         #[arg(short = 'f', long)]
         filename: Option<PathBuf>,
     },
-    /// Run `h3-ingress check HOST` against a node that serves HOST over HTTP/3.
+    /// Run `h3-ingress check https://HOST:PORT/ --resolve HOST:PORT:NODE-IP` against a node
+    /// that serves HOST over HTTP/3.
     Check {
         host: String,
-        /// Node address (IP or IP:PORT) to send the QUIC packets to; found from the listener's
-        /// data plane pods when absent.
+        /// Node to send the QUIC packets to (IP, IP:PORT or a name); found from the listener's
+        /// data plane pods when absent. Without a port, the listener's port.
         #[arg(long)]
         node: Option<String>,
         /// Print the command instead of running it.
@@ -187,8 +191,9 @@ async fn run(cli: PluginCli) -> Result<ExitCode, PluginError> {
                             }
                         }
                     };
+                    let address = node_address(&addr, port.unwrap_or(443));
                     CheckTarget {
-                        address: node_address(&addr, port.unwrap_or(443)),
+                        address: resolve_node(&address).await?,
                         via: "--node".to_string(),
                     }
                 }
@@ -197,7 +202,7 @@ async fn run(cli: PluginCli) -> Result<ExitCode, PluginError> {
                     find_target(&client, &host).await?
                 }
             };
-            let args = check_args(&host, &target.address, &extra);
+            let args = check_args(&host, target.address, &extra);
             let exe = std::env::current_exe().map_err(PluginError::CurrentExe)?;
             eprintln!("checking {host} at {} ({})", target.address, target.via);
             if dry_run {
@@ -266,8 +271,8 @@ pub async fn fetch_listeners(
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckTarget {
-    /// `ip:port` (IPv6 in brackets).
-    pub address: String,
+    /// The node's IP and the listener's UDP port.
+    pub address: SocketAddr,
     /// Where the address came from, for the user.
     pub via: String,
 }
@@ -287,7 +292,7 @@ pub async fn find_target(client: &Client, host: &str) -> Result<CheckTarget, Plu
         .items;
     let (pod, ip, node) = pick_node(&pods).ok_or_else(|| PluginError::NoReadyNode(name.clone()))?;
     Ok(CheckTarget {
-        address: node_address(&ip, listener.spec.port),
+        address: resolve_node(&node_address(&ip, listener.spec.port)).await?,
         via: format!("listener {name}, pod {pod} on node {node}"),
     })
 }
@@ -423,10 +428,34 @@ pub fn node_address(addr: &str, port: u16) -> String {
     }
 }
 
-/// Arguments of the `h3-ingress check` run the plugin delegates to.
-pub fn check_args(host: &str, address: &str, extra: &[OsString]) -> Vec<OsString> {
-    let mut args: Vec<OsString> =
-        vec!["check".into(), host.into(), "--node".into(), address.into()];
+/// The node as an IP address and port (a name is resolved here: `check --resolve` takes an IP).
+pub async fn resolve_node(address: &str) -> Result<SocketAddr, PluginError> {
+    if let Ok(a) = address.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    tokio::net::lookup_host(address)
+        .await
+        .map_err(|e| PluginError::Resolve(address.to_string(), e))?
+        .next()
+        .ok_or_else(|| {
+            PluginError::Resolve(address.to_string(), std::io::ErrorKind::NotFound.into())
+        })
+}
+
+/// Arguments of the `h3-ingress check` run the plugin delegates to: the host's URL on the
+/// listener's port, with the connection pinned to the node like curl's `--resolve`.
+pub fn check_args(host: &str, node: SocketAddr, extra: &[OsString]) -> Vec<OsString> {
+    let port = node.port();
+    let ip = match node.ip() {
+        IpAddr::V6(v6) => format!("[{v6}]"),
+        IpAddr::V4(v4) => v4.to_string(),
+    };
+    let mut args: Vec<OsString> = vec![
+        "check".into(),
+        format!("https://{host}:{port}/").into(),
+        "--resolve".into(),
+        format!("{host}:{port}:{ip}").into(),
+    ];
     args.extend(extra.iter().cloned());
     args
 }
@@ -792,19 +821,21 @@ Listener nginx: UDP port 8443, pods ready 2/3, hosts serving 1/3, UDP drops 17, 
 
     #[test]
     fn check_arguments() {
-        let args = check_args("a.example.com", "10.0.0.2:443", &["--insecure".into()]);
-        assert_eq!(
-            args,
-            [
-                "check",
-                "a.example.com",
-                "--node",
-                "10.0.0.2:443",
-                "--insecure"
-            ]
-            .map(OsString::from)
-            .to_vec()
+        let args = check_args(
+            "a.example.com",
+            "10.0.0.2:8443".parse().unwrap(),
+            &["--insecure".into()],
         );
+        let want = [
+            "check",
+            "https://a.example.com:8443/",
+            "--resolve",
+            "a.example.com:8443:10.0.0.2",
+            "--insecure",
+        ];
+        assert_eq!(args, want.map(OsString::from).to_vec());
+        let args = check_args("a.example.com", "[fd00::2]:443".parse().unwrap(), &[]);
+        assert_eq!(args[3], "a.example.com:443:[fd00::2]");
     }
 
     #[test]
@@ -884,7 +915,7 @@ Listener nginx: UDP port 8443, pods ready 2/3, hosts serving 1/3, UDP drops 17, 
         assert_eq!(
             target,
             CheckTarget {
-                address: "10.0.0.2:8443".into(),
+                address: "10.0.0.2:8443".parse().unwrap(),
                 via: "listener nginx, pod h3-ingress/dp-b on node node-b".into()
             }
         );

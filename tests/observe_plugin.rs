@@ -179,7 +179,7 @@ async fn status_and_check_against_an_api_server() {
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert_eq!(
         stdout,
-        "h3-ingress check shop.example.com --node 192.0.2.7:8443\n"
+        "h3-ingress check https://shop.example.com:8443/ --resolve shop.example.com:8443:192.0.2.7\n"
     );
     assert!(
         stderr.contains("listener nginx, pod h3-ingress/nginx-dp-x on node node-7"),
@@ -224,7 +224,7 @@ async fn check_with_node_needs_no_cluster() {
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert_eq!(
         stdout,
-        "h3-ingress check a.example.com --node [::1]:4433 --insecure\n"
+        "h3-ingress check https://a.example.com:4433/ --resolve a.example.com:4433:[::1] --insecure\n"
     );
 }
 

@@ -53,6 +53,21 @@ TOLERANCE = 0.03
 SCRAPE = 0.5  # seconds
 
 
+def make_pki(d: Path) -> tuple[Path, Path, Path]:
+    """A CA and a leaf for HOST signed by it (webpki refuses a CA certificate as a server's)."""
+    ca, ca_key = d / "ca.pem", d / "ca-key.pem"
+    cert, key, csr, ext = d / "cert.pem", d / "key.pem", d / "leaf.csr", d / "leaf.ext"
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True)  # noqa: E731
+    run("req", "-x509", *ec, "-keyout", str(ca_key), "-out", str(ca), "-days", "2", "-subj", "/CN=share test CA")
+    run("req", "-new", *ec, "-keyout", str(key), "-out", str(csr), "-subj", f"/CN={HOST}")
+    ext.write_text(f"basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+                   f"extendedKeyUsage=serverAuth\nsubjectAltName=DNS:{HOST}\n")
+    run("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+        "-days", "2", "-extfile", str(ext), "-out", str(cert))
+    return cert, key, ca
+
+
 def free_port(kind=socket.SOCK_STREAM) -> int:
     with socket.socket(socket.AF_INET, kind) as s:
         s.bind(("127.0.0.1", 0))
@@ -130,7 +145,7 @@ class Prom:
         raise RuntimeError(f"Prometheus has fewer than {n} samples of {expr}")
 
 
-def nginx_conf(d: Path, tls_port: int, stub_port: int, cert: Path, key: Path) -> Path:
+def nginx_conf(d: Path, tls_port: int, h1_port: int, stub_port: int, cert: Path, key: Path) -> Path:
     conf = d / "nginx.conf"
     conf.write_text(f"""
 user root;
@@ -147,6 +162,7 @@ http {{
     scgi_temp_path {d}/scgi;
     server {{
         listen 127.0.0.1:{tls_port} ssl http2;
+        listen 127.0.0.1:{h1_port} ssl;
         server_name {HOST};
         ssl_certificate {cert};
         ssl_certificate_key {key};
@@ -225,6 +241,10 @@ def main() -> int:
                     help="h3-ingress binary with the `proxy` subcommand")
     ap.add_argument("--h3", type=int, default=30)
     ap.add_argument("--h2", type=int, default=10)
+    ap.add_argument("--upstream-http1", action="store_true",
+                    help="proxy to an nginx port without h2 (same server block, same counters)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="only nginx and the proxy: a few h3 requests must reach nginx and succeed")
     ap.add_argument("--preroll", type=float, default=40, help="seconds of scraping before the mix")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--scrape-out", type=Path, help="write the proxy's /metrics here after the mix")
@@ -238,14 +258,11 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="h3-share-"))
     procs = Procs(work)
     try:
-        cert, key = work / "cert.pem", work / "key.pem"
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                        "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", f"/CN={HOST}",
-                        "-addext", f"subjectAltName=DNS:{HOST}"], check=True, capture_output=True)
-        tls_port, stub_port, exp_port, prom_port, admin_port = (free_port() for _ in range(5))
+        cert, key, ca = make_pki(work)
+        tls_port, h1_port, stub_port, exp_port, prom_port, admin_port = (free_port() for _ in range(6))
         udp_port = free_port(socket.SOCK_DGRAM)
 
-        conf = nginx_conf(work, tls_port, stub_port, cert, key)
+        conf = nginx_conf(work, tls_port, h1_port, stub_port, cert, key)
         nginx = shutil.which("nginx") or "/usr/sbin/nginx"
         procs.start("nginx", [nginx, "-p", str(work), "-c", str(conf), "-g", "daemon off;"])
         wait_http(f"http://127.0.0.1:{stub_port}/stub_status")
@@ -262,7 +279,8 @@ def main() -> int:
             cfg.write_text(json.dumps({
                 "port": udp_port,
                 "addresses": {"ipv4": "127.0.0.1", "ipv6": None},
-                "upstream": {"address": f"127.0.0.1:{tls_port}", "tls": True, "verify": "servedCertificate"},
+                "upstream": {"address": f"127.0.0.1:{h1_port if args.upstream_http1 else tls_port}",
+                             "tls": True, "verify": "servedCertificate"},
                 "metrics": {"address": f"127.0.0.1:{admin_port}"},
                 "hosts": [{"name": HOST, "certFile": str(cert), "keyFile": str(key)}],
             }))
@@ -270,9 +288,23 @@ def main() -> int:
             wait_http(f"http://127.0.0.1:{admin_port}/metrics")
             # Creates the per-host counter series before Prometheus looks: a counter whose first
             # sample already holds the whole mix would show no increase at all.
-            warm = asyncio.run(h3_requests(udp_port, 1, cert, prefix="/warmup/"))
+            warm = asyncio.run(h3_requests(udp_port, 1, ca, prefix="/warmup/"))
             assert warm == [200], f"warm-up h3 request: {warm}"
             targets.append(("h3-ingress", admin_port))
+            if args.smoke:
+                codes = asyncio.run(h3_requests(udp_port, 3, ca, prefix="/smoke/"))
+                protocols = sorted({line.split('"')[1].rsplit(" ", 1)[-1]
+                                    for line in (work / "access.log").read_text().splitlines()
+                                    if "GET /smoke/" in line or "GET /warmup/" in line})
+                print(f"smoke: 3 h3 requests through the proxy -> {codes}; nginx saw them as {protocols}")
+                if codes != [200, 200, 200]:
+                    print("FAIL prom_share_test --smoke")
+                    return 1
+                print("ok: prom_share_test --smoke")
+                return 0
+        elif args.smoke:
+            print("SKIPPED: --smoke needs the `proxy` subcommand")
+            return 3
         else:
             print("!!!!!!!!!!!!!!!!!!!! no `proxy` subcommand in", args.proxy,
                   "- running without the data plane")
@@ -308,17 +340,21 @@ def main() -> int:
         print(f"scraping every {SCRAPE}s for {args.preroll:.0f}s before the mix")
         time.sleep(args.preroll)
         procs.check_alive()
-        h3 = asyncio.run(h3_requests(udp_port, args.h3, cert)) if proxy else []
-        h2 = h2_requests(tls_port, args.h2, cert)
+        # Requests before this point (the warm-up, the proxy's start-up Alt-Svc probe) are
+        # before Prometheus's first samples and outside every rate window.
+        log_start = len((work / "access.log").read_text().splitlines())
+        h3 = asyncio.run(h3_requests(udp_port, args.h3, ca)) if proxy else []
+        h2 = h2_requests(tls_port, args.h2, ca)
         print(f"sent {len(h3)} h3 requests through the proxy (statuses {sorted(set(h3))}), "
               f"{len(h2)} h2 requests to nginx ({sorted(set(h2))})")
         time.sleep(5)  # several scrapes and rule evaluations after the mix
         procs.check_alive()
         log = (work / "access.log").read_text().splitlines()
         seen = {kind: sum(1 for line in log if f"GET /{kind}/" in line) for kind in ("h3", "h2")}
-        other = [line for line in log if not any(f"GET /{p}" in line for p in ("stub_status", "h3/", "h2/", "warmup/"))]
+        other = [line for line in log[log_start:]
+                 if not any(f"GET /{p}" in line for p in ("stub_status", "h3/", "h2/"))]
         print(f"nginx access log: {seen['h3']} proxied h3 requests, {seen['h2']} h2 requests, "
-              f"{len(other)} other request(s) besides stub_status polls")
+              f"{len(other)} other request(s) during the mix besides stub_status polls")
         for line in other:
             print("  other: " + line)
         failures = []
@@ -327,7 +363,6 @@ def main() -> int:
         denominator = prom.value('h3_ingress:tcp_ingress_requests:rate5m{host="*"}')
         print(f"h3_ingress:tcp_ingress_requests:rate5m{{host=\"*\"}} = {denominator} "
               f"(x 300 s = {denominator * 300 if denominator else None} requests in the window)")
-        # The warm-up request came before Prometheus started, so it is outside every rate window.
         total = args.h2 + (args.h3 if proxy else 0) + len(other)
         if not denominator or abs(denominator * 300 - total) > 0.25 * total:
             failures.append(f"the denominator does not account for the {total} requests nginx served")
@@ -347,6 +382,15 @@ def main() -> int:
         print(f"h3_ingress:h3_request_share:ratio_rate5m{{host=\"*\"}} = {share} (expected {expected})")
         if share is None or abs(share - expected) > TOLERANCE:
             failures.append(f"recorded share {share} is not within {TOLERANCE} of {expected}")
+        # The kubectl plugin's check re-executes this binary as `h3-ingress check` against the node.
+        plugin = work / "kubectl-h3_ingress"
+        plugin.symlink_to(args.proxy.resolve())
+        p = subprocess.run([str(plugin), "check", HOST, "--node", f"127.0.0.1:{udp_port}", "--",
+                            "--cacert", str(ca)], capture_output=True, text=True, timeout=60)
+        print(f"$ kubectl-h3_ingress check {HOST} --node 127.0.0.1:{udp_port} -- --cacert ca.pem  (exit {p.returncode})")
+        print("  " + (p.stderr + p.stdout).strip().replace("\n", "\n  "))
+        if p.returncode != 0:
+            failures.append("kubectl-h3_ingress check against the running proxy failed")
         if failures:
             print("FAIL prom_share_test:\n  " + "\n  ".join(failures))
             return 1

@@ -57,11 +57,15 @@ kubectl_plugin() {
     out=$(PATH="$WORK/bin:$PATH" kubectl h3-ingress check shop.example.com --node 192.0.2.1 --dry-run \
           --kubeconfig "$WORK/none" 2>"$WORK/err") || return 1
     echo "$out"; cat "$WORK/err"
-    [ "$out" = "h3-ingress check shop.example.com --node 192.0.2.1:443" ] && grep -q "warning: using port 443" "$WORK/err"
+    [ "$out" = "h3-ingress check https://shop.example.com:443/ --resolve shop.example.com:443:192.0.2.1" ] && grep -q "warning: using port 443" "$WORK/err"
 }
 step kubectl-plugin kubectl_plugin
 
-step prometheus-share python3 $OBS/prom_share_test.py --proxy "$BIN" --scrape-out "$WORK/scrape.txt"
+# The proxy's upstream to nginx over h2, as TCP ingresses negotiate it by ALPN.
+step upstream-h2 python3 $OBS/prom_share_test.py --proxy "$BIN" --smoke
+# The share measurement proxies over HTTP/1.1 to a second listen port of the same nginx server
+# block (same counters), so it does not depend on the h2 upstream path.
+step prometheus-share python3 $OBS/prom_share_test.py --proxy "$BIN" --upstream-http1 --scrape-out "$WORK/scrape.txt"
 scrape=()
 [ -s "$WORK/scrape.txt" ] && scrape=(--scrape "$WORK/scrape.txt")
 step rules python3 $OBS/rules_check.py "${scrape[@]}"
