@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from helm_python import HelmError  # noqa: E402
 ROOT = helmlib.ROOT
 CHART = helmlib.CHART
 failures: list[str] = []
+skipped: list[str] = []
 
 
 def check(cond: bool, what: str) -> None:
@@ -208,7 +210,32 @@ def values_documented() -> None:
     check(not bad, f"values.yaml keys without a `# --` comment: {bad}")
 
 
+def operator_flags(binary: Path, objs) -> None:
+    """Every flag and env var the chart passes to the operator is one the binary accepts."""
+    p = subprocess.run([str(binary), "operator", "--help"], capture_output=True, text=True) if binary.exists() else None
+    if p is None or p.returncode != 0:
+        msg = f"SKIPPED: {binary} has no `operator` subcommand yet; chart args not checked against it"
+        print("!" * 20 + " " + msg)
+        skipped.append(msg)
+        return
+    (dep,) = [o for _, o in objs if o["kind"] == "Deployment"]
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    flags = [a.split("=")[0] for a in c["args"][1:] if a.startswith("--")]
+    missing = [f for f in flags if not re.search(rf"(^|\s){re.escape(f)}[\s=,]", p.stdout)]
+    check(not missing, f"`h3-ingress operator` does not accept {missing}")
+    for env in ("POD_NAMESPACE", "H3_INGRESS_IMAGE"):
+        check(f"env: {env}" in p.stdout, f"`h3-ingress operator` does not read ${env}")
+    print(f"operator flags the chart passes {flags}, env POD_NAMESPACE and H3_INGRESS_IMAGE: "
+          f"{'all accepted' if not missing else 'MISSING ' + str(missing)} by {binary.name} operator")
+
+
 def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--operator-flags":
+        operator_flags(Path(sys.argv[2]), helmlib.objects(helmlib.render(helmlib.ALL_ON)))
+        if failures:
+            print("FAIL chart_check --operator-flags:\n  " + "\n  ".join(failures))
+            return 1
+        return 3 if skipped else 0
     # CRDs: the chart ships exactly the generated file.
     crds = helmlib.crds()
     want = (ROOT / "crds/http3listeners.h3-ingress.dev.yaml").read_text()

@@ -29,7 +29,7 @@ ALL_ON: dict[str, Any] = {
     "operator": {
         "replicas": 2,
         "podDisruptionBudget": {"enabled": True},
-        "extraArgs": ["--lease-name=h3-ingress-operator"],
+        "extraEnv": [{"name": "RUST_BACKTRACE", "value": "1"}],
     },
     "imagePullSecrets": [{"name": "regcred"}],
     "commonLabels": {"team": "edge"},

@@ -39,6 +39,7 @@ BIN=$ROOT/target/debug/h3-ingress
 
 step generated python3 $OBS/gen.py --check
 step chart python3 $OBS/chart_check.py
+step operator-flags python3 $OBS/chart_check.py --operator-flags "$BIN"
 step deploy python3 $OBS/deploy_check.py
 
 kubectl_plugin() {
