@@ -137,11 +137,16 @@ def binary_checks(binary: Path) -> None:
         os.symlink("h3-ingress", root / "kubectl-h3_ingress")
         etc = root / "etc"
         etc.mkdir()
-        # What distroless/static provides, plus the /etc/hosts Kubernetes mounts into containers.
+        # What distroless/static provides (passwd, group, nsswitch.conf, CA bundle), plus the
+        # /etc/hosts Kubernetes mounts into containers.
         (etc / "passwd").write_text("root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n")
         (etc / "group").write_text("root:x:0:\nnonroot:x:65532:\n")
         (etc / "nsswitch.conf").write_text("hosts: files dns\n")
         (etc / "hosts").write_text("127.0.0.1 localhost\n::1 localhost\n")
+        # distroless/static ships Debian's CA bundle; the kube client's TLS setup refuses to start
+        # without system roots (even for an http:// API server), so scratch would need it too.
+        (etc / "ssl/certs").mkdir(parents=True)
+        shutil.copy("/etc/ssl/certs/ca-certificates.crt", etc / "ssl/certs/ca-certificates.crt")
         os.chmod(root, 0o755)
         userspec = f"--userspec={NONROOT}:{NONROOT}"
         p = subprocess.run(["chroot", userspec, str(root), "/h3-ingress", "crd"], capture_output=True, text=True)

@@ -78,6 +78,11 @@ else
     step dockerfile python3 $OBS/dockerfile_check.py --build
 fi
 
+# The image's binary (static, no lab feature) serves HTTP/3 through the proxy.
+if [ -x target/static/h3-ingress ]; then
+    step static-binary-proxy python3 $OBS/prom_share_test.py --proxy target/static/h3-ingress --smoke --upstream-http1
+fi
+
 echo
 [ ${#skipped_names[@]} -gt 0 ] && echo "skipped: ${skipped_names[*]}"
 [ ${#failed_names[@]} -gt 0 ] && echo "failed: ${failed_names[*]}"
