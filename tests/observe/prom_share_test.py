@@ -245,7 +245,7 @@ def main() -> int:
                     help="proxy to an nginx port without h2 (same server block, same counters)")
     ap.add_argument("--smoke", action="store_true",
                     help="only nginx and the proxy: a few h3 requests must reach nginx and succeed")
-    ap.add_argument("--preroll", type=float, default=40, help="seconds of scraping before the mix")
+    ap.add_argument("--preroll", type=float, default=60, help="seconds of scraping before the mix")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--scrape-out", type=Path, help="write the proxy's /metrics here after the mix")
     args = ap.parse_args()
