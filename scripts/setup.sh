@@ -32,7 +32,7 @@ APT_PACKAGES=(
 PIP_PACKAGES=(
     "aioquic:aioquic"                       # tests/py/h3client.py
     "kubernetes-validate==1.37.0:kubernetes_validate"  # pinned: tests/manifests/validate.sh checks against 1.37 (= k8s-openapi v1_37)
-    "helm-python-sdk:helm_python"
+    "helm-python-sdk==0.2.2:helm_python"          # pinned: tests/observe/helmlib.py uses its native call
     "dockerfile:dockerfile"
     "pyyaml:yaml"
 )

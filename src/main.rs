@@ -134,6 +134,13 @@ async fn run_operator(a: OperatorArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn main() -> ExitCode {
+    // Installed as `kubectl-h3_ingress`, the same binary is the kubectl plugin.
+    if std::env::args_os()
+        .next()
+        .is_some_and(|argv0| h3_ingress::plugin::invoked_as_plugin(&argv0))
+    {
+        return h3_ingress::plugin::main();
+    }
     let cli = Cli::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
