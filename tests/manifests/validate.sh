@@ -7,7 +7,7 @@
 # What it cannot check: admission (PodSecurity, RBAC escalation), CEL rules, defaulting, and
 # anything the API server does at run time.
 #
-# Usage: tests/manifests/validate.sh [RENDER_DIR]   (default: target/rendered/operator, rendered if missing)
+# Usage: tests/manifests/validate.sh [RENDER_DIR]   (default: target/rendered/operator, re-rendered)
 set -euo pipefail
 
 # Pinned: k8s-openapi 0.29 is built with feature `latest` = v1_37, and kubernetes-validate
@@ -28,7 +28,9 @@ if [ "$have" != "$KUBERNETES_VALIDATE_VERSION" ]; then
     exit 2
 fi
 
-if [ ! -d "$dir" ]; then
+if [ -z "${1:-}" ]; then
+    # Always re-render the default directory so a stale copy can never be what passes.
+    rm -rf "$dir"
     (cd "$repo" && cargo run -q -- render --out "$dir")
 fi
 
