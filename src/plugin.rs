@@ -560,10 +560,10 @@ pub fn render_status(listeners: &[Http3Listener]) -> String {
             out.push_str("  No hosts: annotate an Ingress of this listener's class with h3-ingress.dev/enabled=true.\n");
             continue;
         }
-        let requests: BTreeMap<&str, i64> = status
+        let requests: BTreeMap<&str, (i64, i64)> = status
             .requests
             .iter()
-            .map(|r| (r.host.as_str(), r.total))
+            .map(|r| (r.host.as_str(), (r.total, r.last5m)))
             .collect();
         let rows: Vec<Vec<String>> = status
             .hosts
@@ -576,7 +576,10 @@ pub fn render_status(listeners: &[Http3Listener]) -> String {
                     yes_no(h.alt_svc_advertised).to_string(),
                     requests
                         .get(h.name.as_str())
-                        .map_or_else(|| "-".to_string(), |n| n.to_string()),
+                        .map_or_else(|| "-".to_string(), |n| n.0.to_string()),
+                    requests
+                        .get(h.name.as_str())
+                        .map_or_else(|| "-".to_string(), |n| n.1.to_string()),
                     h.ingress.clone().unwrap_or_else(|| "-".into()),
                     h.secret.clone().unwrap_or_else(|| "-".into()),
                 ]
@@ -589,6 +592,7 @@ pub fn render_status(listeners: &[Http3Listener]) -> String {
                 "REASON",
                 "ALT-SVC",
                 "H3-REQUESTS",
+                "LAST-5M",
                 "INGRESS",
                 "SECRET",
             ],
@@ -678,7 +682,7 @@ status:
   nodes: {desired: 3, ready: 2, summary: 2/3}
   udp: {drops: 17, minReceiveBufferBytes: 425984, clamped: true}
   requests:
-    - {host: shop.example.com, total: 1234}
+    - {host: shop.example.com, total: 1234, last5m: 56}
 "#;
 
     fn listener() -> Http3Listener {
@@ -703,10 +707,10 @@ Listener nginx: UDP port 8443, pods ready 2/3, hosts serving 1/3, UDP drops 17, 
   Ready=False (SomeHostsNotServing)  BuffersApplied=False (Clamped)  Degraded=False (AsExpected)
   Ready: 2 of 3 hosts are not served
   BuffersApplied: net.core.rmem_max 212992 is below the requested 4194304
-  HOST                 STATE        REASON           ALT-SVC   H3-REQUESTS   INGRESS    SECRET
-  shop.example.com     Serving      Serving          yes       1234          web/shop   web/shop-tls
-  api.example.com      NotServing   SecretNotFound   unknown   -             web/shop   web/api-tls
-  *.apps.example.com   Serving      Serving          NO        -             web/apps   web/apps-tls
+  HOST                 STATE        REASON           ALT-SVC   H3-REQUESTS   LAST-5M   INGRESS    SECRET
+  shop.example.com     Serving      Serving          yes       1234          56        web/shop   web/shop-tls
+  api.example.com      NotServing   SecretNotFound   unknown   -             -         web/shop   web/api-tls
+  *.apps.example.com   Serving      Serving          NO        -             -         web/apps   web/apps-tls
   api.example.com: Secret web/api-tls not found
   DNS HTTPS records to publish (first visits can use HTTP/3):
     shop.example.com. 3600 IN HTTPS 1 . alpn=\"h3,h2\"

@@ -807,6 +807,18 @@ fn metrics_pass_promtool_and_count_exactly() {
         1.0
     );
 
+    // /status counts the same requests, in total and over the last minutes.
+    let status = s.proxy.status();
+    let a = status["hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["name"] == "a.test")
+        .unwrap()
+        .clone();
+    assert_eq!(a["requests"], n as u64, "{status:#}");
+    assert_eq!(a["requestsLast5m"], n as u64, "{status:#}");
+
     // promtool, the real Prometheus linter, on a real scrape.
     let mut child = std::process::Command::new("promtool")
         .args(["check", "metrics"])

@@ -260,11 +260,13 @@ pub fn aggregate(inp: &Inputs) -> Http3ListenerStatus {
         }
     });
 
-    let mut requests: BTreeMap<&str, i64> = BTreeMap::new();
+    let mut requests: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
     for (_, r) in &ok {
         for h in &r.hosts {
             if wanted.contains(h.name.as_str()) {
-                *requests.entry(h.name.as_str()).or_default() += h.requests as i64;
+                let e = requests.entry(h.name.as_str()).or_default();
+                e.0 += h.requests as i64;
+                e.1 += h.requests_last5m as i64;
             }
         }
     }
@@ -527,9 +529,10 @@ pub fn aggregate(inp: &Inputs) -> Http3ListenerStatus {
         udp,
         requests: requests
             .into_iter()
-            .map(|(host, total)| HostRequests {
+            .map(|(host, (total, last5m))| HostRequests {
                 host: host.to_string(),
                 total,
+                last5m,
             })
             .collect(),
     };
@@ -634,6 +637,8 @@ mod tests {
     fn served(name: &str, requests: u64, alt: Option<bool>) -> HostReport {
         HostReport {
             requests,
+            // Half of them recent, so the sum over pods is checked separately.
+            requests_last5m: requests / 2,
             alt_svc_advertised: alt,
             ..want(name, host_states::SERVING, reasons::SERVING)
         }
@@ -731,11 +736,13 @@ mod tests {
             [
                 HostRequests {
                     host: "a.example.com".into(),
-                    total: 15
+                    total: 15,
+                    last5m: 7
                 },
                 HostRequests {
                     host: "b.example.com".into(),
-                    total: 1
+                    total: 1,
+                    last5m: 0
                 }
             ]
         );

@@ -11,5 +11,6 @@ pub mod socket;
 pub mod tls;
 pub mod transport;
 pub mod upstream;
+pub mod window;
 
 pub use server::{serve, ConfigUpdate, ProxyError, RunningProxy};

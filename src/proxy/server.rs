@@ -20,6 +20,7 @@ use super::cc::{self, CcStats};
 use super::handler::{self, ConnCtx};
 use super::metrics::{handshake, Metrics, FAMILY_IPV6};
 use super::upstream::{Upstream, UpstreamSetupError};
+use super::window::{current_minute, RecentCounter};
 use super::{admin, request, socket, tls, transport};
 use crate::api::{SocketReport, StatusReport};
 use crate::config::ProxyConfig;
@@ -75,7 +76,7 @@ pub struct Shared {
     sockets: Mutex<Vec<(SocketReport, u64)>>,
     restart_required: Mutex<Vec<String>>,
     pub alt_svc_probes: Mutex<BTreeMap<String, AltSvcProbe>>,
-    requests_by_host: Mutex<HashMap<String, u64>>,
+    requests_by_host: Mutex<HashMap<String, (u64, RecentCounter)>>,
     pub draining: AtomicBool,
     generations: AtomicU64,
     pub probe_now: tokio::sync::Notify,
@@ -87,12 +88,10 @@ impl Shared {
     }
 
     pub fn count_request(&self, host: &str) {
-        *self
-            .requests_by_host
-            .lock()
-            .expect("request count lock")
-            .entry(host.to_string())
-            .or_default() += 1;
+        let mut counts = self.requests_by_host.lock().expect("request count lock");
+        let (total, recent) = counts.entry(host.to_string()).or_default();
+        *total += 1;
+        recent.add(current_minute());
     }
 
     /// Ready: at least one socket bound and at least one host loaded, and not draining.
@@ -148,7 +147,10 @@ impl Shared {
             .iter()
             .map(|h| {
                 let mut h = h.clone();
-                h.requests = counts.get(&h.name).copied().unwrap_or(0);
+                if let Some((total, recent)) = counts.get(&h.name) {
+                    h.requests = *total;
+                    h.requests_last5m = recent.sum(current_minute());
+                }
                 if let Some(p) = probes.get(&h.name) {
                     h.alt_svc_advertised = Some(p.advertised);
                     h.alt_svc_message = p.message.clone();
@@ -163,7 +165,7 @@ impl Shared {
             sockets,
             hosts,
             udp_host_receive_buffer_errors: host_rcv,
-            requests_total: counts.values().sum(),
+            requests_total: counts.values().map(|(total, _)| total).sum(),
             config_generation: gen.id,
             restart_required: self.restart_required.lock().expect("restart lock").clone(),
         }
