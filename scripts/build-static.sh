@@ -17,7 +17,7 @@ cargo build --release --locked --no-default-features --target x86_64-unknown-lin
 mkdir -p "$(dirname "$out")"
 built="$CARGO_TARGET_DIR/x86_64-unknown-linux-gnu/release/h3-ingress"
 cp "$built" "$out"
-# The release profile keeps line tables for the developers' backtraces (124 MB); the image
-# needs none of it (25 MB). Symbols stay, so a panic still names its functions.
+# The release profile builds without debug info; stripping it again keeps the image small even
+# if a developer turns it back on. Symbols stay, so a panic still names its functions.
 strip --strip-debug "$out"
 echo "built $out ($(du -h "$out" | cut -f1))"
