@@ -12,10 +12,8 @@ use bytes::Buf;
 use http::{Request, Uri};
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
+use rustls::pki_types::{CertificateDer, ServerName};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
@@ -174,41 +172,6 @@ async fn target(opts: &CheckOptions) -> Result<Target, CheckError> {
     })
 }
 
-#[derive(Debug)]
-struct NoVerify(Arc<rustls::crypto::CryptoProvider>);
-
-impl ServerCertVerifier for NoVerify {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        m: &[u8],
-        c: &CertificateDer<'_>,
-        d: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-    fn verify_tls13_signature(
-        &self,
-        m: &[u8],
-        c: &CertificateDer<'_>,
-        d: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 fn client_tls(opts: &CheckOptions, alpn: &[u8]) -> Result<rustls::ClientConfig, CheckError> {
     let provider = crate::proxy::tls::provider();
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
@@ -216,7 +179,7 @@ fn client_tls(opts: &CheckOptions, alpn: &[u8]) -> Result<rustls::ClientConfig, 
     let mut cfg = if opts.insecure {
         builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerify(provider)))
+            .with_custom_certificate_verifier(crate::proxy::tls::AnyServerCertificate::new())
             .with_no_client_auth()
     } else {
         let mut roots = rustls::RootCertStore::empty();

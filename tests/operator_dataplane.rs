@@ -298,58 +298,8 @@ async fn objects_in_configs_out_live_updates_and_last_good_config_when_the_api_g
 mod live {
     use super::*;
     use h3_ingress::proxy::{serve, ConfigUpdate};
-    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-    use rustls::{DigitallySignedStruct, SignatureScheme};
     use std::net::SocketAddr;
     use tokio_util::sync::CancellationToken;
-
-    /// Accepts any server certificate (the test compares the served one itself) but still
-    /// checks the handshake signatures.
-    #[derive(Debug)]
-    struct AcceptAny(Arc<rustls::crypto::CryptoProvider>);
-
-    impl ServerCertVerifier for AcceptAny {
-        fn verify_server_cert(
-            &self,
-            _: &CertificateDer<'_>,
-            _: &[CertificateDer<'_>],
-            _: &ServerName<'_>,
-            _: &[u8],
-            _: UnixTime,
-        ) -> Result<ServerCertVerified, rustls::Error> {
-            Ok(ServerCertVerified::assertion())
-        }
-        fn verify_tls12_signature(
-            &self,
-            m: &[u8],
-            c: &CertificateDer<'_>,
-            d: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            rustls::crypto::verify_tls12_signature(
-                m,
-                c,
-                d,
-                &self.0.signature_verification_algorithms,
-            )
-        }
-        fn verify_tls13_signature(
-            &self,
-            m: &[u8],
-            c: &CertificateDer<'_>,
-            d: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            rustls::crypto::verify_tls13_signature(
-                m,
-                c,
-                d,
-                &self.0.signature_verification_algorithms,
-            )
-        }
-        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-            self.0.signature_verification_algorithms.supported_schemes()
-        }
-    }
 
     fn client() -> quinn::Endpoint {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -357,7 +307,8 @@ mod live {
             .with_protocol_versions(&[&rustls::version::TLS13])
             .unwrap()
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)))
+            // Any certificate: the test compares the served one itself.
+            .with_custom_certificate_verifier(h3_ingress::proxy::tls::AnyServerCertificate::new())
             .with_no_client_auth();
         tls.alpn_protocols = vec![b"h3".to_vec()];
         let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
@@ -398,7 +349,7 @@ mod live {
                 .conn
                 .peer_identity()
                 .unwrap()
-                .downcast::<Vec<CertificateDer<'static>>>()
+                .downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
                 .unwrap();
             hex::encode(sha2::Sha256::digest(certs[0].as_ref()))
         }

@@ -87,16 +87,14 @@ pub async fn handle(
     let v = match request::validate(&req) {
         Ok(v) => v,
         Err(Reject::Malformed(msg)) => {
-            m.rejected_requests
-                .with_label_values(&[rejected::MALFORMED])
-                .inc();
             debug!(client = %ctx.remote, %msg, "malformed request");
-            recv.stop_sending(Code::H3_NO_ERROR);
-            finish_local(
+            refuse(
                 &mut send,
+                &mut recv,
+                &ctx,
+                rejected::MALFORMED,
                 StatusCode::BAD_REQUEST,
                 &msg,
-                &ctx,
                 OTHER_HOST,
                 started,
             )
@@ -113,16 +111,14 @@ pub async fn handle(
     let entry = match (entry, conn_entry) {
         (Some(e), Some(c)) if Arc::ptr_eq(e, c) => e.clone(),
         _ => {
-            m.rejected_requests
-                .with_label_values(&[rejected::MISDIRECTED])
-                .inc();
-            recv.stop_sending(Code::H3_NO_ERROR);
             let msg = format!("{} is not served on this connection", v.host);
-            finish_local(
+            refuse(
                 &mut send,
+                &mut recv,
+                &ctx,
+                rejected::MISDIRECTED,
                 StatusCode::MISDIRECTED_REQUEST,
                 &msg,
-                &ctx,
                 OTHER_HOST,
                 started,
             )
@@ -136,15 +132,13 @@ pub async fn handle(
     let parts = match request::upstream_parts(&req, &v, ctx.remote, upstream.scheme()) {
         Ok(p) => p,
         Err(Reject::Malformed(msg)) => {
-            m.rejected_requests
-                .with_label_values(&[rejected::MALFORMED])
-                .inc();
-            recv.stop_sending(Code::H3_NO_ERROR);
-            finish_local(
+            refuse(
                 &mut send,
+                &mut recv,
+                &ctx,
+                rejected::MALFORMED,
                 StatusCode::BAD_REQUEST,
                 &msg,
-                &ctx,
                 &host_label,
                 started,
             )
@@ -171,15 +165,13 @@ pub async fn handle(
             .boxed()
         }
         Err(BodyError::LengthMismatch(msg)) => {
-            m.rejected_requests
-                .with_label_values(&[rejected::CONTENT_LENGTH])
-                .inc();
-            recv.stop_sending(Code::H3_NO_ERROR);
-            finish_local(
+            refuse(
                 &mut send,
+                &mut recv,
+                &ctx,
+                rejected::CONTENT_LENGTH,
                 StatusCode::BAD_REQUEST,
                 &msg,
-                &ctx,
                 &host_label,
                 started,
             )
@@ -291,6 +283,28 @@ fn count(ctx: &ConnCtx, host: &str, status: StatusCode, _started: Instant) {
         .with_label_values(&[host, status_class(status.as_u16()), ctx.family])
         .inc();
     ctx.shared.count_request(host);
+}
+
+/// Refuses a request before it reaches the upstream: counts why, stops reading its body
+/// (RFC 9114 4.1.2 allows H3_NO_ERROR once a response is sent) and answers with the reason.
+#[allow(clippy::too_many_arguments)]
+async fn refuse(
+    send: &mut SendHalf,
+    recv: &mut RecvHalf,
+    ctx: &ConnCtx,
+    reason: &str,
+    status: StatusCode,
+    msg: &str,
+    host: &str,
+    started: Instant,
+) {
+    ctx.shared
+        .metrics
+        .rejected_requests
+        .with_label_values(&[reason])
+        .inc();
+    recv.stop_sending(Code::H3_NO_ERROR);
+    finish_local(send, status, msg, ctx, host, started).await;
 }
 
 /// Answers locally (errors, 421) with a short text body naming the problem.

@@ -270,7 +270,8 @@ async fn connect_tcp(addr: &str) -> Result<TcpStream, ConnectError> {
 #[derive(Debug)]
 struct ServedCertificateVerifier {
     hosts: HostTable,
-    provider: Arc<rustls::crypto::CryptoProvider>,
+    /// Handshake signatures are checked exactly as for any certificate.
+    signatures: Arc<super::tls::AnyServerCertificate>,
 }
 
 impl ServerCertVerifier for ServedCertificateVerifier {
@@ -315,12 +316,7 @@ impl ServerCertVerifier for ServedCertificateVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.signatures.verify_tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -329,67 +325,11 @@ impl ServerCertVerifier for ServedCertificateVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.signatures.verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
-/// `insecure`: signatures are still checked (cheap), the certificate is not.
-#[derive(Debug)]
-struct InsecureVerifier(Arc<rustls::crypto::CryptoProvider>);
-
-impl ServerCertVerifier for InsecureVerifier {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+        self.signatures.supported_verify_schemes()
     }
 }
 
@@ -414,12 +354,12 @@ pub fn client_tls(
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(ServedCertificateVerifier {
                 hosts: hosts.clone(),
-                provider,
+                signatures: super::tls::AnyServerCertificate::new(),
             }))
             .with_no_client_auth(),
         UpstreamVerify::Insecure => builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(InsecureVerifier(provider)))
+            .with_custom_certificate_verifier(super::tls::AnyServerCertificate::new())
             .with_no_client_auth(),
         UpstreamVerify::System => {
             let mut roots = rustls::RootCertStore::empty();
