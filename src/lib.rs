@@ -10,3 +10,6 @@
 pub mod api;
 pub mod config;
 pub mod proxy;
+
+#[cfg(feature = "lab")]
+pub mod lab;
