@@ -24,11 +24,22 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Network lab: path emulator between two namespaces, benchmark, CI smoke (needs root).
+    #[cfg(feature = "lab")]
+    Lab(Box<h3_ingress::lab::LabArgs>),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        #[cfg(feature = "lab")]
+        Command::Lab(args) => match h3_ingress::lab::run(*args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {:#}", anyhow::Error::from(e));
+                ExitCode::FAILURE
+            }
+        },
         Command::Crd => {
             print!("{}", h3_ingress::api::crd_yaml());
             ExitCode::SUCCESS
