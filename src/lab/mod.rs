@@ -7,11 +7,14 @@
 //! ```
 
 pub mod bench;
+pub mod client;
 pub mod control;
 pub mod emu;
 pub mod netns;
 pub mod packet;
 pub mod router;
+pub mod servers;
+pub mod session;
 pub mod smoke;
 pub mod throughput;
 pub mod topology;
@@ -423,6 +426,15 @@ pub fn down(names: &LabNames) -> Result<(), LabError> {
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
     }
+    // A bench killed before its cleanup leaves the work directory bind-mounted in a chroot.
+    let suffix = format!("/mnt/{}", names.prefix);
+    if let Ok(mounts) = std::fs::read_to_string("/proc/mounts") {
+        for mp in mounts.lines().filter_map(|l| l.split_whitespace().nth(1)) {
+            if mp.ends_with(&suffix) {
+                let _ = netns::run("umount", &["-l", mp]);
+            }
+        }
+    }
     // Processes still inside the lab namespaces were started by lab users (bench, smoke).
     for ns in [&names.client_ns, &names.server_ns] {
         kill_ns_processes(ns);
@@ -507,6 +519,40 @@ pub fn parse_net_dev_tx_dropped(text: &str, dev: &str) -> Option<u64> {
 /// Where the bench and smoke keep their output: `target/lab/` of the current directory.
 pub fn output_dir() -> PathBuf {
     PathBuf::from("target").join("lab")
+}
+
+/// The emulator settings of one bench/smoke step: symmetric delay, loss and MTU, an optional
+/// first-flight rule for one protocol, an optional bottleneck. Pure.
+pub fn path_config(
+    rtt_ms: f64,
+    loss: f64,
+    mtu: u32,
+    icmp: bool,
+    rule: Option<RuleProto>,
+    rate_mbit: Option<f64>,
+    seed: u64,
+) -> EmuConfig {
+    let link = LinkConfig {
+        delay_us: ms_to_us(rtt_ms / 2.0),
+        loss,
+        rate_kbit: rate_mbit.map(|r| (r * 1000.0).round() as u64),
+        // A bottleneck queue of about 100 ms at the rate, at least 64 KB.
+        queue_bytes: rate_mbit
+            .map(|r| ((r * 1e6 / 8.0 * 0.1) as u64).max(65_536))
+            .unwrap_or(1_000_000),
+        mtu,
+        icmp,
+    };
+    EmuConfig {
+        c2s: link.clone(),
+        s2c: link,
+        seed,
+        rule: rule.map(|proto| emu::FlightRule {
+            positions: vec![emu::Position::Last],
+            proto,
+            gap_us: DEFAULT_FLIGHT_GAP_US,
+        }),
+    }
 }
 
 #[cfg(test)]
