@@ -97,9 +97,13 @@ impl RuleProto {
 
 /// Drop chosen datagrams of the server's first flight of every connection.
 ///
-/// The flight is what the server sends after the client's first packet, until the server
-/// goes quiet for `gap_us` or the client's next packet reaches the router. For TCP only
-/// data-bearing segments count (the TLS ServerHello..Finished flight), never the SYN-ACK.
+/// The flight is what the server sends from its first packet of the connection on, until the
+/// server goes quiet for `gap_us` or the client reacts: a client packet reaching the router
+/// after the flight's first packet was delivered to the client. Client packets sent earlier
+/// (a ClientHello spread over several Initial datagrams) cannot be a reaction and do not end
+/// the flight. Positions count every packet on the wire, extra or duplicate ones included.
+/// For TCP only data-bearing segments count (the TLS ServerHello..Finished flight), never the
+/// SYN-ACK or bare ACKs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FlightRule {
@@ -108,7 +112,12 @@ pub struct FlightRule {
     pub gap_us: u64,
 }
 
-pub const DEFAULT_FLIGHT_GAP_US: u64 = 5_000;
+/// Quiet time that ends a flight when nothing else does, as a fraction of the round trip: long
+/// enough to span a server waiting a few milliseconds for the rest of a multi-datagram
+/// ClientHello, far shorter than the client's reaction (one RTT).
+pub fn default_flight_gap_us(rtt_us: u64) -> u64 {
+    (rtt_us / 4).clamp(1_000, 50_000)
+}
 
 impl FlightRule {
     /// `first-flight-last`, `first-flight:last`, `first-flight:3`, `first-flight:1,last`.
@@ -194,6 +203,10 @@ macro_rules! counters {
             pub fn delta(&self, earlier: &Self) -> Self {
                 Self { $($f: self.$f.saturating_sub(earlier.$f)),* }
             }
+            /// Accumulates a delta into a per-cell total.
+            pub fn add(&mut self, other: &Self) {
+                $(self.$f += other.$f;)*
+            }
         }
     };
 }
@@ -251,6 +264,17 @@ pub struct RuleCounters {
 }
 
 impl RuleCounters {
+    pub fn add(&mut self, o: &Self) {
+        self.flights += o.flights;
+        self.flights_closed += o.flights_closed;
+        self.drops += o.drops;
+        self.connections_with_drop += o.connections_with_drop;
+        self.connections_over_dropped += o.connections_over_dropped;
+        for (k, v) in &o.flight_sizes {
+            *self.flight_sizes.entry(*k).or_default() += v;
+        }
+    }
+
     pub fn delta(&self, earlier: &Self) -> Self {
         let mut sizes = BTreeMap::new();
         for (k, v) in &self.flight_sizes {
@@ -282,6 +306,12 @@ pub struct Counters {
 }
 
 impl Counters {
+    pub fn add(&mut self, o: &Self) {
+        self.c2s.add(&o.c2s);
+        self.s2c.add(&o.s2c);
+        self.rule.add(&o.rule);
+    }
+
     pub fn delta(&self, earlier: &Self) -> Self {
         Self {
             c2s: self.c2s.delta(&earlier.c2s),
@@ -335,6 +365,8 @@ struct ConnKey {
 struct Flight {
     count: u32,
     last_arrival: u64,
+    /// When the flight's first packet reaches the client; only later client packets react.
+    first_delivery: u64,
     closed: bool,
     drops: u32,
     touched: u64,
@@ -554,6 +586,11 @@ impl Emulator {
                 at = at.max(now + rule.gap_us * 1000);
             }
         }
+        if let Some(t) = tag.filter(|t| t.index == 0) {
+            if let Some(f) = self.flights.get_mut(&t.conn) {
+                f.first_delivery = at;
+            }
+        }
         self.seq += 1;
         self.heap.push(Queued {
             at,
@@ -581,7 +618,7 @@ impl Emulator {
                 };
                 if let Some(f) = self.flights.get_mut(&key) {
                     f.touched = now;
-                    if !f.closed {
+                    if !f.closed && now >= f.first_delivery {
                         f.closed = true;
                         close_flight(&mut self.counters.rule, f.count);
                     }
@@ -610,6 +647,8 @@ impl Emulator {
                             Flight {
                                 count: 1,
                                 last_arrival: now,
+                                // Refined to the real release time when the packet is queued.
+                                first_delivery: now + self.cfg.s2c.delay_us * 1000,
                                 closed: false,
                                 drops: 0,
                                 touched: now,
@@ -764,13 +803,22 @@ mod tests {
         }
     }
 
-    fn emu(delay_ms: u64, rule: Option<&str>, proto: RuleProto) -> Emulator {
+    fn emu_gap(delay_ms: u64, rule: Option<&str>, proto: RuleProto, gap_us: u64) -> Emulator {
         Emulator::new(EmuConfig {
             c2s: link(delay_ms),
             s2c: link(delay_ms),
             seed: 7,
-            rule: rule.and_then(|r| FlightRule::parse(r, proto, DEFAULT_FLIGHT_GAP_US).unwrap()),
+            rule: rule.and_then(|r| FlightRule::parse(r, proto, gap_us).unwrap()),
         })
+    }
+
+    fn emu(delay_ms: u64, rule: Option<&str>, proto: RuleProto) -> Emulator {
+        emu_gap(
+            delay_ms,
+            rule,
+            proto,
+            default_flight_gap_us(2 * delay_ms * 1000),
+        )
     }
 
     /// Releases everything due up to `until`, in time order: (release time, dir, bytes).
@@ -957,14 +1005,28 @@ mod tests {
     }
 
     #[test]
-    fn flight_ends_at_the_clients_next_datagram() {
+    fn flight_ends_at_the_clients_reaction_only() {
         let mut e = emu(50, Some("first-flight-last"), RuleProto::Udp);
         feed(&mut e, 0, Dir::S2C, server_dgram(6000, 0));
         feed(&mut e, 100_000, Dir::S2C, server_dgram(6000, 1));
+        // More of the client's first flight (e.g. a ClientHello in several datagrams): sent
+        // before the server's first datagram could have reached it, so not a reaction.
         feed(&mut e, MS, Dir::C2S, udp4(C, 6000, S, 443, 1200, true));
         feed(&mut e, 2 * MS, Dir::S2C, server_dgram(6000, 2));
+        // The first datagram reaches the client at 50 ms; this one is its reaction.
+        feed(&mut e, 51 * MS, Dir::C2S, udp4(C, 6000, S, 443, 1200, true));
+        feed(&mut e, 52 * MS, Dir::S2C, server_dgram(6000, 3));
         let out = run(&mut e, u64::MAX);
-        assert_eq!(markers(&out, Dir::S2C), vec![0, 2]);
+        assert_eq!(markers(&out, Dir::S2C), vec![0, 1, 3]);
+        assert_eq!(e.counters().rule.flight_sizes, BTreeMap::from([(3, 1)]));
+    }
+
+    #[test]
+    fn default_gap_scales_with_the_round_trip() {
+        assert_eq!(default_flight_gap_us(200_000), 50_000);
+        assert_eq!(default_flight_gap_us(100_000), 25_000);
+        assert_eq!(default_flight_gap_us(400_000), 50_000);
+        assert_eq!(default_flight_gap_us(0), 1_000);
     }
 
     #[test]
@@ -1057,8 +1119,8 @@ mod tests {
         let out = run(&mut e, u64::MAX);
         assert_eq!(markers(&out, Dir::S2C), vec![0, 2, 3]);
 
-        // One-way delay 1 ms, shorter than the 5 ms gap: the candidate waits for the gap.
-        let mut e = emu(1, Some("first-flight-last"), RuleProto::Udp);
+        // One-way delay 1 ms, shorter than a 5 ms gap: the candidate waits for the gap.
+        let mut e = emu_gap(1, Some("first-flight-last"), RuleProto::Udp, 5_000);
         feed(&mut e, 0, Dir::S2C, server_dgram(9000, 0));
         feed(&mut e, 2 * MS, Dir::S2C, server_dgram(9000, 1));
         let out = run(&mut e, u64::MAX);
@@ -1103,5 +1165,9 @@ mod tests {
         let d = b.delta(&a);
         assert_eq!(d.c2s.rx_packets, 4);
         assert_eq!(d.rule.flight_sizes, BTreeMap::from([(4, 1), (6, 1)]));
+        let mut sum = d.clone();
+        sum.add(&d);
+        assert_eq!(sum.c2s.rx_packets, 8);
+        assert_eq!(sum.rule.flight_sizes, BTreeMap::from([(4, 2), (6, 2)]));
     }
 }

@@ -12,6 +12,7 @@ pub mod control;
 pub mod emu;
 pub mod netns;
 pub mod packet;
+pub mod report;
 pub mod router;
 pub mod servers;
 pub mod session;
@@ -26,7 +27,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Subcommand, ValueEnum};
 
 use control::Request;
-use emu::{EmuConfig, FlightRule, LinkConfig, RuleProto, DEFAULT_FLIGHT_GAP_US};
+use emu::{default_flight_gap_us, EmuConfig, FlightRule, LinkConfig, RuleProto};
 use netns::LabNames;
 
 #[derive(Debug, thiserror::Error)]
@@ -138,9 +139,10 @@ pub struct EmuArgs {
     /// Protocol the drop rule applies to.
     #[arg(long, value_enum, default_value_t = ProtoArg::Any)]
     pub drop_proto: ProtoArg,
-    /// Quiet time (ms) after which the server's first flight counts as ended.
-    #[arg(long, default_value_t = DEFAULT_FLIGHT_GAP_US as f64 / 1000.0)]
-    pub flight_gap_ms: f64,
+    /// Quiet time (ms) after which the server's first flight counts as ended
+    /// (default: a quarter of the round trip, 1..50 ms).
+    #[arg(long)]
+    pub flight_gap_ms: Option<f64>,
 }
 
 fn ms_to_us(ms: f64) -> u64 {
@@ -192,27 +194,27 @@ impl EmuArgs {
             ProtoArg::Tcp => RuleProto::Tcp,
             ProtoArg::Any => RuleProto::Any,
         };
-        if !(0.1..=1000.0).contains(&self.flight_gap_ms) {
-            return bad(format!(
-                "--flight-gap-ms {} out of range",
-                self.flight_gap_ms
-            ));
-        }
-        let rule = FlightRule::parse(&self.drop_rule, proto, ms_to_us(self.flight_gap_ms))
-            .map_err(LabError::Config)?;
+        let c2s = link(
+            self.delay_c2s,
+            self.loss_c2s,
+            self.rate_c2s_mbit,
+            self.mtu_c2s,
+        )?;
+        let s2c = link(
+            self.delay_s2c,
+            self.loss_s2c,
+            self.rate_s2c_mbit,
+            self.mtu_s2c,
+        )?;
+        let gap_us = match self.flight_gap_ms {
+            Some(g) if (0.1..=1000.0).contains(&g) => ms_to_us(g),
+            Some(g) => return bad(format!("--flight-gap-ms {g} out of range 0.1..1000")),
+            None => default_flight_gap_us(c2s.delay_us + s2c.delay_us),
+        };
+        let rule = FlightRule::parse(&self.drop_rule, proto, gap_us).map_err(LabError::Config)?;
         Ok(EmuConfig {
-            c2s: link(
-                self.delay_c2s,
-                self.loss_c2s,
-                self.rate_c2s_mbit,
-                self.mtu_c2s,
-            )?,
-            s2c: link(
-                self.delay_s2c,
-                self.loss_s2c,
-                self.rate_s2c_mbit,
-                self.mtu_s2c,
-            )?,
+            c2s,
+            s2c,
             seed: self.seed,
             rule,
         })
@@ -550,7 +552,7 @@ pub fn path_config(
         rule: rule.map(|proto| emu::FlightRule {
             positions: vec![emu::Position::Last],
             proto,
-            gap_us: DEFAULT_FLIGHT_GAP_US,
+            gap_us: default_flight_gap_us(ms_to_us(rtt_ms)),
         }),
     }
 }
@@ -601,7 +603,7 @@ mod tests {
         assert_eq!(c.c2s.rate_kbit, Some(50_000));
         let r = c.rule.unwrap();
         assert_eq!(r.proto, RuleProto::Udp);
-        assert_eq!(r.gap_us, DEFAULT_FLIGHT_GAP_US);
+        assert_eq!(r.gap_us, 27_500, "a quarter of the 10 + 100 ms round trip");
     }
 
     #[test]

@@ -100,8 +100,13 @@ pub fn make_pki(work: &Work, cache: &Path) -> Result<Pki, LabError> {
     fs::create_dir_all(cache).map_err(io(format!("mkdir {}", cache.display())))?;
     let d = cache;
     let p = |f: &str| d.join(f).to_string_lossy().into_owned();
-    if !d.join("fullchain.pem").exists() {
-        let aia = "authorityInfoAccess=OCSP;URI:http://ocsp.h3lab.test,caIssuers;URI:http://pki.h3lab.test/ca.crt\ncrlDistributionPoints=URI:http://crl.h3lab.test/ca.crl\ncertificatePolicies=2.23.140.1.2.1\n";
+    // Bump when the certificates' shape changes, so a cached older chain is regenerated.
+    const PKI_VERSION: &str = "2";
+    let current = fs::read_to_string(d.join("VERSION")).unwrap_or_default();
+    if current.trim() != PKI_VERSION || !d.join("fullchain.pem").exists() {
+        // No OCSP responder URL: Caddy would try to staple and resolve it from the lab,
+        // where no DNS exists. The CA-issuers URL and CRL point keep the size realistic.
+        let aia = "authorityInfoAccess=caIssuers;URI:http://pki.h3lab.test/intermediate-ca-2026.crt\ncrlDistributionPoints=URI:http://crl.h3lab.test/intermediate-ca-2026.crl\ncertificatePolicies=2.23.140.1.2.1\n";
         fs::write(
             d.join("ca.ext"),
             format!("basicConstraints=critical,CA:TRUE,pathlen:0\nkeyUsage=critical,digitalSignature,keyCertSign,cRLSign\nextendedKeyUsage=serverAuth,clientAuth\nsubjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n{aia}"),
@@ -199,6 +204,7 @@ pub fn make_pki(work: &Work, cache: &Path) -> Result<Pki, LabError> {
             chain.push_str(&fs::read_to_string(d.join(f)).map_err(io(format!("read {f}")))?);
         }
         fs::write(d.join("fullchain.pem"), chain).map_err(io("write fullchain.pem"))?;
+        fs::write(d.join("VERSION"), PKI_VERSION).map_err(io("write pki VERSION"))?;
     }
     let out = work.path("pki");
     for f in ["root.pem", "fullchain.pem", "leaf.key"] {
@@ -539,9 +545,6 @@ impl ChrootView {
             inside,
         })
     }
-    pub fn inside(&self, rel: &str) -> String {
-        s(&self.inside.join(rel))
-    }
 }
 
 impl Drop for ChrootView {
@@ -634,26 +637,25 @@ http {{
     )
 }
 
+/// Starts the trixie nginx; `inside` is where the work directory is mounted in chroot `root`.
 pub fn start_nginx_h3(
     ns: &str,
     work: &Work,
-    view: &ChrootView,
+    root: &Path,
+    inside: &Path,
     port: u16,
 ) -> Result<Proc, LabError> {
-    fs::write(
-        work.path("nginx-h3.conf"),
-        nginx_h3_conf(&view.inside, port),
-    )
-    .map_err(io("write nginx-h3.conf"))?;
+    fs::write(work.path("nginx-h3.conf"), nginx_h3_conf(inside, port))
+        .map_err(io("write nginx-h3.conf"))?;
     let p = Proc::spawn(
         "nginx-h3",
         ns,
         &[
             "chroot".into(),
-            s(&view.root),
+            s(root),
             "/usr/sbin/nginx".into(),
             "-c".into(),
-            view.inside("nginx-h3.conf"),
+            s(&inside.join("nginx-h3.conf")),
             "-g".into(),
             "daemon off;".into(),
         ],
