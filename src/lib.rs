@@ -6,9 +6,14 @@
 //! - [`operator`]: the Kubernetes controller
 //! - [`check`]: an HTTP/3 + HTTP/2 client that proves h3 really runs
 //! - [`demo`]: everything on localhost with no cluster and no files
+//! - [`plugin`]: `kubectl h3-ingress` (this binary installed as `kubectl-h3_ingress`)
 
 pub mod api;
+pub mod check;
 pub mod config;
+pub mod demo;
+pub mod operator;
+pub mod plugin;
 pub mod proxy;
 
 #[cfg(feature = "lab")]

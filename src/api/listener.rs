@@ -189,4 +189,7 @@ pub struct HostRequests {
     pub host: String,
     /// HTTP/3 requests served for this host since the pods started, summed over pods.
     pub total: i64,
+    /// HTTP/3 requests in the last five minutes, summed over pods.
+    #[serde(default)]
+    pub last5m: i64,
 }

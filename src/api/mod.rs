@@ -34,6 +34,10 @@ pub mod conditions {
 pub mod reasons {
     // Ready
     pub const ALL_HOSTS_SERVING: &str = "AllHostsServing";
+    /// Ready is True but some wanted hosts are not served (see `status.hosts`).
+    pub const SOME_HOSTS_SERVING: &str = "SomeHostsServing";
+    /// Hosts are wanted but none is served.
+    pub const NO_HOSTS_SERVING: &str = "NoHostsServing";
     pub const NO_HOSTS: &str = "NoHosts";
     pub const PODS_NOT_READY: &str = "PodsNotReady";
     pub const INVALID_SPEC: &str = "InvalidSpec";
@@ -48,6 +52,8 @@ pub mod reasons {
     pub const SOME_HOSTS_NOT_SERVING: &str = "SomeHostsNotServing";
     pub const UDP_DROPS: &str = "UdpDrops";
     pub const AS_EXPECTED: &str = "AsExpected";
+    /// Pods still run socket settings the spec no longer has; the DaemonSet is rolling them.
+    pub const ROLLOUT_PENDING: &str = "RolloutPending";
     // Per host
     pub const SERVING: &str = "Serving";
     pub const NO_TLS: &str = "NoTLS";
@@ -55,6 +61,8 @@ pub mod reasons {
     pub const CERTIFICATE_INVALID: &str = "CertificateInvalid";
     pub const CERTIFICATE_DOES_NOT_MATCH_HOST: &str = "CertificateDoesNotMatchHost";
     pub const HOST_CONFLICT: &str = "HostConflict";
+    /// The host can be served but no data plane pod reports serving it (yet).
+    pub const CONFIG_PENDING: &str = "ConfigPending";
 }
 
 /// Per-host states in `status.hosts[].state`.
@@ -142,6 +150,27 @@ mod tests {
             "buffer default missing"
         );
         assert!(json.contains("cubic-hs"));
+    }
+
+    #[test]
+    fn crd_carries_cel_rules_for_dependent_fields() {
+        let json = serde_json::to_value(crd()).unwrap();
+        let spec = &json["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"];
+        let rule = |field: &str| {
+            spec[field]["x-kubernetes-validations"][0]["rule"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert_eq!(
+            rule("transport"),
+            "self.connectionReceiveWindowBytes >= self.streamReceiveWindowBytes"
+        );
+        assert_eq!(
+            rule("upstream"),
+            "self.tls || self.verify == 'servedCertificate'"
+        );
     }
 
     #[test]

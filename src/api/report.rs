@@ -53,6 +53,9 @@ pub struct HostReport {
     /// HTTP/3 requests served for this host since start.
     #[serde(default)]
     pub requests: u64,
+    /// HTTP/3 requests served for this host in the last five minutes.
+    #[serde(default)]
+    pub requests_last5m: u64,
 }
 
 /// The whole `/status` document of one pod.

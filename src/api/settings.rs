@@ -88,6 +88,11 @@ fn default_response_timeout() -> u32 {
 /// The existing TCP ingress every request is forwarded to.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+// The API server checks this after defaulting, as `config::build` does for the file.
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "self.tls || self.verify == 'servedCertificate'",
+    "message": "upstream.verify needs upstream.tls: true"
+}]))]
 pub struct Upstream {
     /// `host:port` of the TCP ingress, for example `127.0.0.1:443`.
     pub address: String,
@@ -195,6 +200,10 @@ fn default_max_streams() -> u32 {
 /// QUIC transport parameters. Defaults avoid the 64 KB-per-round-trip brake of seed 002.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "self.connectionReceiveWindowBytes >= self.streamReceiveWindowBytes",
+    "message": "transport.connectionReceiveWindowBytes must not be smaller than transport.streamReceiveWindowBytes"
+}]))]
 pub struct TransportSettings {
     /// Congestion controller: `cubic-hs` (default), `cubic`, `newreno` or `bbr`.
     #[serde(default)]

@@ -1,0 +1,91 @@
+{{/* Chart name, overridable. */}}
+{{- define "h3-ingress.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Release-scoped prefix of object names; the release name alone when it already contains the chart name. */}}
+{{- define "h3-ingress.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "h3-ingress.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels shared by every object; app.kubernetes.io/name is fixed by the team contract. */}}
+{{- define "h3-ingress.labels" -}}
+helm.sh/chart: {{ include "h3-ingress.chart" . }}
+app.kubernetes.io/name: h3-ingress
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "h3-ingress.operatorLabels" -}}
+{{ include "h3-ingress.labels" . }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{/* Selector labels must never change after install (Deployment selectors are immutable). */}}
+{{- define "h3-ingress.operatorSelectorLabels" -}}
+app.kubernetes.io/name: h3-ingress
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "h3-ingress.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "h3-ingress.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "h3-ingress.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Prometheus Operator's API is served: monitors and rules would be rejected otherwise. */}}
+{{- define "h3-ingress.hasMonitoringAPI" -}}
+{{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+The TCP ingress's requests per second per host: the denominator of the h3 request share.
+The ingress counts the requests we proxy to it too, so this is the total per host.
+*/}}
+{{- define "h3-ingress.tcpIngressRequestsExpr" -}}
+{{- $share := .Values.metrics.prometheusRule.share -}}
+{{- if eq $share.preset "ingress-nginx" -}}
+sum by (host) (rate(nginx_ingress_controller_requests{host!=""}[5m]))
+{{- else if eq $share.preset "f5-nginx-plus" -}}
+{{- /* F5 NGINX Ingress Controller names each server's status zone after its host. */ -}}
+sum by (host) (label_replace(rate(nginx_ingress_nginxplus_server_zone_requests[5m]), "host", "$1", "server_zone", "(.+)"))
+{{- else if eq $share.preset "generic" -}}
+{{- $expr := required "metrics.prometheusRule.share.generic.expr is required with preset generic" $share.generic.expr -}}
+{{- if $share.generic.perHost -}}
+sum by (host) ({{ $expr }})
+{{- else -}}
+{{- /* Recorded with the rule label host="*" (see _rules.tpl). */ -}}
+sum({{ $expr }})
+{{- end -}}
+{{- else -}}
+{{- fail (printf "metrics.prometheusRule.share.preset: unknown preset %q" $share.preset) -}}
+{{- end -}}
+{{- end -}}

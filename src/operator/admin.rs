@@ -1,0 +1,216 @@
+//! The operator's own metrics (`h3_ingress_operator_*`) and its `/healthz`, `/readyz`,
+//! `/metrics` endpoint.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
+
+/// Reconcile outcomes, the only values of the `result` label.
+pub mod results {
+    pub const OK: &str = "ok";
+    pub const ERROR: &str = "error";
+    /// Not the leader: nothing written.
+    pub const STANDBY: &str = "standby";
+}
+
+pub struct OperatorMetrics {
+    registry: Registry,
+    pub reconciles: IntCounterVec,
+    pub reconcile_seconds: Histogram,
+    pub status_writes: IntCounter,
+    pub events: IntCounterVec,
+    pub pod_report_errors: IntCounter,
+    pub leader: IntGauge,
+}
+
+impl OperatorMetrics {
+    pub fn new() -> Arc<Self> {
+        let registry = Registry::new();
+        let reconciles = IntCounterVec::new(
+            Opts::new(
+                "h3_ingress_operator_reconciles_total",
+                "Reconciliations of Http3Listeners by result",
+            ),
+            &["result"],
+        )
+        .expect("metric");
+        let reconcile_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "h3_ingress_operator_reconcile_duration_seconds",
+                "Time per reconciliation",
+            )
+            .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
+        )
+        .expect("metric");
+        let status_writes = IntCounter::new(
+            "h3_ingress_operator_status_writes_total",
+            "Http3Listener status patches (written only when the status changed)",
+        )
+        .expect("metric");
+        let events = IntCounterVec::new(
+            Opts::new(
+                "h3_ingress_operator_events_total",
+                "Kubernetes Events published, by type",
+            ),
+            &["type"],
+        )
+        .expect("metric");
+        let pod_report_errors = IntCounter::new(
+            "h3_ingress_operator_pod_report_errors_total",
+            "Data plane /status reads that failed",
+        )
+        .expect("metric");
+        let leader = IntGauge::new(
+            "h3_ingress_operator_leader",
+            "1 while this replica holds the leader Lease",
+        )
+        .expect("metric");
+        for c in [
+            Box::new(reconciles.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(reconcile_seconds.clone()),
+            Box::new(status_writes.clone()),
+            Box::new(events.clone()),
+            Box::new(pod_report_errors.clone()),
+            Box::new(leader.clone()),
+        ] {
+            registry.register(c).expect("unique metric names");
+        }
+        for r in [results::OK, results::ERROR, results::STANDBY] {
+            reconciles.with_label_values(&[r]);
+        }
+        for t in ["Normal", "Warning"] {
+            events.with_label_values(&[t]);
+        }
+        Arc::new(Self {
+            registry,
+            reconciles,
+            reconcile_seconds,
+            status_writes,
+            events,
+            pod_report_errors,
+            leader,
+        })
+    }
+
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("text encoding cannot fail");
+        String::from_utf8(buf).expect("prometheus text is UTF-8")
+    }
+}
+
+/// Shared with the admin endpoint: `/readyz` answers 200 once the caches are filled.
+#[derive(Clone)]
+pub struct AdminState {
+    pub metrics: Arc<OperatorMetrics>,
+    pub ready: Arc<AtomicBool>,
+}
+
+fn respond(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header("content-type", content_type)
+        .body(Full::new(Bytes::from(body)))
+        .expect("static response parts are valid")
+}
+
+/// Pure routing, so it can be tested without a socket.
+pub fn route(state: &AdminState, path: &str) -> Response<Full<Bytes>> {
+    match path {
+        "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n".into()),
+        "/readyz" if state.ready.load(Ordering::Relaxed) => {
+            respond(StatusCode::OK, "text/plain", "ready\n".into())
+        }
+        "/readyz" => respond(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "caches not synced yet\n".into(),
+        ),
+        "/metrics" => respond(
+            StatusCode::OK,
+            "text/plain; version=0.0.4",
+            state.metrics.render(),
+        ),
+        _ => respond(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
+    }
+}
+
+/// Serves the admin endpoint on an already-bound listener until the task is dropped.
+pub async fn serve(listener: tokio::net::TcpListener, state: AdminState) {
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "admin accept failed");
+                continue;
+            }
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                let resp = route(&state, req.uri().path());
+                async move { Ok::<_, Infallible>(resp) }
+            });
+            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn routes_and_metric_names() {
+        let state = AdminState {
+            metrics: OperatorMetrics::new(),
+            ready: Arc::new(AtomicBool::new(false)),
+        };
+        assert_eq!(route(&state, "/healthz").status(), StatusCode::OK);
+        assert_eq!(
+            route(&state, "/readyz").status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        state.ready.store(true, Ordering::Relaxed);
+        assert_eq!(route(&state, "/readyz").status(), StatusCode::OK);
+        assert_eq!(route(&state, "/nope").status(), StatusCode::NOT_FOUND);
+        state.metrics.status_writes.inc();
+        let body = route(&state, "/metrics")
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes();
+        let text = String::from_utf8(body.to_vec()).unwrap();
+        assert!(
+            text.contains("h3_ingress_operator_status_writes_total 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("h3_ingress_operator_reconciles_total{result=\"standby\"} 0"),
+            "{text}"
+        );
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            assert!(line.starts_with("h3_ingress_operator_"), "{line}");
+        }
+    }
+}

@@ -1,0 +1,306 @@
+//! Which Kubernetes Events a status change deserves. Pure: compares the stored status with the
+//! next one; the controller publishes the result on the listener and on the Ingresses.
+
+use std::collections::BTreeMap;
+
+use crate::api::{conditions, host_states, reasons, HostStatus, Http3ListenerStatus};
+
+/// Event reasons (besides the per-host reasons of `api::reasons`, which are reused).
+pub mod event_reasons {
+    pub const HTTP3_ENABLED: &str = "Http3Enabled";
+    pub const HTTP3_DISABLED: &str = "Http3Disabled";
+}
+
+/// The `action` of every event the operator publishes.
+pub const ACTION: &str = "Reconcile";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Listener,
+    /// `namespace/name` of an Ingress.
+    Ingress(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedEvent {
+    pub target: Target,
+    pub warning: bool,
+    pub reason: String,
+    pub note: String,
+}
+
+type HostKey = (String, Option<String>);
+
+fn by_key(s: Option<&Http3ListenerStatus>) -> BTreeMap<HostKey, &HostStatus> {
+    s.map(|s| {
+        s.hosts
+            .iter()
+            .map(|h| ((h.name.clone(), h.ingress.clone()), h))
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+fn both(
+    out: &mut Vec<PlannedEvent>,
+    ingress: &Option<String>,
+    warning: bool,
+    reason: &str,
+    note: String,
+) {
+    out.push(PlannedEvent {
+        target: Target::Listener,
+        warning,
+        reason: reason.to_string(),
+        note: note.clone(),
+    });
+    if let Some(i) = ingress {
+        out.push(PlannedEvent {
+            target: Target::Ingress(i.clone()),
+            warning,
+            reason: reason.to_string(),
+            note,
+        });
+    }
+}
+
+/// Events for host and condition transitions between `old` (stored) and `new`.
+///
+/// `ConfigPending` is the normal gap between "can be served" and "a pod serves it" and would
+/// make every rollout noisy, so it produces no event of its own.
+pub fn plan(old: Option<&Http3ListenerStatus>, new: &Http3ListenerStatus) -> Vec<PlannedEvent> {
+    let mut out = Vec::new();
+    let before = by_key(old);
+    let after = by_key(Some(new));
+
+    for (key, h) in &after {
+        let prev = before.get(key);
+        let was_serving = prev.is_some_and(|p| p.state == host_states::SERVING);
+        if h.state == host_states::SERVING {
+            if !was_serving {
+                both(
+                    &mut out,
+                    &h.ingress,
+                    false,
+                    event_reasons::HTTP3_ENABLED,
+                    format!("HTTP/3 enabled for {}", h.name),
+                );
+            }
+        } else if h.reason != reasons::CONFIG_PENDING && prev.is_none_or(|p| p.reason != h.reason) {
+            let note = if h.message.is_empty() {
+                format!("HTTP/3 not served for {}: {}", h.name, h.reason)
+            } else {
+                format!("HTTP/3 not served for {}: {}", h.name, h.message)
+            };
+            both(&mut out, &h.ingress, true, &h.reason, note);
+        }
+    }
+    for (key, h) in &before {
+        if !after.contains_key(key) && h.state == host_states::SERVING {
+            both(
+                &mut out,
+                &h.ingress,
+                false,
+                event_reasons::HTTP3_DISABLED,
+                format!("HTTP/3 disabled for {}", h.name),
+            );
+        }
+    }
+
+    for c in &new.conditions {
+        let prev = old.and_then(|o| o.conditions.iter().find(|p| p.type_ == c.type_));
+        let changed = prev.is_none_or(|p| p.status != c.status || p.reason != c.reason);
+        if !changed {
+            continue;
+        }
+        // Degraded=True and the other conditions False are the bad states; Unknown (no
+        // reports yet) and the good states get Normal events, and only Ready's good state
+        // is worth one.
+        let bad = if c.type_ == conditions::DEGRADED {
+            c.status == "True"
+        } else {
+            c.status == "False"
+        };
+        if bad || (c.type_ == conditions::READY && c.status == "True") {
+            out.push(PlannedEvent {
+                target: Target::Listener,
+                warning: bad,
+                reason: c.reason.clone(),
+                note: if c.message.is_empty() {
+                    format!("{} is {}", c.type_, c.status)
+                } else {
+                    format!("{} is {}: {}", c.type_, c.status, c.message)
+                },
+            });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+    fn host(name: &str, ingress: Option<&str>, state: &str, reason: &str, msg: &str) -> HostStatus {
+        HostStatus {
+            name: name.into(),
+            ingress: ingress.map(str::to_string),
+            state: state.into(),
+            reason: reason.into(),
+            message: msg.into(),
+            ..Default::default()
+        }
+    }
+
+    fn cond(t: &str, s: &str, r: &str) -> Condition {
+        Condition {
+            type_: t.into(),
+            status: s.into(),
+            reason: r.into(),
+            message: String::new(),
+            observed_generation: None,
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        }
+    }
+
+    fn status(hosts: Vec<HostStatus>, conds: Vec<Condition>) -> Http3ListenerStatus {
+        Http3ListenerStatus {
+            hosts,
+            conditions: conds,
+            ..Default::default()
+        }
+    }
+
+    fn summary(events: &[PlannedEvent]) -> Vec<String> {
+        events
+            .iter()
+            .map(|e| {
+                let t = match &e.target {
+                    Target::Listener => "listener".to_string(),
+                    Target::Ingress(i) => i.clone(),
+                };
+                format!(
+                    "{t} {} {}: {}",
+                    if e.warning { "W" } else { "N" },
+                    e.reason,
+                    e.note
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn host_transitions_are_announced_on_the_listener_and_the_ingress() {
+        let old = status(
+            vec![
+                host(
+                    "a.example.com",
+                    Some("default/web"),
+                    "NotServing",
+                    reasons::CONFIG_PENDING,
+                    "",
+                ),
+                host(
+                    "b.example.com",
+                    Some("default/web"),
+                    "Serving",
+                    reasons::SERVING,
+                    "",
+                ),
+                host("c.example.com", None, "Serving", reasons::SERVING, ""),
+            ],
+            vec![],
+        );
+        let new = status(
+            vec![
+                host(
+                    "a.example.com",
+                    Some("default/web"),
+                    "Serving",
+                    reasons::SERVING,
+                    "",
+                ),
+                host(
+                    "b.example.com",
+                    Some("default/web"),
+                    "NotServing",
+                    reasons::SECRET_NOT_FOUND,
+                    "Secret default/x not found",
+                ),
+            ],
+            vec![],
+        );
+        assert_eq!(
+            summary(&plan(Some(&old), &new)),
+            [
+                "listener N Http3Enabled: HTTP/3 enabled for a.example.com",
+                "default/web N Http3Enabled: HTTP/3 enabled for a.example.com",
+                "listener W SecretNotFound: HTTP/3 not served for b.example.com: Secret default/x not found",
+                "default/web W SecretNotFound: HTTP/3 not served for b.example.com: Secret default/x not found",
+                "listener N Http3Disabled: HTTP/3 disabled for c.example.com",
+            ]
+        );
+        // Nothing changed, nothing said.
+        assert!(plan(Some(&new), &new).is_empty());
+    }
+
+    #[test]
+    fn pending_hosts_are_quiet() {
+        let new = status(
+            vec![host(
+                "a.example.com",
+                Some("default/web"),
+                "NotServing",
+                reasons::CONFIG_PENDING,
+                "",
+            )],
+            vec![],
+        );
+        assert!(plan(None, &new).is_empty());
+        let was = status(
+            vec![host(
+                "a.example.com",
+                Some("default/web"),
+                "Serving",
+                reasons::SERVING,
+                "",
+            )],
+            vec![],
+        );
+        assert!(plan(Some(&was), &new).is_empty());
+    }
+
+    #[test]
+    fn condition_transitions_warn_when_bad_and_announce_ready() {
+        let old = status(
+            vec![],
+            vec![
+                cond(conditions::READY, "False", reasons::PODS_NOT_READY),
+                cond(conditions::BUFFERS_APPLIED, "Unknown", reasons::NO_REPORTS),
+                cond(conditions::DEGRADED, "False", reasons::AS_EXPECTED),
+            ],
+        );
+        let new = status(
+            vec![],
+            vec![
+                cond(conditions::READY, "True", reasons::ALL_HOSTS_SERVING),
+                cond(conditions::BUFFERS_APPLIED, "False", reasons::CLAMPED),
+                cond(conditions::DEGRADED, "True", reasons::UDP_DROPS),
+            ],
+        );
+        assert_eq!(
+            summary(&plan(Some(&old), &new)),
+            [
+                "listener N AllHostsServing: Ready is True",
+                "listener W Clamped: BuffersApplied is False",
+                "listener W UdpDrops: Degraded is True",
+            ]
+        );
+        // Recovering buffers is not news; Degraded going back to normal is not either.
+        assert_eq!(
+            summary(&plan(Some(&new), &old)),
+            ["listener W PodsNotReady: Ready is False"]
+        );
+    }
+}

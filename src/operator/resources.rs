@@ -1,0 +1,906 @@
+//! The objects the operator creates for one `Http3Listener`, built by pure functions.
+//!
+//! Per listener: a ServiceAccount and a hostNetwork DaemonSet in the operator's namespace, a
+//! ClusterRole + ClusterRoleBinding (read its own listener and Ingresses), and a Role +
+//! RoleBinding in each namespace holding a referenced Secret, naming only those Secrets. Every
+//! object carries an owner reference to the listener so deleting it removes them all.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::apps::v1::{
+    DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet,
+};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    HTTPGetAction, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccount, Volume, VolumeMount,
+};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{Resource, ResourceExt};
+
+use crate::api::{Http3Listener, SecretRef, RECOMMENDED_SYSCTL_BUFFER_MAX};
+use crate::config::{build, ConfigError, HostTable, ProxyConfig, Settings};
+
+use super::labels;
+
+/// Listener names end up in label values (63 characters at most).
+pub const MAX_LISTENER_NAME: usize = 63;
+/// Pod template annotation whose change rolls the DaemonSet: a hash of what needs new sockets.
+pub const SOCKET_HASH_ANNOTATION: &str = "h3-ingress.dev/socket-hash";
+/// Image of the opt-in init container that raises the node's buffer limits. It needs a shell
+/// and nothing else, which the (distroless) data plane image does not have.
+pub const TUNE_IMAGE: &str = "busybox:1.36.1";
+/// Name of the data plane container (also used by `kubectl logs -c`).
+pub const CONTAINER_NAME: &str = "h3-ingress";
+pub const TUNE_CONTAINER_NAME: &str = "tune-node-buffers";
+/// Non-root user of the data plane when the port allows (the distroless "nonroot" user).
+pub const NON_ROOT_UID: i64 = 65532;
+/// Added to `http.drainTimeoutSeconds` so the kubelet does not kill a pod still draining.
+pub const TERMINATION_GRACE_MARGIN_SECONDS: i64 = 15;
+
+/// Why the objects for a listener cannot be built; reported as `Ready=False/InvalidSpec`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BuildError {
+    #[error("metadata.name {0:?} is longer than {MAX_LISTENER_NAME} characters")]
+    NameTooLong(String),
+    #[error("the listener has no metadata.uid yet (owner references need it)")]
+    NoUid,
+    #[error("{0}")]
+    InvalidSpec(#[from] ConfigError),
+}
+
+/// Operator-wide inputs of the builders.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Params {
+    /// Namespace of the DaemonSet and ServiceAccount (the operator's own).
+    pub namespace: String,
+    /// Data plane image when `spec.image` is empty (normally the operator's own image).
+    pub default_image: String,
+}
+
+/// Everything the operator applies for one listener.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Desired {
+    pub service_account: ServiceAccount,
+    pub cluster_role: ClusterRole,
+    pub cluster_role_binding: ClusterRoleBinding,
+    /// One per namespace that holds a referenced Secret, sorted by namespace.
+    pub roles: Vec<Role>,
+    pub role_bindings: Vec<RoleBinding>,
+    pub daemon_set: DaemonSet,
+    /// The pod template's [`SOCKET_HASH_ANNOTATION`] value.
+    pub socket_hash: String,
+}
+
+/// Name of the DaemonSet and ServiceAccount of a listener.
+pub fn data_plane_name(listener: &str) -> String {
+    format!("h3-ingress-{listener}")
+}
+
+/// Name of the ClusterRole(Binding) and of the per-namespace Role(Binding)s of a listener.
+pub fn rbac_name(listener: &str) -> String {
+    format!("h3-ingress-data-plane-{listener}")
+}
+
+/// Labels on every data-plane object of a listener (and the DaemonSet's selector).
+pub fn selector_labels(listener: &str) -> BTreeMap<String, String> {
+    [
+        (labels::NAME, labels::NAME_VALUE),
+        (labels::COMPONENT, labels::COMPONENT_DATA_PLANE),
+        (labels::INSTANCE, listener),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+fn object_labels(listener: &str) -> BTreeMap<String, String> {
+    let mut l = selector_labels(listener);
+    l.insert(labels::MANAGED_BY.into(), labels::MANAGED_BY_VALUE.into());
+    l
+}
+
+/// Label selector (`k=v,...`) matching every object made for a listener.
+pub fn label_selector(listener: &str) -> String {
+    selector_labels(listener)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Owner reference to the listener. `blockOwnerDeletion` stays unset: setting it needs
+/// `update` on `http3listeners/finalizers`, which the least-privilege operator role omits,
+/// and background garbage collection removes the objects either way.
+pub fn owner_reference(listener: &Http3Listener) -> Result<OwnerReference, BuildError> {
+    Ok(OwnerReference {
+        api_version: Http3Listener::api_version(&()).into_owned(),
+        kind: Http3Listener::kind(&()).into_owned(),
+        name: listener.name_any(),
+        uid: listener.uid().ok_or(BuildError::NoUid)?,
+        controller: Some(true),
+        block_owner_deletion: None,
+    })
+}
+
+fn meta(
+    listener: &Http3Listener,
+    name: String,
+    namespace: Option<&str>,
+) -> Result<ObjectMeta, BuildError> {
+    Ok(ObjectMeta {
+        name: Some(name),
+        namespace: namespace.map(str::to_string),
+        labels: Some(object_labels(&listener.name_any())),
+        owner_references: Some(vec![owner_reference(listener)?]),
+        ..Default::default()
+    })
+}
+
+/// Validates the listener's settings exactly as the data plane will, without hosts.
+pub fn validate(listener: &Http3Listener) -> Result<ProxyConfig, BuildError> {
+    let name = listener.name_any();
+    if name.len() > MAX_LISTENER_NAME {
+        return Err(BuildError::NameTooLong(name));
+    }
+    Ok(build(
+        Settings::from(&listener.spec),
+        HostTable::default(),
+        "spec",
+    )?)
+}
+
+/// Hash of exactly the settings a running pod cannot apply (the fields
+/// [`ProxyConfig::restart_required_changes`] lists). It goes into the pod template, so such a
+/// change rolls the DaemonSet while host and certificate changes do not.
+pub fn socket_hash(c: &ProxyConfig) -> String {
+    use sha2::Digest;
+    let l = &c.listen;
+    let text = format!(
+        "port={}\nipv4={:?}\nipv6={:?}\nrcvbuf={}\nsndbuf={}\nforce={}\nmetrics={}\n",
+        l.port,
+        l.ipv4,
+        l.ipv6,
+        l.receive_buffer_bytes,
+        l.send_buffer_bytes,
+        l.force_buffers,
+        c.metrics_address
+    );
+    hex::encode(&sha2::Sha256::digest(text.as_bytes())[..8])
+}
+
+/// Whether the data plane must start as root: ports below 1024 and SO_RCVBUFFORCE need
+/// capabilities, and Kubernetes adds capabilities only to root's effective set (it sets no
+/// ambient capabilities for other users).
+pub fn needs_root(c: &ProxyConfig) -> bool {
+    c.listen.port < 1024 || c.metrics_address.port() < 1024 || c.listen.force_buffers
+}
+
+fn container_security(c: &ProxyConfig) -> SecurityContext {
+    let mut add = vec!["NET_BIND_SERVICE".to_string()];
+    if c.listen.force_buffers {
+        add.push("NET_ADMIN".to_string());
+    }
+    let root = needs_root(c);
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        privileged: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(!root),
+        run_as_user: Some(if root { 0 } else { NON_ROOT_UID }),
+        run_as_group: Some(if root { 0 } else { NON_ROOT_UID }),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_string()]),
+            add: Some(add),
+        }),
+        ..Default::default()
+    }
+}
+
+fn env_from_field(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.to_string(),
+                api_version: None,
+            }),
+            ..Default::default()
+        }),
+        value: None,
+    }
+}
+
+fn probe(c: &ProxyConfig, path: &str, period: i32) -> Probe {
+    let ip = c.metrics_address.ip();
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_string()),
+            port: IntOrString::Int(c.metrics_address.port().into()),
+            // The kubelet probes the pod IP (the node's IP under hostNetwork); an endpoint
+            // bound to one specific address, e.g. 127.0.0.1, must be probed there.
+            host: (!ip.is_unspecified()).then(|| ip.to_string()),
+            scheme: Some("HTTP".into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        timeout_seconds: Some(2),
+        failure_threshold: Some(3),
+        ..Default::default()
+    }
+}
+
+fn quantity(s: &str) -> Quantity {
+    Quantity(s.to_string())
+}
+
+fn default_resources() -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(
+            [
+                ("cpu".to_string(), quantity("100m")),
+                ("memory".to_string(), quantity("64Mi")),
+            ]
+            .into_iter()
+            .collect(),
+        ),
+        ..Default::default()
+    }
+}
+
+/// Shell script of the opt-in init container: raise, never lower, the node-wide maxima.
+fn tune_script(c: &ProxyConfig) -> String {
+    let rmem = RECOMMENDED_SYSCTL_BUFFER_MAX.max(c.listen.receive_buffer_bytes);
+    let wmem = RECOMMENDED_SYSCTL_BUFFER_MAX.max(c.listen.send_buffer_bytes);
+    format!(
+        "set -eu\n\
+         raise() {{ f=/proc/sys/net/core/$1; cur=$(cat \"$f\"); \
+         if [ \"$cur\" -lt \"$2\" ]; then echo \"$2\" > \"$f\"; echo \"net.core.$1: $cur -> $2\"; \
+         else echo \"net.core.$1: $cur (kept, >= $2)\"; fi; }}\n\
+         raise rmem_max {rmem}\n\
+         raise wmem_max {wmem}\n"
+    )
+}
+
+fn tune_container(c: &ProxyConfig) -> Container {
+    Container {
+        name: TUNE_CONTAINER_NAME.into(),
+        image: Some(TUNE_IMAGE.into()),
+        command: Some(vec!["sh".into(), "-c".into(), tune_script(c)]),
+        security_context: Some(SecurityContext {
+            // Writing /proc/sys/net/core needs a writable /proc/sys, which only privileged
+            // containers get; this is why the init container is opt-in.
+            privileged: Some(true),
+            run_as_user: Some(0),
+            run_as_non_root: Some(false),
+            read_only_root_filesystem: Some(true),
+            ..Default::default()
+        }),
+        resources: Some(ResourceRequirements {
+            requests: Some(
+                [
+                    ("cpu".to_string(), quantity("10m")),
+                    ("memory".to_string(), quantity("8Mi")),
+                ]
+                .into_iter()
+                .collect(),
+            ),
+            limits: Some(
+                [("memory".to_string(), quantity("16Mi"))]
+                    .into_iter()
+                    .collect(),
+            ),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The hostNetwork DaemonSet running `h3-ingress proxy --listener NAME` on the selected nodes.
+pub fn daemon_set(
+    listener: &Http3Listener,
+    config: &ProxyConfig,
+    params: &Params,
+) -> Result<DaemonSet, BuildError> {
+    let name = listener.name_any();
+    let spec = &listener.spec;
+    let image = spec
+        .image
+        .clone()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| params.default_image.clone());
+    let port = i32::from(config.listen.port);
+    let metrics_port = i32::from(config.metrics_address.port());
+
+    let container = Container {
+        name: CONTAINER_NAME.into(),
+        image: Some(image),
+        image_pull_policy: Some("IfNotPresent".into()),
+        args: Some(vec!["proxy".into(), "--listener".into(), name.clone()]),
+        env: Some(vec![
+            env_from_field("NODE_NAME", "spec.nodeName"),
+            env_from_field("POD_NAME", "metadata.name"),
+            env_from_field("POD_NAMESPACE", "metadata.namespace"),
+        ]),
+        ports: Some(vec![
+            ContainerPort {
+                name: Some("quic".into()),
+                container_port: port,
+                host_port: Some(port),
+                protocol: Some("UDP".into()),
+                host_ip: None,
+            },
+            ContainerPort {
+                name: Some("metrics".into()),
+                container_port: metrics_port,
+                host_port: Some(metrics_port),
+                protocol: Some("TCP".into()),
+                host_ip: None,
+            },
+        ]),
+        liveness_probe: Some(probe(config, "/healthz", 10)),
+        readiness_probe: Some(probe(config, "/readyz", 5)),
+        resources: Some(spec.resources.clone().unwrap_or_else(default_resources)),
+        security_context: Some(container_security(config)),
+        volume_mounts: Some(vec![VolumeMount {
+            name: "tmp".into(),
+            mount_path: "/tmp".into(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+
+    let socket_hash = socket_hash(config);
+    let template_annotations: BTreeMap<String, String> =
+        [(SOCKET_HASH_ANNOTATION.to_string(), socket_hash)]
+            .into_iter()
+            .collect();
+
+    let pod = PodSpec {
+        host_network: Some(true),
+        // Without this a hostNetwork pod resolves with the node's resolv.conf and cannot
+        // reach the API server or an in-cluster upstream by its Service name.
+        dns_policy: Some("ClusterFirstWithHostNet".into()),
+        service_account_name: Some(data_plane_name(&name)),
+        automount_service_account_token: Some(true),
+        termination_grace_period_seconds: Some(
+            i64::from(config.http.drain_timeout_seconds) + TERMINATION_GRACE_MARGIN_SECONDS,
+        ),
+        node_selector: (!spec.node_selector.is_empty()).then(|| spec.node_selector.clone()),
+        tolerations: (!spec.tolerations.is_empty()).then(|| spec.tolerations.clone()),
+        security_context: Some(PodSecurityContext {
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                localhost_profile: None,
+            }),
+            ..Default::default()
+        }),
+        init_containers: spec
+            .tune_node_buffer_limits
+            .then(|| vec![tune_container(config)]),
+        containers: vec![container],
+        volumes: Some(vec![Volume {
+            name: "tmp".into(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: Some("Memory".into()),
+                mode: None,
+                size_limit: Some(quantity("16Mi")),
+            }),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+
+    Ok(DaemonSet {
+        metadata: meta(listener, data_plane_name(&name), Some(&params.namespace))?,
+        spec: DaemonSetSpec {
+            selector: LabelSelector {
+                match_labels: Some(selector_labels(&name)),
+                match_expressions: None,
+            },
+            // Two pods of one listener cannot share a node's UDP port: never surge.
+            update_strategy: Some(DaemonSetUpdateStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDaemonSet {
+                    max_surge: Some(IntOrString::Int(0)),
+                    max_unavailable: Some(IntOrString::Int(1)),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(object_labels(&name)),
+                    annotations: Some(template_annotations),
+                    ..Default::default()
+                }),
+                spec: Some(pod),
+            },
+            ..Default::default()
+        },
+        status: None,
+    })
+}
+
+fn rule(group: &str, resource: &str, names: Option<Vec<String>>) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(vec![group.to_string()]),
+        resources: Some(vec![resource.to_string()]),
+        resource_names: names,
+        verbs: ["get", "list", "watch"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        non_resource_urls: None,
+    }
+}
+
+fn subject(listener: &str, params: &Params) -> Subject {
+    Subject {
+        kind: "ServiceAccount".into(),
+        name: data_plane_name(listener),
+        namespace: Some(params.namespace.clone()),
+        api_group: None,
+    }
+}
+
+/// Builds every object for a listener; `secrets` are the Secrets its hosts reference.
+pub fn desired(
+    listener: &Http3Listener,
+    secrets: &BTreeSet<SecretRef>,
+    params: &Params,
+) -> Result<Desired, BuildError> {
+    let config = validate(listener)?;
+    let name = listener.name_any();
+
+    let service_account = ServiceAccount {
+        metadata: meta(listener, data_plane_name(&name), Some(&params.namespace))?,
+        automount_service_account_token: Some(true),
+        ..Default::default()
+    };
+    let cluster_role = ClusterRole {
+        metadata: meta(listener, rbac_name(&name), None)?,
+        // list/watch with resourceNames are authorised for `metadata.name=` field selectors,
+        // which is how the data plane watches its one listener.
+        rules: Some(vec![
+            rule("h3-ingress.dev", "http3listeners", Some(vec![name.clone()])),
+            rule("networking.k8s.io", "ingresses", None),
+        ]),
+        aggregation_rule: None,
+    };
+    let cluster_role_binding = ClusterRoleBinding {
+        metadata: meta(listener, rbac_name(&name), None)?,
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "ClusterRole".into(),
+            name: rbac_name(&name),
+        },
+        subjects: Some(vec![subject(&name, params)]),
+    };
+
+    let mut by_ns: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for s in secrets {
+        by_ns.entry(&s.namespace).or_default().push(s.name.clone());
+    }
+    let mut roles = Vec::new();
+    let mut role_bindings = Vec::new();
+    for (ns, names) in by_ns {
+        roles.push(Role {
+            metadata: meta(listener, rbac_name(&name), Some(ns))?,
+            rules: Some(vec![rule("", "secrets", Some(names))]),
+        });
+        role_bindings.push(RoleBinding {
+            metadata: meta(listener, rbac_name(&name), Some(ns))?,
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "Role".into(),
+                name: rbac_name(&name),
+            },
+            subjects: Some(vec![subject(&name, params)]),
+        });
+    }
+
+    Ok(Desired {
+        service_account,
+        cluster_role,
+        cluster_role_binding,
+        roles,
+        role_bindings,
+        daemon_set: daemon_set(listener, &config, params)?,
+        socket_hash: socket_hash(&config),
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::api::Http3ListenerSpec;
+
+    pub(crate) fn listener(name: &str, spec: serde_json::Value) -> Http3Listener {
+        let spec: Http3ListenerSpec = serde_json::from_value(spec).unwrap();
+        let mut l = Http3Listener::new(name, spec);
+        l.metadata.uid = Some(format!("uid-{name}"));
+        l.metadata.generation = Some(1);
+        l
+    }
+
+    fn params() -> Params {
+        Params {
+            namespace: "h3-system".into(),
+            default_image: "ghcr.io/h3-ingress/h3-ingress:0.1.0".into(),
+        }
+    }
+
+    fn base() -> serde_json::Value {
+        serde_json::json!({"upstream": {"address": "ingress-nginx-controller.ingress-nginx:443"}})
+    }
+
+    fn refs(list: &[(&str, &str)]) -> BTreeSet<SecretRef> {
+        list.iter()
+            .map(|(ns, n)| SecretRef {
+                namespace: ns.to_string(),
+                name: n.to_string(),
+            })
+            .collect()
+    }
+
+    fn pod(ds: &DaemonSet) -> &PodSpec {
+        ds.spec.template.spec.as_ref().unwrap()
+    }
+
+    #[test]
+    fn default_daemon_set_is_host_network_locked_down_and_runs_as_root_for_port_443() {
+        let l = listener("public", base());
+        let d = desired(&l, &BTreeSet::new(), &params()).unwrap();
+        let ds = &d.daemon_set;
+        assert_eq!(ds.metadata.name.as_deref(), Some("h3-ingress-public"));
+        assert_eq!(ds.metadata.namespace.as_deref(), Some("h3-system"));
+        let p = pod(ds);
+        assert_eq!(p.host_network, Some(true));
+        assert_eq!(p.dns_policy.as_deref(), Some("ClusterFirstWithHostNet"));
+        assert_eq!(p.service_account_name.as_deref(), Some("h3-ingress-public"));
+        assert_eq!(p.termination_grace_period_seconds, Some(30 + 15));
+        assert!(p.init_containers.is_none(), "buffer tuning is opt-in");
+        assert_eq!(
+            p.security_context
+                .as_ref()
+                .unwrap()
+                .seccomp_profile
+                .as_ref()
+                .unwrap()
+                .type_,
+            "RuntimeDefault"
+        );
+        let c = &p.containers[0];
+        assert_eq!(
+            c.image.as_deref(),
+            Some("ghcr.io/h3-ingress/h3-ingress:0.1.0")
+        );
+        assert_eq!(c.args.as_ref().unwrap(), &["proxy", "--listener", "public"]);
+        let ports = c.ports.as_ref().unwrap();
+        assert_eq!(
+            (
+                ports[0].container_port,
+                ports[0].host_port,
+                ports[0].protocol.as_deref()
+            ),
+            (443, Some(443), Some("UDP"))
+        );
+        assert_eq!(
+            (ports[1].container_port, ports[1].protocol.as_deref()),
+            (9476, Some("TCP"))
+        );
+        let sc = c.security_context.as_ref().unwrap();
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        let caps = sc.capabilities.as_ref().unwrap();
+        assert_eq!(caps.drop.as_ref().unwrap(), &["ALL"]);
+        assert_eq!(caps.add.as_ref().unwrap(), &["NET_BIND_SERVICE"]);
+        // Port 443 needs NET_BIND_SERVICE in the effective set, which only root gets.
+        assert_eq!(sc.run_as_user, Some(0));
+        assert_eq!(sc.run_as_non_root, Some(false));
+        let live = c
+            .liveness_probe
+            .as_ref()
+            .unwrap()
+            .http_get
+            .as_ref()
+            .unwrap();
+        assert_eq!(live.path.as_deref(), Some("/healthz"));
+        assert_eq!(live.port, IntOrString::Int(9476));
+        assert_eq!(live.host, None);
+        let ready = c
+            .readiness_probe
+            .as_ref()
+            .unwrap()
+            .http_get
+            .as_ref()
+            .unwrap();
+        assert_eq!(ready.path.as_deref(), Some("/readyz"));
+        let env: Vec<_> = c
+            .env
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|e| e.name.as_str())
+            .collect();
+        assert_eq!(env, ["NODE_NAME", "POD_NAME", "POD_NAMESPACE"]);
+        let strategy = ds.spec.update_strategy.as_ref().unwrap();
+        assert_eq!(
+            strategy.rolling_update.as_ref().unwrap().max_surge,
+            Some(IntOrString::Int(0))
+        );
+    }
+
+    #[test]
+    fn high_port_runs_as_non_root_and_force_buffers_adds_net_admin_as_root() {
+        let mut spec = base();
+        spec["port"] = 8443.into();
+        let d = desired(&listener("alt", spec.clone()), &BTreeSet::new(), &params()).unwrap();
+        let sc = pod(&d.daemon_set).containers[0]
+            .security_context
+            .clone()
+            .unwrap();
+        assert_eq!(sc.run_as_non_root, Some(true));
+        assert_eq!(sc.run_as_user, Some(NON_ROOT_UID));
+
+        spec["socket"] = serde_json::json!({"forceBuffers": true});
+        let d = desired(&listener("alt", spec), &BTreeSet::new(), &params()).unwrap();
+        let sc = pod(&d.daemon_set).containers[0]
+            .security_context
+            .clone()
+            .unwrap();
+        assert_eq!(sc.run_as_user, Some(0));
+        assert_eq!(
+            sc.capabilities.unwrap().add.unwrap(),
+            ["NET_BIND_SERVICE", "NET_ADMIN"]
+        );
+    }
+
+    #[test]
+    fn everything_on_listener_places_pods_and_tunes_buffers() {
+        let mut spec = base();
+        spec["image"] = "registry.local/h3:dev".into();
+        spec["tuneNodeBufferLimits"] = true.into();
+        spec["nodeSelector"] = serde_json::json!({"node-role.kubernetes.io/ingress": ""});
+        spec["tolerations"] =
+            serde_json::json!([{"key": "ingress", "operator": "Exists", "effect": "NoSchedule"}]);
+        spec["resources"] = serde_json::json!({"limits": {"memory": "512Mi"}});
+        spec["socket"] = serde_json::json!({"receiveBufferBytes": 16777216});
+        spec["metrics"] = serde_json::json!({"address": "127.0.0.1:9476"});
+        spec["http"] = serde_json::json!({"drainTimeoutSeconds": 120});
+        let d = desired(&listener("all", spec), &BTreeSet::new(), &params()).unwrap();
+        let p = pod(&d.daemon_set);
+        assert_eq!(
+            p.containers[0].image.as_deref(),
+            Some("registry.local/h3:dev")
+        );
+        assert_eq!(p.node_selector.as_ref().unwrap().len(), 1);
+        assert_eq!(
+            p.tolerations.as_ref().unwrap()[0].key.as_deref(),
+            Some("ingress")
+        );
+        assert_eq!(p.termination_grace_period_seconds, Some(135));
+        assert_eq!(
+            p.containers[0]
+                .resources
+                .as_ref()
+                .unwrap()
+                .limits
+                .as_ref()
+                .unwrap()["memory"]
+                .0,
+            "512Mi"
+        );
+        let init = &p.init_containers.as_ref().unwrap()[0];
+        assert_eq!(
+            init.security_context.as_ref().unwrap().privileged,
+            Some(true)
+        );
+        let script = &init.command.as_ref().unwrap()[2];
+        // The larger of the recommendation and the request, never lowered.
+        assert!(script.contains("raise rmem_max 16777216"), "{script}");
+        assert!(script.contains("raise wmem_max 7500000"), "{script}");
+        assert!(script.contains("-lt"), "{script}");
+        let live = p.containers[0]
+            .liveness_probe
+            .as_ref()
+            .unwrap()
+            .http_get
+            .as_ref()
+            .unwrap();
+        assert_eq!(live.host.as_deref(), Some("127.0.0.1"));
+    }
+
+    #[test]
+    fn the_tune_script_really_raises_and_never_lowers() {
+        // Runs the generated script against a fake /proc/sys tree with a real shell.
+        let dir = tempfile::tempdir().unwrap();
+        let core = dir.path().join("proc/sys/net/core");
+        std::fs::create_dir_all(&core).unwrap();
+        std::fs::write(core.join("rmem_max"), "212992\n").unwrap();
+        std::fs::write(core.join("wmem_max"), "9000000\n").unwrap();
+        let c = validate(&listener("x", base())).unwrap();
+        let script =
+            tune_script(&c).replace("/proc/sys", &dir.path().join("proc/sys").to_string_lossy());
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let read = |k: &str| {
+            std::fs::read_to_string(core.join(k))
+                .unwrap()
+                .trim()
+                .to_string()
+        };
+        assert_eq!(read("rmem_max"), "7500000");
+        assert_eq!(read("wmem_max"), "9000000");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.contains("net.core.rmem_max: 212992 -> 7500000"),
+            "{stdout}"
+        );
+        assert!(stdout.contains("kept"), "{stdout}");
+    }
+
+    #[test]
+    fn socket_hash_changes_exactly_when_a_restart_is_required() {
+        let base_l = listener("h", base());
+        let base_c = validate(&base_l).unwrap();
+        let mutations: Vec<(&str, serde_json::Value)> = vec![
+            ("port", serde_json::json!(8443)),
+            ("addresses", serde_json::json!({"ipv6": null})),
+            ("addresses", serde_json::json!({"ipv4": "10.0.0.1"})),
+            ("socket", serde_json::json!({"receiveBufferBytes": 212992})),
+            ("socket", serde_json::json!({"sendBufferBytes": 212992})),
+            ("socket", serde_json::json!({"forceBuffers": true})),
+            ("metrics", serde_json::json!({"address": "0.0.0.0:9999"})),
+            // Live changes:
+            ("transport", serde_json::json!({"congestionControl": "bbr"})),
+            ("upstream", serde_json::json!({"address": "other:443"})),
+            ("altSvc", serde_json::json!({"maxAgeSeconds": 60})),
+            (
+                "hosts",
+                serde_json::json!([{"name": "a.example.com", "secretRef": {"namespace": "n", "name": "s"}}]),
+            ),
+        ];
+        for (field, value) in mutations {
+            let mut spec = base();
+            spec[field] = value.clone();
+            let c = validate(&listener("h", spec)).unwrap();
+            let restart = !base_c.restart_required_changes(&c).is_empty();
+            let rolled = socket_hash(&base_c) != socket_hash(&c);
+            assert_eq!(restart, rolled, "{field}: {value}");
+        }
+        // And the hash lands in the pod template.
+        let d = desired(&base_l, &BTreeSet::new(), &params()).unwrap();
+        let ann = d
+            .daemon_set
+            .spec
+            .template
+            .metadata
+            .unwrap()
+            .annotations
+            .unwrap();
+        assert_eq!(ann[SOCKET_HASH_ANNOTATION], socket_hash(&base_c));
+    }
+
+    #[test]
+    fn rbac_is_read_only_and_names_only_the_referenced_secrets() {
+        let l = listener("public", base());
+        let d = desired(
+            &l,
+            &refs(&[("shop", "shop-tls"), ("blog", "b"), ("shop", "api-tls")]),
+            &params(),
+        )
+        .unwrap();
+        let cr_rules = d.cluster_role.rules.as_ref().unwrap();
+        assert_eq!(cr_rules[0].resources.as_ref().unwrap(), &["http3listeners"]);
+        assert_eq!(cr_rules[0].resource_names.as_ref().unwrap(), &["public"]);
+        assert_eq!(cr_rules[1].resources.as_ref().unwrap(), &["ingresses"]);
+        assert!(cr_rules[1].resource_names.is_none());
+        let all_rules = cr_rules
+            .iter()
+            .chain(d.roles.iter().flat_map(|r| r.rules.as_ref().unwrap()));
+        for r in all_rules {
+            assert_eq!(r.verbs, ["get", "list", "watch"], "{r:?}");
+        }
+        let roles: Vec<_> = d
+            .roles
+            .iter()
+            .map(|r| {
+                (
+                    r.metadata.namespace.clone().unwrap(),
+                    r.rules.as_ref().unwrap()[0].resource_names.clone().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            roles,
+            [
+                ("blog".to_string(), vec!["b".to_string()]),
+                (
+                    "shop".to_string(),
+                    vec!["api-tls".to_string(), "shop-tls".to_string()]
+                ),
+            ]
+        );
+        assert_eq!(d.role_bindings.len(), 2);
+        let sub = &d.role_bindings[1].subjects.as_ref().unwrap()[0];
+        assert_eq!(
+            (sub.name.as_str(), sub.namespace.as_deref()),
+            ("h3-ingress-public", Some("h3-system"))
+        );
+        assert_eq!(
+            d.cluster_role_binding.role_ref.name,
+            "h3-ingress-data-plane-public"
+        );
+        assert!(desired(&l, &BTreeSet::new(), &params())
+            .unwrap()
+            .roles
+            .is_empty());
+    }
+
+    #[test]
+    fn everything_is_owned_by_the_listener_and_labelled() {
+        let l = listener("public", base());
+        let d = desired(&l, &refs(&[("shop", "s")]), &params()).unwrap();
+        let metas = [
+            &d.service_account.metadata,
+            &d.cluster_role.metadata,
+            &d.cluster_role_binding.metadata,
+            &d.roles[0].metadata,
+            &d.role_bindings[0].metadata,
+            &d.daemon_set.metadata,
+        ];
+        for m in metas {
+            let o = &m.owner_references.as_ref().unwrap()[0];
+            assert_eq!(
+                (o.kind.as_str(), o.name.as_str(), o.uid.as_str()),
+                ("Http3Listener", "public", "uid-public")
+            );
+            assert_eq!(o.api_version, "h3-ingress.dev/v1alpha1");
+            assert_eq!(o.controller, Some(true));
+            let labels = m.labels.as_ref().unwrap();
+            assert_eq!(labels["app.kubernetes.io/name"], "h3-ingress");
+            assert_eq!(labels["app.kubernetes.io/component"], "data-plane");
+            assert_eq!(labels["app.kubernetes.io/instance"], "public");
+            assert_eq!(
+                labels["app.kubernetes.io/managed-by"],
+                "h3-ingress-operator"
+            );
+        }
+        assert_eq!(
+            label_selector("public"),
+            "app.kubernetes.io/component=data-plane,app.kubernetes.io/instance=public,app.kubernetes.io/name=h3-ingress"
+        );
+    }
+
+    #[test]
+    fn invalid_listeners_are_refused_with_the_reason() {
+        let mut l = listener("public", base());
+        l.spec.upstream.address = "nope".into();
+        let e = desired(&l, &BTreeSet::new(), &params()).unwrap_err();
+        assert!(e.to_string().starts_with("spec.upstream.address"), "{e}");
+        let long = listener(&"x".repeat(64), base());
+        assert!(matches!(
+            desired(&long, &BTreeSet::new(), &params()),
+            Err(BuildError::NameTooLong(_))
+        ));
+        let mut no_uid = listener("public", base());
+        no_uid.metadata.uid = None;
+        assert_eq!(
+            desired(&no_uid, &BTreeSet::new(), &params()).unwrap_err(),
+            BuildError::NoUid
+        );
+    }
+}

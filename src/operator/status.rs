@@ -1,0 +1,1058 @@
+//! `Http3Listener.status` from what the operator knows (the resolved hosts, the DaemonSet) and
+//! what the pods report on `/status`. Pure: time comes in as an argument.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::apps::v1::DaemonSetStatus;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+
+use super::altsvc::{advice, Controller};
+use crate::api::{
+    conditions, host_states, reasons, HostReport, HostRequests, HostStatus, Http3ListenerStatus,
+    NodesStatus, StatusReport, UdpStatus, RECOMMENDED_SYSCTL_BUFFER_MAX,
+};
+
+/// TTL of the suggested DNS HTTPS record (seed 002).
+pub const DNS_RECORD_TTL: u32 = 3600;
+/// How many items a condition message lists before "and N more".
+const MESSAGE_ITEMS: usize = 5;
+
+/// What one data plane pod answered on `/status`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodReport {
+    pub pod: String,
+    pub node: Option<String>,
+    /// The report, or why it could not be read.
+    pub report: Result<StatusReport, String>,
+}
+
+impl PodReport {
+    fn label(&self) -> String {
+        match &self.node {
+            Some(n) => format!("{} on {n}", self.pod),
+            None => self.pod.clone(),
+        }
+    }
+}
+
+/// Everything the status is computed from.
+#[derive(Debug, Clone)]
+pub struct Inputs<'a> {
+    pub generation: Option<i64>,
+    pub port: u16,
+    /// Why the listener's spec cannot be run, if it cannot.
+    pub spec_error: Option<String>,
+    /// The operator's own view of every wanted host ([`crate::config::kube::resolve_hosts`]).
+    pub hosts: &'a [HostReport],
+    pub daemon_set: Option<&'a DaemonSetStatus>,
+    pub pods: &'a [PodReport],
+    /// The status currently stored, for transition times and UDP drop growth.
+    pub previous: Option<&'a Http3ListenerStatus>,
+    /// The TCP ingress controller each Ingress (`namespace/name`) is written for, when its
+    /// annotations say; makes the missing-Alt-Svc advice specific.
+    pub controllers: &'a BTreeMap<String, Controller>,
+    /// `spec.altSvc.maxAgeSeconds`, for that advice.
+    pub alt_svc_max_age: u32,
+    pub now: Timestamp,
+}
+
+/// The DNS HTTPS record (RFC 9460) that lets a first visit use HTTP/3 without Alt-Svc.
+pub fn dns_https_record(host: &str, port: u16) -> String {
+    let port = if port == 443 {
+        String::new()
+    } else {
+        format!(" port={port}")
+    };
+    format!("{host}. {DNS_RECORD_TTL} IN HTTPS 1 . alpn=\"h3,h2\"{port}")
+}
+
+fn list(items: &[String]) -> String {
+    if items.len() <= MESSAGE_ITEMS {
+        items.join("; ")
+    } else {
+        format!(
+            "{}; and {} more",
+            items[..MESSAGE_ITEMS].join("; "),
+            items.len() - MESSAGE_ITEMS
+        )
+    }
+}
+
+fn condition(
+    type_: &str,
+    ok: Option<bool>,
+    reason: &str,
+    message: String,
+    inp: &Inputs,
+) -> Condition {
+    Condition {
+        type_: type_.to_string(),
+        status: match ok {
+            Some(true) => "True",
+            Some(false) => "False",
+            None => "Unknown",
+        }
+        .to_string(),
+        reason: reason.to_string(),
+        message,
+        observed_generation: inp.generation,
+        last_transition_time: Time(inp.now),
+    }
+}
+
+fn reports<'a>(inp: &'a Inputs) -> Vec<(&'a PodReport, &'a StatusReport)> {
+    inp.pods
+        .iter()
+        .filter_map(|p| p.report.as_ref().ok().map(|r| (p, r)))
+        .collect()
+}
+
+fn no_reports_message(inp: &Inputs) -> String {
+    let errors: Vec<String> = inp
+        .pods
+        .iter()
+        .filter_map(|p| {
+            p.report
+                .as_ref()
+                .err()
+                .map(|e| format!("{}: {e}", p.label()))
+        })
+        .collect();
+    if inp.pods.is_empty() {
+        "no data plane pod is running".to_string()
+    } else {
+        format!("no data plane pod answered /status ({})", list(&errors))
+    }
+}
+
+fn host_status(inp: &Inputs, wanted: &HostReport) -> HostStatus {
+    let mut h = HostStatus {
+        name: wanted.name.clone(),
+        ingress: wanted.ingress.clone(),
+        secret: wanted.secret.clone(),
+        state: wanted.state.clone(),
+        reason: wanted.reason.clone(),
+        message: wanted.message.clone(),
+        alt_svc_advertised: None,
+        dns_https_record: String::new(),
+    };
+    if wanted.state != host_states::SERVING {
+        return h;
+    }
+    // The operator can serve the host; it is Serving only once a pod says so.
+    let ok = reports(inp);
+    let seen: Vec<(&PodReport, &HostReport)> = ok
+        .iter()
+        .filter_map(|(p, r)| {
+            r.hosts
+                .iter()
+                .find(|x| x.name == wanted.name)
+                .map(|x| (*p, x))
+        })
+        .collect();
+    let serving: Vec<&(&PodReport, &HostReport)> = seen
+        .iter()
+        .filter(|(_, x)| x.state == host_states::SERVING)
+        .collect();
+    if serving.is_empty() {
+        h.state = host_states::NOT_SERVING.to_string();
+        match seen.iter().find(|(_, x)| x.state != host_states::SERVING) {
+            // A pod disagrees with the operator (e.g. it cannot read the Secret): its word wins.
+            Some((p, x)) => {
+                h.reason = x.reason.clone();
+                h.message = format!("{}: {}", p.label(), x.message);
+            }
+            None => {
+                h.reason = reasons::CONFIG_PENDING.to_string();
+                h.message = if ok.is_empty() {
+                    no_reports_message(inp)
+                } else {
+                    format!("not loaded yet by any of {} data plane pods", ok.len())
+                };
+            }
+        }
+        return h;
+    }
+    h.state = host_states::SERVING.to_string();
+    h.reason = reasons::SERVING.to_string();
+    h.message = if serving.len() < ok.len() {
+        format!(
+            "served by {} of {} data plane pods",
+            serving.len(),
+            ok.len()
+        )
+    } else {
+        String::new()
+    };
+    h.dns_https_record = dns_https_record(&wanted.name, inp.port);
+    let probes: Vec<&(&PodReport, &HostReport)> = serving
+        .iter()
+        .copied()
+        .filter(|(_, x)| x.alt_svc_advertised.is_some())
+        .collect();
+    if let Some((p, x)) = probes
+        .iter()
+        .find(|(_, x)| x.alt_svc_advertised == Some(false))
+    {
+        h.alt_svc_advertised = Some(false);
+        let controller = wanted.ingress.as_ref().and_then(|i| inp.controllers.get(i));
+        // A probe that failed outright keeps its own message; a missing header gets the
+        // advice for the controller the Ingress is written for.
+        let header_missing =
+            x.alt_svc_message.is_empty() || x.alt_svc_message.contains("Alt-Svc: h3=");
+        let why = if let (Some(c), true) = (controller, header_missing) {
+            advice(*c, &wanted.name, inp.port, inp.alt_svc_max_age)
+        } else if x.alt_svc_message.is_empty() {
+            format!(
+                "the TCP ingress does not answer {} with Alt-Svc: h3=\":{}\"",
+                wanted.name, inp.port
+            )
+        } else {
+            x.alt_svc_message.clone()
+        };
+        let why = format!("{} (probed from {})", why, p.label());
+        h.message = if h.message.is_empty() {
+            why
+        } else {
+            format!("{}; {why}", h.message)
+        };
+    } else if !probes.is_empty() {
+        h.alt_svc_advertised = Some(true);
+    }
+    h
+}
+
+/// Computes the full status. Transition times are carried over from `previous` for
+/// conditions whose status did not change.
+pub fn aggregate(inp: &Inputs) -> Http3ListenerStatus {
+    let ok = reports(inp);
+    let hosts: Vec<HostStatus> = inp.hosts.iter().map(|w| host_status(inp, w)).collect();
+    let wanted: BTreeSet<&str> = hosts.iter().map(|h| h.name.as_str()).collect();
+    let serving: BTreeSet<&str> = hosts
+        .iter()
+        .filter(|h| h.state == host_states::SERVING)
+        .map(|h| h.name.as_str())
+        .collect();
+
+    let (desired, ready) = inp
+        .daemon_set
+        .map(|s| (s.desired_number_scheduled, s.number_ready))
+        .unwrap_or((0, 0));
+    let nodes = NodesStatus {
+        desired,
+        ready,
+        summary: format!("{ready}/{desired}"),
+    };
+
+    let udp = (!ok.is_empty()).then(|| {
+        let sockets = ok
+            .iter()
+            .flat_map(|(_, r)| r.sockets.iter())
+            .filter(|s| s.bound);
+        UdpStatus {
+            drops: ok.iter().map(|(_, r)| r.udp_drops as i64).sum(),
+            min_receive_buffer_bytes: sockets
+                .clone()
+                .map(|s| s.receive_buffer_effective_bytes as i64)
+                .min(),
+            clamped: sockets.clone().any(|s| s.clamped),
+        }
+    });
+
+    let mut requests: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
+    for (_, r) in &ok {
+        for h in &r.hosts {
+            if wanted.contains(h.name.as_str()) {
+                let e = requests.entry(h.name.as_str()).or_default();
+                e.0 += h.requests as i64;
+                e.1 += h.requests_last5m as i64;
+            }
+        }
+    }
+
+    // SocketsBound
+    let bind_failures: Vec<String> = ok
+        .iter()
+        .flat_map(|(p, r)| {
+            r.sockets
+                .iter()
+                .filter(|s| !s.bound)
+                .map(move |s| format!("{}: {} {}: {}", p.label(), s.family, s.address, s.error))
+        })
+        .collect();
+    let families: BTreeSet<&str> = ok
+        .iter()
+        .flat_map(|(_, r)| {
+            r.sockets
+                .iter()
+                .filter(|s| s.bound)
+                .map(|s| s.family.as_str())
+        })
+        .collect();
+    let sockets_bound = if ok.is_empty() {
+        condition(
+            conditions::SOCKETS_BOUND,
+            None,
+            reasons::NO_REPORTS,
+            no_reports_message(inp),
+            inp,
+        )
+    } else if !bind_failures.is_empty() {
+        condition(
+            conditions::SOCKETS_BOUND,
+            Some(false),
+            reasons::BIND_FAILED,
+            list(&bind_failures),
+            inp,
+        )
+    } else {
+        condition(
+            conditions::SOCKETS_BOUND,
+            Some(true),
+            reasons::BOUND,
+            format!(
+                "UDP port {} bound for {} on {} pods",
+                inp.port,
+                families.iter().copied().collect::<Vec<_>>().join(" and "),
+                ok.len()
+            ),
+            inp,
+        )
+    };
+
+    // BuffersApplied
+    let clamped: Vec<String> = ok
+        .iter()
+        .flat_map(|(p, r)| {
+            r.sockets
+                .iter()
+                .filter(|s| s.bound && s.clamped)
+                .map(move |s| {
+                    format!(
+                        "{}: {} receive buffer {} bytes, send buffer {} bytes (requested {}/{})",
+                        p.label(),
+                        s.family,
+                        s.receive_buffer_effective_bytes,
+                        s.send_buffer_effective_bytes,
+                        s.receive_buffer_requested_bytes,
+                        s.send_buffer_requested_bytes
+                    )
+                })
+        })
+        .collect();
+    let buffers = if ok.is_empty() {
+        condition(
+            conditions::BUFFERS_APPLIED,
+            None,
+            reasons::NO_REPORTS,
+            no_reports_message(inp),
+            inp,
+        )
+    } else if !clamped.is_empty() {
+        condition(
+            conditions::BUFFERS_APPLIED,
+            Some(false),
+            reasons::CLAMPED,
+            format!(
+                "the kernel granted less than requested: {}. Raise net.core.rmem_max and \
+                 net.core.wmem_max to at least {RECOMMENDED_SYSCTL_BUFFER_MAX} on these nodes, or set \
+                 spec.tuneNodeBufferLimits: true, or spec.socket.forceBuffers: true",
+                list(&clamped)
+            ),
+            inp,
+        )
+    } else {
+        condition(
+            conditions::BUFFERS_APPLIED,
+            Some(true),
+            reasons::APPLIED,
+            format!(
+                "smallest effective receive buffer {} bytes",
+                udp.as_ref()
+                    .and_then(|u| u.min_receive_buffer_bytes)
+                    .unwrap_or_default()
+            ),
+            inp,
+        )
+    };
+
+    // Ready
+    let not_serving: Vec<String> = hosts
+        .iter()
+        .filter(|h| h.state != host_states::SERVING)
+        .map(|h| format!("{} ({})", h.name, h.reason))
+        .collect();
+    let ready_cond = if let Some(e) = &inp.spec_error {
+        condition(
+            conditions::READY,
+            Some(false),
+            reasons::INVALID_SPEC,
+            e.clone(),
+            inp,
+        )
+    } else if wanted.is_empty() {
+        condition(
+            conditions::READY,
+            Some(false),
+            reasons::NO_HOSTS,
+            "no Ingress of this listener's class (or naming it in h3-ingress.dev/listener) has \
+             h3-ingress.dev/enabled: \"true\", and spec.hosts is empty"
+                .to_string(),
+            inp,
+        )
+    } else if desired == 0 || ready < desired {
+        let msg = if desired == 0 {
+            "no node runs the data plane yet (check spec.nodeSelector and spec.tolerations)"
+                .to_string()
+        } else {
+            format!("{ready} of {desired} data plane pods ready")
+        };
+        condition(
+            conditions::READY,
+            Some(false),
+            reasons::PODS_NOT_READY,
+            msg,
+            inp,
+        )
+    } else if ok.is_empty() {
+        condition(
+            conditions::READY,
+            Some(false),
+            reasons::NO_REPORTS,
+            no_reports_message(inp),
+            inp,
+        )
+    } else if !bind_failures.is_empty() {
+        condition(
+            conditions::READY,
+            Some(false),
+            reasons::BIND_FAILED,
+            list(&bind_failures),
+            inp,
+        )
+    } else if serving.is_empty() {
+        condition(
+            conditions::READY,
+            Some(false),
+            reasons::NO_HOSTS_SERVING,
+            list(&not_serving),
+            inp,
+        )
+    } else if serving.len() < wanted.len() {
+        condition(
+            conditions::READY,
+            Some(true),
+            reasons::SOME_HOSTS_SERVING,
+            format!(
+                "{} of {} hosts served; not served: {}",
+                serving.len(),
+                wanted.len(),
+                list(&not_serving)
+            ),
+            inp,
+        )
+    } else {
+        condition(
+            conditions::READY,
+            Some(true),
+            reasons::ALL_HOSTS_SERVING,
+            format!("{} hosts served by {ready} pods", serving.len()),
+            inp,
+        )
+    };
+
+    // Degraded
+    let mut problems: Vec<(&str, String)> = Vec::new();
+    if !not_serving.is_empty() {
+        problems.push((
+            reasons::SOME_HOSTS_NOT_SERVING,
+            format!("not served: {}", list(&not_serving)),
+        ));
+    }
+    let previous_drops = inp.previous.and_then(|p| p.udp.as_ref()).map(|u| u.drops);
+    if let (Some(u), Some(before)) = (&udp, previous_drops) {
+        // Pods count drops since they started; a smaller sum means pods restarted.
+        if u.drops > before {
+            problems.push((
+                reasons::UDP_DROPS,
+                format!(
+                    "{} UDP datagrams dropped since the last check (receive buffers too small or \
+                     the data plane too slow); smallest effective receive buffer {} bytes",
+                    u.drops - before,
+                    u.min_receive_buffer_bytes.unwrap_or_default()
+                ),
+            ));
+        }
+    }
+    let pending: Vec<String> = ok
+        .iter()
+        .filter(|(_, r)| !r.restart_required.is_empty())
+        .map(|(p, r)| format!("{}: {}", p.label(), r.restart_required.join(", ")))
+        .collect();
+    if !pending.is_empty() {
+        problems.push((
+            reasons::ROLLOUT_PENDING,
+            format!(
+                "pods still run old socket settings until the DaemonSet replaces them: {}",
+                list(&pending)
+            ),
+        ));
+    }
+    let degraded = match problems.first() {
+        None => condition(
+            conditions::DEGRADED,
+            Some(false),
+            reasons::AS_EXPECTED,
+            String::new(),
+            inp,
+        ),
+        Some((reason, _)) => condition(
+            conditions::DEGRADED,
+            Some(true),
+            reason,
+            problems
+                .iter()
+                .map(|(_, m)| m.as_str())
+                .collect::<Vec<_>>()
+                .join(". "),
+            inp,
+        ),
+    };
+
+    let mut status = Http3ListenerStatus {
+        observed_generation: inp.generation,
+        conditions: vec![ready_cond, sockets_bound, buffers, degraded],
+        hosts_summary: Some(format!("{}/{}", serving.len(), wanted.len())),
+        hosts,
+        nodes: Some(nodes),
+        udp,
+        requests: requests
+            .into_iter()
+            .map(|(host, (total, last5m))| HostRequests {
+                host: host.to_string(),
+                total,
+                last5m,
+            })
+            .collect(),
+    };
+    carry_transition_times(inp.previous, &mut status);
+    status
+}
+
+/// Keeps `lastTransitionTime` of conditions whose status is unchanged (API conventions: it
+/// moves only when the status does).
+pub fn carry_transition_times(
+    previous: Option<&Http3ListenerStatus>,
+    next: &mut Http3ListenerStatus,
+) {
+    let Some(prev) = previous else { return };
+    for c in &mut next.conditions {
+        if let Some(p) = prev.conditions.iter().find(|p| p.type_ == c.type_) {
+            if p.status == c.status {
+                c.last_transition_time = p.last_transition_time.clone();
+            }
+        }
+    }
+}
+
+fn without_times(s: &Http3ListenerStatus) -> Http3ListenerStatus {
+    let mut s = s.clone();
+    for c in &mut s.conditions {
+        c.last_transition_time = Time(Timestamp::UNIX_EPOCH);
+    }
+    s
+}
+
+/// Whether `next` differs from what is stored, ignoring timestamps: status is written only then.
+pub fn needs_write(stored: Option<&Http3ListenerStatus>, next: &Http3ListenerStatus) -> bool {
+    match stored {
+        None => true,
+        Some(s) => without_times(s) != without_times(next),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::SocketReport;
+
+    static NO_CONTROLLERS: BTreeMap<String, Controller> = BTreeMap::new();
+
+    fn t(s: i64) -> Timestamp {
+        Timestamp::from_second(s).unwrap()
+    }
+
+    fn want(name: &str, state: &str, reason: &str) -> HostReport {
+        HostReport {
+            name: name.into(),
+            state: state.into(),
+            reason: reason.into(),
+            ingress: Some("default/web".into()),
+            secret: Some("default/web-tls".into()),
+            ..Default::default()
+        }
+    }
+
+    fn socket(family: &str, clamped: bool) -> SocketReport {
+        SocketReport {
+            family: family.into(),
+            address: if family == "ipv4" {
+                "0.0.0.0:443"
+            } else {
+                "[::]:443"
+            }
+            .into(),
+            bound: true,
+            receive_buffer_requested_bytes: 4_194_304,
+            receive_buffer_effective_bytes: if clamped { 425_984 } else { 8_388_608 },
+            send_buffer_requested_bytes: 4_194_304,
+            send_buffer_effective_bytes: if clamped { 425_984 } else { 8_388_608 },
+            clamped,
+            gso_segments: 64,
+            ..Default::default()
+        }
+    }
+
+    fn pod(
+        name: &str,
+        hosts: Vec<HostReport>,
+        sockets: Vec<SocketReport>,
+        drops: u64,
+    ) -> PodReport {
+        PodReport {
+            pod: name.into(),
+            node: Some(format!("node-{name}")),
+            report: Ok(StatusReport {
+                version: "0.1.0".into(),
+                port: 443,
+                sockets,
+                hosts,
+                udp_drops: drops,
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn served(name: &str, requests: u64, alt: Option<bool>) -> HostReport {
+        HostReport {
+            requests,
+            // Half of them recent, so the sum over pods is checked separately.
+            requests_last5m: requests / 2,
+            alt_svc_advertised: alt,
+            ..want(name, host_states::SERVING, reasons::SERVING)
+        }
+    }
+
+    fn ds(desired: i32, ready: i32) -> DaemonSetStatus {
+        DaemonSetStatus {
+            desired_number_scheduled: desired,
+            number_ready: ready,
+            ..Default::default()
+        }
+    }
+
+    fn cond<'a>(s: &'a Http3ListenerStatus, t: &str) -> &'a Condition {
+        s.conditions.iter().find(|c| c.type_ == t).unwrap()
+    }
+
+    fn inputs<'a>(
+        hosts: &'a [HostReport],
+        d: Option<&'a DaemonSetStatus>,
+        pods: &'a [PodReport],
+        previous: Option<&'a Http3ListenerStatus>,
+        now: i64,
+    ) -> Inputs<'a> {
+        Inputs {
+            generation: Some(3),
+            port: 443,
+            spec_error: None,
+            hosts,
+            daemon_set: d,
+            pods,
+            previous,
+            controllers: &NO_CONTROLLERS,
+            alt_svc_max_age: 86_400,
+            now: t(now),
+        }
+    }
+
+    #[test]
+    fn healthy_listener_is_ready_with_records_requests_and_buffers() {
+        let hosts = [
+            want("a.example.com", "Serving", reasons::SERVING),
+            want("b.example.com", "Serving", reasons::SERVING),
+        ];
+        let pods = [
+            pod(
+                "p1",
+                vec![
+                    served("a.example.com", 10, Some(true)),
+                    served("b.example.com", 1, Some(true)),
+                ],
+                vec![socket("ipv4", false), socket("ipv6", false)],
+                0,
+            ),
+            pod(
+                "p2",
+                vec![
+                    served("a.example.com", 5, Some(true)),
+                    served("b.example.com", 0, None),
+                ],
+                vec![socket("ipv4", false), socket("ipv6", false)],
+                0,
+            ),
+        ];
+        let d = ds(2, 2);
+        let s = aggregate(&inputs(&hosts, Some(&d), &pods, None, 1000));
+        assert_eq!(s.observed_generation, Some(3));
+        assert_eq!(s.hosts_summary.as_deref(), Some("2/2"));
+        assert_eq!(s.nodes.as_ref().unwrap().summary, "2/2");
+        let ready = cond(&s, conditions::READY);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("True", reasons::ALL_HOSTS_SERVING)
+        );
+        assert_eq!(ready.observed_generation, Some(3));
+        assert_eq!(cond(&s, conditions::SOCKETS_BOUND).reason, reasons::BOUND);
+        assert_eq!(
+            cond(&s, conditions::SOCKETS_BOUND).message,
+            "UDP port 443 bound for ipv4 and ipv6 on 2 pods"
+        );
+        assert_eq!(cond(&s, conditions::BUFFERS_APPLIED).status, "True");
+        assert_eq!(cond(&s, conditions::DEGRADED).status, "False");
+        assert_eq!(
+            s.hosts[0].dns_https_record,
+            "a.example.com. 3600 IN HTTPS 1 . alpn=\"h3,h2\""
+        );
+        assert_eq!(s.hosts[0].alt_svc_advertised, Some(true));
+        assert_eq!(
+            s.hosts[1].alt_svc_advertised,
+            Some(true),
+            "unprobed pods do not make it unknown"
+        );
+        assert_eq!(
+            s.requests,
+            [
+                HostRequests {
+                    host: "a.example.com".into(),
+                    total: 15,
+                    last5m: 7
+                },
+                HostRequests {
+                    host: "b.example.com".into(),
+                    total: 1,
+                    last5m: 0
+                }
+            ]
+        );
+        let udp = s.udp.unwrap();
+        assert_eq!(
+            (udp.drops, udp.min_receive_buffer_bytes, udp.clamped),
+            (0, Some(8_388_608), false)
+        );
+    }
+
+    #[test]
+    fn clamped_buffers_bind_failures_and_pending_hosts_are_explained() {
+        let hosts = [
+            want("a.example.com", "Serving", reasons::SERVING),
+            want("gone.example.com", "NotServing", reasons::SECRET_NOT_FOUND),
+        ];
+        let mut bad = socket("ipv6", false);
+        bad.bound = false;
+        bad.error = "Address already in use".into();
+        let pods = [pod("p1", vec![], vec![socket("ipv4", true), bad], 0)];
+        let d = ds(1, 1);
+        let s = aggregate(&inputs(&hosts, Some(&d), &pods, None, 1000));
+        let b = cond(&s, conditions::BUFFERS_APPLIED);
+        assert_eq!(
+            (b.status.as_str(), b.reason.as_str()),
+            ("False", reasons::CLAMPED)
+        );
+        assert!(
+            b.message
+                .contains("p1 on node-p1: ipv4 receive buffer 425984 bytes"),
+            "{}",
+            b.message
+        );
+        assert!(b.message.contains("7500000"), "{}", b.message);
+        let sb = cond(&s, conditions::SOCKETS_BOUND);
+        assert_eq!(
+            (sb.status.as_str(), sb.reason.as_str()),
+            ("False", reasons::BIND_FAILED)
+        );
+        assert_eq!(
+            sb.message,
+            "p1 on node-p1: ipv6 [::]:443: Address already in use"
+        );
+        assert_eq!(cond(&s, conditions::READY).reason, reasons::BIND_FAILED);
+        assert_eq!(s.hosts[0].state, "NotServing");
+        assert_eq!(s.hosts[0].reason, reasons::CONFIG_PENDING);
+        assert_eq!(
+            s.hosts[0].dns_https_record, "",
+            "no record to publish for a host not served"
+        );
+        assert_eq!(s.hosts[1].reason, reasons::SECRET_NOT_FOUND);
+        assert_eq!(s.hosts_summary.as_deref(), Some("0/2"));
+        let deg = cond(&s, conditions::DEGRADED);
+        assert_eq!(
+            (deg.status.as_str(), deg.reason.as_str()),
+            ("True", reasons::SOME_HOSTS_NOT_SERVING)
+        );
+        assert!(
+            deg.message.contains("gone.example.com (SecretNotFound)"),
+            "{}",
+            deg.message
+        );
+        assert!(s.udp.unwrap().clamped);
+    }
+
+    #[test]
+    fn ready_explains_each_blocker_in_order() {
+        let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
+        let ok_pod = [pod(
+            "p1",
+            vec![served("a.example.com", 0, None)],
+            vec![socket("ipv4", false)],
+            0,
+        )];
+        let d11 = ds(1, 1);
+        let d21 = ds(2, 1);
+        let d00 = ds(0, 0);
+
+        let mut i = inputs(&hosts, Some(&d11), &ok_pod, None, 1);
+        i.spec_error = Some("spec.upstream.address: \"x\" is not host:port (no port)".into());
+        assert_eq!(
+            cond(&aggregate(&i), conditions::READY).reason,
+            reasons::INVALID_SPEC
+        );
+
+        let none: [HostReport; 0] = [];
+        let s = aggregate(&inputs(&none, Some(&d11), &ok_pod, None, 1));
+        assert_eq!(cond(&s, conditions::READY).reason, reasons::NO_HOSTS);
+        assert_eq!(s.hosts_summary.as_deref(), Some("0/0"));
+
+        let s = aggregate(&inputs(&hosts, Some(&d21), &ok_pod, None, 1));
+        let r = cond(&s, conditions::READY);
+        assert_eq!(
+            (r.reason.as_str(), r.message.as_str()),
+            (reasons::PODS_NOT_READY, "1 of 2 data plane pods ready")
+        );
+        let s = aggregate(&inputs(&hosts, Some(&d00), &ok_pod, None, 1));
+        assert!(cond(&s, conditions::READY).message.contains("nodeSelector"));
+        let s = aggregate(&inputs(&hosts, None, &ok_pod, None, 1));
+        assert_eq!(cond(&s, conditions::READY).reason, reasons::PODS_NOT_READY);
+
+        let unreachable = [PodReport {
+            pod: "p1".into(),
+            node: None,
+            report: Err("connection refused".into()),
+        }];
+        let s = aggregate(&inputs(&hosts, Some(&d11), &unreachable, None, 1));
+        let r = cond(&s, conditions::READY);
+        assert_eq!(r.reason, reasons::NO_REPORTS);
+        assert_eq!(
+            r.message,
+            "no data plane pod answered /status (p1: connection refused)"
+        );
+        assert_eq!(cond(&s, conditions::SOCKETS_BOUND).status, "Unknown");
+        assert_eq!(cond(&s, conditions::BUFFERS_APPLIED).status, "Unknown");
+        assert!(s.udp.is_none(), "unknown, not zero");
+
+        let two = [
+            want("a.example.com", "Serving", reasons::SERVING),
+            want("b.example.com", "NotServing", reasons::NO_TLS),
+        ];
+        let s = aggregate(&inputs(&two, Some(&d11), &ok_pod, None, 1));
+        let r = cond(&s, conditions::READY);
+        assert_eq!(
+            (r.status.as_str(), r.reason.as_str()),
+            ("True", reasons::SOME_HOSTS_SERVING)
+        );
+        assert!(
+            r.message
+                .starts_with("1 of 2 hosts served; not served: b.example.com (NoTLS)"),
+            "{}",
+            r.message
+        );
+
+        let nothing_served = [pod("p1", vec![], vec![socket("ipv4", false)], 0)];
+        let s = aggregate(&inputs(&hosts, Some(&d11), &nothing_served, None, 1));
+        assert_eq!(
+            cond(&s, conditions::READY).reason,
+            reasons::NO_HOSTS_SERVING
+        );
+        assert_eq!(
+            s.hosts[0].message,
+            "not loaded yet by any of 1 data plane pods"
+        );
+    }
+
+    #[test]
+    fn a_pod_that_cannot_serve_a_host_overrides_the_operator_and_partial_serving_is_said() {
+        let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
+        let mut refused = want("a.example.com", "NotServing", reasons::SECRET_NOT_FOUND);
+        refused.message = "Secret default/web-tls not found".into();
+        let pods = [pod(
+            "p1",
+            vec![refused.clone()],
+            vec![socket("ipv4", false)],
+            0,
+        )];
+        let d = ds(1, 1);
+        let s = aggregate(&inputs(&hosts, Some(&d), &pods, None, 1));
+        assert_eq!(s.hosts[0].reason, reasons::SECRET_NOT_FOUND);
+        assert_eq!(
+            s.hosts[0].message,
+            "p1 on node-p1: Secret default/web-tls not found"
+        );
+
+        let pods = [
+            pod("p1", vec![refused], vec![socket("ipv4", false)], 0),
+            pod(
+                "p2",
+                vec![served("a.example.com", 0, Some(false))],
+                vec![socket("ipv4", false)],
+                0,
+            ),
+        ];
+        let d = ds(2, 2);
+        let s = aggregate(&inputs(&hosts, Some(&d), &pods, None, 1));
+        assert_eq!(s.hosts[0].state, "Serving");
+        assert_eq!(s.hosts[0].alt_svc_advertised, Some(false));
+        assert!(s.hosts[0].message.starts_with("served by 1 of 2 data plane pods; the TCP ingress does not answer a.example.com with Alt-Svc: h3=\":443\""), "{}", s.hosts[0].message);
+    }
+
+    #[test]
+    fn alt_svc_advice_from_the_pod_is_kept_and_non_default_ports_go_into_the_record() {
+        let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
+        let mut h = served("a.example.com", 0, Some(false));
+        h.alt_svc_message = "add to the Ingress: nginx.org/server-snippets: add_header Alt-Svc 'h3=\":8443\"; ma=86400' always;".into();
+        let pods = [pod("p1", vec![h], vec![socket("ipv4", false)], 0)];
+        let d = ds(1, 1);
+        let mut i = inputs(&hosts, Some(&d), &pods, None, 1);
+        i.port = 8443;
+        let s = aggregate(&i);
+        assert!(
+            s.hosts[0]
+                .message
+                .starts_with("add to the Ingress: nginx.org/server-snippets"),
+            "{}",
+            s.hosts[0].message
+        );
+        assert!(s.hosts[0].message.ends_with("(probed from p1 on node-p1)"));
+        assert_eq!(
+            s.hosts[0].dns_https_record,
+            "a.example.com. 3600 IN HTTPS 1 . alpn=\"h3,h2\" port=8443"
+        );
+    }
+
+    #[test]
+    fn udp_drops_degrade_only_while_they_grow_and_restarts_do_not_count() {
+        let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
+        let d = ds(1, 1);
+        let p = |drops| {
+            [pod(
+                "p1",
+                vec![served("a.example.com", 0, None)],
+                vec![socket("ipv4", false)],
+                drops,
+            )]
+        };
+        let first = aggregate(&inputs(&hosts, Some(&d), &p(284), None, 1));
+        assert_eq!(
+            cond(&first, conditions::DEGRADED).status,
+            "False",
+            "no baseline yet"
+        );
+        let grown = aggregate(&inputs(&hosts, Some(&d), &p(300), Some(&first), 2));
+        let deg = cond(&grown, conditions::DEGRADED);
+        assert_eq!(
+            (deg.status.as_str(), deg.reason.as_str()),
+            ("True", reasons::UDP_DROPS)
+        );
+        assert!(
+            deg.message.starts_with("16 UDP datagrams dropped"),
+            "{}",
+            deg.message
+        );
+        let restarted = aggregate(&inputs(&hosts, Some(&d), &p(3), Some(&grown), 3));
+        assert_eq!(cond(&restarted, conditions::DEGRADED).status, "False");
+    }
+
+    #[test]
+    fn restart_required_reports_mean_a_rollout_is_pending() {
+        let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
+        let d = ds(1, 1);
+        let mut p = pod(
+            "p1",
+            vec![served("a.example.com", 0, None)],
+            vec![socket("ipv4", false)],
+            0,
+        );
+        if let Ok(r) = &mut p.report {
+            r.restart_required = vec!["port 443 -> 8443".into()];
+        }
+        let s = aggregate(&inputs(&hosts, Some(&d), &[p], None, 1));
+        let deg = cond(&s, conditions::DEGRADED);
+        assert_eq!(deg.reason, reasons::ROLLOUT_PENDING);
+        assert!(
+            deg.message.contains("p1 on node-p1: port 443 -> 8443"),
+            "{}",
+            deg.message
+        );
+    }
+
+    #[test]
+    fn transition_times_move_only_with_status_and_unchanged_status_is_not_rewritten() {
+        let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
+        let d = ds(1, 1);
+        let ok = [pod(
+            "p1",
+            vec![served("a.example.com", 0, None)],
+            vec![socket("ipv4", false)],
+            0,
+        )];
+        let first = aggregate(&inputs(&hosts, Some(&d), &ok, None, 1000));
+        let again = aggregate(&inputs(&hosts, Some(&d), &ok, Some(&first), 2000));
+        assert_eq!(
+            cond(&again, conditions::READY).last_transition_time.0,
+            t(1000)
+        );
+        assert!(
+            !needs_write(Some(&first), &again),
+            "same status at a later time is not a change"
+        );
+
+        let d2 = ds(2, 1);
+        let worse = aggregate(&inputs(&hosts, Some(&d2), &ok, Some(&again), 3000));
+        assert_eq!(
+            cond(&worse, conditions::READY).last_transition_time.0,
+            t(3000)
+        );
+        // Unchanged conditions keep their time even when another one flips.
+        assert_eq!(
+            cond(&worse, conditions::SOCKETS_BOUND)
+                .last_transition_time
+                .0,
+            t(1000)
+        );
+        assert!(needs_write(Some(&again), &worse));
+        assert!(needs_write(None, &again));
+
+        // A message-only change (same status) keeps the time but is written.
+        let more = [pod(
+            "p1",
+            vec![served("a.example.com", 0, None)],
+            vec![socket("ipv4", false), socket("ipv6", false)],
+            0,
+        )];
+        let msg = aggregate(&inputs(&hosts, Some(&d), &more, Some(&again), 4000));
+        assert_eq!(
+            cond(&msg, conditions::SOCKETS_BOUND).last_transition_time.0,
+            t(1000)
+        );
+        assert!(needs_write(Some(&again), &msg));
+    }
+}

@@ -1,0 +1,947 @@
+//! `kubectl h3-ingress`: the same binary, installed (or symlinked) as `kubectl-h3_ingress`.
+//!
+//! kubectl runs any executable named `kubectl-<name>` on the PATH as `kubectl <name>`, mapping
+//! `-` in the command to `_` in the file name. `main.rs` dispatches here on argv[0].
+//!
+//! - `status [LISTENER]`: the per-host table of each `Http3Listener`'s status (what the operator
+//!   aggregated from the data plane pods), with conditions and DNS HTTPS records.
+//! - `check HOST [--node ADDR]`: runs `h3-ingress check` for HOST against a node that runs the
+//!   host's data plane, found through the listener status and its pods when `--node` is absent.
+//!
+//! Formatting and node selection are pure functions; the thin I/O shell reads the API server
+//! (or a file, for offline use and tests).
+
+use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use serde::Deserialize;
+
+use crate::api::{host_states, Http3Listener};
+
+/// File name kubectl looks for to run `kubectl h3-ingress`.
+pub const PLUGIN_EXECUTABLE: &str = "kubectl-h3_ingress";
+/// argv[0] the plugin gives the binary when it re-executes itself for `check`.
+pub const MAIN_EXECUTABLE: &str = "h3-ingress";
+/// Labels the operator puts on data plane pods (team contract).
+pub const DATA_PLANE_SELECTOR: &str =
+    "app.kubernetes.io/name=h3-ingress,app.kubernetes.io/component=data-plane";
+
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    #[error("cannot load kubeconfig: {0}")]
+    Kubeconfig(#[from] kube::config::KubeconfigError),
+    #[error("cannot reach the cluster: {0}")]
+    Client(#[source] kube::Error),
+    #[error("{0}")]
+    Api(#[source] kube::Error),
+    #[error("Http3Listener {0:?} not found")]
+    ListenerNotFound(String),
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is not an Http3Listener, a list of them, or a YAML stream of them: {source}")]
+    Parse {
+        path: PathBuf,
+        source: serde_norway::Error,
+    },
+    #[error(
+        "no Http3Listener serves {0}; `kubectl h3-ingress status` lists the hosts, or pass --node"
+    )]
+    HostNotServed(String),
+    #[error("no ready data plane pod of listener {0} has a host IP; pass --node ADDR")]
+    NoReadyNode(String),
+    #[error("cannot resolve node address {0}: {1}")]
+    Resolve(String, #[source] std::io::Error),
+    #[error("cannot find this executable to run the check: {0}")]
+    CurrentExe(#[source] std::io::Error),
+    #[error("cannot run {exe}: {source}")]
+    Exec {
+        exe: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// True when the binary was started under the plugin's name (directly or through kubectl).
+pub fn invoked_as_plugin(argv0: &OsStr) -> bool {
+    Path::new(argv0).file_name() == Some(OsStr::new(PLUGIN_EXECUTABLE))
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "kubectl h3-ingress",
+    bin_name = "kubectl h3-ingress",
+    version,
+    about = "Inspect and check h3-ingress HTTP/3 listeners"
+)]
+pub struct PluginCli {
+    /// Path to the kubeconfig file (default: $KUBECONFIG, then ~/.kube/config).
+    #[arg(long, global = true)]
+    kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use.
+    #[arg(long, global = true)]
+    context: Option<String>,
+    #[command(subcommand)]
+    command: PluginCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum PluginCommand {
+    /// Per-host HTTP/3 state of every Http3Listener, or of LISTENER.
+    Status {
+        listener: Option<String>,
+        /// Read the listener(s) from a file (`kubectl get h3l -o yaml` output, `-` for stdin)
+        /// instead of the cluster.
+        #[arg(short = 'f', long)]
+        filename: Option<PathBuf>,
+    },
+    /// Run `h3-ingress check https://HOST:PORT/ --resolve HOST:PORT:NODE-IP` against a node
+    /// that serves HOST over HTTP/3.
+    Check {
+        host: String,
+        /// Node to send the QUIC packets to (IP, IP:PORT or a name); found from the listener's
+        /// data plane pods when absent. Without a port, the listener's port.
+        #[arg(long)]
+        node: Option<String>,
+        /// Print the command instead of running it.
+        #[arg(long)]
+        dry_run: bool,
+        /// Further arguments passed to `h3-ingress check` (after `--`).
+        #[arg(last = true)]
+        extra: Vec<OsString>,
+    },
+}
+
+/// Entry point when invoked as `kubectl-h3_ingress`.
+pub fn main() -> ExitCode {
+    let cli = PluginCli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: PluginCli) -> Result<ExitCode, PluginError> {
+    match cli.command {
+        PluginCommand::Status { listener, filename } => {
+            let listeners = match filename {
+                Some(path) => {
+                    let mut all = read_listeners(&path)?;
+                    if let Some(name) = &listener {
+                        all.retain(|l| l.metadata.name.as_deref() == Some(name));
+                        if all.is_empty() {
+                            return Err(PluginError::ListenerNotFound(name.clone()));
+                        }
+                    }
+                    all
+                }
+                None => {
+                    let client = client(cli.kubeconfig.as_deref(), cli.context.as_deref()).await?;
+                    fetch_listeners(&client, listener.as_deref()).await?
+                }
+            };
+            print!("{}", render_status(&listeners));
+            Ok(ExitCode::SUCCESS)
+        }
+        PluginCommand::Check {
+            host,
+            node,
+            dry_run,
+            extra,
+        } => {
+            let target = match node {
+                Some(addr) => {
+                    let port = if has_port(&addr) {
+                        None
+                    } else {
+                        // The address lacks a port: the listener's, when the cluster answers.
+                        let found =
+                            match client(cli.kubeconfig.as_deref(), cli.context.as_deref()).await {
+                                Ok(c) => fetch_listeners(&c, None).await,
+                                Err(e) => Err(e),
+                            };
+                        match found {
+                            Ok(ls) => listener_for_host(&ls, &host).map(|l| l.spec.port),
+                            Err(e) => {
+                                eprintln!("warning: using port 443 ({e})");
+                                None
+                            }
+                        }
+                    };
+                    let address = node_address(&addr, port.unwrap_or(443));
+                    CheckTarget {
+                        address: resolve_node(&address).await?,
+                        via: "--node".to_string(),
+                    }
+                }
+                None => {
+                    let client = client(cli.kubeconfig.as_deref(), cli.context.as_deref()).await?;
+                    find_target(&client, &host).await?
+                }
+            };
+            let args = check_args(&host, target.address, &extra);
+            let exe = std::env::current_exe().map_err(PluginError::CurrentExe)?;
+            eprintln!("checking {host} at {} ({})", target.address, target.via);
+            if dry_run {
+                let shown: Vec<String> = args
+                    .iter()
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .collect();
+                println!("{MAIN_EXECUTABLE} {}", shown.join(" "));
+                return Ok(ExitCode::SUCCESS);
+            }
+            Err(exec_check(&exe, &args))
+        }
+    }
+}
+
+/// Replaces this process with `h3-ingress check ...`, so its output and exit code are the
+/// check's own. Returns only on failure.
+fn exec_check(exe: &Path, args: &[OsString]) -> PluginError {
+    use std::os::unix::process::CommandExt;
+    let err = std::process::Command::new(exe)
+        .arg0(MAIN_EXECUTABLE)
+        .args(args)
+        .exec();
+    PluginError::Exec {
+        exe: exe.to_path_buf(),
+        source: err,
+    }
+}
+
+async fn client(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<Client, PluginError> {
+    let options = KubeConfigOptions {
+        context: context.map(str::to_string),
+        ..Default::default()
+    };
+    let config = match kubeconfig {
+        Some(path) => {
+            Config::from_custom_kubeconfig(Kubeconfig::read_from(path)?, &options).await?
+        }
+        None => Config::from_kubeconfig(&options).await?,
+    };
+    Client::try_from(config).map_err(PluginError::Client)
+}
+
+/// One listener by name, or all of them sorted by name.
+pub async fn fetch_listeners(
+    client: &Client,
+    name: Option<&str>,
+) -> Result<Vec<Http3Listener>, PluginError> {
+    let api: Api<Http3Listener> = Api::all(client.clone());
+    match name {
+        Some(name) => match api.get_opt(name).await.map_err(PluginError::Api)? {
+            Some(l) => Ok(vec![l]),
+            None => Err(PluginError::ListenerNotFound(name.to_string())),
+        },
+        None => {
+            let mut items = api
+                .list(&ListParams::default())
+                .await
+                .map_err(PluginError::Api)?
+                .items;
+            items.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+            Ok(items)
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckTarget {
+    /// The node's IP and the listener's UDP port.
+    pub address: SocketAddr,
+    /// Where the address came from, for the user.
+    pub via: String,
+}
+
+/// The listener serving `host`, then a ready data plane pod of it and that pod's node IP.
+pub async fn find_target(client: &Client, host: &str) -> Result<CheckTarget, PluginError> {
+    let listeners = fetch_listeners(client, None).await?;
+    let listener = listener_for_host(&listeners, host)
+        .ok_or_else(|| PluginError::HostNotServed(host.to_string()))?;
+    let name = listener.metadata.name.clone().unwrap_or_default();
+    let pods: Api<Pod> = Api::all(client.clone());
+    let selector = format!("{DATA_PLANE_SELECTOR},app.kubernetes.io/instance={name}");
+    let pods = pods
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(PluginError::Api)?
+        .items;
+    let (pod, ip, node) = pick_node(&pods).ok_or_else(|| PluginError::NoReadyNode(name.clone()))?;
+    Ok(CheckTarget {
+        address: resolve_node(&node_address(&ip, listener.spec.port)).await?,
+        via: format!("listener {name}, pod {pod} on node {node}"),
+    })
+}
+
+/// Reads listeners from a file (or `-`): one object, a `List`, or a multi-document stream.
+pub fn read_listeners(path: &Path) -> Result<Vec<Http3Listener>, PluginError> {
+    let text = if path == Path::new("-") {
+        std::io::read_to_string(std::io::stdin()).map_err(|source| PluginError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?
+    } else {
+        std::fs::read_to_string(path).map_err(|source| PluginError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?
+    };
+    parse_listeners(&text).map_err(|source| PluginError::Parse {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Document {
+    List { items: Vec<Http3Listener> },
+    One(Box<Http3Listener>),
+}
+
+pub fn parse_listeners(text: &str) -> Result<Vec<Http3Listener>, serde_norway::Error> {
+    let mut out = Vec::new();
+    for doc in serde_norway::Deserializer::from_str(text) {
+        let value = serde_norway::Value::deserialize(doc)?;
+        if value.is_null() {
+            continue;
+        }
+        match serde_norway::from_value::<Document>(value)? {
+            Document::List { items } => out.extend(items),
+            Document::One(l) => out.push(*l),
+        }
+    }
+    Ok(out)
+}
+
+/// A host name matches a status host exactly, or a `*.` wildcard covering one label.
+fn host_matches(pattern: &str, host: &str) -> bool {
+    let (pattern, host) = (pattern.to_ascii_lowercase(), host.to_ascii_lowercase());
+    match pattern.strip_prefix("*.") {
+        Some(suffix) => host
+            .split_once('.')
+            .is_some_and(|(label, rest)| !label.is_empty() && rest == suffix),
+        None => pattern == host,
+    }
+}
+
+/// The listener that serves `host`: one whose status lists it as serving first, then any that
+/// wants it (status or spec), so `check` can still show why it fails.
+pub fn listener_for_host<'a>(
+    listeners: &'a [Http3Listener],
+    host: &str,
+) -> Option<&'a Http3Listener> {
+    let hosts = |l: &'a Http3Listener| {
+        l.status
+            .as_ref()
+            .map(|s| s.hosts.as_slice())
+            .unwrap_or_default()
+    };
+    listeners
+        .iter()
+        .find(|l| {
+            hosts(l)
+                .iter()
+                .any(|h| h.state == host_states::SERVING && host_matches(&h.name, host))
+        })
+        .or_else(|| {
+            listeners.iter().find(|l| {
+                hosts(l).iter().any(|h| host_matches(&h.name, host))
+                    || l.spec.hosts.iter().any(|h| host_matches(&h.name, host))
+            })
+        })
+}
+
+/// (pod namespace/name, host IP, node name) of the first ready, running pod with a host IP,
+/// in name order so repeated runs pick the same node.
+pub fn pick_node(pods: &[Pod]) -> Option<(String, String, String)> {
+    let mut ready: Vec<(String, String, String)> = pods
+        .iter()
+        .filter(|p| {
+            let status = p.status.as_ref();
+            let running = status.and_then(|s| s.phase.as_deref()) == Some("Running");
+            let is_ready = status
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            running && is_ready && p.metadata.deletion_timestamp.is_none()
+        })
+        .filter_map(|p| {
+            let ip = p.status.as_ref()?.host_ip.clone()?;
+            let name = format!(
+                "{}/{}",
+                p.metadata.namespace.as_deref().unwrap_or_default(),
+                p.metadata.name.as_deref().unwrap_or_default()
+            );
+            let node = p
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .unwrap_or_default();
+            Some((name, ip, node))
+        })
+        .collect();
+    ready.sort();
+    ready.into_iter().next()
+}
+
+fn has_port(addr: &str) -> bool {
+    addr.parse::<std::net::SocketAddr>().is_ok()
+        || addr
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.contains(':') && p.parse::<u16>().is_ok())
+}
+
+/// `addr` with `port` appended when it has none; bare IPv6 addresses get brackets.
+pub fn node_address(addr: &str, port: u16) -> String {
+    if has_port(addr) {
+        return addr.to_string();
+    }
+    let bare = addr.trim_start_matches('[').trim_end_matches(']');
+    if bare.parse::<std::net::Ipv6Addr>().is_ok() {
+        format!("[{bare}]:{port}")
+    } else {
+        format!("{addr}:{port}")
+    }
+}
+
+/// The node as an IP address and port (a name is resolved here: `check --resolve` takes an IP).
+pub async fn resolve_node(address: &str) -> Result<SocketAddr, PluginError> {
+    if let Ok(a) = address.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    tokio::net::lookup_host(address)
+        .await
+        .map_err(|e| PluginError::Resolve(address.to_string(), e))?
+        .next()
+        .ok_or_else(|| {
+            PluginError::Resolve(address.to_string(), std::io::ErrorKind::NotFound.into())
+        })
+}
+
+/// Arguments of the `h3-ingress check` run the plugin delegates to: the host's URL on the
+/// listener's port, with the connection pinned to the node like curl's `--resolve`.
+pub fn check_args(host: &str, node: SocketAddr, extra: &[OsString]) -> Vec<OsString> {
+    let port = node.port();
+    let ip = match node.ip() {
+        IpAddr::V6(v6) => format!("[{v6}]"),
+        IpAddr::V4(v4) => v4.to_string(),
+    };
+    let mut args: Vec<OsString> = vec![
+        "check".into(),
+        format!("https://{host}:{port}/").into(),
+        "--resolve".into(),
+        format!("{host}:{port}:{ip}").into(),
+    ];
+    args.extend(extra.iter().cloned());
+    args
+}
+
+fn yes_no(v: Option<bool>) -> &'static str {
+    match v {
+        Some(true) => "yes",
+        Some(false) => "NO",
+        None => "unknown",
+    }
+}
+
+/// Columns padded to their widest cell, three spaces apart, like kubectl's tables.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let line = |cells: Vec<&str>, out: &mut String| {
+        let mut s = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(cell);
+            } else {
+                let _ = write!(s, "{cell:<w$}   ", w = widths[i]);
+            }
+        }
+        out.push_str(s.trim_end());
+        out.push('\n');
+    };
+    line(header.to_vec(), &mut out);
+    for row in rows {
+        line(row.iter().map(String::as_str).collect(), &mut out);
+    }
+    out
+}
+
+/// The human view of listener statuses: one block per listener with its conditions and a
+/// per-host table (state, reason, Alt-Svc, h3 requests, Ingress, Secret).
+pub fn render_status(listeners: &[Http3Listener]) -> String {
+    if listeners.is_empty() {
+        return "No Http3Listener found. Create one (deploy/examples/) and annotate an Ingress with h3-ingress.dev/enabled=true.\n".to_string();
+    }
+    let mut out = String::new();
+    for (i, l) in listeners.iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        let name = l.metadata.name.as_deref().unwrap_or("?");
+        let status = l.status.clone().unwrap_or_default();
+        let nodes = status
+            .nodes
+            .as_ref()
+            .map(|n| format!("{}/{}", n.ready, n.desired))
+            .unwrap_or_else(|| "-".into());
+        let hosts = status.hosts_summary.as_deref().unwrap_or("-");
+        let _ = write!(
+            out,
+            "Listener {name}: UDP port {}, pods ready {nodes}, hosts serving {hosts}",
+            l.spec.port
+        );
+        if let Some(udp) = &status.udp {
+            let _ = write!(out, ", UDP drops {}", udp.drops);
+            if let Some(min) = udp.min_receive_buffer_bytes {
+                let _ = write!(out, ", smallest receive buffer {min} B");
+            }
+            if udp.clamped {
+                out.push_str(" (CLAMPED by net.core.rmem_max)");
+            }
+        }
+        out.push('\n');
+        let stale = match (status.observed_generation, l.metadata.generation) {
+            (Some(seen), Some(generation)) if seen < generation => {
+                format!(" (status is for generation {seen}, spec is at {generation})")
+            }
+            _ => String::new(),
+        };
+        if status.conditions.is_empty() {
+            let _ = writeln!(out, "  No conditions yet: is the operator running?{stale}");
+        } else {
+            let conds: Vec<String> = status
+                .conditions
+                .iter()
+                .map(|c| format!("{}={} ({})", c.type_, c.status, c.reason))
+                .collect();
+            let _ = writeln!(out, "  {}{stale}", conds.join("  "));
+            for c in &status.conditions {
+                let bad = if c.type_ == "Degraded" {
+                    c.status == "True"
+                } else {
+                    c.status != "True"
+                };
+                if bad && !c.message.is_empty() {
+                    let _ = writeln!(out, "  {}: {}", c.type_, c.message);
+                }
+            }
+        }
+        if status.hosts.is_empty() {
+            out.push_str("  No hosts: annotate an Ingress of this listener's class with h3-ingress.dev/enabled=true.\n");
+            continue;
+        }
+        let requests: BTreeMap<&str, (i64, i64)> = status
+            .requests
+            .iter()
+            .map(|r| (r.host.as_str(), (r.total, r.last5m)))
+            .collect();
+        let rows: Vec<Vec<String>> = status
+            .hosts
+            .iter()
+            .map(|h| {
+                vec![
+                    h.name.clone(),
+                    h.state.clone(),
+                    h.reason.clone(),
+                    yes_no(h.alt_svc_advertised).to_string(),
+                    requests
+                        .get(h.name.as_str())
+                        .map_or_else(|| "-".to_string(), |n| n.0.to_string()),
+                    requests
+                        .get(h.name.as_str())
+                        .map_or_else(|| "-".to_string(), |n| n.1.to_string()),
+                    h.ingress.clone().unwrap_or_else(|| "-".into()),
+                    h.secret.clone().unwrap_or_else(|| "-".into()),
+                ]
+            })
+            .collect();
+        let t = table(
+            &[
+                "HOST",
+                "STATE",
+                "REASON",
+                "ALT-SVC",
+                "H3-REQUESTS",
+                "LAST-5M",
+                "INGRESS",
+                "SECRET",
+            ],
+            &rows,
+        );
+        for line in t.lines() {
+            let _ = writeln!(out, "  {line}");
+        }
+        for h in status.hosts.iter().filter(|h| !h.message.is_empty()) {
+            let _ = writeln!(out, "  {}: {}", h.name, h.message);
+        }
+        let records: Vec<&str> = status
+            .hosts
+            .iter()
+            .filter(|h| h.state == host_states::SERVING && !h.dns_https_record.is_empty())
+            .map(|h| h.dns_https_record.as_str())
+            .collect();
+        if !records.is_empty() {
+            out.push_str("  DNS HTTPS records to publish (first visits can use HTTP/3):\n");
+            for r in records {
+                let _ = writeln!(out, "    {r}");
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{Request, Response};
+    use kube::client::Body;
+    use std::pin::pin;
+
+    const LISTENER: &str = r#"
+apiVersion: h3-ingress.dev/v1alpha1
+kind: Http3Listener
+metadata:
+  name: nginx
+  generation: 3
+spec:
+  port: 8443
+  upstream:
+    address: ingress-nginx-controller.ingress-nginx.svc:443
+  hosts:
+    - name: static.example.com
+      secretRef: {namespace: web, name: static-tls}
+status:
+  observedGeneration: 3
+  hostsSummary: 1/3
+  conditions:
+    - type: Ready
+      status: "False"
+      reason: SomeHostsNotServing
+      message: 2 of 3 hosts are not served
+      lastTransitionTime: "2026-11-30T00:00:00Z"
+    - type: BuffersApplied
+      status: "False"
+      reason: Clamped
+      message: net.core.rmem_max 212992 is below the requested 4194304
+      lastTransitionTime: "2026-11-30T00:00:00Z"
+    - type: Degraded
+      status: "False"
+      reason: AsExpected
+      message: ""
+      lastTransitionTime: "2026-11-30T00:00:00Z"
+  hosts:
+    - name: shop.example.com
+      ingress: web/shop
+      secret: web/shop-tls
+      state: Serving
+      reason: Serving
+      altSvcAdvertised: true
+      dnsHttpsRecord: 'shop.example.com. 3600 IN HTTPS 1 . alpn="h3,h2"'
+    - name: api.example.com
+      ingress: web/shop
+      secret: web/api-tls
+      state: NotServing
+      reason: SecretNotFound
+      message: Secret web/api-tls not found
+    - name: "*.apps.example.com"
+      ingress: web/apps
+      secret: web/apps-tls
+      state: Serving
+      reason: Serving
+      altSvcAdvertised: false
+  nodes: {desired: 3, ready: 2, summary: 2/3}
+  udp: {drops: 17, minReceiveBufferBytes: 425984, clamped: true}
+  requests:
+    - {host: shop.example.com, total: 1234, last5m: 56}
+"#;
+
+    fn listener() -> Http3Listener {
+        parse_listeners(LISTENER).unwrap().remove(0)
+    }
+
+    #[test]
+    fn argv0_dispatch() {
+        assert!(invoked_as_plugin(OsStr::new("kubectl-h3_ingress")));
+        assert!(invoked_as_plugin(OsStr::new(
+            "/usr/local/bin/kubectl-h3_ingress"
+        )));
+        assert!(!invoked_as_plugin(OsStr::new("/usr/local/bin/h3-ingress")));
+        assert!(!invoked_as_plugin(OsStr::new("kubectl-h3_ingress-old")));
+    }
+
+    #[test]
+    fn status_table_shows_every_host_with_reason_and_requests() {
+        let out = render_status(&[listener()]);
+        let expected = "\
+Listener nginx: UDP port 8443, pods ready 2/3, hosts serving 1/3, UDP drops 17, smallest receive buffer 425984 B (CLAMPED by net.core.rmem_max)
+  Ready=False (SomeHostsNotServing)  BuffersApplied=False (Clamped)  Degraded=False (AsExpected)
+  Ready: 2 of 3 hosts are not served
+  BuffersApplied: net.core.rmem_max 212992 is below the requested 4194304
+  HOST                 STATE        REASON           ALT-SVC   H3-REQUESTS   LAST-5M   INGRESS    SECRET
+  shop.example.com     Serving      Serving          yes       1234          56        web/shop   web/shop-tls
+  api.example.com      NotServing   SecretNotFound   unknown   -             -         web/shop   web/api-tls
+  *.apps.example.com   Serving      Serving          NO        -             -         web/apps   web/apps-tls
+  api.example.com: Secret web/api-tls not found
+  DNS HTTPS records to publish (first visits can use HTTP/3):
+    shop.example.com. 3600 IN HTTPS 1 . alpn=\"h3,h2\"
+";
+        assert_eq!(out, expected, "\n{out}");
+    }
+
+    #[test]
+    fn status_without_status_or_listeners_says_what_to_do() {
+        assert!(render_status(&[]).starts_with("No Http3Listener found"));
+        let mut l = listener();
+        l.status = None;
+        l.metadata.generation = Some(1);
+        let out = render_status(&[l]);
+        assert!(
+            out.contains("No conditions yet: is the operator running?"),
+            "{out}"
+        );
+        assert!(out.contains("No hosts: annotate an Ingress"), "{out}");
+    }
+
+    #[test]
+    fn stale_status_is_flagged() {
+        let mut l = listener();
+        l.metadata.generation = Some(4);
+        assert!(render_status(&[l]).contains("(status is for generation 3, spec is at 4)"));
+    }
+
+    #[test]
+    fn parses_single_list_and_stream() {
+        assert_eq!(parse_listeners(LISTENER).unwrap().len(), 1);
+        let list = format!(
+            "apiVersion: v1\nkind: List\nitems:\n{}",
+            LISTENER
+                .trim_start()
+                .lines()
+                .enumerate()
+                .map(|(i, l)| if i == 0 {
+                    format!("- {l}\n")
+                } else {
+                    format!("  {l}\n")
+                })
+                .collect::<String>()
+        );
+        assert_eq!(parse_listeners(&list).unwrap().len(), 1);
+        let stream = format!("{LISTENER}\n---\n{LISTENER}\n---\n");
+        assert_eq!(parse_listeners(&stream).unwrap().len(), 2);
+        assert!(parse_listeners("kind: Http3Listener\nspec: 7\n").is_err());
+    }
+
+    #[test]
+    fn host_lookup_prefers_serving_and_understands_wildcards() {
+        let ls = vec![listener()];
+        assert!(listener_for_host(&ls, "shop.example.com").is_some());
+        assert!(listener_for_host(&ls, "x.apps.example.com").is_some());
+        assert!(listener_for_host(&ls, "a.b.apps.example.com").is_none());
+        assert!(listener_for_host(&ls, "apps.example.com").is_none());
+        // Wanted but not serving still finds the listener, so check can show the failure.
+        assert!(listener_for_host(&ls, "api.example.com").is_some());
+        // Only in spec.hosts (status not written yet).
+        assert!(listener_for_host(&ls, "static.example.com").is_some());
+        assert!(listener_for_host(&ls, "nope.example.com").is_none());
+        assert!(host_matches("SHOP.example.com", "shop.EXAMPLE.com"));
+    }
+
+    fn pod(name: &str, node: &str, ip: Option<&str>, ready: bool, phase: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "h3-ingress"},
+            "spec": {"nodeName": node, "containers": []},
+            "status": {
+                "phase": phase,
+                "hostIP": ip,
+                "conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}]
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn picks_a_ready_running_pod_with_a_host_ip() {
+        let pods = vec![
+            pod("dp-c", "node-c", Some("10.0.0.3"), false, "Running"),
+            pod("dp-b", "node-b", Some("10.0.0.2"), true, "Running"),
+            pod("dp-a", "node-a", None, true, "Running"),
+            pod("dp-0", "node-0", Some("10.0.0.9"), true, "Pending"),
+            pod("dp-d", "node-d", Some("10.0.0.4"), true, "Running"),
+        ];
+        assert_eq!(
+            pick_node(&pods),
+            Some((
+                "h3-ingress/dp-b".to_string(),
+                "10.0.0.2".to_string(),
+                "node-b".to_string()
+            ))
+        );
+        assert_eq!(pick_node(&pods[..1]), None);
+    }
+
+    #[test]
+    fn node_addresses() {
+        assert_eq!(node_address("10.0.0.2", 443), "10.0.0.2:443");
+        assert_eq!(node_address("10.0.0.2:8443", 443), "10.0.0.2:8443");
+        assert_eq!(node_address("fd00::2", 443), "[fd00::2]:443");
+        assert_eq!(node_address("[fd00::2]", 8443), "[fd00::2]:8443");
+        assert_eq!(node_address("[fd00::2]:9443", 443), "[fd00::2]:9443");
+        assert_eq!(node_address("node-1.example", 443), "node-1.example:443");
+        assert_eq!(
+            node_address("node-1.example:444", 443),
+            "node-1.example:444"
+        );
+    }
+
+    #[test]
+    fn check_arguments() {
+        let args = check_args(
+            "a.example.com",
+            "10.0.0.2:8443".parse().unwrap(),
+            &["--insecure".into()],
+        );
+        let want = [
+            "check",
+            "https://a.example.com:8443/",
+            "--resolve",
+            "a.example.com:8443:10.0.0.2",
+            "--insecure",
+        ];
+        assert_eq!(args, want.map(OsString::from).to_vec());
+        let args = check_args("a.example.com", "[fd00::2]:443".parse().unwrap(), &[]);
+        assert_eq!(args[3], "a.example.com:443:[fd00::2]");
+    }
+
+    #[test]
+    fn cli_parses_kubectl_style_invocations() {
+        let cli = PluginCli::try_parse_from([
+            "kubectl-h3_ingress",
+            "check",
+            "a.example.com",
+            "--context",
+            "prod",
+            "--node",
+            "10.0.0.2",
+            "--",
+            "--insecure",
+        ])
+        .unwrap();
+        assert_eq!(cli.context.as_deref(), Some("prod"));
+        match cli.command {
+            PluginCommand::Check {
+                host, node, extra, ..
+            } => {
+                assert_eq!(host, "a.example.com");
+                assert_eq!(node.as_deref(), Some("10.0.0.2"));
+                assert_eq!(extra, vec![OsString::from("--insecure")]);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(PluginCli::try_parse_from(["kubectl-h3_ingress", "statsu"]).is_err());
+    }
+
+    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+    async fn answer(handle: &mut std::pin::Pin<&mut Handle>, path: &str, body: serde_json::Value) {
+        let (request, send) = handle.next_request().await.expect("service called");
+        assert_eq!(request.method(), http::Method::GET);
+        assert_eq!(request.uri().to_string(), path);
+        let status = if body.get("kind").and_then(|k| k.as_str()) == Some("Status") {
+            404
+        } else {
+            200
+        };
+        send.send_response(
+            Response::builder()
+                .status(status)
+                .body(Body::from(serde_json::to_vec(&body).unwrap()))
+                .unwrap(),
+        );
+    }
+
+    #[tokio::test]
+    async fn finds_the_node_through_the_api() {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "default");
+        let l = serde_json::to_value(listener()).unwrap();
+        let server = tokio::spawn(async move {
+            let mut handle = pin!(handle);
+            answer(
+                &mut handle,
+                "/apis/h3-ingress.dev/v1alpha1/http3listeners?",
+                serde_json::json!({"apiVersion": "h3-ingress.dev/v1alpha1", "kind": "Http3ListenerList",
+                                   "metadata": {}, "items": [l]}),
+            )
+            .await;
+            let pods = vec![
+                pod("dp-b", "node-b", Some("10.0.0.2"), true, "Running"),
+                pod("dp-a", "node-a", Some("10.0.0.1"), false, "Running"),
+            ];
+            answer(
+                &mut handle,
+                "/api/v1/pods?&labelSelector=app.kubernetes.io%2Fname%3Dh3-ingress%2Capp.kubernetes.io%2Fcomponent%3Ddata-plane%2Capp.kubernetes.io%2Finstance%3Dnginx",
+                serde_json::json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": pods}),
+            )
+            .await;
+        });
+        let target = find_target(&client, "shop.example.com").await.unwrap();
+        server.await.unwrap();
+        assert_eq!(
+            target,
+            CheckTarget {
+                address: "10.0.0.2:8443".parse().unwrap(),
+                via: "listener nginx, pod h3-ingress/dp-b on node node-b".into()
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn missing_listener_is_a_clear_error() {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "default");
+        let server = tokio::spawn(async move {
+            let mut handle = pin!(handle);
+            answer(
+                &mut handle,
+                "/apis/h3-ingress.dev/v1alpha1/http3listeners/nope",
+                serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                   "status": "Failure", "reason": "NotFound", "code": 404,
+                                   "message": "http3listeners.h3-ingress.dev \"nope\" not found"}),
+            )
+            .await;
+        });
+        let err = fetch_listeners(&client, Some("nope")).await.unwrap_err();
+        server.await.unwrap();
+        assert_eq!(err.to_string(), "Http3Listener \"nope\" not found");
+    }
+}

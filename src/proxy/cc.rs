@@ -1,0 +1,918 @@
+//! Congestion control: `cubic-hs`, a CUBIC (RFC 9438 on RFC 9002 slow start and recovery) that
+//! survives a lost packet of the server's first flight, and the factory that picks the
+//! controller a listener asked for.
+//!
+//! Seed 004 is the reason this exists. nginx derives the slow-start threshold from the bytes in
+//! flight; when the tail of the handshake flight is lost and only found by a probe timeout,
+//! nothing is in flight, so the window collapses to two packets and slow start never returns.
+//! Two changes answer it:
+//!
+//! 1. The threshold is always `window * beta`; bytes in flight are never consulted.
+//! 2. A loss of a packet sent before the first acknowledgement arrived (the server's first
+//!    flight, sent with no knowledge of the path at all) is forgiven once per connection: the
+//!    window is neither reduced nor is slow start left. Later losses get the normal response.
+//!    Persistent congestion and ECN marks are never forgiven, and forgiving only skips a
+//!    reduction, so the window can never grow beyond what the loss-free connection would have.
+//!
+//! quinn never reports lost MTU probes to the controller, so PLPMTUD probing costs no window.
+
+use std::any::Any;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use quinn::congestion::{
+    BbrConfig, Controller, ControllerFactory, ControllerMetrics, CubicConfig, NewRenoConfig,
+};
+use quinn_proto::RttEstimator;
+
+use crate::api::CongestionControl;
+
+/// RFC 9438 section 4.6: multiplicative decrease factor.
+const BETA: f64 = 0.7;
+/// RFC 9438 section 5.1: the cubic scaling constant, in segments per second cubed.
+const C: f64 = 0.4;
+/// RFC 9438 section 4.3: the additive increase that makes CUBIC as aggressive as Reno with the
+/// same beta, in segments per window acknowledged.
+const ALPHA_RENO_FRIENDLY: f64 = 3.0 * (1.0 - BETA) / (1.0 + BETA);
+/// RFC 9002 kMinimumWindow is two maximum datagrams.
+const MIN_WINDOW_PACKETS: u64 = 2;
+
+/// Counters shared by every controller the factory builds (global, for Prometheus).
+#[derive(Debug, Default)]
+pub struct CcStats {
+    handshake_losses_forgiven: AtomicU64,
+    congestion_events: AtomicU64,
+}
+
+impl CcStats {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// First-flight losses that `cubic-hs` did not treat as congestion.
+    pub fn handshake_losses_forgiven(&self) -> u64 {
+        self.handshake_losses_forgiven.load(Ordering::Relaxed)
+    }
+
+    /// Window reductions by `cubic-hs` (new recovery periods and persistent-congestion collapses).
+    pub fn congestion_events(&self) -> u64 {
+        self.congestion_events.load(Ordering::Relaxed)
+    }
+}
+
+/// Per-connection counters, read from a controller at connection close.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CcCounters {
+    pub handshake_losses_forgiven: u64,
+    pub congestion_events: u64,
+}
+
+/// The counters of a connection's controller if it is a `cubic-hs` one. quinn hands out the
+/// controller as a boxed clone (`Connection::congestion_state`), so this consumes the box.
+pub fn connection_counters(controller: Box<dyn Controller>) -> Option<CcCounters> {
+    controller
+        .into_any()
+        .downcast::<CubicHs>()
+        .ok()
+        .map(|c| c.counters())
+}
+
+/// The controller factory for a listener's `congestionControl` setting. All four controllers
+/// start from the same initial window so that switching between them compares like with like.
+pub fn factory(
+    kind: CongestionControl,
+    initial_window_bytes: u64,
+    stats: Arc<CcStats>,
+) -> Arc<dyn ControllerFactory + Send + Sync> {
+    match kind {
+        CongestionControl::CubicHs => Arc::new(CubicHsConfig::new(initial_window_bytes, stats)),
+        CongestionControl::Cubic => {
+            let mut config = CubicConfig::default();
+            config.initial_window(initial_window_bytes);
+            Arc::new(config)
+        }
+        CongestionControl::NewReno => {
+            let mut config = NewRenoConfig::default();
+            config.initial_window(initial_window_bytes);
+            Arc::new(config)
+        }
+        CongestionControl::Bbr => {
+            let mut config = BbrConfig::default();
+            config.initial_window(initial_window_bytes);
+            Arc::new(config)
+        }
+    }
+}
+
+/// Builds [`CubicHs`] controllers.
+#[derive(Debug)]
+pub struct CubicHsConfig {
+    initial_window: u64,
+    stats: Arc<CcStats>,
+}
+
+impl CubicHsConfig {
+    pub fn new(initial_window: u64, stats: Arc<CcStats>) -> Self {
+        Self {
+            initial_window,
+            stats,
+        }
+    }
+}
+
+impl ControllerFactory for CubicHsConfig {
+    fn build(self: Arc<Self>, _now: Instant, current_mtu: u16) -> Box<dyn Controller> {
+        Box::new(CubicHs::new(self, current_mtu))
+    }
+}
+
+/// State of the current congestion-avoidance epoch (RFC 9438 section 4). Everything in bytes
+/// except `k`, which is in seconds.
+#[derive(Debug, Clone, Default)]
+struct Epoch {
+    /// When the current congestion-avoidance stage began; `None` until the first ACK after
+    /// slow start or recovery, so that recovery time does not count as growth time.
+    start: Option<Instant>,
+    /// Time for the cubic curve to climb from the epoch's start window back to `w_max`.
+    k: f64,
+    /// The window the cubic curve plateaus at.
+    w_max: f64,
+    /// Reno-friendly estimate of the window (RFC 9438 section 4.3).
+    w_est: f64,
+    /// The window just before the most recent reduction; once `w_est` reaches it the Reno
+    /// estimate grows at a full segment per window.
+    cwnd_prior: f64,
+    /// The next epoch follows a persistent-congestion collapse: K = 0 and W_max is the
+    /// window at the epoch's start (RFC 9438 section 4.8).
+    after_collapse: bool,
+    /// Fractional window growth not yet applied (the window itself is whole bytes).
+    carry: f64,
+}
+
+/// CUBIC with seed 004's fixes. See the module documentation.
+#[derive(Debug, Clone)]
+pub struct CubicHs {
+    config: Arc<CubicHsConfig>,
+    mtu: u64,
+    window: u64,
+    ssthresh: u64,
+    /// RFC 9002 `congestion_recovery_start_time`: losses of packets sent up to then belong to
+    /// the reduction already made.
+    recovery_start: Option<Instant>,
+    /// No packet sent after `recovery_start` has been acknowledged yet, so the window is frozen.
+    recovering: bool,
+    /// When the first ACK of an ack-eliciting packet arrived, which is also when the first
+    /// RTT sample is taken. Packets sent before it form the first flight.
+    first_ack_at: Option<Instant>,
+    forgiveness_used: bool,
+    /// Start of the current run of app-limited ACKs; that time is cut out of the epoch so an
+    /// idle connection does not come back with a window jump (RFC 9438 section 5.8).
+    app_limited_since: Option<Instant>,
+    epoch: Epoch,
+    counters: CcCounters,
+}
+
+impl CubicHs {
+    pub fn new(config: Arc<CubicHsConfig>, current_mtu: u16) -> Self {
+        let mtu = u64::from(current_mtu);
+        Self {
+            window: config.initial_window.max(MIN_WINDOW_PACKETS * mtu),
+            ssthresh: u64::MAX,
+            recovery_start: None,
+            recovering: false,
+            first_ack_at: None,
+            forgiveness_used: false,
+            app_limited_since: None,
+            epoch: Epoch::default(),
+            counters: CcCounters::default(),
+            mtu,
+            config,
+        }
+    }
+
+    pub fn ssthresh(&self) -> u64 {
+        self.ssthresh
+    }
+
+    pub fn in_slow_start(&self) -> bool {
+        self.window < self.ssthresh
+    }
+
+    pub fn in_recovery(&self) -> bool {
+        self.recovering
+    }
+
+    pub fn counters(&self) -> CcCounters {
+        self.counters
+    }
+
+    pub fn losses_forgiven(&self) -> u64 {
+        self.counters.handshake_losses_forgiven
+    }
+
+    pub fn congestion_events(&self) -> u64 {
+        self.counters.congestion_events
+    }
+
+    fn minimum_window(&self) -> u64 {
+        MIN_WINDOW_PACKETS * self.mtu
+    }
+
+    /// A packet sent no later than the start of the current recovery period belongs to it.
+    fn sent_in_recovery(&self, sent: Instant) -> bool {
+        self.recovery_start.is_some_and(|start| sent <= start)
+    }
+
+    fn sent_in_first_flight(&self, sent: Instant) -> bool {
+        self.first_ack_at.is_none_or(|first| sent < first)
+    }
+
+    /// One acknowledged ack-eliciting packet. The same as [`Controller::on_ack`] with the
+    /// smoothed RTT instead of quinn's estimator (which cannot be built outside quinn).
+    pub fn ack(
+        &mut self,
+        now: Instant,
+        sent: Instant,
+        bytes: u64,
+        app_limited: bool,
+        rtt: Duration,
+    ) {
+        self.first_ack_at.get_or_insert(now);
+
+        if self.sent_in_recovery(sent) {
+            return;
+        }
+        // A packet sent after recovery began was delivered: recovery is over (RFC 9002 7.3.2).
+        self.recovering = false;
+
+        if app_limited {
+            self.app_limited_since.get_or_insert(now);
+            return;
+        }
+        if let Some(since) = self.app_limited_since.take() {
+            if let Some(start) = self.epoch.start.as_mut() {
+                *start += now.saturating_duration_since(since);
+            }
+        }
+
+        if self.in_slow_start() {
+            self.window = self.window.saturating_add(bytes);
+            return;
+        }
+        self.congestion_avoidance(now, bytes, rtt);
+    }
+
+    fn start_epoch(&mut self, now: Instant) {
+        let window = self.window as f64;
+        let epoch = &mut self.epoch;
+        epoch.start = Some(now);
+        epoch.w_est = window;
+        epoch.carry = 0.0;
+        if epoch.after_collapse || epoch.w_max <= window {
+            epoch.after_collapse = false;
+            epoch.w_max = window;
+            epoch.k = 0.0;
+        } else {
+            let segments_to_climb = (epoch.w_max - window) / self.mtu as f64;
+            epoch.k = (segments_to_climb / C).cbrt();
+        }
+    }
+
+    /// RFC 9438 eq. 1, in bytes.
+    fn w_cubic(&self, t: f64) -> f64 {
+        C * (t - self.epoch.k).powi(3) * self.mtu as f64 + self.epoch.w_max
+    }
+
+    fn congestion_avoidance(&mut self, now: Instant, bytes: u64, rtt: Duration) {
+        if self.epoch.start.is_none() {
+            self.start_epoch(now);
+        }
+        let start = self.epoch.start.unwrap_or(now);
+        let t = now.saturating_duration_since(start).as_secs_f64();
+        let window = self.window as f64;
+        let mtu = self.mtu as f64;
+        let acked = bytes as f64;
+
+        let alpha = if self.epoch.w_est >= self.epoch.cwnd_prior {
+            1.0
+        } else {
+            ALPHA_RENO_FRIENDLY
+        };
+        // alpha segments per window's worth of acknowledged bytes.
+        self.epoch.w_est += alpha * mtu * acked / window;
+
+        let increase = if self.w_cubic(t) < self.epoch.w_est {
+            // Reno-friendly region: at least as fast as Reno would be.
+            self.epoch.w_est - window
+        } else {
+            // Concave and convex regions: aim at where the curve will be one RTT from now,
+            // bounded so a window never more than grows by half per RTT.
+            let target = self
+                .w_cubic(t + rtt.as_secs_f64())
+                .clamp(window, 1.5 * window);
+            (target - window) * acked / window
+        };
+        self.epoch.carry += increase.max(0.0);
+        let whole = self.epoch.carry.floor();
+        self.epoch.carry -= whole;
+        self.window = self.window.saturating_add(whole as u64);
+    }
+
+    /// RFC 9438 sections 4.6 and 4.7, with the threshold taken from the window (RFC 9002),
+    /// never from the bytes in flight.
+    fn reduce(&mut self, now: Instant) {
+        let window = self.window as f64;
+        self.recovery_start = Some(now);
+        self.recovering = true;
+        self.epoch.cwnd_prior = window;
+        // Fast convergence: a window that did not get back to the previous plateau gives up
+        // some of it to newer flows.
+        self.epoch.w_max = if window < self.epoch.w_max {
+            window * (1.0 + BETA) / 2.0
+        } else {
+            window
+        };
+        self.ssthresh = ((window * BETA) as u64).max(self.minimum_window());
+        self.window = self.ssthresh;
+        self.epoch.start = None;
+        self.count_congestion_event();
+    }
+
+    fn count_congestion_event(&mut self) {
+        self.counters.congestion_events += 1;
+        self.config
+            .stats
+            .congestion_events
+            .fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Controller for CubicHs {
+    fn on_ack(
+        &mut self,
+        now: Instant,
+        sent: Instant,
+        bytes: u64,
+        app_limited: bool,
+        rtt: &RttEstimator,
+    ) {
+        self.ack(now, sent, bytes, app_limited, rtt.get());
+    }
+
+    fn on_congestion_event(
+        &mut self,
+        now: Instant,
+        sent: Instant,
+        is_persistent_congestion: bool,
+        lost_bytes: u64,
+    ) {
+        if is_persistent_congestion {
+            // RFC 9002 7.6.2: collapse whatever phase we are in, the handshake included.
+            let counted = !self.sent_in_recovery(sent);
+            if counted {
+                self.reduce(now);
+            }
+            self.window = self.minimum_window();
+            // RFC 9002 7.6.2 resets recovery so the very next loss reduces again.
+            self.recovery_start = None;
+            self.recovering = false;
+            self.epoch.start = None;
+            self.epoch.after_collapse = true;
+            // A path that just proved persistently congested has nothing left to forgive.
+            self.forgiveness_used = true;
+            if !counted {
+                self.count_congestion_event();
+            }
+            return;
+        }
+
+        if self.sent_in_recovery(sent) {
+            return;
+        }
+
+        // lost_bytes is zero for ECN-CE: an explicit congestion signal, never forgiven.
+        if lost_bytes > 0 && !self.forgiveness_used && self.sent_in_first_flight(sent) {
+            self.forgiveness_used = true;
+            self.counters.handshake_losses_forgiven += 1;
+            self.config
+                .stats
+                .handshake_losses_forgiven
+                .fetch_add(1, Ordering::Relaxed);
+            // The nginx debug line of seed 004 is how the collapse was found; keep the
+            // equivalent decision visible.
+            tracing::debug!(
+                window = self.window,
+                lost_bytes,
+                "first-flight loss forgiven, staying in slow start"
+            );
+            return;
+        }
+
+        self.reduce(now);
+    }
+
+    fn on_mtu_update(&mut self, new_mtu: u16) {
+        self.mtu = u64::from(new_mtu);
+        self.window = self.window.max(self.minimum_window());
+    }
+
+    fn window(&self) -> u64 {
+        self.window
+    }
+
+    fn metrics(&self) -> ControllerMetrics {
+        let mut metrics = ControllerMetrics::default();
+        metrics.congestion_window = self.window;
+        metrics.ssthresh = Some(self.ssthresh);
+        metrics
+    }
+
+    fn clone_box(&self) -> Box<dyn Controller> {
+        Box::new(self.clone())
+    }
+
+    fn initial_window(&self) -> u64 {
+        self.config.initial_window
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MTU: u16 = 1200;
+    const PKT: u64 = MTU as u64;
+    const IW: u64 = 10 * PKT;
+
+    fn cubic_hs() -> (CubicHs, Arc<CcStats>) {
+        let stats = CcStats::new();
+        let cc = CubicHs::new(Arc::new(CubicHsConfig::new(IW, stats.clone())), MTU);
+        (cc, stats)
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// Seed 004's scenario up to the moment the tail loss is declared: a six-datagram first
+    /// flight at `t0`, the first five acknowledged one RTT later, the sixth found lost by the
+    /// ACK of a PTO probe. Returns the time the loss is declared.
+    fn replay_first_flight_tail_loss(cc: &mut CubicHs, t0: Instant, rtt: Duration) -> Instant {
+        for pn in 0..6 {
+            cc.on_sent(t0, PKT, pn);
+        }
+        let first_ack = t0 + rtt;
+        for _ in 0..5 {
+            cc.ack(first_ack, t0, PKT, false, rtt);
+        }
+        cc.on_end_acks(first_ack, PKT, false, Some(4));
+        let probe_sent = first_ack + 3 * rtt;
+        cc.on_sent(probe_sent, PKT, 6);
+        let loss_found = probe_sent + rtt;
+        cc.ack(loss_found, probe_sent, PKT, false, rtt);
+        // Nothing is in flight any more: exactly the state that pinned nginx at 2 packets.
+        cc.on_end_acks(loss_found, 0, false, Some(6));
+        cc.on_congestion_event(loss_found, t0, false, PKT);
+        loss_found
+    }
+
+    #[test]
+    fn seed_004_tail_loss_of_first_flight_is_forgiven_and_later_loss_is_not() {
+        let (mut cc, stats) = cubic_hs();
+        let t0 = Instant::now();
+        let rtt = ms(200);
+        let loss_found = replay_first_flight_tail_loss(&mut cc, t0, rtt);
+
+        // Five first-flight packets and the probe were acknowledged in slow start.
+        assert_eq!(cc.window(), IW + 6 * PKT);
+        assert!(cc.window() >= IW);
+        assert!(cc.in_slow_start());
+        assert_eq!(cc.ssthresh(), u64::MAX);
+        assert!(!cc.in_recovery());
+        assert_eq!(cc.losses_forgiven(), 1);
+        assert_eq!(cc.congestion_events(), 0);
+        assert_eq!(stats.handshake_losses_forgiven(), 1);
+        assert_eq!(stats.congestion_events(), 0);
+
+        // A data packet sent after the first RTT sample is lost, again with nothing in flight.
+        let sent = loss_found + ms(1);
+        let window = cc.window();
+        cc.on_end_acks(sent + rtt, 0, false, None);
+        cc.on_congestion_event(sent + rtt, sent, false, PKT);
+        let expected = (window as f64 * BETA) as u64;
+        assert_eq!(cc.window(), expected);
+        assert_eq!(cc.ssthresh(), expected);
+        assert!(!cc.in_slow_start());
+        assert!(cc.in_recovery());
+        assert_eq!(cc.congestion_events(), 1);
+        assert_eq!(cc.losses_forgiven(), 1);
+        assert_eq!(stats.congestion_events(), 1);
+        assert_eq!(stats.handshake_losses_forgiven(), 1);
+    }
+
+    #[test]
+    fn threshold_follows_the_window_even_with_nothing_in_flight() {
+        let (mut cc, _) = cubic_hs();
+        let t0 = Instant::now();
+        cc.ack(t0 + ms(50), t0, 20 * PKT, false, ms(50));
+        assert_eq!(cc.window(), 30 * PKT);
+        let sent = t0 + ms(60);
+        cc.on_end_acks(sent + ms(100), 0, false, None);
+        cc.on_congestion_event(sent + ms(100), sent, false, PKT);
+        assert_eq!(cc.ssthresh(), 21 * PKT);
+        assert_eq!(cc.window(), 21 * PKT);
+    }
+
+    #[test]
+    fn forgiveness_is_used_at_most_once() {
+        let (mut cc, stats) = cubic_hs();
+        let t0 = Instant::now();
+        let rtt = ms(100);
+        cc.ack(t0 + rtt, t0, PKT, false, rtt);
+        // Two first-flight losses found in separate batches (e.g. Initial and Handshake space).
+        cc.on_congestion_event(t0 + 3 * rtt, t0, false, PKT);
+        assert_eq!(cc.window(), IW + PKT);
+        cc.on_congestion_event(t0 + 4 * rtt, t0 + ms(1), false, PKT);
+        assert_eq!(cc.window(), ((IW + PKT) as f64 * BETA) as u64);
+        assert!(!cc.in_slow_start());
+        assert_eq!(cc.losses_forgiven(), 1);
+        assert_eq!(cc.congestion_events(), 1);
+        assert_eq!(stats.handshake_losses_forgiven(), 1);
+    }
+
+    #[test]
+    fn ecn_mark_on_first_flight_is_not_forgiven() {
+        let (mut cc, _) = cubic_hs();
+        let t0 = Instant::now();
+        cc.on_congestion_event(t0 + ms(100), t0, false, 0);
+        assert_eq!(cc.window(), (IW as f64 * BETA) as u64);
+        assert_eq!(cc.losses_forgiven(), 0);
+        assert_eq!(cc.congestion_events(), 1);
+    }
+
+    #[test]
+    fn persistent_congestion_during_handshake_collapses_the_window() {
+        let (mut cc, stats) = cubic_hs();
+        let t0 = Instant::now();
+        cc.on_congestion_event(t0 + ms(900), t0, true, 6 * PKT);
+        assert_eq!(cc.window(), 2 * PKT);
+        assert_eq!(cc.ssthresh(), (IW as f64 * BETA) as u64);
+        assert!(cc.in_slow_start());
+        assert_eq!(cc.losses_forgiven(), 0);
+        assert_eq!(cc.congestion_events(), 1);
+        assert_eq!(stats.handshake_losses_forgiven(), 0);
+        // After a collapse there is nothing left to forgive.
+        cc.on_congestion_event(t0 + ms(1000), t0 + ms(1), false, PKT);
+        assert_eq!(cc.losses_forgiven(), 0);
+        assert_eq!(cc.window(), 2 * PKT);
+        assert_eq!(cc.congestion_events(), 2);
+    }
+
+    #[test]
+    fn persistent_congestion_after_handshake_collapses_and_resets_recovery() {
+        let (mut cc, stats) = cubic_hs();
+        let t0 = Instant::now();
+        let rtt = ms(100);
+        cc.ack(t0 + rtt, t0, 30 * PKT, false, rtt);
+        assert_eq!(cc.window(), 40 * PKT);
+        let sent = t0 + 2 * rtt;
+        cc.on_congestion_event(sent + rtt, sent, false, PKT);
+        assert_eq!(cc.window(), 28 * PKT);
+        // Persistent congestion reported for a packet of the same recovery period still
+        // collapses the window and counts as a reduction.
+        cc.on_congestion_event(sent + 5 * rtt, sent, true, 10 * PKT);
+        assert_eq!(cc.window(), 2 * PKT);
+        assert_eq!(cc.ssthresh(), 28 * PKT);
+        assert!(!cc.in_recovery());
+        assert_eq!(cc.congestion_events(), 2);
+        assert_eq!(stats.congestion_events(), 2);
+        // Recovery was reset: the next loss reduces again (floored at the minimum window).
+        let later = sent + 6 * rtt;
+        cc.on_congestion_event(later + rtt, later, false, PKT);
+        assert_eq!(cc.window(), 2 * PKT);
+        assert_eq!(cc.ssthresh(), 2 * PKT);
+        assert_eq!(cc.congestion_events(), 3);
+        assert_eq!(cc.losses_forgiven(), 0);
+    }
+
+    /// What a controller sees, in order.
+    #[derive(Clone, Copy)]
+    enum Event {
+        Ack {
+            now: Instant,
+            sent: Instant,
+            bytes: u64,
+        },
+        Loss {
+            now: Instant,
+            sent: Instant,
+        },
+    }
+
+    fn feed(cc: &mut CubicHs, event: Event, rtt: Duration) {
+        match event {
+            Event::Ack { now, sent, bytes } => cc.ack(now, sent, bytes, false, rtt),
+            Event::Loss { now, sent } => cc.on_congestion_event(now, sent, false, PKT),
+        }
+    }
+
+    #[test]
+    fn forgiven_connection_grows_exactly_like_the_loss_free_one() {
+        let t0 = Instant::now();
+        let rtt = ms(100);
+        let mut acks = Vec::new();
+        // First flight of six at t0; five ACKed one RTT later (the sixth is the lost one).
+        for _ in 0..5 {
+            acks.push(Event::Ack {
+                now: t0 + rtt,
+                sent: t0,
+                bytes: PKT,
+            });
+        }
+        // Then rounds of packets: slow-start-like doubling, a real loss, then a long
+        // congestion-avoidance stretch. The sequence is fixed, independent of any window.
+        let mut now = t0 + rtt;
+        let mut real_loss_at = None;
+        for round in 0..60u32 {
+            let sent = now + ms(1);
+            now += rtt;
+            let packets = if round < 5 { 1u64 << (round + 3) } else { 150 };
+            for _ in 0..packets {
+                acks.push(Event::Ack {
+                    now,
+                    sent,
+                    bytes: PKT,
+                });
+            }
+            if round == 6 {
+                acks.push(Event::Loss { now, sent });
+                real_loss_at = Some(acks.len());
+            }
+        }
+        let real_loss_at = real_loss_at.unwrap();
+        let forgiven_loss = Event::Loss {
+            now: t0 + 4 * rtt,
+            sent: t0,
+        };
+
+        let (mut loss_free, _) = cubic_hs();
+        let (mut forgiven, _) = cubic_hs();
+        // Same ACKs, plus the sixth first-flight packet ACKed: the truly loss-free connection.
+        let (mut six_acked, _) = cubic_hs();
+        feed(
+            &mut six_acked,
+            Event::Ack {
+                now: t0 + rtt,
+                sent: t0,
+                bytes: PKT,
+            },
+            rtt,
+        );
+
+        for (i, &event) in acks.iter().enumerate() {
+            if i == 5 {
+                feed(&mut forgiven, forgiven_loss, rtt);
+            }
+            feed(&mut loss_free, event, rtt);
+            feed(&mut forgiven, event, rtt);
+            feed(&mut six_acked, event, rtt);
+            assert_eq!(forgiven.window(), loss_free.window(), "event {i}");
+            assert_eq!(forgiven.ssthresh(), loss_free.ssthresh(), "event {i}");
+            if i < real_loss_at {
+                assert!(forgiven.window() <= six_acked.window(), "event {i}");
+            }
+        }
+        assert_eq!(forgiven.losses_forgiven(), 1);
+        assert_eq!(forgiven.congestion_events(), 1);
+        assert_eq!(loss_free.congestion_events(), 1);
+        // The sequence really exercised congestion avoidance after the real loss.
+        assert!(!forgiven.in_slow_start());
+        assert!(forgiven.window() > forgiven.ssthresh());
+    }
+
+    /// Drives a controller in congestion avoidance: every RTT one window's worth of single
+    /// packets is acknowledged, all sent after the last reduction. Returns the window after
+    /// each RTT, in packets.
+    fn run_rounds(cc: &mut CubicHs, start: Instant, rtt: Duration, rounds: u32) -> Vec<f64> {
+        let mut windows = Vec::new();
+        let mut now = start;
+        for _ in 0..rounds {
+            // Strictly after `start`, which is when the reduction opened recovery.
+            let sent = now + Duration::from_micros(1);
+            let packets = cc.window() / PKT;
+            for i in 0..packets {
+                let at = now + rtt.mul_f64((i + 1) as f64 / packets as f64);
+                cc.ack(at, sent, PKT, false, rtt);
+            }
+            now += rtt;
+            windows.push(cc.window() as f64 / PKT as f64);
+        }
+        windows
+    }
+
+    /// A controller that just reduced from `w_max_packets`, with the reduction at `at`.
+    fn after_loss_at(w_max_packets: u64, at: Instant) -> CubicHs {
+        let (mut cc, _) = cubic_hs();
+        cc.ack(
+            at - ms(1),
+            at - ms(2),
+            w_max_packets * PKT - IW,
+            false,
+            ms(100),
+        );
+        assert_eq!(cc.window(), w_max_packets * PKT);
+        cc.on_congestion_event(at, at - ms(1), false, PKT);
+        cc
+    }
+
+    fn w_cubic_packets(w_max: f64, t: f64) -> f64 {
+        let k = (w_max * (1.0 - BETA) / C).cbrt();
+        C * (t - k).powi(3) + w_max
+    }
+
+    #[test]
+    fn cubic_growth_is_concave_then_plateaus_then_convex() {
+        let t0 = Instant::now();
+        let rtt = ms(100);
+        let mut cc = after_loss_at(100, t0);
+        assert_eq!(cc.window(), 70 * PKT);
+        let k = (100.0 * (1.0 - BETA) / C).cbrt(); // 4.22 s
+        let w = run_rounds(&mut cc, t0, rtt, 100);
+
+        // The window follows the cubic curve (targeting one RTT ahead) until, past W_max, the
+        // Reno-friendly estimate overtakes it: 0.53 packets per RTT from 70 until it reaches
+        // the window before the loss (100), then one packet per RTT.
+        let reno = |rtts: f64| {
+            let to_prior = 30.0 / ALPHA_RENO_FRIENDLY;
+            if rtts < to_prior {
+                70.0 + ALPHA_RENO_FRIENDLY * rtts
+            } else {
+                100.0 + rtts - to_prior
+            }
+        };
+        for (i, &win) in w.iter().enumerate() {
+            let t = (i + 1) as f64 * 0.1;
+            let low = w_cubic_packets(100.0, t - 0.1).max(reno(i as f64)) - 1.0;
+            let high = w_cubic_packets(100.0, t + 0.2).max(reno(i as f64 + 1.0)) + 1.0;
+            assert!(
+                win >= low && win <= high,
+                "t={t:.1} window {win:.1} not in {low:.1}..{high:.1}"
+            );
+        }
+        let growth = |from: usize, to: usize| w[to] - w[from];
+        let concave = growth(0, 10);
+        let plateau = growth((k * 10.0) as usize - 5, (k * 10.0) as usize + 5);
+        let convex = growth(80, 90);
+        assert!(
+            concave > 3.0 * plateau,
+            "concave {concave:.1} plateau {plateau:.1}"
+        );
+        assert!(
+            convex > 3.0 * plateau,
+            "convex {convex:.1} plateau {plateau:.1}"
+        );
+        let at_k = w[(k * 10.0) as usize];
+        assert!((97.0..=103.0).contains(&at_k), "window at K: {at_k:.1}");
+        assert!(w[99] > 110.0, "window beyond W_max: {:.1}", w[99]);
+        // Never more than 1.5x per RTT.
+        for pair in w.windows(2) {
+            assert!(pair[1] <= pair[0] * 1.5);
+        }
+    }
+
+    #[test]
+    fn reno_friendly_region_is_respected_on_short_rtt() {
+        let t0 = Instant::now();
+        // At 1 ms RTT Reno outgrows the cubic curve by far: K is 2.47 s for W_max 20.
+        let rtt = ms(1);
+        let mut cc = after_loss_at(20, t0);
+        assert_eq!(cc.window(), 14 * PKT);
+        let w = run_rounds(&mut cc, t0, rtt, 100);
+        // Reno-friendly estimate: 0.53 packets per RTT until it reaches the window before the
+        // loss (about 11 RTTs), then one packet per RTT: about 108 packets after 100 RTTs.
+        let last = w[99];
+        assert!((100.0..=112.0).contains(&last), "window {last:.1}");
+        assert!(last > 3.0 * w_cubic_packets(20.0, 0.1));
+        let early = w[9] - 14.0;
+        assert!(
+            (4.0..=7.0).contains(&early),
+            "first 10 RTTs grew {early:.1}"
+        );
+    }
+
+    #[test]
+    fn one_reduction_per_recovery_period() {
+        let (mut cc, _) = cubic_hs();
+        let t0 = Instant::now();
+        let rtt = ms(100);
+        cc.ack(t0 + rtt, t0, 10 * PKT, false, rtt);
+        let sent_a = t0 + rtt + ms(1);
+        let sent_b = sent_a + ms(5);
+        let recovery_start = sent_a + rtt;
+        cc.on_congestion_event(recovery_start, sent_a, false, PKT);
+        let reduced = cc.window();
+        assert_eq!(reduced, 14 * PKT);
+        assert!(cc.in_recovery());
+        // Another loss from before recovery began: same congestion event, no new reduction.
+        cc.on_congestion_event(recovery_start + ms(10), sent_b, false, PKT);
+        assert_eq!(cc.window(), reduced);
+        assert_eq!(cc.congestion_events(), 1);
+        // ACKs of packets sent before recovery began do not grow the window.
+        cc.ack(recovery_start + ms(20), sent_b, 5 * PKT, false, rtt);
+        assert_eq!(cc.window(), reduced);
+        assert!(cc.in_recovery());
+        // The first ACK of a packet sent after recovery began ends recovery.
+        let sent_c = recovery_start + ms(30);
+        for i in 0..14 {
+            cc.ack(sent_c + rtt + ms(i), sent_c, PKT, false, rtt);
+        }
+        assert!(!cc.in_recovery());
+        assert!(cc.window() > reduced);
+        // A late-detected loss from the old period still does not reduce again.
+        let grown = cc.window();
+        cc.on_congestion_event(sent_c + 2 * rtt, sent_b, false, PKT);
+        assert_eq!(cc.window(), grown);
+        // A loss of a packet sent after recovery began is a new event, with fast convergence:
+        // the window never got back to the old plateau, so W_max shrinks below it.
+        cc.on_congestion_event(sent_c + 3 * rtt, sent_c, false, PKT);
+        assert_eq!(cc.congestion_events(), 2);
+        assert_eq!(cc.window(), (grown as f64 * BETA) as u64);
+        assert_eq!(cc.epoch.w_max, grown as f64 * (1.0 + BETA) / 2.0);
+    }
+
+    #[test]
+    fn mtu_update_moves_the_minimum_window() {
+        let (mut cc, _) = cubic_hs();
+        let t0 = Instant::now();
+        cc.on_congestion_event(t0 + ms(500), t0, true, PKT);
+        assert_eq!(cc.window(), 2 * PKT);
+        cc.on_mtu_update(1452);
+        assert_eq!(cc.window(), 2 * 1452);
+        // A larger window is left alone by an MTU change.
+        cc.ack(t0 + ms(600), t0 + ms(501), 10 * PKT, false, ms(100));
+        let window = cc.window();
+        cc.on_mtu_update(1300);
+        assert_eq!(cc.window(), window);
+        // The collapse floor follows the new MTU.
+        cc.on_congestion_event(t0 + ms(900), t0 + ms(800), true, PKT);
+        assert_eq!(cc.window(), 2 * 1300);
+    }
+
+    #[test]
+    fn app_limited_acks_do_not_grow_and_idle_time_is_not_growth_time() {
+        let t0 = Instant::now();
+        let rtt = ms(100);
+        let mut cc = after_loss_at(100, t0);
+        let w = run_rounds(&mut cc, t0, rtt, 3);
+        let before = cc.window();
+        let start = t0 + rtt * w.len() as u32;
+        // 20 s of app-limited ACKs: far past K (4.2 s) if idle time counted.
+        for s in 0..20 {
+            cc.ack(start + Duration::from_secs(s), start, PKT, true, rtt);
+        }
+        assert_eq!(cc.window(), before);
+        let resume = start + Duration::from_secs(20);
+        cc.ack(resume, resume - ms(1), PKT, false, rtt);
+        let jump = cc.window() - before;
+        assert!(jump < 100, "window jumped {jump} bytes after idle");
+
+        // In slow start, app-limited ACKs do not grow the window either.
+        let (mut ss, _) = cubic_hs();
+        ss.ack(t0 + rtt, t0, 5 * PKT, true, rtt);
+        assert_eq!(ss.window(), IW);
+    }
+
+    #[test]
+    fn factory_builds_every_kind_with_the_same_initial_window() {
+        let stats = CcStats::new();
+        let now = Instant::now();
+        let iw = 16 * PKT;
+        for kind in [
+            CongestionControl::CubicHs,
+            CongestionControl::Cubic,
+            CongestionControl::NewReno,
+            CongestionControl::Bbr,
+        ] {
+            let controller = factory(kind, iw, stats.clone()).build(now, MTU);
+            assert_eq!(controller.initial_window(), iw, "{}", kind.as_str());
+            assert_eq!(controller.window(), iw, "{}", kind.as_str());
+            let any = controller.into_any();
+            let matches = match kind {
+                CongestionControl::CubicHs => any.is::<CubicHs>(),
+                CongestionControl::Cubic => any.is::<quinn::congestion::Cubic>(),
+                CongestionControl::NewReno => any.is::<quinn::congestion::NewReno>(),
+                CongestionControl::Bbr => any.is::<quinn::congestion::Bbr>(),
+            };
+            assert!(matches, "{} built the wrong controller", kind.as_str());
+        }
+        let hs = factory(CongestionControl::CubicHs, iw, stats.clone()).build(now, MTU);
+        assert_eq!(connection_counters(hs), Some(CcCounters::default()));
+        let stock = factory(CongestionControl::Cubic, iw, stats).build(now, MTU);
+        assert_eq!(connection_counters(stock), None);
+    }
+}

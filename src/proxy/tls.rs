@@ -1,0 +1,143 @@
+//! Server TLS for QUIC: TLS 1.3 only, ALPN h3, one certificate per host chosen by SNI,
+//! certificate compression on, 0-RTT off.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+
+use super::metrics::{handshake, Metrics};
+use crate::config::HostTable;
+
+/// Picks the certificate by SNI. An unknown or missing SNI gets no certificate, which fails
+/// the handshake: serving another host's certificate would only produce a confusing
+/// name-mismatch error in the browser and would leak which hosts live here.
+pub struct SniResolver {
+    hosts: HostTable,
+    metrics: Arc<Metrics>,
+    log_limit: LogLimiter,
+}
+
+impl std::fmt::Debug for SniResolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SniResolver")
+            .field("hosts", &self.hosts.names().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl SniResolver {
+    pub fn new(hosts: HostTable, metrics: Arc<Metrics>) -> Self {
+        Self {
+            hosts,
+            metrics,
+            log_limit: LogLimiter::default(),
+        }
+    }
+}
+
+impl ResolvesServerCert for SniResolver {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let sni = hello.server_name();
+        if let Some(entry) = sni.and_then(|n| self.hosts.lookup(n)) {
+            return Some(entry.certified_key.clone());
+        }
+        self.metrics
+            .handshakes
+            .with_label_values(&[handshake::UNKNOWN_SNI])
+            .inc();
+        if let Some(suppressed) = self.log_limit.allow() {
+            match sni {
+                Some(name) => tracing::warn!(
+                    sni = name,
+                    suppressed,
+                    "refusing QUIC handshake: SNI {name:?} is not a configured host"
+                ),
+                None => tracing::warn!(suppressed, "refusing QUIC handshake: client sent no SNI"),
+            }
+        }
+        None
+    }
+}
+
+/// At most a few log lines per second: scanners probe with random SNI.
+#[derive(Default)]
+struct LogLimiter {
+    second: AtomicU64,
+    count: AtomicU64,
+    suppressed: AtomicU64,
+}
+
+impl LogLimiter {
+    const PER_SECOND: u64 = 5;
+
+    /// `Some(suppressed since last line)` when a line may be logged.
+    fn allow(&self) -> Option<u64> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        if self.second.swap(now, Ordering::Relaxed) != now {
+            self.count.store(0, Ordering::Relaxed);
+        }
+        if self.count.fetch_add(1, Ordering::Relaxed) < Self::PER_SECOND {
+            Some(self.suppressed.swap(0, Ordering::Relaxed))
+        } else {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
+}
+
+/// The rustls provider used everywhere (ring).
+pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The QUIC server crypto for a set of hosts.
+pub fn server_crypto(
+    hosts: HostTable,
+    metrics: Arc<Metrics>,
+) -> Result<Arc<quinn::crypto::rustls::QuicServerConfig>, rustls::Error> {
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(SniResolver::new(hosts, metrics)));
+    tls.alpn_protocols = vec![b"h3".to_vec()];
+    // 0-RTT requests can be replayed (a login form, seed 002): off.
+    tls.max_early_data_size = 0;
+    // RFC 8879: a compressed chain needs fewer datagrams in the first flight, so fewer can
+    // be lost (seed 004). rustls offers brotli and zlib with the features we enable.
+    tls.cert_compressors = rustls::compress::default_cert_compressors().to_vec();
+    let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls)
+        .map_err(|e| rustls::Error::General(format!("QUIC TLS config: {e}")))?;
+    Ok(Arc::new(quic))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compression_is_available() {
+        let c = rustls::compress::default_cert_compressors();
+        let algs: Vec<_> = c.iter().map(|c| c.algorithm()).collect();
+        assert!(
+            algs.contains(&rustls::CertificateCompressionAlgorithm::Brotli),
+            "{algs:?}"
+        );
+        assert!(
+            algs.contains(&rustls::CertificateCompressionAlgorithm::Zlib),
+            "{algs:?}"
+        );
+    }
+
+    #[test]
+    fn limiter_caps_lines_per_second() {
+        let l = LogLimiter::default();
+        let allowed = (0..100).filter(|_| l.allow().is_some()).count();
+        assert!((1..=10).contains(&allowed), "{allowed}");
+    }
+}

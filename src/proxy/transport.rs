@@ -1,0 +1,103 @@
+//! QUIC transport parameters from `transport.*`.
+//!
+//! The defaults remove the brakes of seed 002 (a stream may have MiBs in flight, not 64 KB)
+//! and the black holes of seeds 000/003: datagrams start at 1200 bytes, path-MTU discovery
+//! probes upwards with DF set and detects black holes itself, without ICMP (RFC 8899).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use quinn::{IdleTimeout, MtuDiscoveryConfig, TransportConfig, VarInt};
+
+use crate::api::TransportSettings;
+
+/// The smallest UDP payload every QUIC path must carry (RFC 9000 section 14).
+pub const INITIAL_MTU: u16 = 1200;
+
+/// Headers between the interface MTU and the UDP payload.
+const IPV4_UDP_HEADERS: u16 = 20 + 8;
+const IPV6_UDP_HEADERS: u16 = 40 + 8;
+
+/// Largest MTU of the host's non-loopback interfaces that are up, if any.
+pub fn largest_interface_mtu() -> Option<u32> {
+    let dir = std::fs::read_dir("/sys/class/net").ok()?;
+    dir.filter_map(|e| e.ok())
+        .filter(|e| e.file_name() != "lo")
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("operstate"))
+                .map(|s| s.trim() != "down")
+                .unwrap_or(false)
+        })
+        .filter_map(|e| {
+            std::fs::read_to_string(e.path().join("mtu"))
+                .ok()?
+                .trim()
+                .parse::<u32>()
+                .ok()
+        })
+        .max()
+}
+
+/// Upper bound for path-MTU probes: configured, else the interface MTU minus headers.
+pub fn max_udp_payload(t: &TransportSettings, ipv6: bool, interface_mtu: Option<u32>) -> u16 {
+    if let Some(m) = t.max_udp_payload_bytes {
+        return m;
+    }
+    let mtu = interface_mtu.unwrap_or(1500).min(65_535) as u16;
+    let headers = if ipv6 {
+        IPV6_UDP_HEADERS
+    } else {
+        IPV4_UDP_HEADERS
+    };
+    mtu.saturating_sub(headers).clamp(INITIAL_MTU, 65_527)
+}
+
+/// Builds the transport config for one address family.
+pub fn transport_config(
+    t: &TransportSettings,
+    max_udp_payload: u16,
+    congestion: Arc<dyn quinn::congestion::ControllerFactory + Send + Sync>,
+) -> TransportConfig {
+    let mut tc = TransportConfig::default();
+    tc.max_concurrent_bidi_streams(VarInt::from_u32(t.max_concurrent_streams));
+    // HTTP/3 clients open a control stream and two QPACK streams; leave room for grease.
+    tc.max_concurrent_uni_streams(VarInt::from_u32(16));
+    tc.stream_receive_window(
+        VarInt::from_u64(t.stream_receive_window_bytes).unwrap_or(VarInt::MAX),
+    );
+    tc.receive_window(VarInt::from_u64(t.connection_receive_window_bytes).unwrap_or(VarInt::MAX));
+    tc.send_window(t.send_window_bytes);
+    tc.max_idle_timeout(Some(
+        IdleTimeout::try_from(Duration::from_secs(t.idle_timeout_seconds as u64))
+            .expect("idle timeout validated to at most 600 s"),
+    ));
+    tc.initial_mtu(INITIAL_MTU);
+    tc.min_mtu(INITIAL_MTU);
+    let mut mtud = MtuDiscoveryConfig::default();
+    mtud.upper_bound(max_udp_payload.max(INITIAL_MTU));
+    tc.mtu_discovery_config(Some(mtud));
+    tc.enable_segmentation_offload(true);
+    tc.congestion_controller_factory(congestion);
+    tc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_bound_from_interface_mtu() {
+        let t = TransportSettings::default();
+        assert_eq!(max_udp_payload(&t, false, Some(1500)), 1472);
+        assert_eq!(max_udp_payload(&t, true, Some(1500)), 1452);
+        assert_eq!(max_udp_payload(&t, true, Some(9000)), 8952);
+        assert_eq!(max_udp_payload(&t, true, None), 1452);
+        assert_eq!(max_udp_payload(&t, false, Some(1280)), 1252);
+        assert_eq!(max_udp_payload(&t, true, Some(1280)), 1232);
+        let t = TransportSettings {
+            max_udp_payload_bytes: Some(1350),
+            ..Default::default()
+        };
+        assert_eq!(max_udp_payload(&t, true, Some(9000)), 1350);
+    }
+}

@@ -1,0 +1,647 @@
+//! The client side: every HTTP/3 request goes to the existing TCP ingress over hyper.
+//!
+//! TLS uses the request's host as SNI so the ingress picks the right virtual host; h2 when
+//! the ingress offers it, else HTTP/1.1. Connections are pooled per host, except with PROXY
+//! protocol, where each QUIC connection gets its own upstream connections (the header names
+//! one client).
+
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Uri;
+use http_body_util::combinators::BoxBody;
+use hyper_util::client::legacy::connect::{Connected, Connection};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+use crate::api::UpstreamVerify;
+use crate::config::{HostTable, UpstreamConfig};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type UpstreamBody = BoxBody<Bytes, BoxError>;
+
+/// Why connecting to the upstream failed; mapped to 502/504 and to metric kinds.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("connecting to {addr}: {source}")]
+    Connect { addr: String, source: io::Error },
+    #[error("connecting to {0} timed out")]
+    Timeout(String),
+    #[error("TLS with {host} at {addr}: {source}")]
+    Tls {
+        host: String,
+        addr: String,
+        source: io::Error,
+    },
+    #[error("request URI has no host")]
+    NoHost,
+    #[error("resolving {addr}: {source}")]
+    Resolve { addr: String, source: io::Error },
+}
+
+/// The byte stream to the upstream, plain or TLS.
+pub enum UpstreamStream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl Connection for UpstreamStream {
+    fn connected(&self) -> Connected {
+        match self {
+            UpstreamStream::Plain(_) => Connected::new(),
+            UpstreamStream::Tls(s) => {
+                if s.get_ref().1.alpn_protocol() == Some(b"h2") {
+                    Connected::new().negotiated_h2()
+                } else {
+                    Connected::new()
+                }
+            }
+        }
+    }
+}
+
+impl AsyncRead for UpstreamStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            UpstreamStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            UpstreamStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for UpstreamStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            UpstreamStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            UpstreamStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            UpstreamStream::Plain(s) => Pin::new(s).poll_flush(cx),
+            UpstreamStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            UpstreamStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            UpstreamStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            UpstreamStream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            UpstreamStream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            UpstreamStream::Plain(s) => s.is_write_vectored(),
+            UpstreamStream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+}
+
+/// Source and destination of a client, for a PROXY protocol v2 header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProxyAddrs {
+    pub client: SocketAddr,
+    pub local: SocketAddr,
+}
+
+/// Encodes a PROXY protocol v2 header (command PROXY, transport STREAM: the upstream sees a
+/// byte stream per request exchange, and nginx only accepts STREAM).
+pub fn proxy_v2_header(a: ProxyAddrs) -> Vec<u8> {
+    let mut out = Vec::with_capacity(52);
+    out.extend_from_slice(b"\r\n\r\n\0\r\nQUIT\n");
+    out.push(0x21); // version 2, PROXY
+    let client = super::request::canonical_ip(a.client);
+    let local = super::request::canonical_ip(a.local);
+    match (client, local) {
+        (IpAddr::V4(c), IpAddr::V4(l)) => {
+            out.push(0x11);
+            out.extend_from_slice(&12u16.to_be_bytes());
+            out.extend_from_slice(&c.octets());
+            out.extend_from_slice(&l.octets());
+        }
+        (c, l) => {
+            let v6 = |ip: IpAddr| match ip {
+                IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+                IpAddr::V6(v6) => v6,
+            };
+            out.push(0x21);
+            out.extend_from_slice(&36u16.to_be_bytes());
+            out.extend_from_slice(&v6(c).octets());
+            out.extend_from_slice(&v6(l).octets());
+        }
+    }
+    out.extend_from_slice(&a.client.port().to_be_bytes());
+    out.extend_from_slice(&a.local.port().to_be_bytes());
+    out
+}
+
+struct ConnectorInner {
+    address: String,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    connect_timeout: Duration,
+    proxy: Option<ProxyAddrs>,
+}
+
+/// Connects to the configured upstream address whatever the URI's host is; the URI host is
+/// only used as SNI (and, by the pool, as the key).
+#[derive(Clone)]
+pub struct Connector {
+    inner: Arc<ConnectorInner>,
+}
+
+impl tower::Service<Uri> for Connector {
+    type Response = TokioIo<UpstreamStream>;
+    type Error = ConnectError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, ConnectError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let host = uri
+                .host()
+                .ok_or(ConnectError::NoHost)?
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string();
+            let deadline = tokio::time::Instant::now() + inner.connect_timeout;
+            let addr = inner.address.clone();
+            let work = async {
+                let tcp = connect_tcp(&addr).await?;
+                let _ = tcp.set_nodelay(true);
+                let mut tcp = tcp;
+                if let Some(p) = inner.proxy {
+                    tcp.write_all(&proxy_v2_header(p)).await.map_err(|source| {
+                        ConnectError::Connect {
+                            addr: addr.clone(),
+                            source,
+                        }
+                    })?;
+                }
+                match &inner.tls {
+                    None => Ok(UpstreamStream::Plain(tcp)),
+                    Some(cfg) => {
+                        let name =
+                            ServerName::try_from(host.clone()).map_err(|e| ConnectError::Tls {
+                                host: host.clone(),
+                                addr: addr.clone(),
+                                source: io::Error::new(io::ErrorKind::InvalidInput, e),
+                            })?;
+                        let tls = tokio_rustls::TlsConnector::from(cfg.clone())
+                            .connect(name, tcp)
+                            .await
+                            .map_err(|source| ConnectError::Tls {
+                                host: host.clone(),
+                                addr: addr.clone(),
+                                source,
+                            })?;
+                        Ok(UpstreamStream::Tls(Box::new(tls)))
+                    }
+                }
+            };
+            match tokio::time::timeout_at(deadline, work).await {
+                Ok(r) => r.map(TokioIo::new),
+                Err(_) => Err(ConnectError::Timeout(addr)),
+            }
+        })
+    }
+}
+
+async fn connect_tcp(addr: &str) -> Result<TcpStream, ConnectError> {
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(addr)
+        .await
+        .map_err(|source| ConnectError::Resolve {
+            addr: addr.to_string(),
+            source,
+        })?
+        .collect();
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "no addresses");
+    for a in addrs {
+        match TcpStream::connect(a).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = e,
+        }
+    }
+    Err(ConnectError::Connect {
+        addr: addr.to_string(),
+        source: last,
+    })
+}
+
+/// `servedCertificate`: the upstream must present exactly the leaf we serve for that host,
+/// which proves the request reaches the ingress that owns the name without trusting any CA.
+#[derive(Debug)]
+struct ServedCertificateVerifier {
+    hosts: HostTable,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl ServerCertVerifier for ServedCertificateVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let name = match server_name {
+            ServerName::DnsName(d) => d.as_ref().to_string(),
+            other => {
+                return Err(rustls::Error::General(format!(
+                    "no served certificate for {other:?}"
+                )))
+            }
+        };
+        let Some(entry) = self.hosts.lookup(&name) else {
+            return Err(rustls::Error::General(format!(
+                "no served certificate for {name}"
+            )));
+        };
+        if entry.leaf().as_ref() == end_entity.as_ref() {
+            Ok(ServerCertVerified::assertion())
+        } else {
+            tracing::warn!(
+                host = name,
+                "upstream presented a different certificate than the one we serve for {name} \
+                 (upstream.verify: servedCertificate)"
+            );
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// `insecure`: signatures are still checked (cheap), the certificate is not.
+#[derive(Debug)]
+struct InsecureVerifier(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for InsecureVerifier {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamSetupError {
+    #[error("TLS client configuration: {0}")]
+    Tls(#[from] rustls::Error),
+    #[error("no usable CA certificates in the system trust store (upstream.verify: system)")]
+    NoSystemRoots,
+}
+
+/// TLS client configuration for the upstream, per verification mode.
+pub fn client_tls(
+    verify: UpstreamVerify,
+    hosts: &HostTable,
+) -> Result<Arc<rustls::ClientConfig>, UpstreamSetupError> {
+    let provider = super::tls::provider();
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?;
+    let mut cfg = match verify {
+        UpstreamVerify::ServedCertificate => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(ServedCertificateVerifier {
+                hosts: hosts.clone(),
+                provider,
+            }))
+            .with_no_client_auth(),
+        UpstreamVerify::Insecure => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(InsecureVerifier(provider)))
+            .with_no_client_auth(),
+        UpstreamVerify::System => {
+            let mut roots = rustls::RootCertStore::empty();
+            let loaded = rustls_native_certs::load_native_certs();
+            for c in loaded.certs {
+                let _ = roots.add(c);
+            }
+            if roots.is_empty() {
+                return Err(UpstreamSetupError::NoSystemRoots);
+            }
+            builder.with_root_certificates(roots).with_no_client_auth()
+        }
+    };
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// A pooled hyper client for one configuration generation.
+#[derive(Clone)]
+pub struct Upstream {
+    client: Client<Connector, UpstreamBody>,
+    config: Arc<UpstreamConfig>,
+    tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+impl fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Upstream")
+            .field("address", &self.config.address.to_string())
+            .finish()
+    }
+}
+
+fn build_client(connector: Connector) -> Client<Connector, UpstreamBody> {
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .pool_max_idle_per_host(64)
+        // Large h2 windows: a loopback or LAN hop to the ingress must never be the brake.
+        .http2_initial_stream_window_size(4 * 1024 * 1024)
+        .http2_initial_connection_window_size(16 * 1024 * 1024)
+        .http2_adaptive_window(true)
+        .build(connector)
+}
+
+impl Upstream {
+    pub fn new(config: &UpstreamConfig, hosts: &HostTable) -> Result<Self, UpstreamSetupError> {
+        let tls = if config.tls {
+            Some(client_tls(config.verify, hosts)?)
+        } else {
+            None
+        };
+        let connector = Connector {
+            inner: Arc::new(ConnectorInner {
+                address: config.address.to_string(),
+                tls: tls.clone(),
+                connect_timeout: config.connect_timeout,
+                proxy: None,
+            }),
+        };
+        Ok(Self {
+            client: build_client(connector),
+            config: Arc::new(config.clone()),
+            tls,
+        })
+    }
+
+    /// The client to use for one QUIC connection: shared, or its own with PROXY protocol.
+    pub fn for_connection(&self, client: SocketAddr, local: SocketAddr) -> Upstream {
+        if !self.config.proxy_protocol {
+            return self.clone();
+        }
+        let connector = Connector {
+            inner: Arc::new(ConnectorInner {
+                address: self.config.address.to_string(),
+                tls: self.tls.clone(),
+                connect_timeout: self.config.connect_timeout,
+                proxy: Some(ProxyAddrs { client, local }),
+            }),
+        };
+        Upstream {
+            client: build_client(connector),
+            config: self.config.clone(),
+            tls: self.tls.clone(),
+        }
+    }
+
+    pub fn scheme(&self) -> &'static str {
+        if self.config.tls {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    pub fn response_timeout(&self) -> Duration {
+        self.config.response_timeout
+    }
+
+    /// Sends a request; the error says which status the client should get.
+    pub async fn send(
+        &self,
+        req: http::Request<UpstreamBody>,
+    ) -> Result<http::Response<hyper::body::Incoming>, UpstreamError> {
+        match tokio::time::timeout(self.config.response_timeout, self.client.request(req)).await {
+            Err(_) => Err(UpstreamError::Timeout(self.config.response_timeout)),
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(e)) => Err(classify(e)),
+        }
+    }
+}
+
+/// Upstream failures as the client sees them.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("upstream did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("connecting to the upstream timed out: {0}")]
+    ConnectTimeout(String),
+    #[error("upstream refused the connection: {0}")]
+    Connect(String),
+    #[error("TLS with the upstream failed: {0}")]
+    Tls(String),
+    #[error("upstream reset or closed the connection: {0}")]
+    Reset(String),
+    #[error("upstream protocol error: {0}")]
+    Protocol(String),
+}
+
+impl UpstreamError {
+    /// 504 for time-outs, 502 for everything else (RFC 9110 15.6.3 and 15.6.5).
+    pub fn status(&self) -> http::StatusCode {
+        match self {
+            UpstreamError::Timeout(_) | UpstreamError::ConnectTimeout(_) => {
+                http::StatusCode::GATEWAY_TIMEOUT
+            }
+            _ => http::StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    pub fn metric_kind(&self) -> &'static str {
+        use super::metrics::upstream_error as k;
+        match self {
+            UpstreamError::Timeout(_) | UpstreamError::ConnectTimeout(_) => k::TIMEOUT,
+            UpstreamError::Connect(_) => k::CONNECT,
+            UpstreamError::Tls(_) => k::TLS,
+            UpstreamError::Reset(_) => k::RESET,
+            UpstreamError::Protocol(_) => k::PROTOCOL,
+        }
+    }
+}
+
+fn classify(e: hyper_util::client::legacy::Error) -> UpstreamError {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&e);
+    while let Some(s) = source {
+        if let Some(c) = s.downcast_ref::<ConnectError>() {
+            return match c {
+                ConnectError::Timeout(_) => UpstreamError::ConnectTimeout(c.to_string()),
+                ConnectError::Tls { .. } => UpstreamError::Tls(c.to_string()),
+                _ => UpstreamError::Connect(c.to_string()),
+            };
+        }
+        if let Some(h) = s.downcast_ref::<hyper::Error>() {
+            if h.is_incomplete_message() || h.is_canceled() || h.is_closed() {
+                return UpstreamError::Reset(h.to_string());
+            }
+        }
+        if let Some(io) = s.downcast_ref::<io::Error>() {
+            if matches!(
+                io.kind(),
+                io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::BrokenPipe
+                    | io::ErrorKind::UnexpectedEof
+                    | io::ErrorKind::ConnectionAborted
+            ) {
+                return UpstreamError::Reset(io.to_string());
+            }
+        }
+        source = s.source();
+    }
+    if e.is_connect() {
+        UpstreamError::Connect(format!("{e:?}"))
+    } else {
+        UpstreamError::Protocol(format!("{e}: {:?}", std::error::Error::source(&e)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proxy_v2_ipv4_header_layout() {
+        let h = proxy_v2_header(ProxyAddrs {
+            client: "192.0.2.1:5000".parse().unwrap(),
+            local: "[::ffff:198.51.100.2]:443".parse().unwrap(),
+        });
+        assert_eq!(&h[..12], b"\r\n\r\n\0\r\nQUIT\n");
+        assert_eq!(h[12], 0x21);
+        assert_eq!(h[13], 0x11);
+        assert_eq!(u16::from_be_bytes([h[14], h[15]]), 12);
+        assert_eq!(&h[16..20], &[192, 0, 2, 1]);
+        assert_eq!(&h[20..24], &[198, 51, 100, 2]);
+        assert_eq!(u16::from_be_bytes([h[24], h[25]]), 5000);
+        assert_eq!(u16::from_be_bytes([h[26], h[27]]), 443);
+        assert_eq!(h.len(), 28);
+    }
+
+    #[test]
+    fn proxy_v2_ipv6_header_layout() {
+        let h = proxy_v2_header(ProxyAddrs {
+            client: "[2001:db8::1]:5000".parse().unwrap(),
+            local: "[2001:db8::2]:443".parse().unwrap(),
+        });
+        assert_eq!(h[13], 0x21);
+        assert_eq!(u16::from_be_bytes([h[14], h[15]]), 36);
+        assert_eq!(h.len(), 16 + 36);
+    }
+
+    #[test]
+    fn error_statuses() {
+        assert_eq!(UpstreamError::Timeout(Duration::from_secs(1)).status(), 504);
+        assert_eq!(UpstreamError::Connect("x".into()).status(), 502);
+        assert_eq!(UpstreamError::Reset("x".into()).status(), 502);
+    }
+}

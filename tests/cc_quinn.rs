@@ -1,0 +1,528 @@
+//! `cubic-hs` inside real quinn connections on 127.0.0.1.
+//!
+//! 1. Seed 004 replayed through the `Controller` trait against both `cubic-hs` and quinn's
+//!    stock CUBIC, with an `RttEstimator` taken from a live connection (quinn offers no public
+//!    constructor for one).
+//! 2. A server using the controller factory behind a UDP relay that adds 10 ms each way and
+//!    drops the last datagram of the server's first flight, then streams 1 MB. Run once with
+//!    `cubic-hs` and once with stock CUBIC, same relay logic.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use h3_ingress::api::CongestionControl;
+use h3_ingress::proxy::cc::{self, CcStats, CubicHs};
+use quinn::congestion::{Controller, ControllerFactory, NewRenoConfig};
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use quinn_proto::RttEstimator;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use tokio::net::UdpSocket;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+const ALPN: &[u8] = b"cc-test";
+const PKT: u64 = 1200;
+const IW: u64 = 10 * PKT;
+const BODY_LEN: usize = 1024 * 1024;
+const ONE_WAY_DELAY: Duration = Duration::from_millis(10);
+/// The server's first flight is one burst; this much silence after it ends the flight.
+const FLIGHT_QUIET_GAP: Duration = Duration::from_millis(30);
+
+struct Tls {
+    server: quinn::ServerConfig,
+    client: quinn::ClientConfig,
+}
+
+/// A CA and a leaf with a handful of names, so the certificate flight spans more than one
+/// datagram like a real chain does (seed 004's chain took six).
+fn tls(transport: quinn::TransportConfig) -> Tls {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "h3-ingress cc test CA");
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, &ca_key);
+
+    let names: Vec<String> = std::iter::once("localhost".to_string())
+        .chain((0..24).map(|i| format!("host-{i}.cc-test.h3-ingress.example")))
+        .collect();
+    let leaf_key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(names)
+        .unwrap()
+        .signed_by(&leaf_key, &issuer)
+        .unwrap();
+
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let chain: Vec<CertificateDer<'static>> = vec![leaf.der().clone(), ca_cert.der().clone()];
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der()));
+    let mut server = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    server.alpn_protocols = vec![ALPN.to_vec()];
+    let mut server =
+        quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(server).unwrap()));
+    server.transport_config(Arc::new(transport));
+
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca_cert.der().clone()).unwrap();
+    let mut client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    client.alpn_protocols = vec![ALPN.to_vec()];
+    let client = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(client).unwrap()));
+    Tls { server, client }
+}
+
+fn localhost() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Seed 004 replay through the trait, stock CUBIC vs cubic-hs.
+
+/// Wraps NewReno and keeps a copy of the last `RttEstimator` quinn handed it.
+struct CaptureRtt {
+    slot: Arc<Mutex<Option<RttEstimator>>>,
+}
+
+struct CaptureRttController {
+    inner: Box<dyn Controller>,
+    slot: Arc<Mutex<Option<RttEstimator>>>,
+}
+
+impl ControllerFactory for CaptureRtt {
+    fn build(self: Arc<Self>, now: Instant, current_mtu: u16) -> Box<dyn Controller> {
+        Box::new(CaptureRttController {
+            inner: Arc::new(NewRenoConfig::default()).build(now, current_mtu),
+            slot: self.slot.clone(),
+        })
+    }
+}
+
+impl Controller for CaptureRttController {
+    fn on_ack(
+        &mut self,
+        now: Instant,
+        sent: Instant,
+        bytes: u64,
+        app_limited: bool,
+        rtt: &RttEstimator,
+    ) {
+        *self.slot.lock().unwrap() = Some(*rtt);
+        self.inner.on_ack(now, sent, bytes, app_limited, rtt);
+    }
+    fn on_congestion_event(&mut self, now: Instant, sent: Instant, persistent: bool, lost: u64) {
+        self.inner.on_congestion_event(now, sent, persistent, lost);
+    }
+    fn on_mtu_update(&mut self, new_mtu: u16) {
+        self.inner.on_mtu_update(new_mtu);
+    }
+    fn window(&self) -> u64 {
+        self.inner.window()
+    }
+    fn clone_box(&self) -> Box<dyn Controller> {
+        Box::new(CaptureRttController {
+            inner: self.inner.clone_box(),
+            slot: self.slot.clone(),
+        })
+    }
+    fn initial_window(&self) -> u64 {
+        self.inner.initial_window()
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
+        self
+    }
+}
+
+/// An estimator from a real loopback connection (direct, no relay).
+async fn live_rtt_estimator() -> RttEstimator {
+    let slot = Arc::new(Mutex::new(None));
+    let mut transport = quinn::TransportConfig::default();
+    transport.congestion_controller_factory(Arc::new(CaptureRtt { slot: slot.clone() }));
+    let tls = tls(transport);
+    let server = quinn::Endpoint::server(tls.server, localhost()).unwrap();
+    let server_addr = server.local_addr().unwrap();
+    let serve = tokio::spawn(async move {
+        let conn = server.accept().await.unwrap().await.unwrap();
+        let mut send = conn.open_uni().await.unwrap();
+        send.write_all(b"hello").await.unwrap();
+        send.finish().unwrap();
+        conn.closed().await;
+    });
+    let client = quinn::Endpoint::client(localhost()).unwrap();
+    let conn = client
+        .connect_with(tls.client, server_addr, "localhost")
+        .unwrap()
+        .await
+        .unwrap();
+    let mut recv = conn.accept_uni().await.unwrap();
+    assert_eq!(recv.read_to_end(64).await.unwrap(), b"hello");
+    conn.close(0u32.into(), b"");
+    // No wait_idle: the draining period (3 PTO) only costs test time here.
+    drop(client);
+    serve.await.unwrap();
+    let captured = *slot.lock().unwrap();
+    captured.expect("the server's controller saw no ACK")
+}
+
+/// The seed's events, exactly as quinn delivers them: six first-flight datagrams, five ACKed
+/// one RTT later, the sixth found lost after a PTO probe's ACK with nothing left in flight.
+fn replay_seed_004(cc: &mut dyn Controller, rtt: &RttEstimator, t0: Instant) -> Instant {
+    let path_rtt = Duration::from_millis(200);
+    for pn in 0..6 {
+        cc.on_sent(t0, PKT, pn);
+    }
+    let first_ack = t0 + path_rtt;
+    for _ in 0..5 {
+        cc.on_ack(first_ack, t0, PKT, false, rtt);
+    }
+    cc.on_end_acks(first_ack, PKT, false, Some(4));
+    let probe = first_ack + 3 * path_rtt;
+    cc.on_sent(probe, PKT, 6);
+    let found = probe + path_rtt;
+    cc.on_ack(found, probe, PKT, false, rtt);
+    cc.on_end_acks(found, 0, false, Some(6));
+    cc.on_congestion_event(found, t0, false, PKT);
+    found
+}
+
+fn ssthresh(cc: &dyn Controller) -> u64 {
+    cc.metrics()
+        .ssthresh
+        .expect("controller reports no ssthresh")
+}
+
+#[tokio::test]
+async fn seed_004_replay_stock_cubic_leaves_slow_start_cubic_hs_does_not() {
+    let rtt = live_rtt_estimator().await;
+    let stats = CcStats::new();
+    let t0 = Instant::now();
+
+    let mut stock = cc::factory(CongestionControl::Cubic, IW, stats.clone()).build(t0, PKT as u16);
+    replay_seed_004(stock.as_mut(), &rtt, t0);
+    eprintln!(
+        "stock cubic after the tail loss: window {} ssthresh {}",
+        stock.window(),
+        ssthresh(stock.as_ref())
+    );
+    assert!(
+        stock.window() >= ssthresh(stock.as_ref()),
+        "stock CUBIC stayed in slow start"
+    );
+    assert!(stock.window() < IW + 6 * PKT);
+
+    let mut hs = cc::factory(CongestionControl::CubicHs, IW, stats.clone()).build(t0, PKT as u16);
+    let found = replay_seed_004(hs.as_mut(), &rtt, t0);
+    eprintln!(
+        "cubic-hs after the tail loss: window {} ssthresh {}",
+        hs.window(),
+        ssthresh(hs.as_ref())
+    );
+    assert!(hs.window() >= IW);
+    assert_eq!(hs.window(), IW + 6 * PKT);
+    assert!(
+        hs.window() < ssthresh(hs.as_ref()),
+        "cubic-hs left slow start"
+    );
+    assert_eq!(stats.handshake_losses_forgiven(), 1);
+
+    // The next loss, of a packet sent after the first RTT sample, gets the normal response.
+    let before = hs.window();
+    let sent = found + Duration::from_millis(1);
+    hs.on_end_acks(sent + Duration::from_millis(200), 0, false, None);
+    hs.on_congestion_event(sent + Duration::from_millis(200), sent, false, PKT);
+    assert_eq!(hs.window(), (before as f64 * 0.7) as u64);
+    assert_eq!(ssthresh(hs.as_ref()), hs.window());
+    assert_eq!(stats.congestion_events(), 1);
+    let hs = hs.into_any().downcast::<CubicHs>().ok().unwrap();
+    assert!(!hs.in_slow_start());
+    assert_eq!(hs.losses_forgiven(), 1);
+    assert_eq!(hs.congestion_events(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The relay and the 1 MB transfer.
+
+#[derive(Debug, Default)]
+struct RelayReport {
+    first_flight_datagrams: AtomicUsize,
+    dropped: AtomicUsize,
+    forwarded_to_client: AtomicUsize,
+    forwarded_to_server: AtomicUsize,
+}
+
+/// A one-connection UDP relay: client <-> `front` ... `back` <-> server, with a fixed delay
+/// each way. It holds the server's first datagrams until the server has gone quiet (or the
+/// client sent again), then forwards all of that first flight except its last datagram.
+struct Relay {
+    addr: SocketAddr,
+    report: Arc<RelayReport>,
+    _tasks: JoinSet<()>,
+}
+
+/// A FIFO delay line: every datagram leaves `delay` after it entered, in order.
+fn delay_line(
+    tasks: &mut JoinSet<()>,
+    socket: Arc<UdpSocket>,
+    dest: Arc<OnceLock<SocketAddr>>,
+    delay: Duration,
+    counter: Arc<RelayReport>,
+    to_client: bool,
+) -> mpsc::UnboundedSender<Vec<u8>> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    tasks.spawn(async move {
+        while let Some((due, datagram)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            let Some(&to) = dest.get() else { continue };
+            if socket.send_to(&datagram, to).await.is_ok() {
+                let c = if to_client {
+                    &counter.forwarded_to_client
+                } else {
+                    &counter.forwarded_to_server
+                };
+                c.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    });
+    let (in_tx, mut in_rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    tasks.spawn(async move {
+        while let Some(datagram) = in_rx.recv().await {
+            if tx
+                .send((tokio::time::Instant::now() + delay, datagram))
+                .is_err()
+            {
+                break;
+            }
+        }
+    });
+    in_tx
+}
+
+async fn spawn_relay(server: SocketAddr) -> Relay {
+    let front = Arc::new(UdpSocket::bind(localhost()).await.unwrap());
+    let back = Arc::new(UdpSocket::bind(localhost()).await.unwrap());
+    let addr = front.local_addr().unwrap();
+    let client_addr = Arc::new(OnceLock::new());
+    let server_addr = Arc::new(OnceLock::from(server));
+    let client_datagrams = Arc::new(AtomicUsize::new(0));
+    let report = Arc::new(RelayReport::default());
+    let mut tasks = JoinSet::new();
+
+    let to_server = delay_line(
+        &mut tasks,
+        back.clone(),
+        server_addr,
+        ONE_WAY_DELAY,
+        report.clone(),
+        false,
+    );
+    let to_client = delay_line(
+        &mut tasks,
+        front.clone(),
+        client_addr.clone(),
+        ONE_WAY_DELAY,
+        report.clone(),
+        true,
+    );
+
+    {
+        let client_addr = client_addr.clone();
+        let client_datagrams = client_datagrams.clone();
+        tasks.spawn(async move {
+            let mut buf = vec![0u8; 65536];
+            while let Ok((n, from)) = front.recv_from(&mut buf).await {
+                let _ = client_addr.set(from);
+                client_datagrams.fetch_add(1, Ordering::SeqCst);
+                if to_server.send(buf[..n].to_vec()).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+
+    {
+        let report = report.clone();
+        tasks.spawn(async move {
+            let mut buf = vec![0u8; 65536];
+            // First flight: everything the server sends before it goes quiet, as long as the
+            // client has not sent its second batch in the meantime.
+            let Ok(n) = back.recv(&mut buf).await else {
+                return;
+            };
+            let client_datagrams_at_start = client_datagrams.load(Ordering::SeqCst);
+            let mut flight = vec![buf[..n].to_vec()];
+            loop {
+                match tokio::time::timeout(FLIGHT_QUIET_GAP, back.recv(&mut buf)).await {
+                    Ok(Ok(n)) => flight.push(buf[..n].to_vec()),
+                    Ok(Err(_)) => return,
+                    Err(_) => break,
+                }
+                if client_datagrams.load(Ordering::SeqCst) != client_datagrams_at_start {
+                    break;
+                }
+            }
+            report
+                .first_flight_datagrams
+                .store(flight.len(), Ordering::SeqCst);
+            flight.pop();
+            report.dropped.fetch_add(1, Ordering::SeqCst);
+            for datagram in flight {
+                let _ = to_client.send(datagram);
+            }
+            while let Ok(n) = back.recv(&mut buf).await {
+                if to_client.send(buf[..n].to_vec()).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+
+    Relay {
+        addr,
+        report,
+        _tasks: tasks,
+    }
+}
+
+fn body_byte(i: usize) -> u8 {
+    (i % 251) as u8 ^ (i / 251) as u8
+}
+
+struct Outcome {
+    window: u64,
+    ssthresh: u64,
+    controller: Box<dyn Controller>,
+    path: quinn::PathStats,
+    first_flight_datagrams: usize,
+    dropped: usize,
+    transfer: Duration,
+}
+
+async fn transfer_through_lossy_relay(kind: CongestionControl, stats: Arc<CcStats>) -> Outcome {
+    let mut transport = quinn::TransportConfig::default();
+    transport.congestion_controller_factory(cc::factory(kind, IW, stats));
+    let tls = tls(transport);
+    let server = quinn::Endpoint::server(tls.server, localhost()).unwrap();
+    let relay = spawn_relay(server.local_addr().unwrap()).await;
+
+    let (sampled_tx, sampled_rx) = tokio::sync::oneshot::channel();
+    let serve = tokio::spawn(async move {
+        let conn = server.accept().await.unwrap().await.unwrap();
+        let (mut send, mut recv) = conn.accept_bi().await.unwrap();
+        let mut go = [0u8; 2];
+        recv.read_exact(&mut go).await.unwrap();
+        assert_eq!(&go, b"go");
+        let body: Vec<u8> = (0..BODY_LEN).map(body_byte).collect();
+        let started = Instant::now();
+        send.write_all(&body).await.unwrap();
+        send.finish().unwrap();
+        let mut done = [0u8; 4];
+        recv.read_exact(&mut done).await.unwrap();
+        assert_eq!(&done, b"done");
+        let transfer = started.elapsed();
+        // The client has everything: this is the window the transfer ended with.
+        let _ = sampled_tx.send((conn.congestion_state(), conn.stats().path, transfer));
+        conn.closed().await;
+    });
+
+    let client = quinn::Endpoint::client(localhost()).unwrap();
+    let conn = client
+        .connect_with(tls.client, relay.addr, "localhost")
+        .unwrap()
+        .await
+        .unwrap();
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    send.write_all(b"go").await.unwrap();
+    let body = recv.read_to_end(2 * BODY_LEN).await.unwrap();
+    assert_eq!(body.len(), BODY_LEN);
+    assert!(
+        body.iter().enumerate().all(|(i, &b)| b == body_byte(i)),
+        "body corrupted"
+    );
+    send.write_all(b"done").await.unwrap();
+    send.finish().unwrap();
+    let (controller, path, transfer) = tokio::time::timeout(Duration::from_secs(5), sampled_rx)
+        .await
+        .expect("server never saw the client finish")
+        .expect("server task failed");
+    conn.close(0u32.into(), b"");
+    // No wait_idle: the draining period (3 PTO) only costs test time here.
+    drop(client);
+    serve.await.unwrap();
+
+    let metrics = controller.metrics();
+    Outcome {
+        window: controller.window(),
+        ssthresh: metrics.ssthresh.unwrap_or(u64::MAX),
+        controller,
+        path,
+        first_flight_datagrams: relay.report.first_flight_datagrams.load(Ordering::SeqCst),
+        dropped: relay.report.dropped.load(Ordering::SeqCst),
+        transfer,
+    }
+}
+
+#[tokio::test]
+async fn handshake_tail_loss_through_relay_cubic_hs_keeps_a_large_window() {
+    let started = Instant::now();
+    let stats = CcStats::new();
+    let hs = transfer_through_lossy_relay(CongestionControl::CubicHs, stats.clone()).await;
+    let stock = transfer_through_lossy_relay(CongestionControl::Cubic, CcStats::new()).await;
+
+    for (name, run) in [("cubic-hs", &hs), ("cubic", &stock)] {
+        eprintln!(
+            "{name}: first flight {} datagrams, dropped {}, 1 MB in {:?}, final window {} B \
+             ({:.0} packets), ssthresh {}, quinn lost_packets {}, congestion_events {}, rtt {:?}",
+            run.first_flight_datagrams,
+            run.dropped,
+            run.transfer,
+            run.window,
+            run.window as f64 / PKT as f64,
+            run.ssthresh,
+            run.path.lost_packets,
+            run.path.congestion_events,
+            run.path.rtt,
+        );
+        assert_eq!(
+            run.dropped, 1,
+            "{name}: the relay must drop exactly one datagram"
+        );
+        assert!(
+            run.first_flight_datagrams >= 2,
+            "{name}: first flight was {} datagram(s); the tail loss needs earlier datagrams to be ACKed",
+            run.first_flight_datagrams
+        );
+        assert!(run.path.lost_packets >= 1, "{name}: quinn saw no loss");
+    }
+
+    let counters = cc::connection_counters(hs.controller.clone_box()).expect("not cubic-hs");
+    eprintln!(
+        "cubic-hs connection counters: {counters:?}; global forgiven {}",
+        stats.handshake_losses_forgiven()
+    );
+    assert_eq!(counters.handshake_losses_forgiven, 1);
+    assert_eq!(stats.handshake_losses_forgiven(), 1);
+    assert!(
+        hs.window >= 3 * stock.window,
+        "cubic-hs window {} is not well above stock CUBIC's {}",
+        hs.window,
+        stock.window
+    );
+    assert!(stock.ssthresh < u64::MAX, "stock CUBIC never reduced");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+}

@@ -1,0 +1,740 @@
+//! The operator's API traffic, checked request by request against a scripted API server
+//! (kube's tower-test mock, in the style of kube-rs/controller-rs's `ApiServerVerifier`):
+//! server-side applies with one field manager, Secret reads, stale RBAC deletion, pod listing,
+//! the status patch (only when changed, only by the leader), events, and the Lease.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Request, Response};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::networking::v1::{Ingress, IngressRule, IngressSpec, IngressTLS};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::ByteString;
+use kube::client::Body;
+use kube::runtime::controller::Action;
+use kube::runtime::events::Reporter;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher;
+use kube::Client;
+use serde_json::{json, Value};
+use tokio::sync::watch;
+
+use h3_ingress::api::{
+    annotations, reasons, HostReport, Http3Listener, Http3ListenerSpec, Http3ListenerStatus,
+    SocketReport, StatusReport,
+};
+use h3_ingress::operator::admin::OperatorMetrics;
+use h3_ingress::operator::controller::{reconcile, Context};
+use h3_ingress::operator::leader::{self, LeaseConfig};
+use h3_ingress::operator::reports::{ReportFetcher, ReportFuture};
+use h3_ingress::operator::resources::Params;
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+const NS: &str = "h3-ingress";
+const SELECTOR: &str = "app.kubernetes.io%2Fcomponent%3Ddata-plane%2Capp.kubernetes.io%2Finstance%3Dpublic%2Capp.kubernetes.io%2Fname%3Dh3-ingress";
+
+type Answer = Box<dyn FnOnce(&str, Value) -> (u16, Value) + Send>;
+
+/// One expected request: method, path, and a closure that checks the query and JSON body
+/// (Null when empty) and returns the status code and JSON to answer with.
+struct Expect {
+    method: &'static str,
+    path: String,
+    answer: Answer,
+}
+
+fn expect(
+    method: &'static str,
+    path: impl Into<String>,
+    answer: impl FnOnce(&str, Value) -> (u16, Value) + Send + 'static,
+) -> Expect {
+    Expect {
+        method,
+        path: path.into(),
+        answer: Box::new(answer),
+    }
+}
+
+/// Answers the script in order and fails on any request that is not the next expected one.
+async fn verifier(mut handle: Handle, script: Vec<Expect>) {
+    for (i, e) in script.into_iter().enumerate() {
+        let (req, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+            .await
+            .unwrap_or_else(|_| panic!("request #{i} ({} {}) never came", e.method, e.path))
+            .expect("client dropped");
+        let method = req.method().to_string();
+        let path = req.uri().path().to_string();
+        let query = req.uri().query().unwrap_or_default().to_string();
+        assert_eq!(
+            (method.as_str(), path.as_str()),
+            (e.method, e.path.as_str()),
+            "request #{i}: got {method} {}",
+            req.uri()
+        );
+        let bytes = req.into_body().collect_bytes().await.unwrap();
+        let body: Value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap()
+        };
+        let (code, answer) = (e.answer)(&query, body);
+        send.send_response(
+            Response::builder()
+                .status(code)
+                .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+                .unwrap(),
+        );
+    }
+    // Anything after the script is a request the operator should not have made.
+    if let Ok(Some((req, _))) =
+        tokio::time::timeout(Duration::from_millis(200), handle.next_request()).await
+    {
+        panic!(
+            "unexpected request after the script: {} {}",
+            req.method(),
+            req.uri()
+        );
+    }
+}
+
+fn not_found(what: &str) -> (u16, Value) {
+    (
+        404,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+               "message": format!("{what} not found"), "reason": "NotFound", "code": 404}),
+    )
+}
+
+fn list(kind: &str, items: Vec<Value>) -> (u16, Value) {
+    (
+        200,
+        json!({"apiVersion": "v1", "kind": kind, "metadata": {"resourceVersion": "1"}, "items": items}),
+    )
+}
+
+/// A server-side apply by our one field manager; answers with the applied object.
+fn ssa(path: String, kind: &'static str) -> Expect {
+    expect("PATCH", path, move |query, body| {
+        assert!(
+            query.contains("fieldManager=h3-ingress-operator") && query.contains("force=true"),
+            "{kind}: {query}"
+        );
+        assert_eq!(body["kind"], kind);
+        (200, body)
+    })
+}
+
+struct Fetcher(BTreeMap<SocketAddr, Result<StatusReport, String>>);
+
+impl ReportFetcher for Fetcher {
+    fn fetch(&self, address: SocketAddr) -> ReportFuture {
+        let r = self
+            .0
+            .get(&address)
+            .cloned()
+            .unwrap_or_else(|| Err(format!("unexpected fetch from {address}")));
+        Box::pin(async move { r })
+    }
+}
+
+fn listener() -> Http3Listener {
+    let spec: Http3ListenerSpec = serde_json::from_value(json!({
+        "ingressClassName": "nginx",
+        "upstream": {"address": "ingress-nginx-controller.ingress-nginx:443"}
+    }))
+    .unwrap();
+    let mut l = Http3Listener::new("public", spec);
+    l.metadata.uid = Some("5e1f0000-0000-4000-8000-000000000001".into());
+    l.metadata.generation = Some(2);
+    l.metadata.resource_version = Some("10".into());
+    l
+}
+
+fn ingress() -> Ingress {
+    Ingress {
+        metadata: ObjectMeta {
+            namespace: Some("shop".into()),
+            name: Some("web".into()),
+            uid: Some("1a000000-0000-4000-8000-000000000002".into()),
+            annotations: Some(
+                [(annotations::ENABLED.to_string(), "true".to_string())]
+                    .into_iter()
+                    .collect(),
+            ),
+            ..Default::default()
+        },
+        spec: Some(IngressSpec {
+            ingress_class_name: Some("nginx".into()),
+            rules: Some(vec![
+                IngressRule {
+                    host: Some("a.example.com".into()),
+                    http: None,
+                },
+                IngressRule {
+                    host: Some("missing.example.com".into()),
+                    http: None,
+                },
+            ]),
+            tls: Some(vec![
+                IngressTLS {
+                    hosts: Some(vec!["a.example.com".into()]),
+                    secret_name: Some("web-tls".into()),
+                },
+                IngressTLS {
+                    hosts: Some(vec!["missing.example.com".into()]),
+                    secret_name: Some("missing".into()),
+                },
+            ]),
+            default_backend: None,
+        }),
+        status: None,
+    }
+}
+
+fn tls_secret() -> Secret {
+    let ck = rcgen::generate_simple_self_signed(vec!["a.example.com".to_string()]).unwrap();
+    Secret {
+        metadata: ObjectMeta {
+            namespace: Some("shop".into()),
+            name: Some("web-tls".into()),
+            ..Default::default()
+        },
+        type_: Some("kubernetes.io/tls".into()),
+        data: Some(
+            [
+                (
+                    "tls.crt".to_string(),
+                    ByteString(ck.cert.pem().into_bytes()),
+                ),
+                (
+                    "tls.key".to_string(),
+                    ByteString(ck.signing_key.serialize_pem().into_bytes()),
+                ),
+            ]
+            .into_iter()
+            .collect(),
+        ),
+        ..Default::default()
+    }
+}
+
+fn pod_report() -> StatusReport {
+    StatusReport {
+        version: "0.1.0".into(),
+        port: 443,
+        sockets: ["ipv4", "ipv6"]
+            .iter()
+            .map(|f| SocketReport {
+                family: f.to_string(),
+                address: if *f == "ipv4" {
+                    "0.0.0.0:443"
+                } else {
+                    "[::]:443"
+                }
+                .into(),
+                bound: true,
+                receive_buffer_requested_bytes: 4_194_304,
+                receive_buffer_effective_bytes: 8_388_608,
+                send_buffer_requested_bytes: 4_194_304,
+                send_buffer_effective_bytes: 8_388_608,
+                clamped: false,
+                gso_segments: 64,
+                drops: 0,
+                error: String::new(),
+            })
+            .collect(),
+        hosts: vec![HostReport {
+            name: "a.example.com".into(),
+            state: "Serving".into(),
+            reason: reasons::SERVING.into(),
+            alt_svc_advertised: Some(true),
+            requests: 42,
+            ..Default::default()
+        }],
+        requests_total: 42,
+        config_generation: 1,
+        ..Default::default()
+    }
+}
+
+struct Harness {
+    ctx: Arc<Context>,
+    handle: Handle,
+    metrics: Arc<OperatorMetrics>,
+    _writer: reflector::store::Writer<Ingress>,
+}
+
+fn harness(is_leader: bool, ingresses: Vec<Ingress>) -> Harness {
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(svc, "default");
+    let (store, mut writer): (Store<Ingress>, _) = reflector::store();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for i in ingresses {
+        writer.apply_watcher_event(&watcher::Event::InitApply(i));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    let (_tx, rx) = watch::channel(is_leader);
+    let metrics = OperatorMetrics::new();
+    let fetcher = Fetcher(
+        [("10.0.0.7:9476".parse().unwrap(), Ok(pod_report()))]
+            .into_iter()
+            .collect(),
+    );
+    let ctx = Context::new(
+        client,
+        Params {
+            namespace: NS.into(),
+            default_image: "ghcr.io/h3-ingress/h3-ingress:test".into(),
+        },
+        store,
+        rx,
+        Arc::new(fetcher),
+        Reporter {
+            controller: "h3-ingress-operator".into(),
+            instance: Some("operator-0".into()),
+        },
+        metrics.clone(),
+    );
+    Harness {
+        ctx: Arc::new(ctx),
+        handle,
+        metrics,
+        _writer: writer,
+    }
+}
+
+/// Runs one reconcile against the script; panics from the verifier are reported first.
+async fn run(h: Harness, l: Http3Listener, script: Vec<Expect>) -> Action {
+    let server = tokio::spawn(verifier(h.handle, script));
+    let result = tokio::time::timeout(Duration::from_secs(10), reconcile(Arc::new(l), h.ctx)).await;
+    server.await.expect("API server script");
+    result
+        .expect("reconcile finished")
+        .expect("reconcile succeeded")
+}
+
+/// Requests every leader reconcile of `listener()` makes before the status patch.
+fn apply_script() -> Vec<Expect> {
+    let rbac = "/apis/rbac.authorization.k8s.io/v1";
+    vec![
+        expect("GET", "/api/v1/namespaces/shop/secrets/missing", |_, _| {
+            not_found("secrets \"missing\"")
+        }),
+        expect("GET", "/api/v1/namespaces/shop/secrets/web-tls", |_, _| {
+            (200, serde_json::to_value(tls_secret()).unwrap())
+        }),
+        ssa(
+            format!("/api/v1/namespaces/{NS}/serviceaccounts/h3-ingress-public"),
+            "ServiceAccount",
+        ),
+        ssa(
+            format!("{rbac}/clusterroles/h3-ingress-data-plane-public"),
+            "ClusterRole",
+        ),
+        ssa(
+            format!("{rbac}/clusterrolebindings/h3-ingress-data-plane-public"),
+            "ClusterRoleBinding",
+        ),
+        expect(
+            "PATCH",
+            format!("{rbac}/namespaces/shop/roles/h3-ingress-data-plane-public"),
+            |q, body| {
+                assert!(q.contains("fieldManager=h3-ingress-operator"), "{q}");
+                // Only the two referenced Secrets, read-only.
+                assert_eq!(
+                    body["rules"],
+                    json!([{"apiGroups": [""], "resources": ["secrets"],
+                        "resourceNames": ["missing", "web-tls"], "verbs": ["get", "list", "watch"]}])
+                );
+                assert_eq!(body["metadata"]["ownerReferences"][0]["name"], "public");
+                (200, body)
+            },
+        ),
+        ssa(
+            format!("{rbac}/namespaces/shop/rolebindings/h3-ingress-data-plane-public"),
+            "RoleBinding",
+        ),
+        expect(
+            "PATCH",
+            format!("/apis/apps/v1/namespaces/{NS}/daemonsets/h3-ingress-public"),
+            |q, mut body| {
+                assert!(
+                    q.contains("fieldManager=h3-ingress-operator") && q.contains("force=true"),
+                    "{q}"
+                );
+                let pod = &body["spec"]["template"]["spec"];
+                assert_eq!(pod["hostNetwork"], true);
+                assert_eq!(
+                    pod["containers"][0]["args"],
+                    json!(["proxy", "--listener", "public"])
+                );
+                assert_eq!(
+                    pod["containers"][0]["image"],
+                    "ghcr.io/h3-ingress/h3-ingress:test"
+                );
+                assert_eq!(
+                    body["metadata"]["ownerReferences"][0]["uid"],
+                    "5e1f0000-0000-4000-8000-000000000001"
+                );
+                body["status"] = json!({"currentNumberScheduled": 1, "desiredNumberScheduled": 1,
+                                     "numberMisscheduled": 0, "numberReady": 1});
+                (200, body)
+            },
+        ),
+        expect("GET", format!("{rbac}/roles"), |q, _| {
+            assert!(q.contains(&format!("labelSelector={SELECTOR}")), "{q}");
+            let role = |ns: &str| {
+                json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": "h3-ingress-data-plane-public", "namespace": ns}})
+            };
+            list("RoleList", vec![role("shop"), role("old")])
+        }),
+        // The namespace whose Secret is no longer referenced loses its Role.
+        expect(
+            "DELETE",
+            format!("{rbac}/namespaces/old/roles/h3-ingress-data-plane-public"),
+            |_, body| {
+                assert_eq!(body["propagationPolicy"], "Background");
+                (
+                    200,
+                    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}),
+                )
+            },
+        ),
+        expect("GET", format!("{rbac}/rolebindings"), |_, _| {
+            list(
+                "RoleBindingList",
+                vec![
+                    json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "h3-ingress-data-plane-public", "namespace": "shop"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "h3-ingress-data-plane-public"}}),
+                ],
+            )
+        }),
+        expect("GET", format!("/api/v1/namespaces/{NS}/pods"), |q, _| {
+            assert!(q.contains(&format!("labelSelector={SELECTOR}")), "{q}");
+            list(
+                "PodList",
+                vec![json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "h3-ingress-public-x7k2p", "namespace": NS},
+                "spec": {"nodeName": "node-1", "containers": [{"name": "h3-ingress"}]},
+                "status": {"podIP": "10.0.0.7", "phase": "Running"}})],
+            )
+        }),
+    ]
+}
+
+fn event(
+    ns: &'static str,
+    kind: &'static str,
+    type_: &'static str,
+    reason: &'static str,
+    note_start: &'static str,
+) -> Expect {
+    expect(
+        "POST",
+        format!("/apis/events.k8s.io/v1/namespaces/{ns}/events"),
+        move |_, body| {
+            assert_eq!(body["regarding"]["kind"], kind, "{body}");
+            assert_eq!(
+                (body["type"].as_str(), body["reason"].as_str()),
+                (Some(type_), Some(reason)),
+                "{body}"
+            );
+            assert!(
+                body["note"].as_str().unwrap().starts_with(note_start),
+                "{body}"
+            );
+            assert_eq!(body["reportingController"], "h3-ingress-operator");
+            (201, body)
+        },
+    )
+}
+
+fn status_of(patch: &Value) -> Http3ListenerStatus {
+    serde_json::from_value(patch["status"].clone()).unwrap()
+}
+
+fn condition<'a>(s: &'a Http3ListenerStatus, t: &str) -> (&'a str, &'a str) {
+    let c = s.conditions.iter().find(|c| c.type_ == t).unwrap();
+    (c.status.as_str(), c.reason.as_str())
+}
+
+#[tokio::test]
+async fn leader_applies_objects_prunes_rbac_writes_status_and_publishes_events() {
+    let h = harness(true, vec![ingress()]);
+    let metrics = h.metrics.clone();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut script = apply_script();
+    let seen = log.clone();
+    script.push(expect(
+        "PATCH",
+        "/apis/h3-ingress.dev/v1alpha1/http3listeners/public/status",
+        move |q, body| {
+            assert!(
+                q.contains("fieldManager=h3-ingress-operator") && q.contains("force=true"),
+                "{q}"
+            );
+            assert_eq!(body["apiVersion"], "h3-ingress.dev/v1alpha1");
+            assert_eq!(body["kind"], "Http3Listener");
+            seen.lock().unwrap().push(body.clone());
+            let mut l = serde_json::to_value(listener()).unwrap();
+            l["status"] = body["status"].clone();
+            (200, l)
+        },
+    ));
+    script.extend([
+        event(
+            "default",
+            "Http3Listener",
+            "Normal",
+            "Http3Enabled",
+            "HTTP/3 enabled for a.example.com",
+        ),
+        event(
+            "shop",
+            "Ingress",
+            "Normal",
+            "Http3Enabled",
+            "HTTP/3 enabled for a.example.com",
+        ),
+        event(
+            "default",
+            "Http3Listener",
+            "Warning",
+            "SecretNotFound",
+            "HTTP/3 not served for missing.example.com: Secret shop/missing not found",
+        ),
+        event(
+            "shop",
+            "Ingress",
+            "Warning",
+            "SecretNotFound",
+            "HTTP/3 not served for missing.example.com",
+        ),
+        event(
+            "default",
+            "Http3Listener",
+            "Normal",
+            "SomeHostsServing",
+            "Ready is True: 1 of 2 hosts served",
+        ),
+        event(
+            "default",
+            "Http3Listener",
+            "Warning",
+            "SomeHostsNotServing",
+            "Degraded is True",
+        ),
+    ]);
+
+    let action = run(h, listener(), script).await;
+    assert_eq!(action, Action::requeue(Duration::from_secs(60)));
+
+    let patches = log.lock().unwrap();
+    let s = status_of(&patches[0]);
+    assert_eq!(s.observed_generation, Some(2));
+    assert_eq!(s.hosts_summary.as_deref(), Some("1/2"));
+    assert_eq!(condition(&s, "Ready"), ("True", "SomeHostsServing"));
+    assert_eq!(condition(&s, "SocketsBound"), ("True", "Bound"));
+    assert_eq!(condition(&s, "BuffersApplied"), ("True", "Applied"));
+    assert_eq!(condition(&s, "Degraded"), ("True", "SomeHostsNotServing"));
+    let a = &s.hosts[0];
+    assert_eq!(
+        (a.name.as_str(), a.state.as_str(), a.alt_svc_advertised),
+        ("a.example.com", "Serving", Some(true))
+    );
+    assert_eq!(a.ingress.as_deref(), Some("shop/web"));
+    assert_eq!(
+        a.dns_https_record,
+        "a.example.com. 3600 IN HTTPS 1 . alpn=\"h3,h2\""
+    );
+    assert_eq!(
+        (s.hosts[1].reason.as_str(), s.hosts[1].message.as_str()),
+        ("SecretNotFound", "Secret shop/missing not found")
+    );
+    assert_eq!(s.nodes.as_ref().unwrap().summary, "1/1");
+    assert_eq!(
+        s.udp.as_ref().unwrap().min_receive_buffer_bytes,
+        Some(8_388_608)
+    );
+    assert_eq!(s.requests[0].total, 42);
+    assert_eq!(metrics.status_writes.get(), 1);
+    assert_eq!(metrics.events.with_label_values(&["Warning"]).get(), 3);
+    assert_eq!(metrics.reconciles.with_label_values(&["ok"]).get(), 1);
+}
+
+#[tokio::test]
+async fn an_unchanged_status_is_not_written_again() {
+    // First pass: capture the status the operator writes.
+    let h = harness(true, vec![ingress()]);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut script = apply_script();
+    let seen = log.clone();
+    script.push(expect(
+        "PATCH",
+        "/apis/h3-ingress.dev/v1alpha1/http3listeners/public/status",
+        move |_, body| {
+            seen.lock().unwrap().push(body.clone());
+            let mut l = serde_json::to_value(listener()).unwrap();
+            l["status"] = body["status"].clone();
+            (200, l)
+        },
+    ));
+    for ns in ["default", "shop", "default", "shop", "default", "default"] {
+        script.push(expect(
+            "POST",
+            format!("/apis/events.k8s.io/v1/namespaces/{ns}/events"),
+            |_, b| (201, b),
+        ));
+    }
+    run(h, listener(), script).await;
+    let stored = status_of(&log.lock().unwrap()[0]);
+
+    // Second pass, a while later, with that status stored: same applies, no status patch,
+    // no events (the script ends after the pod list; any further request would hang).
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let h = harness(true, vec![ingress()]);
+    let metrics = h.metrics.clone();
+    let mut l = listener();
+    l.status = Some(stored);
+    run(h, l, apply_script()).await;
+    assert_eq!(metrics.status_writes.get(), 0);
+    assert_eq!(metrics.events.with_label_values(&["Normal"]).get(), 0);
+    assert_eq!(metrics.events.with_label_values(&["Warning"]).get(), 0);
+}
+
+#[tokio::test]
+async fn a_standby_replica_makes_no_api_call_at_all() {
+    let h = harness(false, vec![ingress()]);
+    let metrics = h.metrics.clone();
+    let mut handle = h.handle;
+    let ctx = h.ctx;
+    // Keep the client alive: a dropped client would also end `next_request` (with None).
+    let action = reconcile(Arc::new(listener()), ctx.clone()).await.unwrap();
+    assert_eq!(action, Action::await_change());
+    let next = tokio::time::timeout(Duration::from_millis(300), handle.next_request()).await;
+    assert!(
+        next.is_err(),
+        "a standby replica sent a request: {:?}",
+        next.map(|r| r.map(|(req, _)| req.uri().clone()))
+    );
+    drop(ctx);
+    assert_eq!(metrics.reconciles.with_label_values(&["standby"]).get(), 1);
+    assert_eq!(metrics.status_writes.get(), 0);
+}
+
+#[tokio::test]
+async fn a_listener_being_deleted_is_left_to_the_garbage_collector() {
+    let h = harness(true, vec![ingress()]);
+    let mut l = listener();
+    l.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
+    // An empty script: any request fails the test.
+    assert_eq!(run(h, l, vec![]).await, Action::await_change());
+}
+
+#[tokio::test]
+async fn an_invalid_spec_leaves_the_data_plane_alone_and_says_why() {
+    let h = harness(true, vec![]);
+    let mut l = listener();
+    l.spec.upstream.address = "no-port".into();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let seen = log.clone();
+    let script = vec![
+        expect(
+            "PATCH",
+            "/apis/h3-ingress.dev/v1alpha1/http3listeners/public/status",
+            move |_, body| {
+                seen.lock().unwrap().push(body.clone());
+                (200, serde_json::to_value(listener()).unwrap())
+            },
+        ),
+        event(
+            "default",
+            "Http3Listener",
+            "Warning",
+            "InvalidSpec",
+            "Ready is False: spec.upstream.address: \"no-port\" is not host:port",
+        ),
+    ];
+    run(h, l, script).await;
+    let s = status_of(&log.lock().unwrap()[0]);
+    assert_eq!(condition(&s, "Ready"), ("False", "InvalidSpec"));
+    assert_eq!(condition(&s, "SocketsBound"), ("Unknown", "NoReports"));
+}
+
+#[tokio::test]
+async fn lease_is_created_renewed_respected_and_raced_safely() {
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let api = kube::Api::namespaced(Client::new(svc, "default"), NS);
+    let cfg = LeaseConfig::new(NS, "h3-ingress-operator", "operator-0_abc");
+    let path = format!("/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/h3-ingress-operator");
+    let collection = format!("/apis/coordination.k8s.io/v1/namespaces/{NS}/leases");
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let fresh = now.to_string();
+    let stale = (now - k8s_openapi::jiff::SignedDuration::from_secs(60)).to_string();
+    let held = move |holder: &str, renewed: &str, rv: &str| {
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+               "metadata": {"name": "h3-ingress-operator", "namespace": NS, "resourceVersion": rv},
+               "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15, "renewTime": renewed}})
+    };
+    let (h1, h2, h3, h4) = (held, held, held, held);
+    let (fresh2, stale2) = (fresh.clone(), stale.clone());
+    let script = vec![
+        // 1. No lease: create it.
+        expect("GET", path.clone(), |_, _| {
+            not_found("leases \"h3-ingress-operator\"")
+        }),
+        expect("POST", collection.clone(), |_, body| {
+            assert_eq!(body["spec"]["holderIdentity"], "operator-0_abc");
+            assert_eq!(body["spec"]["leaseDurationSeconds"], 15);
+            (201, body)
+        }),
+        // 2. We hold it: renew with the resourceVersion we read.
+        expect("GET", path.clone(), move |_, _| {
+            (200, h1("operator-0_abc", &fresh, "5"))
+        }),
+        expect("PUT", path.clone(), |_, body| {
+            assert_eq!(body["metadata"]["resourceVersion"], "5");
+            (200, body)
+        }),
+        // 3. Someone else holds a fresh lease: no write.
+        expect("GET", path.clone(), move |_, _| {
+            (200, h2("operator-1_def", &fresh2, "6"))
+        }),
+        // 4. Their lease expired, but they renew first: our write conflicts and we follow.
+        expect("GET", path.clone(), move |_, _| {
+            (200, h3("operator-1_def", &stale, "7"))
+        }),
+        expect("PUT", path.clone(), |_, body| {
+            assert_eq!(body["metadata"]["resourceVersion"], "7");
+            assert_eq!(body["spec"]["leaseTransitions"], 1);
+            (
+                409,
+                json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                         "reason": "Conflict", "code": 409, "message": "the object has been modified"}),
+            )
+        }),
+        // 5. Expired and nobody races: take it over.
+        expect("GET", path.clone(), move |_, _| {
+            (200, h4("operator-1_def", &stale2, "8"))
+        }),
+        expect("PUT", path.clone(), |_, body| {
+            assert_eq!(body["spec"]["holderIdentity"], "operator-0_abc");
+            (200, body)
+        }),
+    ];
+    let server = tokio::spawn(verifier(handle, script));
+    let mut got = Vec::new();
+    for _ in 0..5 {
+        got.push(leader::try_acquire_or_renew(&api, &cfg).await.unwrap());
+    }
+    server.await.unwrap();
+    assert_eq!(got, [true, true, false, false, true]);
+}

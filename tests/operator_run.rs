@@ -1,0 +1,376 @@
+//! The whole operator wiring (`run_with`: Lease election, Controller with its watches and
+//! triggers, reconcile, admin endpoint, graceful shutdown) against a mock API server that
+//! speaks list + watch. No kube-apiserver exists on these machines; this is the closest check
+//! that the pieces are connected the way the unit tests assume.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::stream;
+use http::{Request, Response};
+use http_body::Frame;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, StreamBody};
+use kube::client::Body;
+use kube::Client;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use h3_ingress::api::{HostReport, SocketReport, StatusReport};
+use h3_ingress::operator::controller::{run_with, Options};
+use h3_ingress::operator::reports::{ReportFetcher, ReportFuture};
+
+type RespBody = UnsyncBoxBody<Bytes, Infallible>;
+type Handle = tower_test::mock::Handle<Request<Body>, Response<RespBody>>;
+
+const NS: &str = "h3-ingress";
+
+fn full(v: &Value) -> RespBody {
+    http_body_util::Full::new(Bytes::from(serde_json::to_vec(v).unwrap()))
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+fn streaming(rx: mpsc::UnboundedReceiver<Bytes>) -> RespBody {
+    let s = stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
+    });
+    StreamBody::new(s).boxed_unsync()
+}
+
+fn list(items: Vec<Value>) -> Value {
+    json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": "1"}, "items": items})
+}
+
+fn not_found() -> (u16, Value) {
+    (
+        404,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "reason": "NotFound", "code": 404, "message": "not found"}),
+    )
+}
+
+fn listener(status: Option<&Value>) -> Value {
+    let mut l = json!({"apiVersion": "h3-ingress.dev/v1alpha1", "kind": "Http3Listener",
+        "metadata": {"name": "public", "uid": "5e1f0000-0000-4000-8000-000000000001",
+                     "generation": 1, "resourceVersion": "3"},
+        "spec": {"ingressClassName": "nginx", "upstream": {"address": "ingress-nginx-controller.ingress-nginx:443"}}});
+    if let Some(s) = status {
+        l["status"] = s.clone();
+        l["metadata"]["resourceVersion"] = "4".into();
+    }
+    l
+}
+
+fn ingress() -> Value {
+    json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+           "metadata": {"name": "web", "namespace": "shop", "uid": "1a", "resourceVersion": "2",
+                        "annotations": {"h3-ingress.dev/enabled": "true"}},
+           "spec": {"ingressClassName": "nginx",
+                    "tls": [{"hosts": ["a.example.com"], "secretName": "web-tls"}]}})
+}
+
+fn secret() -> Value {
+    let ck = rcgen::generate_simple_self_signed(vec!["a.example.com".to_string()]).unwrap();
+    let s = k8s_openapi::api::core::v1::Secret {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some("web-tls".into()),
+            namespace: Some("shop".into()),
+            ..Default::default()
+        },
+        data: Some(
+            [
+                (
+                    "tls.crt".to_string(),
+                    k8s_openapi::ByteString(ck.cert.pem().into_bytes()),
+                ),
+                (
+                    "tls.key".to_string(),
+                    k8s_openapi::ByteString(ck.signing_key.serialize_pem().into_bytes()),
+                ),
+            ]
+            .into_iter()
+            .collect(),
+        ),
+        ..Default::default()
+    };
+    serde_json::to_value(s).unwrap()
+}
+
+#[derive(Default)]
+struct World {
+    lease: Option<Value>,
+    lease_writes: Vec<Value>,
+    status_patches: Vec<Value>,
+    events: Vec<Value>,
+    applied: Vec<String>,
+    watches: BTreeMap<String, mpsc::UnboundedSender<Bytes>>,
+    unexpected: Vec<String>,
+}
+
+fn respond(w: &mut World, method: &str, path: &str, query: &str, body: Value) -> (u16, Value) {
+    let lease_path =
+        format!("/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/h3-ingress-operator");
+    let lease_collection = format!("/apis/coordination.k8s.io/v1/namespaces/{NS}/leases");
+    match (method, path) {
+        ("GET", p) if p == lease_path => match &w.lease {
+            Some(l) => (200, l.clone()),
+            None => not_found(),
+        },
+        ("POST", p) if p == lease_collection => {
+            let mut l = body;
+            l["metadata"]["resourceVersion"] = "1".into();
+            w.lease = Some(l.clone());
+            w.lease_writes.push(l.clone());
+            (201, l)
+        }
+        ("PUT", p) if p == lease_path => {
+            let mut l = body;
+            let rv: u64 = l["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap_or("0")
+                .parse()
+                .unwrap_or(0);
+            l["metadata"]["resourceVersion"] = (rv + 1).to_string().into();
+            w.lease = Some(l.clone());
+            w.lease_writes.push(l.clone());
+            (200, l)
+        }
+        ("GET", "/apis/h3-ingress.dev/v1alpha1/http3listeners") => {
+            let status = w.status_patches.last().map(|p| p["status"].clone());
+            (200, list(vec![listener(status.as_ref())]))
+        }
+        ("GET", "/apis/networking.k8s.io/v1/ingresses") => (200, list(vec![ingress()])),
+        ("GET", "/api/v1/secrets") => (200, list(vec![])),
+        ("GET", "/api/v1/namespaces/shop/secrets/web-tls") => (200, secret()),
+        ("GET", p) if p == format!("/apis/apps/v1/namespaces/{NS}/daemonsets") => {
+            (200, list(vec![]))
+        }
+        (
+            "GET",
+            "/apis/rbac.authorization.k8s.io/v1/roles"
+            | "/apis/rbac.authorization.k8s.io/v1/rolebindings",
+        ) => (200, list(vec![])),
+        ("GET", p) if p == format!("/api/v1/namespaces/{NS}/pods") => (
+            200,
+            list(vec![json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "h3-ingress-public-abcde", "namespace": NS},
+                "spec": {"nodeName": "node-1", "containers": [{"name": "h3-ingress"}]},
+                "status": {"podIP": "10.0.0.7"}})]),
+        ),
+        ("PATCH", "/apis/h3-ingress.dev/v1alpha1/http3listeners/public/status") => {
+            w.status_patches.push(body.clone());
+            let l = listener(Some(&body["status"]));
+            // The watch would report our own write; the next reconcile must not rewrite it.
+            if let Some(tx) = w
+                .watches
+                .get("/apis/h3-ingress.dev/v1alpha1/http3listeners")
+            {
+                let mut line =
+                    serde_json::to_vec(&json!({"type": "MODIFIED", "object": l})).unwrap();
+                line.push(b'\n');
+                let _ = tx.send(Bytes::from(line));
+            }
+            (200, l)
+        }
+        ("PATCH", p) => {
+            assert!(
+                query.contains("fieldManager=h3-ingress-operator"),
+                "{p}?{query}"
+            );
+            w.applied
+                .push(format!("{} {}", body["kind"].as_str().unwrap_or("?"), p));
+            let mut obj = body;
+            if obj["kind"] == "DaemonSet" {
+                obj["status"] = json!({"currentNumberScheduled": 1, "desiredNumberScheduled": 1,
+                                       "numberMisscheduled": 0, "numberReady": 1});
+            }
+            (200, obj)
+        }
+        ("POST", p) if p.starts_with("/apis/events.k8s.io/v1/namespaces/") => {
+            w.events.push(body.clone());
+            (201, body)
+        }
+        _ => {
+            w.unexpected.push(format!("{method} {path}?{query}"));
+            not_found()
+        }
+    }
+}
+
+async fn api_server(mut handle: Handle, world: Arc<Mutex<World>>) {
+    while let Some((req, send)) = handle.next_request().await {
+        let method = req.method().to_string();
+        let path = req.uri().path().to_string();
+        let query = req.uri().query().unwrap_or_default().to_string();
+        let bytes = req.into_body().collect_bytes().await.unwrap();
+        let body: Value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap()
+        };
+        let mut w = world.lock().unwrap();
+        if method == "GET" && query.contains("watch=true") {
+            let (tx, rx) = mpsc::unbounded_channel();
+            w.watches.insert(path, tx);
+            send.send_response(Response::builder().status(200).body(streaming(rx)).unwrap());
+            continue;
+        }
+        let (code, answer) = respond(&mut w, &method, &path, &query, body);
+        send.send_response(
+            Response::builder()
+                .status(code)
+                .body(full(&answer))
+                .unwrap(),
+        );
+    }
+}
+
+struct Fetcher;
+
+impl ReportFetcher for Fetcher {
+    fn fetch(&self, address: SocketAddr) -> ReportFuture {
+        assert_eq!(address.to_string(), "10.0.0.7:9476");
+        Box::pin(async {
+            Ok(StatusReport {
+                version: "0.1.0".into(),
+                port: 443,
+                sockets: vec![SocketReport {
+                    family: "ipv4".into(),
+                    address: "0.0.0.0:443".into(),
+                    bound: true,
+                    receive_buffer_requested_bytes: 4_194_304,
+                    receive_buffer_effective_bytes: 8_388_608,
+                    send_buffer_requested_bytes: 4_194_304,
+                    send_buffer_effective_bytes: 8_388_608,
+                    ..Default::default()
+                }],
+                hosts: vec![HostReport {
+                    name: "a.example.com".into(),
+                    state: "Serving".into(),
+                    reason: "Serving".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            })
+        })
+    }
+}
+
+async fn http_get(addr: SocketAddr, path: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_elects_itself_reconciles_writes_status_once_and_releases_the_lease() {
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<RespBody>>();
+    let client = Client::new(svc, "default");
+    let world = Arc::new(Mutex::new(World::default()));
+    tokio::spawn(api_server(handle, world.clone()));
+    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin_addr = admin.local_addr().unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let opts = Options {
+        namespace: NS.into(),
+        leader_election: true,
+        lease_name: "h3-ingress-operator".into(),
+        data_plane_image: "ghcr.io/h3-ingress/h3-ingress:test".into(),
+        admin_address: admin_addr,
+    };
+    let op = tokio::spawn(run_with(
+        client,
+        opts,
+        Some(admin),
+        Arc::new(Fetcher),
+        shutdown.clone(),
+    ));
+
+    // Wait for the status write, then give the controller time to see its own write.
+    let mut waited = 0;
+    while world.lock().unwrap().status_patches.is_empty() {
+        assert!(
+            waited < 200,
+            "no status patch within 10 s; world: {:?}",
+            world.lock().unwrap().unexpected
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += 1;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let ready = http_get(admin_addr, "/readyz").await;
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    let metrics = http_get(admin_addr, "/metrics").await;
+    assert!(
+        metrics.contains("h3_ingress_operator_leader 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("h3_ingress_operator_status_writes_total 1"),
+        "{metrics}"
+    );
+
+    shutdown.cancel();
+    let done = tokio::time::timeout(Duration::from_secs(10), op).await;
+    assert!(matches!(done, Ok(Ok(Ok(())))), "{done:?}");
+
+    let w = world.lock().unwrap();
+    assert!(
+        w.unexpected.is_empty(),
+        "unexpected requests: {:#?}",
+        w.unexpected
+    );
+    assert_eq!(
+        w.status_patches.len(),
+        1,
+        "the unchanged status was written again"
+    );
+    let status = &w.status_patches[0]["status"];
+    let ready = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .unwrap();
+    assert_eq!(
+        (ready["status"].as_str(), ready["reason"].as_str()),
+        (Some("True"), Some("AllHostsServing")),
+        "{status}"
+    );
+    assert_eq!(status["hostsSummary"], "1/1");
+    assert!(
+        w.applied.iter().any(|a| a.starts_with("DaemonSet ")),
+        "{:?}",
+        w.applied
+    );
+    assert!(
+        w.events.iter().any(|e| e["reason"] == "Http3Enabled"),
+        "{:?}",
+        w.events
+    );
+    // Took the Lease, renewed it, and gave it back on shutdown.
+    assert_eq!(
+        w.lease_writes[0]["spec"]["holderIdentity"]
+            .as_str()
+            .map(|s| !s.is_empty()),
+        Some(true)
+    );
+    let last = w.lease_writes.last().unwrap();
+    assert!(
+        last["spec"]["holderIdentity"].is_null(),
+        "lease not released: {last}"
+    );
+}

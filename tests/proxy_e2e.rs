@@ -1,0 +1,1117 @@
+//! End to end: the h3-ingress binary in front of a real Debian nginx (the TCP ingress), judged
+//! by an independent HTTP/3 client (aioquic) and by our own `check`.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::h3client::{exit, H3Client};
+use support::net::{free_udp_port, udp_port_bound, ClosedPort, Family, StalledUpstream};
+use support::proxy::{sample, ProxyProcess};
+use support::{sha256_of, NginxFixture, NginxOptions, TestPki};
+
+/// nginx plus the proxy in front of it, sharing certificates as in production.
+struct Setup {
+    pki: Arc<TestPki>,
+    nginx: NginxFixture,
+    proxy: ProxyProcess,
+}
+
+fn base_config(pki: &TestPki, udp_port: u16, upstream_port: u16) -> Value {
+    let hosts: Vec<Value> = ["a.test", "b.test"]
+        .iter()
+        .map(|h| {
+            let leaf = pki.leaf(h);
+            json!({
+                "name": h,
+                "certFile": leaf.cert_path.display().to_string(),
+                "keyFile": leaf.key_path.display().to_string(),
+            })
+        })
+        .collect();
+    json!({
+        "port": udp_port,
+        "addresses": {"ipv4": "127.0.0.1", "ipv6": "::1"},
+        "upstream": {"address": format!("127.0.0.1:{upstream_port}")},
+        "hosts": hosts,
+    })
+}
+
+/// The UDP port: nginx's TCP port number when free (as on a real node: TCP 443 for the
+/// ingress, UDP 443 for us), so `check --compare-h2` compares the two directly.
+fn udp_port_for(nginx: &NginxFixture) -> u16 {
+    let p = nginx.port();
+    if !udp_port_bound(Family::V4, p) && !udp_port_bound(Family::V6, p) {
+        p
+    } else {
+        free_udp_port()
+    }
+}
+
+impl Setup {
+    fn start() -> Setup {
+        Self::start_with(NginxOptions::default(), |c| c)
+    }
+
+    fn start_with(mut opts: NginxOptions, edit: impl FnOnce(Value) -> Value) -> Setup {
+        let pki = Arc::new(TestPki::generate().expect("test PKI"));
+        opts.pki = Some(pki.clone());
+        let nginx = NginxFixture::start(opts).expect("nginx starts");
+        let port = udp_port_for(&nginx);
+        let config = edit(base_config(&pki, port, nginx.port()));
+        let proxy = ProxyProcess::start(config).expect("proxy starts");
+        Setup { pki, nginx, proxy }
+    }
+
+    fn resolve(&self, host: &str, family: Family) -> String {
+        format!("{host}:{}:{}", self.proxy.port, family.loopback_literal())
+    }
+
+    fn url(&self, host: &str, path: &str) -> String {
+        format!("https://{host}:{}{path}", self.proxy.port)
+    }
+
+    fn h3(&self, host: &str, path: &str, family: Family) -> H3Client {
+        H3Client::new(self.url(host, path))
+            .resolve(self.resolve(host, family))
+            .cacert(&self.pki.ca_cert_path)
+    }
+}
+
+/// nginx with a rate-limited copy of /5m.bin, so a download stays in flight for ~2.5 s.
+fn slow_download_nginx() -> NginxOptions {
+    NginxOptions {
+        extra_server: "location = /slow/5m.bin { rewrite ^ /5m.bin break; limit_rate 2m; }".into(),
+        ..Default::default()
+    }
+}
+
+/// Waits until the proxy has an open QUIC connection (the client's Python start-up is slow).
+fn wait_for_active_connection(proxy: &ProxyProcess) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while sample(&proxy.metrics(), "h3_ingress_active_connections", &[]) < 1.0 {
+        assert!(Instant::now() < deadline, "no connection arrived");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn entries_with_uri(nginx: &NginxFixture, needle: &str) -> Vec<Value> {
+    nginx
+        .access_log_entries()
+        .into_iter()
+        .filter(|e| {
+            e["uri"].as_str().unwrap_or("").contains(needle)
+                || e["request_uri"].as_str().unwrap_or("").contains(needle)
+        })
+        .collect()
+}
+
+#[test]
+fn downloads_and_uploads_match_nginx_over_both_families_and_both_clients() {
+    let s = Setup::start();
+    let five = s.nginx.content_sha256("/5m.bin").to_string();
+    let upload = s.nginx.dir().join("upload-20m.bin");
+    std::fs::write(
+        &upload,
+        support::nginx::deterministic_bytes("upload", 20 << 20),
+    )
+    .unwrap();
+    let upload_sha = sha256_of(&upload);
+
+    for family in Family::BOTH {
+        // Independent client: aioquic.
+        let run = s.h3("a.test", "/5m.bin", family).run().unwrap();
+        assert_eq!(run.exit_code, exit::OK, "{:#}", run.json);
+        assert_eq!(run.status(0), Some(200));
+        assert_eq!(run.request(0)["body_length"], 5 << 20);
+        assert_eq!(
+            run.request(0)["body_sha256"],
+            five.as_str(),
+            "5 MiB over {family:?}"
+        );
+
+        let name = format!("up-{family:?}.bin");
+        let run = s
+            .h3("b.test", &format!("/upload/{name}"), family)
+            .method("PUT")
+            .upload(&upload)
+            .run()
+            .unwrap();
+        assert_eq!(run.exit_code, exit::OK, "{:#}", run.json);
+        let status = run.status(0).unwrap();
+        assert!(status == 201 || status == 204, "PUT status {status}");
+        assert_eq!(
+            sha256_of(s.nginx.uploaded_path("b.test", &name)),
+            upload_sha
+        );
+    }
+
+    // Our own client, comparing HTTP/3 through the proxy with HTTP/2 straight from nginx.
+    for family in Family::BOTH {
+        let out = std::process::Command::new(support::proxy::binary())
+            .args([
+                "check",
+                &s.url("a.test", "/5m.bin"),
+                "--resolve",
+                &s.resolve("a.test", family),
+                "--cacert",
+                &s.pki.ca_cert_path.display().to_string(),
+                "--json",
+            ])
+            .args(if s.proxy.port == s.nginx.port() {
+                &["--compare-h2"][..]
+            } else {
+                &[][..]
+            })
+            .output()
+            .unwrap();
+        let report: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        assert!(out.status.success(), "{report:#}");
+        assert_eq!(report["h3"]["body_sha256"], five.as_str());
+        if s.proxy.port == s.nginx.port() {
+            assert_eq!(report["bodies_match"], true, "{report:#}");
+        }
+    }
+    // nginx saw the proxied requests over TLS with the right SNI.
+    let gets = entries_with_uri(&s.nginx, "/5m.bin");
+    assert!(gets.len() >= 4, "{gets:#?}");
+    assert!(
+        gets.iter().all(|e| e["ssl_server_name"] == "a.test"),
+        "{gets:#?}"
+    );
+}
+
+#[test]
+fn each_host_gets_its_own_certificate_unknown_sni_fails_unknown_authority_gets_421() {
+    let s = Setup::start();
+    for family in Family::BOTH {
+        for host in ["a.test", "b.test"] {
+            let run = s.h3(host, "/whoami", family).run().unwrap();
+            assert_eq!(run.exit_code, exit::OK, "{:#}", run.json);
+            assert_eq!(
+                run.connection()["server_cert"]["sha256"],
+                s.pki.leaf(host).der_sha256.as_str(),
+                "{host} over {family:?}"
+            );
+            assert_eq!(run.status(0), Some(200));
+        }
+        let run = s.h3("c.test", "/", family).run().unwrap();
+        assert_eq!(run.exit_code, exit::HANDSHAKE_FAILED, "{:#}", run.json);
+    }
+    assert!(s
+        .proxy
+        .log()
+        .contains("SNI \"c.test\" is not a configured host"));
+
+    // SNI a.test, but :authority names an unconfigured host or another certificate's host.
+    let reqs = json!([
+        {"name": "unknown", "raw_headers": [[":method","GET"],[":scheme","https"],[":authority","c.test"],[":path","/421-unknown"]]},
+        {"name": "other-cert", "raw_headers": [[":method","GET"],[":scheme","https"],[":authority","b.test"],[":path","/421-other"]]},
+        {"name": "ok", "path": "/whoami"}
+    ]);
+    let run = s
+        .h3("a.test", "/", Family::V4)
+        .requests(&reqs)
+        .run()
+        .unwrap();
+    assert_eq!(run.status(0), Some(421), "{:#}", run.json);
+    assert_eq!(run.status(1), Some(421), "{:#}", run.json);
+    assert_eq!(run.status(2), Some(200), "{:#}", run.json);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(entries_with_uri(&s.nginx, "/421-").is_empty());
+
+    let m = s.proxy.metrics();
+    assert_eq!(
+        sample(
+            &m,
+            "h3_ingress_handshakes_total",
+            &[("result", "unknown_sni")]
+        ),
+        2.0
+    );
+    assert_eq!(
+        sample(&m, "h3_ingress_handshakes_total", &[("result", "failed")]),
+        0.0
+    );
+}
+
+#[test]
+fn forwarding_headers_and_cookie_crumbs_reach_nginx() {
+    let s = Setup::start();
+    let reqs = json!([{
+        "name": "echo",
+        "path": "/echo-headers",
+        "headers": [["cookie", "a=1"], ["cookie", "b=2"], ["x-forwarded-for", "198.51.100.9"]],
+        "output": "-"
+    }]);
+    let run = s
+        .h3("a.test", "/", Family::V4)
+        .requests(&reqs)
+        .run()
+        .unwrap();
+    assert_eq!(run.status(0), Some(200), "{:#}", run.json);
+    let body = run.request(0)["body"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let seen = support::nginx::parse_echo(&body);
+    assert_eq!(
+        seen.get("x-forwarded-for").map(String::as_str),
+        Some("198.51.100.9, 127.0.0.1"),
+        "{body}"
+    );
+    assert_eq!(
+        seen.get("x-forwarded-proto").map(String::as_str),
+        Some("https"),
+        "{body}"
+    );
+    assert_eq!(
+        seen.get("via").map(String::as_str),
+        Some("3 h3-ingress"),
+        "{body}"
+    );
+    assert_eq!(
+        seen.get("cookie").map(String::as_str),
+        Some("a=1; b=2"),
+        "{body}"
+    );
+    assert_eq!(
+        seen.get("forwarded").map(String::as_str),
+        Some(format!("for=127.0.0.1;proto=https;host=\"a.test:{}\"", s.proxy.port).as_str()),
+        "{body}"
+    );
+
+    // An IPv6 client appears as itself, bracketed and quoted in Forwarded.
+    let run = s
+        .h3("a.test", "/", Family::V6)
+        .requests(&reqs)
+        .run()
+        .unwrap();
+    let body = run.request(0)["body"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let seen = support::nginx::parse_echo(&body);
+    assert_eq!(
+        seen.get("x-forwarded-for").map(String::as_str),
+        Some("198.51.100.9, ::1"),
+        "{body}"
+    );
+    assert!(seen["forwarded"].starts_with("for=\"[::1]\""), "{body}");
+
+    // The h3 response advertises us.
+    let alt = run.request(0)["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h[0] == "alt-svc")
+        .map(|h| h[1].as_str().unwrap().to_string());
+    assert_eq!(alt, Some(format!("h3=\":{}\"; ma=86400", s.proxy.port)));
+}
+
+/// Each malformed case rides on one connection with a good request after it; the bad one
+/// fails alone and never reaches nginx.
+#[test]
+fn malformed_requests_fail_their_stream_only_and_never_reach_nginx() {
+    let mut s = Setup::start();
+    let base = |path: &str| -> Vec<Value> {
+        vec![
+            json!([":method", "GET"]),
+            json!([":scheme", "https"]),
+            json!([":authority", format!("a.test:{}", s.proxy.port)]),
+            json!([":path", path]),
+        ]
+    };
+    let with = |path: &str, extra: Vec<Value>| -> Value {
+        let mut h = base(path);
+        h.extend(extra);
+        Value::Array(h)
+    };
+    let cases: Vec<(&str, Value, Option<&str>)> = vec![
+        (
+            "uppercase-name",
+            with("/m-upper", vec![json!(["X-Upper", "1"])]),
+            None,
+        ),
+        (
+            "missing-path",
+            json!([
+                [":method", "GET"],
+                [":scheme", "https"],
+                [":authority", "a.test"]
+            ]),
+            None,
+        ),
+        (
+            "missing-method",
+            json!([
+                [":scheme", "https"],
+                [":authority", "a.test"],
+                [":path", "/m-nomethod"]
+            ]),
+            None,
+        ),
+        (
+            "missing-scheme",
+            json!([
+                [":method", "GET"],
+                [":authority", "a.test"],
+                [":path", "/m-noscheme"]
+            ]),
+            None,
+        ),
+        (
+            "unknown-pseudo",
+            with("/m-pseudo", vec![json!([":bogus", "1"])]),
+            None,
+        ),
+        (
+            "connection",
+            with("/m-connection", vec![json!(["connection", "keep-alive"])]),
+            None,
+        ),
+        (
+            "keep-alive",
+            with("/m-keepalive", vec![json!(["keep-alive", "timeout=5"])]),
+            None,
+        ),
+        (
+            "proxy-connection",
+            with("/m-proxyconn", vec![json!(["proxy-connection", "close"])]),
+            None,
+        ),
+        (
+            "transfer-encoding",
+            with(
+                "/m-te-chunked",
+                vec![json!(["transfer-encoding", "chunked"])],
+            ),
+            None,
+        ),
+        (
+            "upgrade",
+            with("/m-upgrade", vec![json!(["upgrade", "websocket"])]),
+            None,
+        ),
+        (
+            "te-gzip",
+            with("/m-tegzip", vec![json!(["te", "gzip"])]),
+            None,
+        ),
+        (
+            "crlf-value",
+            with("/m-crlf", vec![json!(["x-a", "1\r\nx-b: 2"])]),
+            None,
+        ),
+        (
+            "nul-value",
+            with("/m-nul", vec![json!(["x-a", "1\u{0}2"])]),
+            None,
+        ),
+        (
+            "host-mismatch",
+            with("/m-host", vec![json!(["host", "b.test"])]),
+            None,
+        ),
+        (
+            "content-length-short",
+            with("/upload/m-cl-short", vec![json!(["content-length", "10"])]),
+            Some("abc"),
+        ),
+        (
+            "content-length-long",
+            with("/upload/m-cl-long", vec![json!(["content-length", "2"])]),
+            Some("abcdef"),
+        ),
+    ];
+    for (name, headers, body) in &cases {
+        let mut bad = json!({"name": name, "raw_headers": headers});
+        if let Some(b) = body {
+            bad["method"] = json!("PUT");
+            bad["body"] = json!(b);
+            let mut h = headers.as_array().unwrap().clone();
+            h[0] = json!([":method", "PUT"]);
+            bad["raw_headers"] = Value::Array(h);
+        }
+        let reqs = json!([bad, {"name": "good", "path": "/whoami"}]);
+        let run = s
+            .h3("a.test", "/", Family::V4)
+            .requests(&reqs)
+            .run()
+            .unwrap();
+        assert_eq!(
+            run.exit_code,
+            exit::OK,
+            "{name}: the connection must survive: {:#}",
+            run.json
+        );
+        let r = run.request(0);
+        let rejected = r["status"] == 400 || r["reset"]["error_name"] == "H3_MESSAGE_ERROR";
+        assert!(
+            rejected,
+            "{name}: expected 400 or H3_MESSAGE_ERROR, got {r:#}"
+        );
+        assert_eq!(
+            run.status(1),
+            Some(200),
+            "{name}: the good stream failed: {:#}",
+            run.json
+        );
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let leaked = entries_with_uri(&s.nginx, "/m-");
+    assert!(
+        leaked.is_empty(),
+        "malformed requests reached nginx: {leaked:#?}"
+    );
+    let good = entries_with_uri(&s.nginx, "/whoami");
+    assert_eq!(good.len(), cases.len());
+    assert!(s.proxy.still_running());
+    let m = s.proxy.metrics();
+    assert!(
+        sample(&m, "h3_ingress_rejected_requests_total", &[]) >= cases.len() as f64,
+        "{m}"
+    );
+}
+
+#[test]
+fn oversized_field_section_is_refused_with_431() {
+    let s = Setup::start();
+    // 20 fields of 4 KiB: more than the advertised 64 KiB field section.
+    let big: Vec<Value> = (0..20)
+        .map(|i| json!([format!("x-big-{i}"), "x".repeat(4096)]))
+        .collect();
+    let reqs = json!([
+        {"name": "big", "path": "/m-big", "headers": big},
+        {"name": "good", "path": "/whoami"}
+    ]);
+    let run = s
+        .h3("a.test", "/", Family::V4)
+        .requests(&reqs)
+        .run()
+        .unwrap();
+    assert_eq!(run.exit_code, exit::OK, "{:#}", run.json);
+    let r = run.request(0);
+    assert!(r["status"] == 431 || !r["reset"].is_null(), "{r:#}");
+    assert_eq!(run.status(1), Some(200));
+    assert!(entries_with_uri(&s.nginx, "/m-big").is_empty());
+}
+
+#[test]
+fn upstream_down_is_502_within_a_second_and_slow_upstream_is_504() {
+    let pki = Arc::new(TestPki::generate().unwrap());
+    let closed = ClosedPort::new().unwrap();
+    let proxy = ProxyProcess::start(base_config(&pki, free_udp_port(), closed.port())).unwrap();
+    let url = format!("https://a.test:{}/", proxy.port);
+    let started = Instant::now();
+    let run = H3Client::new(&url)
+        .resolve(format!("a.test:{}:127.0.0.1", proxy.port))
+        .cacert(&pki.ca_cert_path)
+        .run()
+        .unwrap();
+    assert_eq!(run.status(0), Some(502), "{:#}", run.json);
+    let ms = run.request(0)["total_ms"].as_f64().unwrap();
+    assert!(ms < 1000.0, "502 took {ms} ms");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let m = proxy.metrics();
+    assert_eq!(
+        sample(
+            &m,
+            "h3_ingress_upstream_errors_total",
+            &[("kind", "connect")]
+        ),
+        1.0,
+        "{m}"
+    );
+    drop(proxy);
+
+    // A TCP ingress that accepts and never answers: plain HTTP, 1 s response timeout.
+    let stalled = StalledUpstream::start().unwrap();
+    let mut cfg = base_config(&pki, free_udp_port(), stalled.port());
+    cfg["upstream"]["tls"] = json!(false);
+    cfg["upstream"]["verify"] = json!("servedCertificate");
+    cfg["upstream"]["responseTimeoutSeconds"] = json!(1);
+    let proxy = ProxyProcess::start(cfg).unwrap();
+    let run = H3Client::new(format!("https://a.test:{}/", proxy.port))
+        .resolve(format!("a.test:{}:127.0.0.1", proxy.port))
+        .cacert(&pki.ca_cert_path)
+        .run()
+        .unwrap();
+    assert_eq!(run.status(0), Some(504), "{:#}", run.json);
+    let ms = run.request(0)["total_ms"].as_f64().unwrap();
+    assert!((900.0..5000.0).contains(&ms), "504 after {ms} ms");
+    assert!(stalled.accepted() >= 1);
+
+    // Same with TLS: the handshake itself stalls; the connect timeout gives 504 too.
+    let mut cfg = base_config(&pki, free_udp_port(), stalled.port());
+    cfg["upstream"]["connectTimeoutSeconds"] = json!(1);
+    let proxy = ProxyProcess::start(cfg).unwrap();
+    let run = H3Client::new(format!("https://a.test:{}/", proxy.port))
+        .resolve(format!("a.test:{}:127.0.0.1", proxy.port))
+        .cacert(&pki.ca_cert_path)
+        .run()
+        .unwrap();
+    assert_eq!(run.status(0), Some(504), "{:#}", run.json);
+}
+
+#[test]
+fn upstream_presenting_another_certificate_is_refused_in_served_certificate_mode() {
+    // nginx serves a.test with a certificate from a different PKI than the proxy's.
+    let theirs = Arc::new(TestPki::generate().unwrap());
+    let ours = TestPki::generate().unwrap();
+    let nginx = NginxFixture::start(NginxOptions {
+        pki: Some(theirs),
+        ..Default::default()
+    })
+    .unwrap();
+    let proxy = ProxyProcess::start(base_config(&ours, free_udp_port(), nginx.port())).unwrap();
+    let run = H3Client::new(format!("https://a.test:{}/whoami", proxy.port))
+        .resolve(format!("a.test:{}:127.0.0.1", proxy.port))
+        .cacert(&ours.ca_cert_path)
+        .run()
+        .unwrap();
+    assert_eq!(run.status(0), Some(502), "{:#}", run.json);
+    let m = proxy.metrics();
+    assert_eq!(
+        sample(&m, "h3_ingress_upstream_errors_total", &[("kind", "tls")]),
+        1.0,
+        "{m}"
+    );
+    assert!(
+        proxy.log().contains("different certificate"),
+        "{}",
+        proxy.log()
+    );
+}
+
+#[test]
+fn sigterm_during_a_download_lets_it_finish() {
+    let docroot_note = "limit_rate keeps the 5 MiB download running for about 2.5 s";
+    let opts = slow_download_nginx();
+    let mut s = Setup::start_with(opts, |c| c);
+    let five = s.nginx.content_sha256("/5m.bin").to_string();
+    let client = s.h3("a.test", "/slow/5m.bin", Family::V4);
+    let started = Instant::now();
+    let handle = std::thread::spawn(move || client.run().unwrap());
+    wait_for_active_connection(&s.proxy);
+    std::thread::sleep(Duration::from_millis(300));
+    s.proxy.signal(libc::SIGTERM);
+    // New connections are refused while the old one drains.
+    std::thread::sleep(Duration::from_millis(200));
+    let late = s
+        .h3("a.test", "/whoami", Family::V4)
+        .arg("--connect-timeout")
+        .arg("2")
+        .run()
+        .unwrap();
+    assert_ne!(
+        late.exit_code,
+        exit::OK,
+        "a new connection was accepted during the drain"
+    );
+    let run = handle.join().unwrap();
+    assert_eq!(run.exit_code, exit::OK, "{docroot_note}: {:#}", run.json);
+    assert_eq!(run.status(0), Some(200));
+    assert_eq!(run.request(0)["body_sha256"], five.as_str());
+    assert!(
+        started.elapsed() > Duration::from_millis(1500),
+        "{docroot_note}"
+    );
+    let exit_status = s
+        .proxy
+        .wait_exit(Duration::from_secs(10))
+        .expect("proxy exits after the drain");
+    assert!(exit_status.success(), "{exit_status}");
+    assert!(s.proxy.log().contains("GOAWAY"), "{}", s.proxy.log());
+}
+
+#[test]
+fn sighup_swaps_certificates_live_and_refuses_socket_changes_loudly() {
+    let opts = slow_download_nginx();
+    let s = Setup::start_with(opts, |c| c);
+    let five = s.nginx.content_sha256("/5m.bin").to_string();
+    let before = s.pki.leaf("a.test").der_sha256.clone();
+
+    // A download on a connection opened before the swap.
+    let client = s.h3("a.test", "/slow/5m.bin", Family::V4);
+    let handle = std::thread::spawn(move || client.run().unwrap());
+    wait_for_active_connection(&s.proxy);
+    std::thread::sleep(Duration::from_millis(300));
+
+    // New certificate for a.test (same CA), a.test only, and a port change.
+    // The TCP ingress rotates too (servedCertificate mode requires the same certificate).
+    let fresh = s
+        .pki
+        .issue("a.test-rotated", &["a.test"], support::Validity::current())
+        .unwrap();
+    std::fs::copy(&fresh.cert_path, s.nginx.cert_path("a.test")).unwrap();
+    std::fs::copy(&fresh.key_path, s.nginx.key_path("a.test")).unwrap();
+    s.nginx.reload();
+    let mut cfg = base_config(&s.pki, s.proxy.port, s.nginx.port());
+    cfg["hosts"] = json!([{
+        "name": "a.test",
+        "certFile": fresh.cert_path.display().to_string(),
+        "keyFile": fresh.key_path.display().to_string(),
+    }]);
+    cfg["port"] = json!(s.proxy.port.wrapping_add(1));
+    s.proxy.rewrite_config(cfg);
+    s.proxy.signal(libc::SIGHUP);
+    std::thread::sleep(Duration::from_millis(500));
+
+    let run = s.h3("a.test", "/whoami", Family::V4).run().unwrap();
+    assert_eq!(run.status(0), Some(200), "{:#}", run.json);
+    assert_eq!(
+        run.connection()["server_cert"]["sha256"],
+        fresh.der_sha256.as_str()
+    );
+    assert_ne!(fresh.der_sha256, before);
+    // b.test was removed: its SNI now fails.
+    let run = s.h3("b.test", "/whoami", Family::V4).run().unwrap();
+    assert_eq!(run.exit_code, exit::HANDSHAKE_FAILED, "{:#}", run.json);
+
+    let old = handle.join().unwrap();
+    assert_eq!(old.exit_code, exit::OK, "{:#}", old.json);
+    assert_eq!(old.connection()["server_cert"]["sha256"], before.as_str());
+    assert_eq!(
+        old.request(0)["body_sha256"],
+        five.as_str(),
+        "the open connection survived the swap"
+    );
+
+    let log = s.proxy.log();
+    assert!(
+        log.contains("need new sockets and were NOT applied"),
+        "{log}"
+    );
+    let status = s.proxy.status();
+    assert_eq!(status["port"], s.proxy.port, "{status:#}");
+    assert!(
+        status["restartRequired"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("port "),
+        "{status:#}"
+    );
+    let m = s.proxy.metrics();
+    assert_eq!(
+        sample(
+            &m,
+            "h3_ingress_config_reloads_total",
+            &[("result", "restart_required")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "h3_ingress_config_reloads_total",
+            &[("result", "applied")]
+        ),
+        1.0
+    );
+
+    // A broken file is refused and the running configuration stays.
+    std::fs::write(s.proxy.config_path(), "upstream: {address: nope}\n").unwrap();
+    s.proxy.signal(libc::SIGHUP);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(s
+        .proxy
+        .log()
+        .contains("upstream.address: \"nope\" is not host:port"));
+    let run = s.h3("a.test", "/whoami", Family::V4).run().unwrap();
+    assert_eq!(run.status(0), Some(200));
+}
+
+#[test]
+fn proxy_protocol_v2_carries_the_client_address() {
+    let pki = Arc::new(TestPki::generate().unwrap());
+    let pp_port = support::free_tcp_port();
+    let leaf = pki.leaf("a.test");
+    let extra = format!(
+        "server {{ listen 127.0.0.1:{pp_port} ssl proxy_protocol; server_name a.test; \
+         ssl_certificate {}; ssl_certificate_key {}; \
+         location / {{ return 200 \"pp=$proxy_protocol_addr xff=$http_x_forwarded_for\"; }} }}",
+        leaf.cert_path.display(),
+        leaf.key_path.display()
+    );
+    let nginx = NginxFixture::start(NginxOptions {
+        pki: Some(pki.clone()),
+        extra_http: extra,
+        ..Default::default()
+    })
+    .unwrap();
+    let mut cfg = base_config(&pki, free_udp_port(), pp_port);
+    cfg["upstream"]["proxyProtocol"] = json!(true);
+    let proxy = ProxyProcess::start(cfg).unwrap();
+    for (family, want) in [(Family::V4, "pp=127.0.0.1"), (Family::V6, "pp=::1")] {
+        let reqs = json!([{"name": "pp", "path": "/", "output": "-"}]);
+        let run = H3Client::new(format!("https://a.test:{}/", proxy.port))
+            .resolve(format!(
+                "a.test:{}:{}",
+                proxy.port,
+                family.loopback_literal()
+            ))
+            .cacert(&pki.ca_cert_path)
+            .requests(&reqs)
+            .run()
+            .unwrap();
+        assert_eq!(run.status(0), Some(200), "{:#}", run.json);
+        let body = run.request(0)["body"].as_str().unwrap_or_default();
+        assert!(body.starts_with(want), "{family:?}: {body}");
+    }
+    drop(nginx);
+}
+
+#[test]
+fn metrics_pass_promtool_and_count_exactly() {
+    let s = Setup::start();
+    let before = s.proxy.metrics();
+    let n = 7;
+    let reqs = Value::Array(
+        (0..n)
+            .map(|i| json!({"name": format!("r{i}"), "path": "/whoami"}))
+            .collect(),
+    );
+    let run = s
+        .h3("a.test", "/", Family::V4)
+        .requests(&reqs)
+        .run()
+        .unwrap();
+    assert!((0..n).all(|i| run.status(i) == Some(200)), "{:#}", run.json);
+    let run = s.h3("b.test", "/nope-404", Family::V6).run().unwrap();
+    assert_eq!(run.status(0), Some(404));
+    let after = s.proxy.metrics();
+    let key = [
+        ("host", "a.test"),
+        ("status_class", "2xx"),
+        ("family", "ipv4"),
+    ];
+    assert_eq!(
+        sample(&after, "h3_ingress_requests_total", &key)
+            - sample(&before, "h3_ingress_requests_total", &key),
+        n as f64
+    );
+    assert_eq!(
+        sample(
+            &after,
+            "h3_ingress_requests_total",
+            &[
+                ("host", "b.test"),
+                ("status_class", "4xx"),
+                ("family", "ipv6")
+            ]
+        ),
+        1.0
+    );
+
+    // /status counts the same requests, in total and over the last minutes.
+    let status = s.proxy.status();
+    let a = status["hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["name"] == "a.test")
+        .unwrap()
+        .clone();
+    assert_eq!(a["requests"], n as u64, "{status:#}");
+    assert_eq!(a["requestsLast5m"], n as u64, "{status:#}");
+
+    // promtool, the real Prometheus linter, on a real scrape.
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool is installed by scripts/setup.sh");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(after.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // UDP counters are the kernel's own values.
+    let snmp = std::fs::read_to_string("/proc/net/snmp").unwrap();
+    let line = snmp
+        .lines()
+        .filter(|l| l.starts_with("Udp:"))
+        .nth(1)
+        .unwrap();
+    let header = snmp.lines().find(|l| l.starts_with("Udp:")).unwrap();
+    let idx = header
+        .split_whitespace()
+        .position(|h| h == "RcvbufErrors")
+        .unwrap();
+    let kernel_before: f64 = line.split_whitespace().nth(idx).unwrap().parse().unwrap();
+    let scraped = sample(
+        &s.proxy.metrics(),
+        "h3_ingress_udp_host_receive_buffer_errors_total",
+        &[("family", "ipv4")],
+    );
+    let snmp = std::fs::read_to_string("/proc/net/snmp").unwrap();
+    let line = snmp
+        .lines()
+        .filter(|l| l.starts_with("Udp:"))
+        .nth(1)
+        .unwrap();
+    let kernel_after: f64 = line.split_whitespace().nth(idx).unwrap().parse().unwrap();
+    assert!(
+        kernel_before <= scraped && scraped <= kernel_after,
+        "{kernel_before} <= {scraped} <= {kernel_after}"
+    );
+    let status = s.proxy.status();
+    for sock in status["sockets"].as_array().unwrap() {
+        let fam = sock["family"].as_str().unwrap();
+        let m = s.proxy.metrics();
+        assert_eq!(
+            sample(&m, "h3_ingress_udp_socket_drops_total", &[("family", fam)]),
+            sock["drops"].as_f64().unwrap()
+        );
+    }
+}
+
+/// Inodes of the UDP sockets bound to `port` in /proc/net/udp or udp6.
+fn udp_inodes(file: &str, port: u16) -> Vec<u64> {
+    let text = std::fs::read_to_string(file).unwrap();
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let local_port = u16::from_str_radix(f.get(1)?.rsplit(':').next()?, 16).ok()?;
+            (local_port == port).then(|| f.get(9)?.parse().ok())?
+        })
+        .collect()
+}
+
+fn getsockopt_int(fd: i32, level: i32, name: i32) -> i32 {
+    let mut v: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: fd is a descriptor we own; v/len are valid for the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            level,
+            name,
+            &mut v as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "getsockopt({level}, {name}): {}",
+        std::io::Error::last_os_error()
+    );
+    v
+}
+
+/// Duplicates the proxy's socket with `inode` into this process (pidfd_getfd), so the options
+/// are read from the live socket the running proxy uses, not from a copy of its code.
+fn grab_socket(pid: u32, inode: u64) -> i32 {
+    let link = format!("socket:[{inode}]");
+    let fd_dir = format!("/proc/{pid}/fd");
+    let target_fd: i32 = std::fs::read_dir(&fd_dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .find(|e| {
+            std::fs::read_link(e.path())
+                .map(|l| l.to_string_lossy() == link)
+                .unwrap_or(false)
+        })
+        .and_then(|e| e.file_name().to_str()?.parse().ok())
+        .unwrap_or_else(|| panic!("no fd for {link} in {fd_dir}"));
+    // SAFETY: plain syscalls with integer arguments; results are checked.
+    unsafe {
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) as i32;
+        assert!(
+            pidfd >= 0,
+            "pidfd_open: {}",
+            std::io::Error::last_os_error()
+        );
+        let fd = libc::syscall(libc::SYS_pidfd_getfd, pidfd, target_fd, 0) as i32;
+        assert!(fd >= 0, "pidfd_getfd: {}", std::io::Error::last_os_error());
+        libc::close(pidfd);
+        fd
+    }
+}
+
+#[test]
+fn live_sockets_are_split_v6only_with_df_and_export_what_the_kernel_granted() {
+    let s = Setup::start();
+    let port = s.proxy.port;
+    let v4 = udp_inodes("/proc/net/udp", port);
+    let v6 = udp_inodes("/proc/net/udp6", port);
+    assert_eq!(v4.len(), 1, "one IPv4 socket on {port}");
+    assert_eq!(v6.len(), 1, "one IPv6 socket on {port}");
+    let m = s.proxy.metrics();
+
+    let fd4 = grab_socket(s.proxy.pid(), v4[0]);
+    let df = getsockopt_int(fd4, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER);
+    assert!(
+        df == libc::IP_PMTUDISC_DO || df == libc::IP_PMTUDISC_PROBE,
+        "IPv4 DF off: {df}"
+    );
+    let rcv4 = getsockopt_int(fd4, libc::SOL_SOCKET, libc::SO_RCVBUF);
+    let snd4 = getsockopt_int(fd4, libc::SOL_SOCKET, libc::SO_SNDBUF);
+    assert_eq!(
+        sample(
+            &m,
+            "h3_ingress_udp_socket_receive_buffer_bytes",
+            &[("family", "ipv4")]
+        ),
+        rcv4 as f64
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "h3_ingress_udp_socket_send_buffer_bytes",
+            &[("family", "ipv4")]
+        ),
+        snd4 as f64
+    );
+
+    let fd6 = grab_socket(s.proxy.pid(), v6[0]);
+    assert_eq!(
+        getsockopt_int(fd6, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY),
+        1,
+        "v6only"
+    );
+    assert_eq!(
+        getsockopt_int(fd6, libc::IPPROTO_IPV6, libc::IPV6_DONTFRAG),
+        1,
+        "IPV6_DONTFRAG"
+    );
+    let pmtu6 = getsockopt_int(fd6, libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER);
+    assert!(
+        pmtu6 == libc::IPV6_PMTUDISC_DO || pmtu6 == libc::IPV6_PMTUDISC_PROBE,
+        "{pmtu6}"
+    );
+    let rcv6 = getsockopt_int(fd6, libc::SOL_SOCKET, libc::SO_RCVBUF);
+    assert_eq!(
+        sample(
+            &m,
+            "h3_ingress_udp_socket_receive_buffer_bytes",
+            &[("family", "ipv6")]
+        ),
+        rcv6 as f64
+    );
+    // SAFETY: closing our duplicates only.
+    unsafe {
+        libc::close(fd4);
+        libc::close(fd6);
+    }
+
+    // The requested size is exported too, and the clamp (if any) is both logged and reported.
+    let requested = sample(
+        &m,
+        "h3_ingress_udp_socket_receive_buffer_requested_bytes",
+        &[("family", "ipv4")],
+    );
+    assert_eq!(requested, 4_194_304.0);
+    let clamped = (rcv4 as f64) < 2.0 * requested;
+    let status = s.proxy.status();
+    assert_eq!(status["sockets"][0]["clamped"], clamped, "{status:#}");
+    assert_eq!(s.proxy.log().contains("net.core.rmem_max=7500000"), clamped);
+}
+
+#[test]
+fn a_cancelled_stream_drops_the_upstream_request() {
+    let s = Setup::start_with(slow_download_nginx(), |c| c);
+    let reqs = json!([
+        {"name": "cancelled", "path": "/slow/5m.bin", "timeout": 0.8},
+        {"name": "after", "path": "/whoami"}
+    ]);
+    let run = s
+        .h3("a.test", "/", Family::V4)
+        .requests(&reqs)
+        .run()
+        .unwrap();
+    assert_eq!(run.request(0)["error"], "timeout", "{:#}", run.json);
+    assert_eq!(run.status(1), Some(200), "{:#}", run.json);
+    // nginx finishes (and logs) the request when its h2 stream is reset, long before the
+    // 2.5 s the rate-limited body would take, and having sent only part of it.
+    let entries = s.nginx.wait_for_access_log(Duration::from_secs(5), |es| {
+        es.iter().any(|e| e["uri"] == "/slow/5m.bin")
+    });
+    let entry = entries.iter().find(|e| e["uri"] == "/slow/5m.bin").unwrap();
+    let sent = entry["body_bytes_sent"].as_u64().unwrap();
+    assert!(sent < 5 << 20, "nginx sent the whole body: {entry:#}");
+    let took = entry["request_time"].as_f64().unwrap();
+    assert!(
+        took < 2.0,
+        "upstream request was not dropped (nginx took {took} s): {entry:#}"
+    );
+}
+
+#[test]
+fn alt_svc_probe_reports_whether_the_tcp_ingress_advertises_us() {
+    // nginx advertising our UDP port for its hosts...
+    let pki = Arc::new(TestPki::generate().unwrap());
+    let port = free_udp_port();
+    let nginx = NginxFixture::start(NginxOptions {
+        pki: Some(pki.clone()),
+        alt_svc: Some(format!("h3=\":{port}\"; ma=86400")),
+        ..Default::default()
+    })
+    .unwrap();
+    let proxy = ProxyProcess::start(base_config(&pki, port, nginx.port())).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        let st = proxy.status();
+        if st["hosts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|h| !h["altSvcAdvertised"].is_null())
+        {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "probe never ran: {st:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for h in status["hosts"].as_array().unwrap() {
+        assert_eq!(h["altSvcAdvertised"], true, "{status:#}");
+    }
+    assert_eq!(
+        sample(
+            &proxy.metrics(),
+            "h3_ingress_alt_svc_advertised",
+            &[("host", "a.test")]
+        ),
+        1.0
+    );
+    drop(proxy);
+
+    // ...and one that does not: status says so and how to fix it.
+    let s = Setup::start();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let st = s.proxy.status();
+        let h = &st["hosts"][0];
+        if h["altSvcAdvertised"] == false {
+            assert!(
+                h["altSvcMessage"]
+                    .as_str()
+                    .unwrap()
+                    .contains("nginx.org/server-snippets"),
+                "{st:#}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "probe never ran: {st:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(s.proxy.log().contains("does not send Alt-Svc"));
+}
