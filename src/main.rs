@@ -167,13 +167,11 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         #[cfg(feature = "lab")]
-        Command::Lab(args) => match h3_ingress::lab::run(*args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("error: {:#}", anyhow::Error::from(e));
-                ExitCode::FAILURE
-            }
-        },
+        // Synchronous on purpose (namespaces, child processes, a poll loop); nothing else
+        // runs on this runtime while the lab does.
+        Command::Lab(args) => h3_ingress::lab::run(*args)
+            .map(|()| ExitCode::SUCCESS)
+            .map_err(anyhow::Error::from),
         Command::Crd => {
             print!("{}", h3_ingress::api::crd_yaml());
             Ok(ExitCode::SUCCESS)
