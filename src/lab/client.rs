@@ -234,7 +234,80 @@ pub fn parse_h3get(stdout: &str, exit_code: i32, expect: Expect) -> Sample {
     }
 }
 
-/// One request of the aioquic script.
+/// Which aioquic-based HTTP/3 client runs a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AioquicClient {
+    /// The project's test client, `tests/py/h3client.py` (preferred when present).
+    Harness(std::path::PathBuf),
+    /// The lab's own minimal script, `scripts/lab/h3get.py`.
+    Own(std::path::PathBuf),
+}
+
+impl AioquicClient {
+    pub fn script(&self) -> &Path {
+        match self {
+            AioquicClient::Harness(p) | AioquicClient::Own(p) => p,
+        }
+    }
+}
+
+/// Reads `tests/py/h3client.py`'s JSON document (one request). Pure.
+pub fn parse_h3client(stdout: &str, exit_code: i32, expect: Expect) -> Sample {
+    let v: serde_json::Value = match serde_json::from_str(stdout.trim()) {
+        Ok(v) => v,
+        Err(e) => {
+            return Sample {
+                exit_code,
+                error: Some(format!(
+                    "unreadable h3client output ({e}): {:.200}",
+                    stdout.trim()
+                )),
+                handshake_failed: true,
+                ..Sample::default()
+            }
+        }
+    };
+    let hs = &v["connection"]["handshake"];
+    let hs_ok = hs["ok"].as_bool().unwrap_or(false);
+    let hs_s = hs["ms"].as_f64().unwrap_or(0.0) / 1000.0;
+    let req = &v["requests"][0];
+    let status = req["status"].as_u64().unwrap_or(0) as u16;
+    let bytes = req["body_length"].as_u64().unwrap_or(0);
+    let total = hs_s + req["total_ms"].as_f64().unwrap_or(0.0) / 1000.0;
+    let size_ok = expect.upload || bytes == expect.bytes;
+    let ok = exit_code == 0
+        && hs_ok
+        && (200..300).contains(&status)
+        && size_ok
+        && req["error"].is_null();
+    let error = (!ok).then(|| {
+        let detail = req["error"]
+            .as_str()
+            .map(str::to_string)
+            .or_else(|| hs["detail"].as_str().map(str::to_string))
+            .or_else(|| v["error"].as_str().map(str::to_string))
+            .unwrap_or_default();
+        format!(
+            "exit {exit_code}, status {status}, {bytes} of {} bytes {detail}",
+            expect.bytes
+        )
+    });
+    Sample {
+        ok,
+        time_total: total,
+        time_appconnect: if hs_ok { hs_s } else { 0.0 },
+        time_starttransfer: 0.0,
+        http_version: "3".into(),
+        http_code: status,
+        bytes: if expect.upload { expect.bytes } else { bytes },
+        exit_code,
+        local_port: 0,
+        error,
+        handshake_failed: !hs_ok,
+    }
+}
+
+/// One request of an aioquic client.
 pub struct H3Get<'a> {
     pub script: &'a Path,
     pub ca: &'a Path,
@@ -242,6 +315,32 @@ pub struct H3Get<'a> {
     pub path: &'a str,
     pub upload: Option<&'a Path>,
     pub max_time: f64,
+}
+
+/// Runs the project's `tests/py/h3client.py` in the client namespace.
+pub fn run_h3client(ns: &str, req: &H3Get<'_>, expect: Expect) -> Result<Sample, LabError> {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns, "python3"])
+        .arg(req.script)
+        .arg(format!("https://{HOST}:{}{}", req.port, req.path))
+        .arg("--resolve")
+        .arg(format!("{HOST}:{}:{SERVER_V4}", req.port))
+        .arg("--cacert")
+        .arg(req.ca)
+        .arg("--timeout")
+        .arg(req.max_time.to_string());
+    if let Some(f) = req.upload {
+        cmd.arg("--upload").arg(f);
+    }
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| LabError::io("run python3 h3client.py", e))?;
+    Ok(parse_h3client(
+        &String::from_utf8_lossy(&out.stdout),
+        out.status.code().unwrap_or(-1),
+        expect,
+    ))
 }
 
 /// Runs `python3 SCRIPT URL ...` (aioquic) in the client namespace.
@@ -336,6 +435,22 @@ mod tests {
         assert!(!s.ok && s.handshake_failed);
         assert!(s.error.unwrap().contains("timed out"));
         assert!(parse_curl("garbage", 7, DL).handshake_failed);
+    }
+
+    #[test]
+    fn parses_h3client() {
+        let out = r#"{"exit_code": 0, "connection": {"handshake": {"ok": true, "ms": 210.5, "alpn": "h3"}},
+            "requests": [{"status": 200, "body_length": 1048576, "total_ms": 1400.0, "error": null}]}"#;
+        let s = parse_h3client(out, 0, DL);
+        assert!(s.ok, "{s:?}");
+        assert!((s.time_total - 1.6105).abs() < 1e-9);
+        let hs = r#"{"exit_code": 3, "connection": {"handshake": {"ok": false, "kind": "timeout", "detail": "no answer"}}, "requests": []}"#;
+        let s = parse_h3client(hs, 3, DL);
+        assert!(!s.ok && s.handshake_failed);
+        assert!(s.error.unwrap().contains("no answer"));
+        let reset = r#"{"exit_code": 0, "connection": {"handshake": {"ok": true, "ms": 1}},
+            "requests": [{"status": 200, "body_length": 10, "total_ms": 5, "error": "stream reset"}]}"#;
+        assert!(!parse_h3client(reset, 0, DL).ok);
     }
 
     #[test]

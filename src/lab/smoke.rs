@@ -108,6 +108,22 @@ pub fn run(a: &SmokeArgs) -> Result<(), LabError> {
     }
 }
 
+/// The project's aioquic test client when the source tree has it, else the lab's own script.
+fn h3_client(s: &Session) -> Result<client::AioquicClient, LabError> {
+    let candidates = [
+        std::env::current_dir()
+            .unwrap_or_default()
+            .join("tests/py/h3client.py"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/h3client.py"),
+    ];
+    if let Some(p) = candidates.into_iter().find(|p| p.exists()) {
+        return Ok(client::AioquicClient::Harness(p));
+    }
+    let own = s.work.path("h3get.py");
+    std::fs::write(&own, H3GET).map_err(|e| LabError::io("write h3get.py", e))?;
+    Ok(client::AioquicClient::Own(own))
+}
+
 fn clean() -> EmuConfig {
     path_config(0.0, 0.0, 1500, true, None, None, 1)
 }
@@ -125,8 +141,8 @@ fn smoke(a: &SmokeArgs, report: &mut Report) -> Result<(), LabError> {
     ] {
         servers::make_file(&s.work, name, size)?;
     }
-    let script = s.work.path("h3get.py");
-    std::fs::write(&script, H3GET).map_err(|e| LabError::io("write h3get.py", e))?;
+    let script = h3_client(&s)?;
+    println!("h3 client: {}", script.script().display());
 
     let ingress = servers::start_ingress(&s.names.server_ns, &s.work, &s.pki)?;
     s.keep(ingress);
@@ -398,29 +414,30 @@ fn h2_fetch(
 
 fn h3_fetch(
     s: &Session,
-    script: &Path,
+    h3: &client::AioquicClient,
     t: &H3Target,
     path: &str,
     upload: Option<&Path>,
     bytes: u64,
     max_time: f64,
 ) -> Result<Sample, LabError> {
-    client::run_h3get(
-        &s.names.client_ns,
-        &client::H3Get {
-            script,
-            ca: &s.pki.root,
-            port: t.port,
-            path,
-            upload,
-            max_time,
-        },
-        Expect {
-            proto: Proto::H3,
-            bytes,
-            upload: upload.is_some(),
-        },
-    )
+    let req = client::H3Get {
+        script: h3.script(),
+        ca: &s.pki.root,
+        port: t.port,
+        path,
+        upload,
+        max_time,
+    };
+    let expect = Expect {
+        proto: Proto::H3,
+        bytes,
+        upload: upload.is_some(),
+    };
+    match h3 {
+        client::AioquicClient::Harness(_) => client::run_h3client(&s.names.client_ns, &req, expect),
+        client::AioquicClient::Own(_) => client::run_h3get(&s.names.client_ns, &req, expect),
+    }
 }
 
 fn describe(x: &Sample) -> String {
@@ -447,7 +464,7 @@ fn scenarios(
     s: &mut Session,
     report: &mut Report,
     targets: &[H3Target],
-    script: &Path,
+    script: &client::AioquicClient,
 ) -> Result<(), LabError> {
     let v4 = IpAddr::V4(SERVER_V4);
     let v6 = IpAddr::V6(SERVER_V6);
