@@ -708,6 +708,8 @@ pub fn run(a: &BenchArgs) -> Result<(), LabError> {
         })
         .collect();
 
+    // Why the run stopped early, if it did; results so far are written either way.
+    let mut abort: Option<String> = None;
     'cases: for (ci, case) in cases.iter().enumerate() {
         let active: Vec<&Row> = rows
             .iter()
@@ -728,7 +730,7 @@ pub fn run(a: &BenchArgs) -> Result<(), LabError> {
                 let i = (k + run) % active.len();
                 let row = active[i];
                 if INTERRUPTED.load(Ordering::SeqCst) {
-                    report.interrupted = true;
+                    abort = Some("interrupted".into());
                     report.cells.extend(cells);
                     break 'cases;
                 }
@@ -745,8 +747,18 @@ pub fn run(a: &BenchArgs) -> Result<(), LabError> {
                     case.rate_mbit,
                     seed,
                 );
-                runner.s.set(&cfg)?;
-                let x = runner.measured(row, case, &mut cells[i])?;
+                let x = match runner
+                    .s
+                    .set(&cfg)
+                    .and_then(|()| runner.measured(row, case, &mut cells[i]))
+                {
+                    Ok(x) => x,
+                    Err(e) => {
+                        abort = Some(format!("lab error: {e}"));
+                        report.cells.extend(cells);
+                        break 'cases;
+                    }
+                };
                 eprintln!(
                     "[{} {} {}/{}] {:<22} {}",
                     case.scenario,
@@ -763,26 +775,30 @@ pub fn run(a: &BenchArgs) -> Result<(), LabError> {
                 cells[i].samples.push(x);
             }
             if let Some(dead) = runner.s.dead_process() {
-                return Err(LabError::Failed(format!(
-                    "a server died during the bench: {dead}"
-                )));
+                abort = Some(format!("a server died: {dead}"));
+                report.cells.extend(cells);
+                break 'cases;
             }
         }
         report.cells.extend(cells);
     }
     env.insert("loadavg_end".into(), loadavg());
+    if let Some(why) = &abort {
+        env.insert("aborted".into(), why.clone());
+        report.interrupted = true;
+    }
     report.env = env;
 
     let md = report::render_markdown(&report);
     write_results(&a.out, &report, &md)?;
     println!("{md}");
     drop(runner);
-    if report.interrupted {
-        return Err(LabError::Failed(
-            "interrupted; partial results written".into(),
-        ));
+    match abort {
+        Some(why) => Err(LabError::Failed(format!(
+            "bench stopped early ({why}); partial results written"
+        ))),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 fn write_results(out: &Path, report: &BenchReport, md: &str) -> Result<(), LabError> {

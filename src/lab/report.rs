@@ -497,9 +497,9 @@ pub fn render_markdown(r: &BenchReport) -> String {
             ""
         },
         if r.interrupted {
-            " (INTERRUPTED: partial)"
+            format!(" (STOPPED EARLY: {}; partial)", e("aborted"))
         } else {
-            ""
+            String::new()
         }
     );
     let _ = writeln!(m);
