@@ -9,6 +9,10 @@ use std::time::{Duration, Instant};
 fn lab_smoke() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
+        assert!(
+            std::env::var_os("H3I_TESTS_REQUIRE_ROOT").is_none(),
+            "H3I_TESTS_REQUIRE_ROOT is set but lab_smoke is not running as root"
+        );
         eprintln!(
             "\n*** SKIPPED: needs root: lab_smoke creates network namespaces and TUN devices ***\n"
         );

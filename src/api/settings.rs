@@ -174,7 +174,10 @@ impl CongestionControl {
 pub const DEFAULT_STREAM_RECEIVE_WINDOW: u64 = 2 * 1024 * 1024;
 pub const DEFAULT_CONNECTION_RECEIVE_WINDOW: u64 = 16 * 1024 * 1024;
 pub const DEFAULT_SEND_WINDOW: u64 = 16 * 1024 * 1024;
-pub const DEFAULT_INITIAL_WINDOW_PACKETS: u32 = 10;
+/// 32 packets (38 KB at the 1200-byte initial MTU), paced over the first round trip: the
+/// initial window Google's QUIC shipped for years. RFC 9002's 10 leaves HTTP/3 no faster
+/// than HTTP/2 on long paths (lab S1: 0.97x h2 at 200 ms with 10, 0.79x with 32).
+pub const DEFAULT_INITIAL_WINDOW_PACKETS: u32 = 32;
 pub const DEFAULT_IDLE_TIMEOUT_SECONDS: u32 = 30;
 pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 100;
 
@@ -208,7 +211,8 @@ pub struct TransportSettings {
     /// Congestion controller: `cubic-hs` (default), `cubic`, `newreno` or `bbr`.
     #[serde(default)]
     pub congestion_control: CongestionControl,
-    /// Initial congestion window in packets of the initial MTU (RFC 9002 suggests 10).
+    /// Initial congestion window in packets of the initial MTU (1200 bytes), paced. Default 32;
+    /// RFC 9002 suggests 10.
     #[serde(default = "default_initial_window_packets")]
     #[schemars(range(min = 2, max = 100))]
     pub initial_window_packets: u32,

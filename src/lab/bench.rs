@@ -13,7 +13,9 @@ use clap::{Args, ValueEnum};
 use super::client::{self, Expect, Proto, Sample};
 use super::emu::RuleProto;
 use super::netns;
-use super::report::{self, BenchReport, Case, Cell, RowInfo, H2, OURS, SMALL_BUFFERS};
+use super::report::{
+    self, BenchReport, Case, Cell, ProxyStats, RowInfo, H2, OURS, RFC_IW, SMALL_BUFFERS,
+};
 use super::servers::{self, ProxyVariant, INGRESS_PORT};
 use super::session::Session;
 use super::topology::SERVER_V4;
@@ -39,7 +41,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub runs: Option<usize>,
     /// Rows to run (default all): h2-nginx, h3-ingress-cubic-hs, h3-ingress-cubic,
-    /// h3-ingress-bbr, h3-ingress-208k, caddy, nginx-1.26.
+    /// h3-ingress-bbr, h3-ingress-208k, h3-ingress-iw10, caddy, nginx-1.26.
     #[arg(long, value_delimiter = ',')]
     pub rows: Vec<String>,
     /// Debian trixie chroot with curl 8.14 (HTTP/3) and nginx 1.26 (http_v3).
@@ -61,6 +63,10 @@ pub struct BenchArgs {
     /// Time limit per transfer in seconds (S5 uses at most 10 s, uploads at least 60 s).
     #[arg(long, default_value_t = 30.0)]
     pub max_time: f64,
+    /// Initial congestion window (packets) for the h3-ingress rows that do not pin one;
+    /// default: the product's default (`transport.initialWindowPackets`).
+    #[arg(long)]
+    pub initial_window_packets: Option<u32>,
     /// Where the JSON and markdown results go.
     #[arg(long, default_value = "target/lab")]
     pub out: PathBuf,
@@ -73,7 +79,8 @@ pub struct Row {
     pub proto: Proto,
     pub port: u16,
     pub server: ServerKind,
-    pub s4_only: bool,
+    /// Measured only in this scenario (rows that answer one question).
+    pub only_in: Option<&'static str>,
 }
 
 #[derive(Debug, Clone)]
@@ -92,7 +99,7 @@ pub enum ServerKind {
 pub const SMALL_BUFFER_REQUEST: u32 = 106_496;
 
 pub fn all_rows() -> Vec<Row> {
-    let ours = |id, label, cc, buf, port, metrics_port, s4_only| Row {
+    let ours = |id, label, cc, buf, iw, port, metrics_port, only_in| Row {
         id,
         label,
         proto: Proto::H3,
@@ -101,10 +108,11 @@ pub fn all_rows() -> Vec<Row> {
             variant: ProxyVariant {
                 congestion_control: cc,
                 buffer_bytes: buf,
+                initial_window_packets: iw,
             },
             metrics_port,
         },
-        s4_only,
+        only_in,
     };
     vec![
         Row {
@@ -113,43 +121,59 @@ pub fn all_rows() -> Vec<Row> {
             proto: Proto::H2,
             port: INGRESS_PORT,
             server: ServerKind::Ingress,
-            s4_only: false,
+            only_in: None,
         },
         ours(
             OURS,
             "h3 h3-ingress cubic-hs",
             "cubic-hs",
             None,
+            None,
             4431,
             9481,
-            false,
+            None,
         ),
         ours(
             "h3-ingress-cubic",
             "h3 h3-ingress cubic",
             "cubic",
             None,
+            None,
             4432,
             9482,
-            false,
+            None,
         ),
         ours(
             "h3-ingress-bbr",
             "h3 h3-ingress bbr",
             "bbr",
             None,
+            None,
             4433,
             9483,
-            false,
+            None,
         ),
         ours(
             SMALL_BUFFERS,
             "h3 h3-ingress cubic-hs, 208 KB buffers",
             "cubic-hs",
             Some(SMALL_BUFFER_REQUEST),
+            None,
             4434,
             9484,
-            true,
+            Some("S4"),
+        ),
+        // The RFC 9002 initial window next to our default, so the table shows what the larger
+        // window buys on a long fat path and what it does not.
+        ours(
+            RFC_IW,
+            "h3 h3-ingress cubic-hs, IW 10",
+            "cubic-hs",
+            None,
+            Some(10),
+            4435,
+            9485,
+            Some("S1"),
         ),
         Row {
             id: "caddy",
@@ -157,7 +181,7 @@ pub fn all_rows() -> Vec<Row> {
             proto: Proto::H3,
             port: 8443,
             server: ServerKind::Caddy,
-            s4_only: false,
+            only_in: None,
         },
         Row {
             id: "nginx-1.26",
@@ -165,7 +189,7 @@ pub fn all_rows() -> Vec<Row> {
             proto: Proto::H3,
             port: 9443,
             server: ServerKind::NginxH3,
-            s4_only: false,
+            only_in: None,
         },
     ]
 }
@@ -450,6 +474,7 @@ impl Runner<'_> {
     /// One transfer with its counters: router deltas and UDP stats of both namespaces.
     fn measured(&mut self, row: &Row, case: &Case, cell: &mut Cell) -> Result<Sample, LabError> {
         let before = self.s.snapshot()?;
+        let proxy_before = self.proxy_stats(row);
         let srv = self.s.udp_stats(true)?;
         let cli = self.s.udp_stats(false)?;
         let sample = self.transfer(row, case)?;
@@ -469,7 +494,28 @@ impl Runner<'_> {
         cell.tun_server_tx_dropped += after
             .tun_server_tx_dropped
             .saturating_sub(before.tun_server_tx_dropped);
+        if let (Some(b), Some(a)) = (proxy_before, self.proxy_stats(row)) {
+            cell.proxy
+                .get_or_insert_with(Default::default)
+                .add(&a.delta(&b));
+        }
         Ok(sample)
+    }
+
+    /// Our proxy's counters from its /metrics inside the server namespace; `None` for other
+    /// rows or when the scrape fails (the cell then simply has no proxy notes).
+    fn proxy_stats(&self, row: &Row) -> Option<ProxyStats> {
+        let ServerKind::Ours { metrics_port, .. } = &row.server else {
+            return None;
+        };
+        let url = format!("http://127.0.0.1:{metrics_port}/metrics");
+        let ns = &self.s.names.server_ns;
+        netns::run(
+            "ip",
+            &["netns", "exec", ns, "curl", "-sf", "--max-time", "2", &url],
+        )
+        .ok()
+        .map(|t| ProxyStats::parse(&t))
     }
 }
 
@@ -494,8 +540,17 @@ pub fn run(a: &BenchArgs) -> Result<(), LabError> {
         }
         rows.retain(|r| a.rows.iter().any(|x| x == r.id));
     }
-    let has_s4 = cases.iter().any(|c| c.scenario == "S4");
-    rows.retain(|r| !r.s4_only || has_s4);
+    if let Some(iw) = a.initial_window_packets {
+        for r in &mut rows {
+            if let ServerKind::Ours { variant, .. } = &mut r.server {
+                variant.initial_window_packets.get_or_insert(iw);
+            }
+        }
+    }
+    rows.retain(|r| {
+        r.only_in
+            .is_none_or(|sc| cases.iter().any(|c| c.scenario == sc))
+    });
 
     let mut env = BTreeMap::new();
     let mut not_run: BTreeMap<&'static str, String> = BTreeMap::new();
@@ -703,7 +758,7 @@ pub fn run(a: &BenchArgs) -> Result<(), LabError> {
             id: r.id.into(),
             label: r.label.into(),
             proto: r.proto,
-            s4_only: r.s4_only,
+            only_in: r.only_in.map(str::to_string),
             not_run: not_run.get(r.id).cloned(),
         })
         .collect();
@@ -713,7 +768,9 @@ pub fn run(a: &BenchArgs) -> Result<(), LabError> {
     'cases: for (ci, case) in cases.iter().enumerate() {
         let active: Vec<&Row> = rows
             .iter()
-            .filter(|r| !not_run.contains_key(r.id) && (!r.s4_only || case.scenario == "S4"))
+            .filter(|r| {
+                !not_run.contains_key(r.id) && r.only_in.is_none_or(|sc| sc == case.scenario)
+            })
             .collect();
         let mut cells: Vec<Cell> = active
             .iter()
@@ -907,6 +964,6 @@ mod tests {
         ports.sort();
         ports.dedup();
         assert_eq!(ports.len(), rows.len());
-        assert_eq!(rows.iter().filter(|r| r.s4_only).count(), 1);
+        assert_eq!(rows.iter().filter(|r| r.only_in == Some("S4")).count(), 1);
     }
 }

@@ -35,8 +35,8 @@ pub struct RowInfo {
     pub id: String,
     pub label: String,
     pub proto: Proto,
-    /// Only measured in S4 (the forced-small-buffer row).
-    pub s4_only: bool,
+    /// Measured only in this scenario (e.g. the forced-small-buffer row in S4).
+    pub only_in: Option<String>,
     pub not_run: Option<String>,
 }
 
@@ -53,6 +53,65 @@ pub struct Cell {
     pub tun_client_tx_dropped: u64,
     pub tun_server_tx_dropped: u64,
     pub not_run: Option<String>,
+    /// Our proxy's own view of the cell's connections (its /metrics), for our rows.
+    #[serde(default)]
+    pub proxy: Option<ProxyStats>,
+}
+
+/// Deltas of our proxy's per-connection counters over one cell, read from its /metrics:
+/// what path-MTU discovery settled on and what the congestion controller saw.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProxyStats {
+    pub connections: f64,
+    pub path_mtu_sum: f64,
+    pub lost_packets: f64,
+    pub congestion_events: f64,
+    pub handshake_losses_forgiven: f64,
+    pub mtu_black_holes: f64,
+}
+
+impl ProxyStats {
+    /// Sums every series of the counters we use from a Prometheus text exposition. Pure.
+    pub fn parse(text: &str) -> Self {
+        let sum = |name: &str| -> f64 {
+            text.lines()
+                .filter(|l| {
+                    l.strip_prefix(name)
+                        .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        ProxyStats {
+            connections: sum("h3_ingress_connection_path_mtu_bytes_count"),
+            path_mtu_sum: sum("h3_ingress_connection_path_mtu_bytes_sum"),
+            lost_packets: sum("h3_ingress_connection_lost_packets_total"),
+            congestion_events: sum("h3_ingress_connection_congestion_events_total"),
+            handshake_losses_forgiven: sum("h3_ingress_congestion_handshake_losses_forgiven_total"),
+            mtu_black_holes: sum("h3_ingress_connection_mtu_black_holes_total"),
+        }
+    }
+
+    pub fn delta(&self, earlier: &Self) -> Self {
+        ProxyStats {
+            connections: self.connections - earlier.connections,
+            path_mtu_sum: self.path_mtu_sum - earlier.path_mtu_sum,
+            lost_packets: self.lost_packets - earlier.lost_packets,
+            congestion_events: self.congestion_events - earlier.congestion_events,
+            handshake_losses_forgiven: self.handshake_losses_forgiven
+                - earlier.handshake_losses_forgiven,
+            mtu_black_holes: self.mtu_black_holes - earlier.mtu_black_holes,
+        }
+    }
+
+    pub fn add(&mut self, o: &Self) {
+        self.connections += o.connections;
+        self.path_mtu_sum += o.path_mtu_sum;
+        self.lost_packets += o.lost_packets;
+        self.congestion_events += o.congestion_events;
+        self.handshake_losses_forgiven += o.handshake_losses_forgiven;
+        self.mtu_black_holes += o.mtu_black_holes;
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -120,6 +179,8 @@ pub struct BenchReport {
 pub const OURS: &str = "h3-ingress-cubic-hs";
 pub const H2: &str = "h2-nginx";
 pub const SMALL_BUFFERS: &str = "h3-ingress-208k";
+/// Our default controller with the RFC 9002 initial window of 10 packets.
+pub const RFC_IW: &str = "h3-ingress-iw10";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Outcome {
@@ -391,6 +452,30 @@ pub fn verdicts(r: &BenchReport) -> Vec<Verdict> {
                 ));
                 out.push(judge(
                     format!(
+                        "S5 {}: {OURS} discovered path MTU in its metrics, within what the path carries",
+                        case.label
+                    ),
+                    ours().and_then(|_| {
+                        let c = r.cell(id, OURS).ok_or("no cell")?;
+                        let p = c
+                            .proxy
+                            .as_ref()
+                            .filter(|p| p.connections > 0.0)
+                            .ok_or("no h3_ingress_connection_path_mtu_bytes observations")?;
+                        let mean = p.path_mtu_sum / p.connections;
+                        // UDP payload the path carries: the IP MTU minus IPv4 and UDP headers.
+                        let limit = f64::from(case.mtu) - 28.0;
+                        Ok((
+                            (1200.0..=limit).contains(&mean),
+                            format!(
+                                "mean {mean:.0} bytes over {:.0} connections, path carries {limit:.0}",
+                                p.connections
+                            ),
+                        ))
+                    }),
+                ));
+                out.push(judge(
+                    format!(
                         "S5 {}: {OURS} zero IPv4 fragments, DF on every server IPv4 datagram",
                         case.label
                     ),
@@ -461,6 +546,20 @@ pub fn notes(case: &Case, cell: &Cell, st: &Stats) -> String {
     let (srv, cli) = (cell.server_udp.rcvbuf_errors, cell.client_udp.rcvbuf_errors);
     if case.scenario == "S4" || srv + cli > 0 {
         n.push(format!("UDP RcvbufErrors srv +{srv} cli +{cli}"));
+    }
+    if let Some(p) = cell.proxy.as_ref().filter(|p| p.connections > 0.0) {
+        n.push(format!(
+            "proxy: path MTU {:.0}, lost {:.0}, cc events {:.0}, forgiven {:.0}{}",
+            p.path_mtu_sum / p.connections,
+            p.lost_packets,
+            p.congestion_events,
+            p.handshake_losses_forgiven,
+            if p.mtu_black_holes > 0.0 {
+                format!(", black holes {:.0}", p.mtu_black_holes)
+            } else {
+                String::new()
+            }
+        ));
     }
     let q = c.c2s.drop_queue + c.s2c.drop_queue;
     if q > 0 {
@@ -539,7 +638,7 @@ pub fn render_markdown(r: &BenchReport) -> String {
     for case in &r.cases {
         let h2 = r.cell(&case.id, H2).map(|c| stats(c, case.bytes));
         for row in &r.rows {
-            if row.s4_only && case.scenario != "S4" {
+            if row.only_in.as_ref().is_some_and(|sc| *sc != case.scenario) {
                 continue;
             }
             let cell = r.cell(&case.id, &row.id);
@@ -625,12 +724,33 @@ mod tests {
         }
     }
 
+    #[test]
+    fn proxy_stats_sum_every_series() {
+        let text = "# HELP x\n\
+            h3_ingress_connection_path_mtu_bytes_sum{family=\"ipv4\"} 2400\n\
+            h3_ingress_connection_path_mtu_bytes_sum{family=\"ipv6\"} 1452\n\
+            h3_ingress_connection_path_mtu_bytes_count 3\n\
+            h3_ingress_connection_path_mtu_bytes_bucket{le=\"1200\"} 2\n\
+            h3_ingress_congestion_handshake_losses_forgiven_total 1\n\
+            h3_ingress_connection_lost_packets_total_other 99\n";
+        let p = ProxyStats::parse(text);
+        assert_eq!(p.path_mtu_sum, 3852.0);
+        assert_eq!(p.connections, 3.0);
+        assert_eq!(p.handshake_losses_forgiven, 1.0);
+        assert_eq!(p.lost_packets, 0.0, "a longer name is another metric");
+        let d = p.delta(&ProxyStats {
+            connections: 1.0,
+            ..Default::default()
+        });
+        assert_eq!(d.connections, 2.0);
+    }
+
     fn row(id: &str, not_run: Option<&str>) -> RowInfo {
         RowInfo {
             id: id.into(),
             label: id.into(),
             proto: Proto::H3,
-            s4_only: false,
+            only_in: None,
             not_run: not_run.map(str::to_string),
         }
     }
@@ -759,6 +879,18 @@ mod tests {
         };
         let v = verdicts(&r);
         assert_eq!(v[0].outcome, Outcome::Pass, "{v:?}"); // 0.5 <= 0.528
-        assert_eq!(v[1].outcome, Outcome::Fail, "{v:?}"); // one datagram without DF
+        assert!(matches!(v[1].outcome, Outcome::NotEvaluated(_)), "{v:?}"); // no proxy metrics
+        assert_eq!(v[2].outcome, Outcome::Fail, "{v:?}"); // one datagram without DF
+
+        // The MTU our proxy reports must be one the path carries (1252 at MTU 1280).
+        let mut r = r;
+        r.cells[1].proxy = Some(ProxyStats {
+            connections: 2.0,
+            path_mtu_sum: 2.0 * 1452.0,
+            ..ProxyStats::default()
+        });
+        assert_eq!(verdicts(&r)[1].outcome, Outcome::Fail);
+        r.cells[1].proxy.as_mut().unwrap().path_mtu_sum = 2.0 * 1250.0;
+        assert_eq!(verdicts(&r)[1].outcome, Outcome::Pass);
     }
 }

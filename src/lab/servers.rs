@@ -691,6 +691,8 @@ pub struct ProxyVariant {
     pub congestion_control: &'static str,
     /// Requested SO_RCVBUF/SO_SNDBUF; `None` keeps the product default.
     pub buffer_bytes: Option<u32>,
+    /// `transport.initialWindowPackets`; `None` keeps the product default.
+    pub initial_window_packets: Option<u32>,
 }
 
 /// The proxy's YAML configuration, built through [`FileConfig`] so a field the data plane does
@@ -711,6 +713,9 @@ pub fn proxy_config(
     });
     if let Some(b) = v.buffer_bytes {
         cfg["socket"] = json!({ "receiveBufferBytes": b, "sendBufferBytes": b });
+    }
+    if let Some(iw) = v.initial_window_packets {
+        cfg["transport"]["initialWindowPackets"] = json!(iw);
     }
     let parsed: FileConfig =
         serde_json::from_value(cfg).map_err(|e| LabError::Config(format!("proxy config: {e}")))?;
@@ -789,16 +794,19 @@ mod tests {
         let v = ProxyVariant {
             congestion_control: "cubic-hs",
             buffer_bytes: Some(106_496),
+            initial_window_packets: Some(10),
         };
         let y = proxy_config(&v, 443, 9480, &pki()).unwrap();
         let back = crate::config::file::parse(&y).unwrap();
         assert_eq!(back.transport.congestion_control.as_str(), "cubic-hs");
         assert_eq!(back.socket.receive_buffer_bytes, 106_496);
+        assert_eq!(back.transport.initial_window_packets, 10);
         assert_eq!(back.addresses.ipv4.as_deref(), Some("10.77.2.2"));
         assert_eq!(back.hosts[0].name, HOST);
         let bad = ProxyVariant {
             congestion_control: "vegas",
             buffer_bytes: None,
+            initial_window_packets: None,
         };
         assert!(proxy_config(&bad, 443, 9480, &pki()).is_err());
     }

@@ -159,6 +159,7 @@ fn smoke(a: &SmokeArgs, report: &mut Report) -> Result<(), LabError> {
                 &ProxyVariant {
                     congestion_control: "cubic-hs",
                     buffer_bytes: None,
+                    initial_window_packets: None,
                 },
                 PROXY_PORT,
                 PROXY_METRICS_PORT,
