@@ -67,6 +67,10 @@ pub struct BenchArgs {
     /// default: the product's default (`transport.initialWindowPackets`).
     #[arg(long)]
     pub initial_window_packets: Option<u32>,
+    /// TCP congestion control for the HTTP/2 rows (both lab namespaces), e.g. `cubic`;
+    /// default: the machine's (`net.ipv4.tcp_congestion_control`), named in the report.
+    #[arg(long)]
+    pub tcp_congestion_control: Option<String>,
     /// Where the JSON and markdown results go.
     #[arg(long, default_value = "target/lab")]
     pub out: PathBuf,
@@ -646,6 +650,38 @@ pub fn run(a: &BenchArgs) -> Result<(), LabError> {
 
     let mut s = Session::start(&a.prefix, &path_config(0.0, 0.0, 1500, true, None, None, 1))?;
     env.insert("chain_der_bytes".into(), s.pki.chain_der_bytes.to_string());
+    // The h2 rows are only as good as the kernel's TCP controller: BBR shrugs off random
+    // loss that any loss-based controller (ours included) must answer, so say which ran.
+    if let Some(cc) = &a.tcp_congestion_control {
+        // Namespaces may only pick controllers on the host's allowed list; widen it (that is
+        // all it does: no existing socket changes).
+        let allowed = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+            .map_err(|e| LabError::io("read tcp_allowed_congestion_control", e))?;
+        if !allowed.split_whitespace().any(|x| x == cc) {
+            let set = format!(
+                "net.ipv4.tcp_allowed_congestion_control={} {cc}",
+                allowed.trim()
+            );
+            netns::run("sysctl", &["-q", "-w", &set])?;
+        }
+    }
+    for ns in [&s.names.server_ns, &s.names.client_ns] {
+        if let Some(cc) = &a.tcp_congestion_control {
+            let set = format!("net.ipv4.tcp_congestion_control={cc}");
+            netns::run("ip", &["netns", "exec", ns, "sysctl", "-q", "-w", &set])?;
+        }
+    }
+    let tcp_cc = netns::run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &s.names.server_ns,
+            "cat",
+            "/proc/sys/net/ipv4/tcp_congestion_control",
+        ],
+    )?;
+    env.insert("tcp_cc".into(), tcp_cc.trim().to_string());
     let mut report = BenchReport {
         started: first_line("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]),
         quick: a.quick,
