@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds (idempotently) a Debian trixie chroot holding curl 8.14 (HTTP/3 via ngtcp2) and
+# Builds (idempotently) a Debian trixie chroot holding curl 8.14 (HTTP/3 via OpenSSL 3.5 QUIC) and
 # nginx 1.26 (http_v3 module) for the lab benchmark. Bookworm's curl and nginx have no
 # HTTP/3, and the lab compares against stock nginx QUIC, so we need newer userland without
 # touching the host's packages. Not used by CI.

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 
 use super::client::{self, Expect, Proto, Sample};
-use super::emu::RuleProto;
+use super::emu::{Position, RuleProto};
 use super::netns;
 use super::report::{
     self, BenchReport, Case, Cell, ProxyStats, RowInfo, H2, OURS, RFC_IW, SMALL_BUFFERS,
@@ -287,6 +287,7 @@ pub fn plan(
             mtu,
             icmp,
             rule,
+            rule_handshake: false,
             file: f.name.to_string(),
             bytes: f.bytes,
             upload,
@@ -314,6 +315,16 @@ pub fn plan(
             "S2" => {
                 out.push(mk("S2", 200.0, 0.0, 1500, true, true, &MB1, n(10)));
                 out.push(mk("S2", 100.0, 0.0, 1500, true, true, &MB1, n(10)));
+                // The rule takes the flight's last datagram, which for a server that
+                // sends its HTTP/3 SETTINGS right after the handshake is that 1-RTT datagram;
+                // this case takes the last one with handshake data, as in seed 004.
+                let mut hs = mk("S2", 200.0, 0.0, 1500, true, true, &MB1, n(10));
+                hs.rule_handshake = true;
+                hs.id.push_str("hs");
+                hs.label = hs
+                    .label
+                    .replace("first-flight drop", "last handshake datagram dropped");
+                out.push(hs);
             }
             "S3" => {
                 out.push(mk("S3", 200.0, 0.01, 1500, true, false, &MB1, n(40)));
@@ -760,6 +771,7 @@ pub fn run(a: &BenchArgs) -> Result<(), LabError> {
         mtu: 1500,
         icmp: true,
         rule: false,
+        rule_handshake: false,
         file: MB1.name.into(),
         bytes: MB1.bytes,
         upload: false,
@@ -831,7 +843,7 @@ pub fn run(a: &BenchArgs) -> Result<(), LabError> {
                     Proto::H2 => RuleProto::Tcp,
                     Proto::H3 => RuleProto::Udp,
                 });
-                let cfg = path_config(
+                let mut cfg = path_config(
                     case.rtt_ms,
                     case.loss,
                     case.mtu,
@@ -840,6 +852,11 @@ pub fn run(a: &BenchArgs) -> Result<(), LabError> {
                     case.rate_mbit,
                     seed,
                 );
+                if case.rule_handshake {
+                    if let Some(r) = cfg.rule.as_mut() {
+                        r.positions = vec![Position::LastHandshake];
+                    }
+                }
                 let x = match runner
                     .s
                     .set(&cfg)
@@ -941,6 +958,7 @@ mod tests {
                 "S1-100ms-1m",
                 "S2-200ms-1m-drop",
                 "S2-100ms-1m-drop",
+                "S2-200ms-1m-drophs",
                 "S3-200ms-1m-loss1",
                 "S3-200ms-1m-loss2",
                 "S4-11ms-5.7m-100mbit",

@@ -73,6 +73,11 @@ impl Default for LinkConfig {
 #[serde(rename_all = "camelCase")]
 pub enum Position {
     Last,
+    /// The last datagram of the flight that carries handshake data: a QUIC long-header packet
+    /// first (for TCP every data segment counts, so this is `Last`). A server that follows
+    /// its handshake with 0.5-RTT data (HTTP/3 SETTINGS) loses handshake data with this
+    /// rule, where `Last` would take the SETTINGS datagram.
+    LastHandshake,
     /// 1-based position in the flight.
     Nth(u32),
 }
@@ -128,11 +133,13 @@ impl FlightRule {
         }
         let list = if spec == "first-flight-last" {
             "last"
+        } else if spec == "first-flight-last-handshake" {
+            "last-handshake"
         } else if let Some(rest) = spec.strip_prefix("first-flight:") {
             rest
         } else {
             return Err(format!(
-                "unknown drop rule {spec:?} (expected none, first-flight-last or first-flight:N[,last])"
+                "unknown drop rule {spec:?} (expected none, first-flight-last, first-flight-last-handshake or first-flight:N[,last][,last-handshake])"
             ));
         };
         let mut positions = Vec::new();
@@ -140,12 +147,14 @@ impl FlightRule {
             let p = p.trim();
             if p == "last" {
                 positions.push(Position::Last);
+            } else if p == "last-handshake" {
+                positions.push(Position::LastHandshake);
             } else {
                 match p.parse::<u32>() {
                     Ok(n) if n >= 1 => positions.push(Position::Nth(n)),
                     _ => {
                         return Err(format!(
-                            "bad flight position {p:?} (1-based number or last)"
+                            "bad flight position {p:?} (1-based number, last or last-handshake)"
                         ))
                     }
                 }
@@ -158,8 +167,11 @@ impl FlightRule {
         }))
     }
 
-    fn has_last(&self) -> bool {
-        self.positions.contains(&Position::Last)
+    /// Whether a position is only known once the flight went quiet.
+    fn waits_for_quiet(&self) -> bool {
+        self.positions
+            .iter()
+            .any(|p| matches!(p, Position::Last | Position::LastHandshake))
     }
 }
 
@@ -367,6 +379,8 @@ struct Flight {
     last_arrival: u64,
     /// When the flight's first packet reaches the client; only later client packets react.
     first_delivery: u64,
+    /// Index of the latest datagram carrying handshake data.
+    last_handshake: Option<u32>,
     closed: bool,
     drops: u32,
     touched: u64,
@@ -376,6 +390,7 @@ struct Flight {
 struct Tag {
     conn: ConnKey,
     index: u32,
+    handshake: bool,
 }
 
 struct Queued {
@@ -582,7 +597,7 @@ impl Emulator {
         if let (Some(_), Some(rule)) = (tag, &self.cfg.rule) {
             // "Last of its burst" is only known once the server stayed quiet for the gap; a
             // candidate is never released before that, even on paths shorter than the gap.
-            if rule.has_last() {
+            if rule.waits_for_quiet() {
                 at = at.max(now + rule.gap_us * 1000);
             }
         }
@@ -636,6 +651,7 @@ impl Emulator {
                     client: (info.dst, dport),
                     server: (info.src, sport),
                 };
+                let handshake = info.proto == PROTO_TCP || info.quic_long_header;
                 if self.flights.len() >= FLIGHT_TABLE_PRUNE {
                     self.flights
                         .retain(|_, f| now.saturating_sub(f.touched) < FLIGHT_IDLE_NS);
@@ -649,6 +665,7 @@ impl Emulator {
                                 last_arrival: now,
                                 // Refined to the real release time when the packet is queued.
                                 first_delivery: now + self.cfg.s2c.delay_us * 1000,
+                                last_handshake: handshake.then_some(0),
                                 closed: false,
                                 drops: 0,
                                 touched: now,
@@ -658,6 +675,7 @@ impl Emulator {
                         Some(Tag {
                             conn: key,
                             index: 0,
+                            handshake,
                         })
                     }
                     Some(f) => {
@@ -672,9 +690,13 @@ impl Emulator {
                         }
                         f.count += 1;
                         f.last_arrival = now;
+                        if handshake {
+                            f.last_handshake = Some(f.count - 1);
+                        }
                         Some(Tag {
                             conn: key,
                             index: f.count - 1,
+                            handshake,
                         })
                     }
                 }
@@ -719,7 +741,12 @@ impl Emulator {
             return Decision::Keep;
         };
         let mut drop = rule.positions.contains(&Position::Nth(tag.index + 1));
-        if !drop && rule.has_last() && tag.index + 1 == f.count {
+        // Both "last" positions can change while the flight is open: decide once it is quiet.
+        let last = rule.positions.contains(&Position::Last) && tag.index + 1 == f.count;
+        let last_handshake = rule.positions.contains(&Position::LastHandshake)
+            && tag.handshake
+            && f.last_handshake == Some(tag.index);
+        if !drop && (last || last_handshake) {
             if !f.closed {
                 let quiet_at = f.last_arrival + rule.gap_us * 1000;
                 if now < quiet_at {
@@ -1002,6 +1029,37 @@ mod tests {
         );
         assert_eq!(r.flight_sizes, BTreeMap::from([(5, 1)]));
         assert_eq!(e.counters().s2c.drop_rule, 1);
+    }
+
+    #[test]
+    fn drops_the_last_handshake_datagram_not_the_data_after_it() {
+        let mut e = emu(50, Some("first-flight-last-handshake"), RuleProto::Udp);
+        feed(&mut e, 0, Dir::C2S, udp4(C, 5000, S, 443, 1200, true));
+        // Three long-header datagrams (Initial/Handshake), then 1-RTT data (short header).
+        for (k, m) in [0xc0u8, 0xe1, 0xe2, 0x43, 0x44].into_iter().enumerate() {
+            feed(
+                &mut e,
+                50 * MS + k as u64 * 100_000,
+                Dir::S2C,
+                server_dgram(5000, m),
+            );
+        }
+        feed(&mut e, 101 * MS, Dir::C2S, udp4(C, 5000, S, 443, 100, true));
+        // Long headers after the flight (retransmissions) are not the flight's.
+        feed(&mut e, 152 * MS, Dir::S2C, server_dgram(5000, 0xe5));
+        let out = run(&mut e, u64::MAX);
+        assert_eq!(markers(&out, Dir::S2C), vec![0xc0, 0xe1, 0x43, 0x44, 0xe5]);
+        let r = &e.counters().rule;
+        assert_eq!((r.drops, r.connections_with_drop), (1, 1));
+        assert_eq!(r.flight_sizes, BTreeMap::from([(5, 1)]));
+        let rule = FlightRule::parse("first-flight:last,last-handshake", RuleProto::Any, 1)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            rule.positions,
+            vec![Position::Last, Position::LastHandshake]
+        );
+        assert!(FlightRule::parse("first-flight:handshake", RuleProto::Any, 1).is_err());
     }
 
     #[test]

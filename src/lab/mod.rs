@@ -133,7 +133,8 @@ pub struct EmuArgs {
     /// ICMP frag-needed / packet-too-big for oversized packets (`off`: MTU black hole).
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     pub icmp: OnOff,
-    /// Per-connection drop rule: none, first-flight-last, first-flight:N[,last].
+    /// Per-connection drop rule: none, first-flight-last, first-flight-last-handshake,
+    /// first-flight:N[,last][,last-handshake].
     #[arg(long, default_value = "none")]
     pub drop_rule: String,
     /// Protocol the drop rule applies to.

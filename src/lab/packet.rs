@@ -44,6 +44,9 @@ pub struct PacketInfo {
     pub payload_len: usize,
     /// TCP flags byte (0 for other protocols).
     pub tcp_flags: u8,
+    /// UDP payload starts with a QUIC long header (Initial, 0-RTT, Handshake, Retry): the
+    /// datagram carries handshake data, which short-header (1-RTT) datagrams never do.
+    pub quic_long_header: bool,
     /// IPv4 Don't Fragment bit (always false for IPv6, which has none).
     pub df: bool,
     /// The packet is an IP fragment (IPv4 MF/offset, or an IPv6 Fragment header).
@@ -98,6 +101,7 @@ fn parse_v4(pkt: &[u8]) -> Result<PacketInfo, ParseError> {
         ports: None,
         payload_len: 0,
         tcp_flags: 0,
+        quic_long_header: false,
         df: frag & IPV4_DF != 0,
         fragment: frag & IPV4_MF != 0 || offset != 0,
         icmp_type: None,
@@ -159,6 +163,7 @@ fn parse_v6(pkt: &[u8]) -> Result<PacketInfo, ParseError> {
         ports: None,
         payload_len: 0,
         tcp_flags: 0,
+        quic_long_header: false,
         df: false,
         fragment,
         icmp_type: None,
@@ -180,6 +185,7 @@ fn transport(info: &mut PacketInfo, seg: &[u8]) {
         PROTO_UDP if seg.len() >= 8 => {
             info.ports = Some((be16(seg, 0), be16(seg, 2)));
             info.payload_len = seg.len() - 8;
+            info.quic_long_header = seg.get(8).is_some_and(|b| b & 0x80 != 0);
         }
         PROTO_ICMP | PROTO_ICMPV6 if !seg.is_empty() => info.icmp_type = Some(seg[0]),
         _ => {}

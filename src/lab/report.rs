@@ -22,6 +22,10 @@ pub struct Case {
     pub icmp: bool,
     /// Drop the last datagram/segment of the server's first flight of every connection.
     pub rule: bool,
+    /// With `rule`: drop the flight's last datagram that carries handshake data instead (QUIC
+    /// long header; for TCP the same segment as `rule`).
+    #[serde(default)]
+    pub rule_handshake: bool,
     pub file: String,
     pub bytes: u64,
     pub upload: bool,
@@ -715,6 +719,7 @@ mod tests {
             mtu: 1500,
             icmp: true,
             rule: scenario == "S2",
+            rule_handshake: false,
             file: "1m.bin".into(),
             bytes: 1 << 20,
             upload: false,

@@ -558,7 +558,7 @@ impl Drop for ChrootView {
 pub fn probe_chroot(root: &Path) -> Result<(String, String), String> {
     if !root.join("usr/bin/curl").exists() || !root.join("usr/sbin/nginx").exists() {
         return Err(format!(
-            "no trixie chroot with curl and nginx at {} (create it with scripts/trixie-chroot.sh {} or scripts/lab/trixie-chroot.sh)",
+            "no trixie chroot with curl and nginx at {} (create it with scripts/trixie-chroot.sh {})",
             root.display(),
             root.display()
         ));
