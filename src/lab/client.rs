@@ -95,21 +95,24 @@ fn num(v: &serde_json::Value, k: &str) -> f64 {
     v.get(k).and_then(|x| x.as_f64()).unwrap_or(0.0)
 }
 
+/// A client's JSON report, or the failed sample that says it could not be read.
+fn client_json(stdout: &str, exit_code: i32, tool: &str) -> Result<serde_json::Value, Sample> {
+    serde_json::from_str(stdout.trim()).map_err(|e| Sample {
+        exit_code,
+        error: Some(format!(
+            "unreadable {tool} output ({e}): {:.200}",
+            stdout.trim()
+        )),
+        handshake_failed: true,
+        ..Sample::default()
+    })
+}
+
 /// Reads curl's `-w '%{json}'` output. Pure.
 pub fn parse_curl(stdout: &str, exit_code: i32, expect: Expect) -> Sample {
-    let v: serde_json::Value = match serde_json::from_str(stdout.trim()) {
+    let v = match client_json(stdout, exit_code, "curl") {
         Ok(v) => v,
-        Err(e) => {
-            return Sample {
-                exit_code,
-                error: Some(format!(
-                    "unreadable curl output ({e}): {:.200}",
-                    stdout.trim()
-                )),
-                handshake_failed: true,
-                ..Sample::default()
-            }
-        }
+        Err(failed) => return failed,
     };
     let http_code = num(&v, "http_code") as u16;
     let http_version = v
@@ -188,19 +191,9 @@ pub fn run_curl(
 
 /// Reads the aioquic script's JSON line. Pure.
 pub fn parse_h3get(stdout: &str, exit_code: i32, expect: Expect) -> Sample {
-    let v: serde_json::Value = match serde_json::from_str(stdout.trim()) {
+    let v = match client_json(stdout, exit_code, "h3get") {
         Ok(v) => v,
-        Err(e) => {
-            return Sample {
-                exit_code,
-                error: Some(format!(
-                    "unreadable h3get output ({e}): {:.200}",
-                    stdout.trim()
-                )),
-                handshake_failed: true,
-                ..Sample::default()
-            }
-        }
+        Err(failed) => return failed,
     };
     let status = num(&v, "status") as u16;
     let bytes = num(&v, "bytes") as u64;
@@ -253,19 +246,9 @@ impl AioquicClient {
 
 /// Reads `tests/py/h3client.py`'s JSON document (one request). Pure.
 pub fn parse_h3client(stdout: &str, exit_code: i32, expect: Expect) -> Sample {
-    let v: serde_json::Value = match serde_json::from_str(stdout.trim()) {
+    let v = match client_json(stdout, exit_code, "h3client") {
         Ok(v) => v,
-        Err(e) => {
-            return Sample {
-                exit_code,
-                error: Some(format!(
-                    "unreadable h3client output ({e}): {:.200}",
-                    stdout.trim()
-                )),
-                handshake_failed: true,
-                ..Sample::default()
-            }
-        }
+        Err(failed) => return failed,
     };
     let hs = &v["connection"]["handshake"];
     let hs_ok = hs["ok"].as_bool().unwrap_or(false);
