@@ -286,8 +286,7 @@ pub fn plan(
             loss,
             mtu,
             icmp,
-            rule,
-            rule_handshake: false,
+            rule: rule.then_some(Position::Last),
             file: f.name.to_string(),
             bytes: f.bytes,
             upload,
@@ -319,7 +318,7 @@ pub fn plan(
                 // sends its HTTP/3 SETTINGS right after the handshake is that 1-RTT datagram;
                 // this case takes the last one with handshake data, as in seed 004.
                 let mut hs = mk("S2", 200.0, 0.0, 1500, true, true, &MB1, n(10));
-                hs.rule_handshake = true;
+                hs.rule = Some(Position::LastHandshake);
                 hs.id.push_str("hs");
                 hs.label = hs
                     .label
@@ -665,7 +664,7 @@ pub fn run(a: &BenchArgs) -> Result<(), LabError> {
     // loss that any loss-based controller (ours included) must answer, so say which ran.
     if let Some(cc) = &a.tcp_congestion_control {
         // Namespaces may only pick controllers on the host's allowed list; widen it (that is
-        // all it does: no existing socket changes).
+        // all it does: no existing socket changes), then set it on both sides.
         let allowed = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
             .map_err(|e| LabError::io("read tcp_allowed_congestion_control", e))?;
         if !allowed.split_whitespace().any(|x| x == cc) {
@@ -675,10 +674,8 @@ pub fn run(a: &BenchArgs) -> Result<(), LabError> {
             );
             netns::run("sysctl", &["-q", "-w", &set])?;
         }
-    }
-    for ns in [&s.names.server_ns, &s.names.client_ns] {
-        if let Some(cc) = &a.tcp_congestion_control {
-            let set = format!("net.ipv4.tcp_congestion_control={cc}");
+        let set = format!("net.ipv4.tcp_congestion_control={cc}");
+        for ns in [&s.names.server_ns, &s.names.client_ns] {
             netns::run("ip", &["netns", "exec", ns, "sysctl", "-q", "-w", &set])?;
         }
     }
@@ -770,8 +767,7 @@ pub fn run(a: &BenchArgs) -> Result<(), LabError> {
         loss: 0.0,
         mtu: 1500,
         icmp: true,
-        rule: false,
-        rule_handshake: false,
+        rule: None,
         file: MB1.name.into(),
         bytes: MB1.bytes,
         upload: false,
@@ -839,11 +835,14 @@ pub fn run(a: &BenchArgs) -> Result<(), LabError> {
                     report.cells.extend(cells);
                     break 'cases;
                 }
-                let rule = case.rule.then_some(match row.proto {
-                    Proto::H2 => RuleProto::Tcp,
-                    Proto::H3 => RuleProto::Udp,
+                let rule = case.rule.map(|position| {
+                    let proto = match row.proto {
+                        Proto::H2 => RuleProto::Tcp,
+                        Proto::H3 => RuleProto::Udp,
+                    };
+                    (position, proto)
                 });
-                let mut cfg = path_config(
+                let cfg = path_config(
                     case.rtt_ms,
                     case.loss,
                     case.mtu,
@@ -852,11 +851,6 @@ pub fn run(a: &BenchArgs) -> Result<(), LabError> {
                     case.rate_mbit,
                     seed,
                 );
-                if case.rule_handshake {
-                    if let Some(r) = cfg.rule.as_mut() {
-                        r.positions = vec![Position::LastHandshake];
-                    }
-                }
                 let x = match runner
                     .s
                     .set(&cfg)

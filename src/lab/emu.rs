@@ -390,7 +390,6 @@ struct Flight {
 struct Tag {
     conn: ConnKey,
     index: u32,
-    handshake: bool,
 }
 
 struct Queued {
@@ -675,7 +674,6 @@ impl Emulator {
                         Some(Tag {
                             conn: key,
                             index: 0,
-                            handshake,
                         })
                     }
                     Some(f) => {
@@ -696,7 +694,6 @@ impl Emulator {
                         Some(Tag {
                             conn: key,
                             index: f.count - 1,
-                            handshake,
                         })
                     }
                 }
@@ -743,8 +740,8 @@ impl Emulator {
         let mut drop = rule.positions.contains(&Position::Nth(tag.index + 1));
         // Both "last" positions can change while the flight is open: decide once it is quiet.
         let last = rule.positions.contains(&Position::Last) && tag.index + 1 == f.count;
+        // Only handshake-bearing datagrams are ever recorded as `last_handshake`.
         let last_handshake = rule.positions.contains(&Position::LastHandshake)
-            && tag.handshake
             && f.last_handshake == Some(tag.index);
         if !drop && (last || last_handshake) {
             if !f.closed {

@@ -525,13 +525,13 @@ pub fn output_dir() -> PathBuf {
 }
 
 /// The emulator settings of one bench/smoke step: symmetric delay, loss and MTU, an optional
-/// first-flight rule for one protocol, an optional bottleneck. Pure.
+/// first-flight rule (which datagram, for one protocol), an optional bottleneck. Pure.
 pub fn path_config(
     rtt_ms: f64,
     loss: f64,
     mtu: u32,
     icmp: bool,
-    rule: Option<RuleProto>,
+    rule: Option<(emu::Position, RuleProto)>,
     rate_mbit: Option<f64>,
     seed: u64,
 ) -> EmuConfig {
@@ -550,8 +550,8 @@ pub fn path_config(
         c2s: link.clone(),
         s2c: link,
         seed,
-        rule: rule.map(|proto| emu::FlightRule {
-            positions: vec![emu::Position::Last],
+        rule: rule.map(|(position, proto)| emu::FlightRule {
+            positions: vec![position],
             proto,
             gap_us: default_flight_gap_us(ms_to_us(rtt_ms)),
         }),

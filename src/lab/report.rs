@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use super::client::{Proto, Sample};
-use super::emu::Counters;
+use super::emu::{Counters, Position};
 use super::session::UdpStats;
 
 /// One scenario step: a path and a transfer.
@@ -20,12 +20,10 @@ pub struct Case {
     pub loss: f64,
     pub mtu: u32,
     pub icmp: bool,
-    /// Drop the last datagram/segment of the server's first flight of every connection.
-    pub rule: bool,
-    /// With `rule`: drop the flight's last datagram that carries handshake data instead (QUIC
-    /// long header; for TCP the same segment as `rule`).
-    #[serde(default)]
-    pub rule_handshake: bool,
+    /// Which datagram/segment of the server's first flight of every connection is dropped:
+    /// the last one, or the last one carrying handshake data (QUIC long header; for TCP the
+    /// same segment).
+    pub rule: Option<Position>,
     pub file: String,
     pub bytes: u64,
     pub upload: bool,
@@ -94,6 +92,11 @@ impl ProxyStats {
             handshake_losses_forgiven: sum("h3_ingress_congestion_handshake_losses_forgiven_total"),
             mtu_black_holes: sum("h3_ingress_connection_mtu_black_holes_total"),
         }
+    }
+
+    /// Mean UDP payload size path-MTU discovery settled on; `None` before any connection closed.
+    pub fn mean_path_mtu(&self) -> Option<f64> {
+        (self.connections > 0.0).then(|| self.path_mtu_sum / self.connections)
     }
 
     pub fn delta(&self, earlier: &Self) -> Self {
@@ -461,12 +464,10 @@ pub fn verdicts(r: &BenchReport) -> Vec<Verdict> {
                     ),
                     ours().and_then(|_| {
                         let c = r.cell(id, OURS).ok_or("no cell")?;
-                        let p = c
-                            .proxy
-                            .as_ref()
-                            .filter(|p| p.connections > 0.0)
+                        let p = c.proxy.as_ref().ok_or("no proxy metrics")?;
+                        let mean = p
+                            .mean_path_mtu()
                             .ok_or("no h3_ingress_connection_path_mtu_bytes observations")?;
-                        let mean = p.path_mtu_sum / p.connections;
                         // UDP payload the path carries: the IP MTU minus IPv4 and UDP headers.
                         let limit = f64::from(case.mtu) - 28.0;
                         Ok((
@@ -511,7 +512,7 @@ fn fmt_s(x: Option<f64>) -> String {
 pub fn notes(case: &Case, cell: &Cell, st: &Stats) -> String {
     let c = &cell.counters;
     let mut n = Vec::new();
-    if case.rule {
+    if case.rule.is_some() {
         let r = &c.rule;
         let sizes: Vec<String> = r
             .flight_sizes
@@ -551,10 +552,13 @@ pub fn notes(case: &Case, cell: &Cell, st: &Stats) -> String {
     if case.scenario == "S4" || srv + cli > 0 {
         n.push(format!("UDP RcvbufErrors srv +{srv} cli +{cli}"));
     }
-    if let Some(p) = cell.proxy.as_ref().filter(|p| p.connections > 0.0) {
+    if let Some((p, mtu)) = cell
+        .proxy
+        .as_ref()
+        .and_then(|p| Some((p, p.mean_path_mtu()?)))
+    {
         n.push(format!(
-            "proxy: path MTU {:.0}, lost {:.0}, cc events {:.0}, forgiven {:.0}{}",
-            p.path_mtu_sum / p.connections,
+            "proxy: path MTU {mtu:.0}, lost {:.0}, cc events {:.0}, forgiven {:.0}{}",
             p.lost_packets,
             p.congestion_events,
             p.handshake_losses_forgiven,
@@ -718,8 +722,7 @@ mod tests {
             loss: 0.0,
             mtu: 1500,
             icmp: true,
-            rule: scenario == "S2",
-            rule_handshake: false,
+            rule: (scenario == "S2").then_some(Position::Last),
             file: "1m.bin".into(),
             bytes: 1 << 20,
             upload: false,

@@ -14,7 +14,7 @@ use clap::Args;
 use serde::Serialize;
 
 use super::client::{self, Expect, Proto, Sample};
-use super::emu::{Counters, EmuConfig, RuleProto};
+use super::emu::{Counters, EmuConfig, Position, RuleProto};
 use super::netns;
 use super::servers::{self, ProxyVariant, INGRESS_PORT};
 use super::session::Session;
@@ -510,7 +510,7 @@ fn scenarios(
             0.0,
             1500,
             true,
-            Some(RuleProto::Udp),
+            Some((Position::Last, RuleProto::Udp)),
             None,
             1,
         ))?;
@@ -539,7 +539,7 @@ fn scenarios(
         0.0,
         1500,
         true,
-        Some(RuleProto::Tcp),
+        Some((Position::Last, RuleProto::Tcp)),
         None,
         1,
     ))?;
