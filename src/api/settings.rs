@@ -149,6 +149,10 @@ pub enum CongestionControl {
     #[default]
     #[serde(rename = "cubic-hs")]
     CubicHs,
+    /// cubic-hs that also does not read random loss (no queueing delay, at most 5 % of recent
+    /// packets) as congestion: for lossy radio paths.
+    #[serde(rename = "cubic-hs-lt")]
+    CubicHsLt,
     /// quinn's stock CUBIC.
     #[serde(rename = "cubic")]
     Cubic,
@@ -164,6 +168,7 @@ impl CongestionControl {
     pub fn as_str(self) -> &'static str {
         match self {
             CongestionControl::CubicHs => "cubic-hs",
+            CongestionControl::CubicHsLt => "cubic-hs-lt",
             CongestionControl::Cubic => "cubic",
             CongestionControl::NewReno => "newreno",
             CongestionControl::Bbr => "bbr",
@@ -208,7 +213,7 @@ fn default_max_streams() -> u32 {
     "message": "transport.connectionReceiveWindowBytes must not be smaller than transport.streamReceiveWindowBytes"
 }]))]
 pub struct TransportSettings {
-    /// Congestion controller: `cubic-hs` (default), `cubic`, `newreno` or `bbr`.
+    /// Congestion controller: `cubic-hs` (default), `cubic-hs-lt`, `cubic`, `newreno` or `bbr`.
     #[serde(default)]
     pub congestion_control: CongestionControl,
     /// Initial congestion window in packets of the initial MTU (1200 bytes), paced. Default 32;

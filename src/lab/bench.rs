@@ -14,7 +14,8 @@ use super::client::{self, Expect, Proto, Sample};
 use super::emu::{Position, RuleProto};
 use super::netns;
 use super::report::{
-    self, BenchReport, Case, Cell, ProxyStats, RowInfo, H2, OURS, RFC_IW, SMALL_BUFFERS,
+    self, BenchReport, Case, Cell, ProxyStats, RowInfo, H2, LOSS_TOLERANT, OURS, RFC_IW,
+    SMALL_BUFFERS,
 };
 use super::servers::{self, ProxyVariant, INGRESS_PORT};
 use super::session::Session;
@@ -40,8 +41,8 @@ pub struct BenchArgs {
     /// Transfers per cell (default 10, and 40 in S3).
     #[arg(long)]
     pub runs: Option<usize>,
-    /// Rows to run (default all): h2-nginx, h3-ingress-cubic-hs, h3-ingress-cubic,
-    /// h3-ingress-bbr, h3-ingress-208k, h3-ingress-iw10, caddy, nginx-1.26.
+    /// Rows to run (default all): h2-nginx, h3-ingress-cubic-hs, h3-ingress-cubic-hs-lt,
+    /// h3-ingress-cubic, h3-ingress-bbr, h3-ingress-208k, h3-ingress-iw10, caddy, nginx-1.26.
     #[arg(long, value_delimiter = ',')]
     pub rows: Vec<String>,
     /// Debian trixie chroot with curl 8.14 (HTTP/3) and nginx 1.26 (http_v3).
@@ -135,6 +136,17 @@ pub fn all_rows() -> Vec<Row> {
             None,
             4431,
             9481,
+            None,
+        ),
+        // Random loss read as random: the setting for lossy radio paths (S3).
+        ours(
+            LOSS_TOLERANT,
+            "h3 h3-ingress cubic-hs-lt",
+            "cubic-hs-lt",
+            None,
+            None,
+            4436,
+            9486,
             None,
         ),
         ours(

@@ -188,6 +188,7 @@ pub const H2: &str = "h2-nginx";
 pub const SMALL_BUFFERS: &str = "h3-ingress-208k";
 /// Our default controller with the RFC 9002 initial window of 10 packets.
 pub const RFC_IW: &str = "h3-ingress-iw10";
+pub const LOSS_TOLERANT: &str = "h3-ingress-cubic-hs-lt";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Outcome {
@@ -265,16 +266,26 @@ fn med(s: &Stats) -> f64 {
     s.median.unwrap_or(f64::NAN)
 }
 
-/// Evaluates the issue's targets for our default row against the measured cells.
+/// Evaluates the issue's targets against the measured cells: for our default row, and for the
+/// loss-tolerant controller when it was run.
 pub fn verdicts(r: &BenchReport) -> Vec<Verdict> {
+    let mut out = verdicts_for(r, OURS);
+    if r.rows.iter().any(|row| row.id == LOSS_TOLERANT) {
+        out.extend(verdicts_for(r, LOSS_TOLERANT));
+    }
+    out
+}
+
+/// The issue's targets for one of our rows.
+fn verdicts_for(r: &BenchReport, ours_row: &str) -> Vec<Verdict> {
     let mut out = Vec::new();
     for case in &r.cases {
         let id = &case.id;
-        let ours = || r.measured(id, OURS);
+        let ours = || r.measured(id, ours_row);
         let h2 = || r.measured(id, H2);
         match case.scenario.as_str() {
             "S1" => out.push(judge(
-                format!("S1 {}: {OURS} median <= 0.8 x h2", case.label),
+                format!("S1 {}: {ours_row} median <= 0.8 x h2", case.label),
                 ours().and_then(|o| {
                     let h = h2()?;
                     Ok((
@@ -296,12 +307,12 @@ pub fn verdicts(r: &BenchReport) -> Vec<Verdict> {
                     .find(|c| c.scenario == "S1" && c.rtt_ms == case.rtt_ms && c.file == case.file);
                 out.push(judge(
                     format!(
-                        "S2 {}: {OURS} median <= own no-loss median + one PTO (3 x RTT)",
+                        "S2 {}: {ours_row} median <= own no-loss median + one PTO (3 x RTT)",
                         case.label
                     ),
                     ours().and_then(|o| {
                         let c = clean.ok_or("the matching S1 case was not run")?;
-                        let base = r.measured(&c.id, OURS)?;
+                        let base = r.measured(&c.id, ours_row)?;
                         let limit = med(&base) + one_pto_s(case.rtt_ms);
                         Ok((
                             med(&o) <= limit && o.failures == 0,
@@ -316,7 +327,10 @@ pub fn verdicts(r: &BenchReport) -> Vec<Verdict> {
                     }),
                 ));
                 out.push(judge(
-                    format!("S2 {}: {OURS} median <= 0.8 x h2 with its drop", case.label),
+                    format!(
+                        "S2 {}: {ours_row} median <= 0.8 x h2 with its drop",
+                        case.label
+                    ),
                     ours().and_then(|o| {
                         let h = h2()?;
                         Ok((
@@ -333,7 +347,7 @@ pub fn verdicts(r: &BenchReport) -> Vec<Verdict> {
             }
             "S3" => {
                 out.push(judge(
-                    format!("S3 {}: {OURS} median <= 0.9 x h2", case.label),
+                    format!("S3 {}: {ours_row} median <= 0.9 x h2", case.label),
                     ours().and_then(|o| {
                         let h = h2()?;
                         Ok((
@@ -348,7 +362,7 @@ pub fn verdicts(r: &BenchReport) -> Vec<Verdict> {
                     }),
                 ));
                 out.push(judge(
-                    format!("S3 {}: {OURS} p90 <= 1.3 x own median", case.label),
+                    format!("S3 {}: {ours_row} p90 <= 1.3 x own median", case.label),
                     ours().map(|o| {
                         let p90 = o.p90.unwrap_or(f64::NAN);
                         (
@@ -363,7 +377,7 @@ pub fn verdicts(r: &BenchReport) -> Vec<Verdict> {
                     }),
                 ));
                 out.push(judge(
-                    format!("S3 {}: {OURS} zero failed handshakes", case.label),
+                    format!("S3 {}: {ours_row} zero failed handshakes", case.label),
                     ours().map(|o| {
                         (
                             o.handshake_failures == 0,
@@ -381,7 +395,7 @@ pub fn verdicts(r: &BenchReport) -> Vec<Verdict> {
                 let limited_exists = r.cases.iter().any(|c| c.upload && c.rate_mbit.is_some());
                 if case.rate_mbit.is_some() || !limited_exists {
                     out.push(judge(
-                        format!("S4 {}: {OURS} throughput >= 0.8 x h2", case.label),
+                        format!("S4 {}: {ours_row} throughput >= 0.8 x h2", case.label),
                         ours().and_then(|o| {
                             let h = h2()?;
                             let (a, b) =
@@ -396,11 +410,11 @@ pub fn verdicts(r: &BenchReport) -> Vec<Verdict> {
                 if case.rate_mbit.is_none() {
                     out.push(judge(
                         format!(
-                            "S4 {}: {OURS} server UDP RcvbufErrors delta = 0",
+                            "S4 {}: {ours_row} server UDP RcvbufErrors delta = 0",
                             case.label
                         ),
                         ours().and_then(|_| {
-                            let c = r.cell(id, OURS).ok_or("no cell")?;
+                            let c = r.cell(id, ours_row).ok_or("no cell")?;
                             Ok((
                                 c.server_udp.rcvbuf_errors == 0,
                                 format!("+{}", c.server_udp.rcvbuf_errors),
@@ -423,7 +437,7 @@ pub fn verdicts(r: &BenchReport) -> Vec<Verdict> {
                 }
             }
             "S4" => out.push(judge(
-                format!("S4 {}: {OURS} median <= 1.0 x h2", case.label),
+                format!("S4 {}: {ours_row} median <= 1.0 x h2", case.label),
                 ours().and_then(|o| {
                     let h = h2()?;
                     Ok((
@@ -439,12 +453,12 @@ pub fn verdicts(r: &BenchReport) -> Vec<Verdict> {
                     .find(|c| c.scenario == "S5" && c.mtu == 1500 && c.file == case.file);
                 out.push(judge(
                     format!(
-                        "S5 {}: {OURS} completes within 1.1 x the clean path",
+                        "S5 {}: {ours_row} completes within 1.1 x the clean path",
                         case.label
                     ),
                     ours().and_then(|o| {
                         let c = clean.ok_or("the S5 clean-path case was not run")?;
-                        let base = r.measured(&c.id, OURS)?;
+                        let base = r.measured(&c.id, ours_row)?;
                         Ok((
                             o.failures == 0 && med(&o) <= 1.1 * med(&base),
                             format!(
@@ -459,11 +473,11 @@ pub fn verdicts(r: &BenchReport) -> Vec<Verdict> {
                 ));
                 out.push(judge(
                     format!(
-                        "S5 {}: {OURS} discovered path MTU in its metrics, within what the path carries",
+                        "S5 {}: {ours_row} discovered path MTU in its metrics, within what the path carries",
                         case.label
                     ),
                     ours().and_then(|_| {
-                        let c = r.cell(id, OURS).ok_or("no cell")?;
+                        let c = r.cell(id, ours_row).ok_or("no cell")?;
                         let p = c.proxy.as_ref().ok_or("no proxy metrics")?;
                         let mean = p
                             .mean_path_mtu()
@@ -481,11 +495,11 @@ pub fn verdicts(r: &BenchReport) -> Vec<Verdict> {
                 ));
                 out.push(judge(
                     format!(
-                        "S5 {}: {OURS} zero IPv4 fragments, DF on every server IPv4 datagram",
+                        "S5 {}: {ours_row} zero IPv4 fragments, DF on every server IPv4 datagram",
                         case.label
                     ),
                     ours().and_then(|_| {
-                        let c = r.cell(id, OURS).ok_or("no cell")?;
+                        let c = r.cell(id, ours_row).ok_or("no cell")?;
                         let s = &c.counters.s2c;
                         let frags = s.fragments_created + s.ipv4_fragments_in;
                         Ok((
@@ -686,7 +700,10 @@ pub fn render_markdown(r: &BenchReport) -> String {
         }
     }
     let _ = writeln!(m);
-    let _ = writeln!(m, "## Targets (issue 3), evaluated for `{OURS}`");
+    let _ = writeln!(
+        m,
+        "## Targets (issue 3), evaluated for `{OURS}` (the default) and `{LOSS_TOLERANT}` when run"
+    );
     let _ = writeln!(m);
     for v in verdicts(r) {
         let o = match &v.outcome {
@@ -813,6 +830,32 @@ mod tests {
         assert_eq!(v[0].outcome, Outcome::Pass, "{v:?}"); // 1.40 <= 1.472
         assert_eq!(v[1].outcome, Outcome::Pass, "{v:?}"); // 1.95 <= 1.40 + 0.6
         assert_eq!(v[2].outcome, Outcome::Fail, "{v:?}"); // 1.95 > 0.8 x 2.40
+    }
+
+    #[test]
+    fn the_loss_tolerant_row_is_judged_by_the_same_targets_when_run() {
+        let s3 = |row: &str, times: &[f64]| cell("s3", row, times);
+        let mut r = BenchReport {
+            cases: vec![case("S3", "s3", 200.0)],
+            rows: vec![row(H2, None), row(OURS, None)],
+            cells: vec![
+                s3(H2, &[2.3, 2.3, 2.4]),
+                s3(OURS, &[5.6, 5.7, 12.0]),
+                s3(LOSS_TOLERANT, &[1.7, 1.7, 1.8]),
+            ],
+            ..BenchReport::default()
+        };
+        // Not selected: only the default row's three S3 targets.
+        assert_eq!(verdicts(&r).len(), 3);
+        r.rows.push(row(LOSS_TOLERANT, None));
+        let v = verdicts(&r);
+        assert_eq!(v.len(), 6);
+        let outcome = |i: usize| (v[i].target.contains(LOSS_TOLERANT), v[i].outcome.clone());
+        assert_eq!(outcome(0), (false, Outcome::Fail), "{v:?}"); // 5.7 > 0.9 x 2.3
+        assert_eq!(outcome(1), (false, Outcome::Fail), "{v:?}"); // p90 12 > 1.3 x 5.7
+        assert_eq!(outcome(3), (true, Outcome::Pass), "{v:?}"); // 1.7 <= 2.07
+        assert_eq!(outcome(4), (true, Outcome::Pass), "{v:?}"); // 1.8 <= 2.21
+        assert_eq!(outcome(5), (true, Outcome::Pass), "{v:?}");
     }
 
     #[test]

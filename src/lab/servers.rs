@@ -736,7 +736,11 @@ pub fn start_proxy(
         name,
         ns,
         &[s(exe), "proxy".into(), "--config".into(), s(&conf)],
-        &[("RUST_LOG", "info".into())],
+        // RUST_LOG passes through so a bench can be rerun with e.g. h3_ingress::proxy::cc=debug.
+        &[(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+        )],
         work.log(name),
     )?;
     wait_tcp(

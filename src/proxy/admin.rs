@@ -104,10 +104,21 @@ fn route(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
 
 /// The congestion controllers count into atomics; mirror them into the registry on scrape.
 fn sync_cc_counters(shared: &Shared) {
-    let forgiven = shared.cc_stats.handshake_losses_forgiven();
-    let c = &shared.metrics.handshake_losses_forgiven;
-    let seen = c.get();
-    if forgiven > seen {
-        c.inc_by(forgiven - seen);
+    let stats = &shared.cc_stats;
+    let metrics = &shared.metrics;
+    for (total, counter) in [
+        (
+            stats.handshake_losses_forgiven(),
+            &metrics.handshake_losses_forgiven,
+        ),
+        (
+            stats.random_losses_tolerated(),
+            &metrics.random_losses_tolerated,
+        ),
+    ] {
+        let seen = counter.get();
+        if total > seen {
+            counter.inc_by(total - seen);
+        }
     }
 }

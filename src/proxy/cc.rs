@@ -14,6 +14,18 @@
 //!    Persistent congestion and ECN marks are never forgiven, and forgiving only skips a
 //!    reduction, so the window can never grow beyond what the loss-free connection would have.
 //!
+//! `cubic-hs-lt` (loss-tolerant) adds one more rule for lossy radio paths, where CUBIC reads
+//! every random loss as congestion and at 1-2 % loss over 200 ms sits near the Mathis limit:
+//! a loss is not treated as congestion when the path shows no queue (the smallest RTT sample of
+//! the last two round trips within max(min RTT / 8, 4 ms) of the path's minimum, the signal
+//! HyStart++ uses to leave slow start) and the loss rate over those two round trips is at most
+//! 5 % (counted over at least 64 packets). Loss from a filling queue comes with a rising
+//! RTT, and a shallow-buffered or policed bottleneck pushes the loss rate past 5 %, so both
+//! still get the normal CUBIC response; the 5 % bound is what this mode can cost a shallow
+//! bottleneck that shows no delay (BBRv2 uses 2 %, BBRv1 tolerated up to 20 %). Like the
+//! handshake rule it only skips reductions, so it never grows the window beyond what the
+//! loss-free connection would have.
+//!
 //! quinn never reports lost MTU probes to the controller, so PLPMTUD probing costs no window.
 
 use std::any::Any;
@@ -37,11 +49,20 @@ const C: f64 = 0.4;
 const ALPHA_RENO_FRIENDLY: f64 = 3.0 * (1.0 - BETA) / (1.0 + BETA);
 /// RFC 9002 kMinimumWindow is two maximum datagrams.
 const MIN_WINDOW_PACKETS: u64 = 2;
+/// `cubic-hs-lt`: the highest recent loss rate still read as random loss.
+const RANDOM_LOSS_MAX_RATE: f64 = 0.05;
+/// `cubic-hs-lt`: the loss rate is taken over at least this many packets, so one or two
+/// random losses in the small first rounds do not look like a 5 % loss rate.
+const RANDOM_LOSS_MIN_SAMPLE_PACKETS: u64 = 64;
+/// `cubic-hs-lt`: queueing delay below max(min RTT / 8, this) counts as no queue; below a few
+/// milliseconds ACK-delay jitter and scheduling noise dominate.
+const QUEUE_DELAY_FLOOR: Duration = Duration::from_millis(4);
 
 /// Counters shared by every controller the factory builds (global, for Prometheus).
 #[derive(Debug, Default)]
 pub struct CcStats {
     handshake_losses_forgiven: AtomicU64,
+    random_losses_tolerated: AtomicU64,
     congestion_events: AtomicU64,
 }
 
@@ -55,6 +76,11 @@ impl CcStats {
         self.handshake_losses_forgiven.load(Ordering::Relaxed)
     }
 
+    /// Losses that `cubic-hs-lt` read as random (no queue, low loss rate), not as congestion.
+    pub fn random_losses_tolerated(&self) -> u64 {
+        self.random_losses_tolerated.load(Ordering::Relaxed)
+    }
+
     /// Window reductions by `cubic-hs` (new recovery periods and persistent-congestion collapses).
     pub fn congestion_events(&self) -> u64 {
         self.congestion_events.load(Ordering::Relaxed)
@@ -65,10 +91,11 @@ impl CcStats {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CcCounters {
     pub handshake_losses_forgiven: u64,
+    pub random_losses_tolerated: u64,
     pub congestion_events: u64,
 }
 
-/// The counters of a connection's controller if it is a `cubic-hs` one. quinn hands out the
+/// The counters of a connection's controller if it is a `cubic-hs` or `cubic-hs-lt` one. quinn hands out the
 /// controller as a boxed clone (`Connection::congestion_state`), so this consumes the box.
 pub fn connection_counters(controller: Box<dyn Controller>) -> Option<CcCounters> {
     controller
@@ -87,6 +114,9 @@ pub fn factory(
 ) -> Arc<dyn ControllerFactory + Send + Sync> {
     match kind {
         CongestionControl::CubicHs => Arc::new(CubicHsConfig::new(initial_window_bytes, stats)),
+        CongestionControl::CubicHsLt => {
+            Arc::new(CubicHsConfig::new(initial_window_bytes, stats).tolerating_random_loss())
+        }
         CongestionControl::Cubic => {
             let mut config = CubicConfig::default();
             config.initial_window(initial_window_bytes);
@@ -109,6 +139,7 @@ pub fn factory(
 #[derive(Debug)]
 pub struct CubicHsConfig {
     initial_window: u64,
+    tolerate_random_loss: bool,
     stats: Arc<CcStats>,
 }
 
@@ -116,8 +147,15 @@ impl CubicHsConfig {
     pub fn new(initial_window: u64, stats: Arc<CcStats>) -> Self {
         Self {
             initial_window,
+            tolerate_random_loss: false,
             stats,
         }
+    }
+
+    /// `cubic-hs-lt`: losses without queueing delay at a low loss rate are not congestion.
+    pub fn tolerating_random_loss(mut self) -> Self {
+        self.tolerate_random_loss = true;
+        self
     }
 }
 
@@ -150,6 +188,66 @@ struct Epoch {
     carry: f64,
 }
 
+/// What `cubic-hs-lt` knows about the last two round trips: acknowledged and lost bytes, and
+/// the smallest RTT sample (ACK time minus send time of an acknowledged packet).
+#[derive(Debug, Clone, Copy, Default)]
+struct Recent {
+    /// When the current round began; it ends when a packet sent after that is acknowledged.
+    round_start: Option<Instant>,
+    acked: u64,
+    lost: u64,
+    min_rtt: Option<Duration>,
+    previous_acked: u64,
+    previous_lost: u64,
+    previous_min_rtt: Option<Duration>,
+    /// The smallest sample ever: the path's RTT without a queue.
+    path_min_rtt: Option<Duration>,
+}
+
+fn min_of(a: Option<Duration>, b: Duration) -> Option<Duration> {
+    Some(a.map_or(b, |a| a.min(b)))
+}
+
+impl Recent {
+    fn on_ack(&mut self, now: Instant, sent: Instant, bytes: u64) {
+        if self.round_start.is_none_or(|start| sent >= start) {
+            self.round_start = Some(now);
+            self.previous_acked = self.acked;
+            self.previous_lost = self.lost;
+            self.previous_min_rtt = self.min_rtt;
+            self.acked = 0;
+            self.lost = 0;
+            self.min_rtt = None;
+        }
+        self.acked += bytes;
+        let sample = now.saturating_duration_since(sent);
+        self.min_rtt = min_of(self.min_rtt, sample);
+        self.path_min_rtt = min_of(self.path_min_rtt, sample);
+    }
+
+    fn on_loss(&mut self, bytes: u64) {
+        self.lost += bytes;
+    }
+
+    /// Lost over lost plus acknowledged, the denominator at least `min_sample` bytes.
+    fn loss_rate(&self, min_sample: u64) -> f64 {
+        let lost = self.lost + self.previous_lost;
+        let total = (lost + self.acked + self.previous_acked).max(min_sample);
+        lost as f64 / total as f64
+    }
+
+    /// How far the smallest RTT of the last two rounds sits above the path's minimum. A
+    /// queue raises every sample of a round; one late ACK (a stalled receiver, a lost ACK)
+    /// raises only its own, which the minimum ignores where a smoothed RTT would not.
+    fn queue_delay(&self) -> Option<Duration> {
+        let recent = match (self.min_rtt, self.previous_min_rtt) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b)?,
+        };
+        Some(recent.saturating_sub(self.path_min_rtt?))
+    }
+}
+
 /// CUBIC with seed 004's fixes. See the module documentation.
 #[derive(Debug, Clone)]
 pub struct CubicHs {
@@ -166,6 +264,8 @@ pub struct CubicHs {
     /// RTT sample is taken. Packets sent before it form the first flight.
     first_ack_at: Option<Instant>,
     forgiveness_used: bool,
+    /// `cubic-hs-lt`'s view of the last two round trips.
+    recent: Recent,
     /// Start of the current run of app-limited ACKs; that time is cut out of the epoch so an
     /// idle connection does not come back with a window jump (RFC 9438 section 5.8).
     app_limited_since: Option<Instant>,
@@ -183,6 +283,7 @@ impl CubicHs {
             recovering: false,
             first_ack_at: None,
             forgiveness_used: false,
+            recent: Recent::default(),
             app_limited_since: None,
             epoch: Epoch::default(),
             counters: CcCounters::default(),
@@ -215,6 +316,10 @@ impl CubicHs {
         self.counters.congestion_events
     }
 
+    pub fn random_losses_tolerated(&self) -> u64 {
+        self.counters.random_losses_tolerated
+    }
+
     fn minimum_window(&self) -> u64 {
         MIN_WINDOW_PACKETS * self.mtu
     }
@@ -228,6 +333,21 @@ impl CubicHs {
         self.first_ack_at.is_none_or(|first| sent < first)
     }
 
+    /// `cubic-hs-lt`: the path shows no queue and recent losses are rare, so this loss is
+    /// most likely random (radio, a flaky link), not a full buffer.
+    fn loss_looks_random(&self) -> bool {
+        let (Some(queue_delay), Some(path_min)) =
+            (self.recent.queue_delay(), self.recent.path_min_rtt)
+        else {
+            return false;
+        };
+        queue_delay <= (path_min / 8).max(QUEUE_DELAY_FLOOR)
+            && self
+                .recent
+                .loss_rate(RANDOM_LOSS_MIN_SAMPLE_PACKETS * self.mtu)
+                <= RANDOM_LOSS_MAX_RATE
+    }
+
     /// One acknowledged ack-eliciting packet. The same as [`Controller::on_ack`] with the
     /// smoothed RTT instead of quinn's estimator (which cannot be built outside quinn).
     pub fn ack(
@@ -239,6 +359,7 @@ impl CubicHs {
         rtt: Duration,
     ) {
         self.first_ack_at.get_or_insert(now);
+        self.recent.on_ack(now, sent, bytes);
 
         if self.sent_in_recovery(sent) {
             return;
@@ -367,6 +488,7 @@ impl Controller for CubicHs {
         is_persistent_congestion: bool,
         lost_bytes: u64,
     ) {
+        self.recent.on_loss(lost_bytes);
         if is_persistent_congestion {
             // RFC 9002 7.6.2: collapse whatever phase we are in, the handshake included.
             let counted = !self.sent_in_recovery(sent);
@@ -407,6 +529,26 @@ impl Controller for CubicHs {
                 "first-flight loss forgiven, staying in slow start"
             );
             return;
+        }
+
+        if lost_bytes > 0 && self.config.tolerate_random_loss {
+            if self.loss_looks_random() {
+                self.counters.random_losses_tolerated += 1;
+                self.config
+                    .stats
+                    .random_losses_tolerated
+                    .fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            tracing::debug!(
+                window = self.window,
+                queue_delay_ms = self.recent.queue_delay().unwrap_or_default().as_secs_f64() * 1e3,
+                min_rtt_ms = self.recent.path_min_rtt.unwrap_or_default().as_secs_f64() * 1e3,
+                loss_rate = self
+                    .recent
+                    .loss_rate(RANDOM_LOSS_MIN_SAMPLE_PACKETS * self.mtu),
+                "loss with queueing delay or a high loss rate: congestion"
+            );
         }
 
         self.reduce(now);
@@ -887,6 +1029,210 @@ mod tests {
         assert_eq!(ss.window(), IW);
     }
 
+    fn cubic_hs_lt() -> (CubicHs, Arc<CcStats>) {
+        let stats = CcStats::new();
+        let config = CubicHsConfig::new(IW, stats.clone()).tolerating_random_loss();
+        (CubicHs::new(Arc::new(config), MTU), stats)
+    }
+
+    /// One round of `packets` single-packet ACKs at a steady RTT, all sent at `sent`.
+    fn ack_round(cc: &mut CubicHs, sent: Instant, rtt: Duration, packets: u64) -> Instant {
+        let now = sent + rtt;
+        for _ in 0..packets {
+            cc.ack(now, sent, PKT, false, rtt);
+        }
+        now
+    }
+
+    #[test]
+    fn random_loss_without_queue_is_tolerated_only_by_cubic_hs_lt() {
+        let t0 = Instant::now();
+        let rtt = ms(200);
+        let (mut lt, stats) = cubic_hs_lt();
+        let (mut hs, _) = cubic_hs();
+        for cc in [&mut lt, &mut hs] {
+            let now = ack_round(cc, t0, rtt, 10);
+            let now = ack_round(cc, now, rtt, 20);
+            assert_eq!(cc.window(), IW + 30 * PKT);
+            // A data packet sent well after the first RTT sample, one loss in 31.
+            cc.on_congestion_event(now + rtt, now, false, PKT);
+        }
+        assert_eq!(lt.window(), IW + 30 * PKT);
+        assert!(lt.in_slow_start());
+        assert!(!lt.in_recovery());
+        assert_eq!(lt.random_losses_tolerated(), 1);
+        assert_eq!(lt.congestion_events(), 0);
+        assert_eq!(lt.losses_forgiven(), 0);
+        assert_eq!(stats.random_losses_tolerated(), 1);
+        assert_eq!(stats.congestion_events(), 0);
+        // Plain cubic-hs gives the same loss the normal response.
+        assert_eq!(hs.window(), ((IW + 30 * PKT) as f64 * BETA) as u64);
+        assert!(!hs.in_slow_start());
+        assert_eq!(hs.random_losses_tolerated(), 0);
+        assert_eq!(hs.congestion_events(), 1);
+    }
+
+    #[test]
+    fn first_flight_loss_is_forgiven_before_anything_is_tolerated() {
+        let (mut lt, stats) = cubic_hs_lt();
+        let t0 = Instant::now();
+        let loss_found = replay_first_flight_tail_loss(&mut lt, t0, ms(200));
+        assert_eq!(lt.losses_forgiven(), 1);
+        assert_eq!(lt.random_losses_tolerated(), 0);
+        assert_eq!(stats.handshake_losses_forgiven(), 1);
+        // The tolerant rule then covers a later loss on the same quiet path.
+        lt.on_congestion_event(loss_found + ms(400), loss_found + ms(1), false, PKT);
+        assert_eq!(lt.random_losses_tolerated(), 1);
+        assert!(lt.in_slow_start());
+    }
+
+    #[test]
+    fn loss_with_queueing_delay_is_congestion() {
+        let t0 = Instant::now();
+        let (mut lt, _) = cubic_hs_lt();
+        let now = ack_round(&mut lt, t0, ms(200), 30);
+        let round_b = now;
+        let now = ack_round(&mut lt, now, ms(200), 10);
+        // One ACK 1.5 s late (a stalled receiver, a lost ACK) in an otherwise quiet round is
+        // not a queue: a smoothed RTT would have jumped by 190 ms, the round's minimum does not.
+        lt.ack(round_b + ms(1700), round_b - ms(1), PKT, false, ms(390));
+        lt.on_congestion_event(now + ms(1), now, false, PKT);
+        assert_eq!(lt.random_losses_tolerated(), 1);
+        // min RTT 200 ms: up to 25 ms of queue is noise. One round at 230 ms still has the
+        // quiet round before it; when both recent rounds sit 30 ms up, a queue is building.
+        let now = ack_round(&mut lt, now, ms(230), 31);
+        lt.on_congestion_event(now + ms(1), now, false, PKT);
+        assert_eq!(lt.random_losses_tolerated(), 2);
+        let window = lt.window();
+        let now = ack_round(&mut lt, now, ms(230), 1);
+        lt.on_congestion_event(now + ms(1), now, false, PKT);
+        assert_eq!(lt.random_losses_tolerated(), 2);
+        assert_eq!(lt.congestion_events(), 1);
+        assert_eq!(lt.window(), ((window + PKT) as f64 * BETA) as u64);
+        assert!(!lt.in_slow_start());
+
+        // On a short path the 4 ms floor applies: 11 ms minimum, 3 ms up is noise, 5 ms is not.
+        let (mut short, _) = cubic_hs_lt();
+        let mut now = ack_round(&mut short, t0, ms(11), 30);
+        for _ in 0..2 {
+            now = ack_round(&mut short, now, ms(14), 1);
+        }
+        short.on_congestion_event(now + ms(1), now, false, PKT);
+        assert_eq!(short.random_losses_tolerated(), 1);
+        for _ in 0..2 {
+            now = ack_round(&mut short, now, ms(16), 1);
+        }
+        short.on_congestion_event(now + ms(1), now, false, PKT);
+        assert_eq!(short.congestion_events(), 1);
+    }
+
+    #[test]
+    fn loss_rate_above_five_percent_is_congestion_even_without_delay() {
+        let t0 = Instant::now();
+        let rtt = ms(100);
+        let (mut lt, _) = cubic_hs_lt();
+        let now = ack_round(&mut lt, t0, rtt, 40);
+        let now = ack_round(&mut lt, now, rtt, 60);
+        // 100 packets acknowledged in the last two rounds: 5 of 105 lost is 4.8 %, tolerated;
+        // the sixth makes 5.7 %.
+        for i in 1..=5u64 {
+            lt.on_congestion_event(now + ms(i), now, false, PKT);
+            assert_eq!(lt.random_losses_tolerated(), i);
+            assert_eq!(lt.congestion_events(), 0);
+        }
+        lt.on_congestion_event(now + ms(6), now, false, PKT);
+        assert_eq!(lt.random_losses_tolerated(), 5);
+        assert_eq!(lt.congestion_events(), 1);
+        assert!(!lt.in_slow_start());
+
+        // A burst found in one batch counts with all its bytes: 7 packets of 107.
+        let (mut burst, _) = cubic_hs_lt();
+        let now = ack_round(&mut burst, t0, rtt, 40);
+        let now = ack_round(&mut burst, now, rtt, 60);
+        burst.on_congestion_event(now + ms(1), now, false, 7 * PKT);
+        assert_eq!(burst.random_losses_tolerated(), 0);
+        assert_eq!(burst.congestion_events(), 1);
+    }
+
+    #[test]
+    fn small_rounds_measure_the_loss_rate_over_at_least_64_packets() {
+        let t0 = Instant::now();
+        let rtt = ms(100);
+        let (mut lt, _) = cubic_hs_lt();
+        let now = ack_round(&mut lt, t0, rtt, 10);
+        // 3 of 64 is 4.7 %; the fourth loss makes 6.25 % although only 14 packets were seen.
+        for i in 1..=3u64 {
+            lt.on_congestion_event(now + ms(i), now, false, PKT);
+        }
+        assert_eq!(lt.random_losses_tolerated(), 3);
+        lt.on_congestion_event(now + ms(4), now, false, PKT);
+        assert_eq!(lt.congestion_events(), 1);
+    }
+
+    #[test]
+    fn losses_older_than_two_rounds_are_forgotten() {
+        let t0 = Instant::now();
+        let rtt = ms(100);
+        let (mut lt, _) = cubic_hs_lt();
+        let mut now = ack_round(&mut lt, t0, rtt, 60);
+        for i in 1..=3u64 {
+            lt.on_congestion_event(now + ms(i), now, false, PKT);
+        }
+        assert_eq!(lt.random_losses_tolerated(), 3);
+        // Two clean rounds later the three losses no longer count: four more are 3.2 % of the
+        // last two rounds (with the old three they would be 5.5 %).
+        now = ack_round(&mut lt, now, rtt, 60);
+        now = ack_round(&mut lt, now, rtt, 60);
+        for i in 1..=4u64 {
+            lt.on_congestion_event(now + ms(i), now, false, PKT);
+        }
+        assert_eq!(lt.random_losses_tolerated(), 7);
+        assert_eq!(lt.congestion_events(), 0);
+    }
+
+    #[test]
+    fn ecn_and_persistent_congestion_are_never_tolerated() {
+        let t0 = Instant::now();
+        let rtt = ms(100);
+        let (mut lt, _) = cubic_hs_lt();
+        let now = ack_round(&mut lt, t0, rtt, 60);
+        lt.on_congestion_event(now + ms(1), now, false, 0);
+        assert_eq!(lt.congestion_events(), 1);
+        assert_eq!(lt.random_losses_tolerated(), 0);
+
+        let (mut lt, _) = cubic_hs_lt();
+        let now = ack_round(&mut lt, t0, rtt, 60);
+        lt.on_congestion_event(now + ms(1), now, true, PKT);
+        assert_eq!(lt.window(), 2 * PKT);
+        assert_eq!(lt.random_losses_tolerated(), 0);
+    }
+
+    #[test]
+    fn tolerated_connection_grows_exactly_like_the_loss_free_one() {
+        let t0 = Instant::now();
+        let rtt = ms(100);
+        let (mut lossy, _) = cubic_hs_lt();
+        let (mut loss_free, _) = cubic_hs_lt();
+        let mut now = t0;
+        for round in 0..30u32 {
+            let sent = now;
+            let packets = (loss_free.window() / PKT).min(200);
+            for i in 0..packets {
+                let at = sent + rtt + Duration::from_micros(i);
+                lossy.ack(at, sent, PKT, false, rtt);
+                loss_free.ack(at, sent, PKT, false, rtt);
+                // One random loss per round, from round 2 on.
+                if round >= 2 && i == packets / 2 {
+                    lossy.on_congestion_event(at, sent, false, PKT);
+                }
+                assert_eq!(lossy.window(), loss_free.window(), "round {round}");
+            }
+            now = sent + rtt;
+        }
+        assert_eq!(lossy.random_losses_tolerated(), 28);
+        assert_eq!(lossy.congestion_events(), 0);
+    }
+
     #[test]
     fn factory_builds_every_kind_with_the_same_initial_window() {
         let stats = CcStats::new();
@@ -894,6 +1240,7 @@ mod tests {
         let iw = 16 * PKT;
         for kind in [
             CongestionControl::CubicHs,
+            CongestionControl::CubicHsLt,
             CongestionControl::Cubic,
             CongestionControl::NewReno,
             CongestionControl::Bbr,
@@ -903,7 +1250,7 @@ mod tests {
             assert_eq!(controller.window(), iw, "{}", kind.as_str());
             let any = controller.into_any();
             let matches = match kind {
-                CongestionControl::CubicHs => any.is::<CubicHs>(),
+                CongestionControl::CubicHs | CongestionControl::CubicHsLt => any.is::<CubicHs>(),
                 CongestionControl::Cubic => any.is::<quinn::congestion::Cubic>(),
                 CongestionControl::NewReno => any.is::<quinn::congestion::NewReno>(),
                 CongestionControl::Bbr => any.is::<quinn::congestion::Bbr>(),

@@ -58,6 +58,7 @@ pub struct Metrics {
     pub connection_congestion_events: IntCounter,
     pub connection_black_holes: IntCounter,
     pub handshake_losses_forgiven: IntCounter,
+    pub random_losses_tolerated: IntCounter,
     pub socket_receive_buffer: IntGaugeVec,
     pub socket_receive_buffer_requested: IntGaugeVec,
     pub socket_send_buffer: IntGaugeVec,
@@ -207,6 +208,11 @@ impl Metrics {
             handshake_losses_forgiven: reg!(IntCounter::with_opts(opts(
                 "h3_ingress_congestion_handshake_losses_forgiven_total",
                 "Losses of the handshake flight that cubic-hs did not treat as congestion."
+            ))
+            .unwrap()),
+            random_losses_tolerated: reg!(IntCounter::with_opts(opts(
+                "h3_ingress_congestion_random_losses_tolerated_total",
+                "Losses that cubic-hs-lt read as random (no queueing delay, low loss rate), not as congestion."
             ))
             .unwrap()),
             socket_receive_buffer: reg!(IntGaugeVec::new(

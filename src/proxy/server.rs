@@ -690,6 +690,7 @@ fn record_stats(conn: &quinn::Connection, m: &Metrics) {
         sent = s.path.sent_packets,
         congestion_events = events,
         forgiven = counters.map_or(0, |c| c.handshake_losses_forgiven),
+        tolerated = counters.map_or(0, |c| c.random_losses_tolerated),
         cwnd = s.path.cwnd,
         "connection closed"
     );

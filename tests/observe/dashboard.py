@@ -153,11 +153,13 @@ def _rows() -> list[tuple[str, list[tuple[int, dict[str, Any]]]]]:
              (f"sum(increase(h3_ingress_connection_mtu_black_holes_total{{{SEL}}}[{RATE}]))", "black holes")],
             "bytes", min_=0)),
         (12, _panel(
-            "Congestion events and forgiven handshake losses",
-            "Window reductions, and losses of the handshake flight that cubic-hs did not treat as "
-            "congestion (seed 004: one lost handshake packet must not pin the window).",
+            "Congestion events, forgiven and tolerated losses",
+            "Window reductions; losses of the handshake flight that cubic-hs did not treat as "
+            "congestion (seed 004: one lost handshake packet must not pin the window); losses "
+            "cubic-hs-lt read as random (no queueing delay, at most 5 % loss).",
             [(f"sum(rate(h3_ingress_connection_congestion_events_total{{{SEL}}}[{RATE}]))", "congestion events/s"),
-             (f"sum(rate(h3_ingress_congestion_handshake_losses_forgiven_total{{{SEL}}}[{RATE}]))", "handshake losses forgiven/s")],
+             (f"sum(rate(h3_ingress_congestion_handshake_losses_forgiven_total{{{SEL}}}[{RATE}]))", "handshake losses forgiven/s"),
+             (f"sum(rate(h3_ingress_congestion_random_losses_tolerated_total{{{SEL}}}[{RATE}]))", "random losses tolerated/s")],
             "short", min_=0)),
         (12, _panel(
             "Certificate expiry",

@@ -42,6 +42,7 @@ REQUIRED = {
     "discovered path MTU": "h3_ingress_connection_path_mtu_bytes_bucket",
     "congestion events": "h3_ingress_connection_congestion_events_total",
     "forgiven handshake losses": "h3_ingress_congestion_handshake_losses_forgiven_total",
+    "tolerated random losses": "h3_ingress_congestion_random_losses_tolerated_total",
     "active connections": "h3_ingress_active_connections",
 }
 GRAFANA_VARS = {"$__rate_interval": "5m", "$__interval": "1m", "$__range": "1h",
