@@ -17,9 +17,9 @@
 //! `cubic-hs-lt` (loss-tolerant) adds one more rule for lossy radio paths, where CUBIC reads
 //! every random loss as congestion and at 1-2 % loss over 200 ms sits near the Mathis limit:
 //! a loss is not treated as congestion when the path shows no queue (the smallest RTT sample of
-//! the last two round trips within max(min RTT / 8, 4 ms) of the path's minimum, the signal
-//! HyStart++ uses to leave slow start) and the loss rate over those two round trips is at most
-//! 5 % (counted over at least 64 packets). Loss from a filling queue comes with a rising
+//! the current round trip within max(min RTT / 8, 4 ms) of the path's minimum, the signal
+//! HyStart++ uses to leave slow start) and the loss rate over the last two round trips is at
+//! most 5 % (counted over at least 64 packets). Loss from a filling queue comes with a rising
 //! RTT, and a shallow-buffered or policed bottleneck pushes the loss rate past 5 %, so both
 //! still get the normal CUBIC response; the 5 % bound is what this mode can cost a shallow
 //! bottleneck that shows no delay (BBRv2 uses 2 %, BBRv1 tolerated up to 20 %). Like the
@@ -57,6 +57,9 @@ const RANDOM_LOSS_MIN_SAMPLE_PACKETS: u64 = 64;
 /// `cubic-hs-lt`: queueing delay below max(min RTT / 8, this) counts as no queue; below a few
 /// milliseconds ACK-delay jitter and scheduling noise dominate.
 const QUEUE_DELAY_FLOOR: Duration = Duration::from_millis(4);
+/// `cubic-hs-lt`: a round's minimum RTT counts once it has this many samples (RFC 9406's
+/// N_RTT_SAMPLE); before that the previous round's minimum stands in.
+const QUEUE_DELAY_MIN_SAMPLES: u32 = 8;
 
 /// Counters shared by every controller the factory builds (global, for Prometheus).
 #[derive(Debug, Default)]
@@ -189,7 +192,8 @@ struct Epoch {
 }
 
 /// What `cubic-hs-lt` knows about the last two round trips: acknowledged and lost bytes, and
-/// the smallest RTT sample (ACK time minus send time of an acknowledged packet).
+/// the smallest RTT sample (ACK time minus send time of an acknowledged packet; an ACK's
+/// largest packet gives quinn's RTT sample, the others only larger values).
 #[derive(Debug, Clone, Copy, Default)]
 struct Recent {
     /// When the current round began; it ends when a packet sent after that is acknowledged.
@@ -197,6 +201,8 @@ struct Recent {
     acked: u64,
     lost: u64,
     min_rtt: Option<Duration>,
+    /// RTT samples taken in the current round.
+    samples: u32,
     previous_acked: u64,
     previous_lost: u64,
     previous_min_rtt: Option<Duration>,
@@ -218,8 +224,10 @@ impl Recent {
             self.acked = 0;
             self.lost = 0;
             self.min_rtt = None;
+            self.samples = 0;
         }
         self.acked += bytes;
+        self.samples = self.samples.saturating_add(1);
         let sample = now.saturating_duration_since(sent);
         self.min_rtt = min_of(self.min_rtt, sample);
         self.path_min_rtt = min_of(self.path_min_rtt, sample);
@@ -236,14 +244,17 @@ impl Recent {
         lost as f64 / total as f64
     }
 
-    /// How far the smallest RTT of the last two rounds sits above the path's minimum. A
-    /// queue raises every sample of a round; one late ACK (a stalled receiver, a lost ACK)
-    /// raises only its own, which the minimum ignores where a smoothed RTT would not.
+    /// How far the smallest RTT of the current round (of the previous one until the current
+    /// has [`QUEUE_DELAY_MIN_SAMPLES`] samples) sits above the path's minimum, as HyStart++
+    /// (RFC 9406) measures it. A queue raises every sample of a round; one late ACK (a stalled
+    /// receiver, a lost ACK) raises only its own, which the minimum ignores where a smoothed
+    /// RTT would not.
     fn queue_delay(&self) -> Option<Duration> {
-        let recent = match (self.min_rtt, self.previous_min_rtt) {
-            (Some(a), Some(b)) => a.min(b),
-            (a, b) => a.or(b)?,
-        };
+        let recent = if self.samples >= QUEUE_DELAY_MIN_SAMPLES {
+            self.min_rtt
+        } else {
+            self.previous_min_rtt.or(self.min_rtt)
+        }?;
         Some(recent.saturating_sub(self.path_min_rtt?))
     }
 }
@@ -1098,17 +1109,23 @@ mod tests {
         lt.ack(round_b + ms(1700), round_b - ms(1), PKT, false, ms(390));
         lt.on_congestion_event(now + ms(1), now, false, PKT);
         assert_eq!(lt.random_losses_tolerated(), 1);
-        // min RTT 200 ms: up to 25 ms of queue is noise. One round at 230 ms still has the
-        // quiet round before it; when both recent rounds sit 30 ms up, a queue is building.
-        let now = ack_round(&mut lt, now, ms(230), 31);
-        lt.on_congestion_event(now + ms(1), now, false, PKT);
+        // min RTT 200 ms: up to 25 ms of queue is noise. A round whose samples sit 30 ms up is
+        // judged by the quiet round before it until it has 8 samples; then a queue is building.
+        let sent = now;
+        let at = sent + ms(230);
+        for _ in 0..5 {
+            lt.ack(at, sent, PKT, false, ms(230));
+        }
+        lt.on_congestion_event(at + ms(1), sent, false, PKT);
         assert_eq!(lt.random_losses_tolerated(), 2);
         let window = lt.window();
-        let now = ack_round(&mut lt, now, ms(230), 1);
-        lt.on_congestion_event(now + ms(1), now, false, PKT);
+        for _ in 0..3 {
+            lt.ack(at + ms(2), sent, PKT, false, ms(230));
+        }
+        lt.on_congestion_event(at + ms(3), sent, false, PKT);
         assert_eq!(lt.random_losses_tolerated(), 2);
         assert_eq!(lt.congestion_events(), 1);
-        assert_eq!(lt.window(), ((window + PKT) as f64 * BETA) as u64);
+        assert_eq!(lt.window(), ((window + 3 * PKT) as f64 * BETA) as u64);
         assert!(!lt.in_slow_start());
 
         // On a short path the 4 ms floor applies: 11 ms minimum, 3 ms up is noise, 5 ms is not.
