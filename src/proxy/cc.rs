@@ -98,8 +98,9 @@ pub struct CcCounters {
     pub congestion_events: u64,
 }
 
-/// The counters of a connection's controller if it is a `cubic-hs` or `cubic-hs-lt` one. quinn hands out the
-/// controller as a boxed clone (`Connection::congestion_state`), so this consumes the box.
+/// The counters of a connection's controller if it is a `cubic-hs` or `cubic-hs-lt` one. quinn
+/// hands out the controller as a boxed clone (`Connection::congestion_state`), so this consumes
+/// the box.
 pub fn connection_counters(controller: Box<dyn Controller>) -> Option<CcCounters> {
     controller
         .into_any()
@@ -206,7 +207,8 @@ struct Recent {
     previous_acked: u64,
     previous_lost: u64,
     previous_min_rtt: Option<Duration>,
-    /// The smallest sample ever: the path's RTT without a queue.
+    /// The smallest sample ever: the path's RTT without a queue. Should the path get longer
+    /// (a route change), every loss looks queued and the normal response returns: the safe side.
     path_min_rtt: Option<Duration>,
 }
 
