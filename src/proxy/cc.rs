@@ -18,11 +18,12 @@
 //! every random loss as congestion and at 1-2 % loss over 200 ms sits near the Mathis limit:
 //! a loss is not treated as congestion when the path shows no queue (the smallest RTT sample of
 //! the current round trip within max(min RTT / 8, 4 ms) of the path's minimum, the signal
-//! HyStart++ uses to leave slow start) and the loss rate over the last two round trips is at
-//! most 5 % (counted over at least 64 packets). Loss from a filling queue comes with a rising
-//! RTT, and a shallow-buffered or policed bottleneck pushes the loss rate past 5 %, so both
-//! still get the normal CUBIC response; the 5 % bound is what this mode can cost a shallow
-//! bottleneck that shows no delay (BBRv2 uses 2 %, BBRv1 tolerated up to 20 %). Like the
+//! HyStart++ uses to leave slow start) and the last two round trips did not lose more than 5 %
+//! of their packets (counted only from 8 lost packets on, as BBRv2 leaves startup). Loss from a
+//! filling queue comes with a rising RTT, and a shallow-buffered or policed bottleneck pushes
+//! the loss rate past 5 %, so both still get the normal CUBIC response; the 5 % bound is what
+//! this mode can cost a shallow bottleneck that shows no delay (BBRv2 uses 2 %, BBRv1
+//! tolerated up to 20 %). Like the
 //! handshake rule it only skips reductions, so it never grows the window beyond what the
 //! loss-free connection would have.
 //!
@@ -51,9 +52,10 @@ const ALPHA_RENO_FRIENDLY: f64 = 3.0 * (1.0 - BETA) / (1.0 + BETA);
 const MIN_WINDOW_PACKETS: u64 = 2;
 /// `cubic-hs-lt`: the highest recent loss rate still read as random loss.
 const RANDOM_LOSS_MAX_RATE: f64 = 0.05;
-/// `cubic-hs-lt`: the loss rate is taken over at least this many packets, so one or two
-/// random losses in the small first rounds do not look like a 5 % loss rate.
-const RANDOM_LOSS_MIN_SAMPLE_PACKETS: u64 = 64;
+/// `cubic-hs-lt`: fewer lost packets than this in the last two rounds are no loss rate at all,
+/// so three random losses among the 60 packets of an early round do not look like 5 %. BBRv2
+/// leaves startup on the same condition: a loss rate above its bound and at least 8 losses.
+const RANDOM_LOSS_MIN_PACKETS: u64 = 8;
 /// `cubic-hs-lt`: queueing delay below max(min RTT / 8, this) counts as no queue; below a few
 /// milliseconds ACK-delay jitter and scheduling noise dominate.
 const QUEUE_DELAY_FLOOR: Duration = Duration::from_millis(4);
@@ -239,11 +241,14 @@ impl Recent {
         self.lost += bytes;
     }
 
-    /// Lost over lost plus acknowledged, the denominator at least `min_sample` bytes.
-    fn loss_rate(&self, min_sample: u64) -> f64 {
-        let lost = self.lost + self.previous_lost;
-        let total = (lost + self.acked + self.previous_acked).max(min_sample);
-        lost as f64 / total as f64
+    fn lost(&self) -> u64 {
+        self.lost + self.previous_lost
+    }
+
+    /// Lost over lost plus acknowledged.
+    fn loss_rate(&self) -> f64 {
+        let lost = self.lost();
+        lost as f64 / (lost + self.acked + self.previous_acked).max(1) as f64
     }
 
     /// How far the smallest RTT of the current round (of the previous one until the current
@@ -354,11 +359,9 @@ impl CubicHs {
         else {
             return false;
         };
-        queue_delay <= (path_min / 8).max(QUEUE_DELAY_FLOOR)
-            && self
-                .recent
-                .loss_rate(RANDOM_LOSS_MIN_SAMPLE_PACKETS * self.mtu)
-                <= RANDOM_LOSS_MAX_RATE
+        let high_loss_rate = self.recent.loss_rate() > RANDOM_LOSS_MAX_RATE
+            && self.recent.lost() >= RANDOM_LOSS_MIN_PACKETS * self.mtu;
+        queue_delay <= (path_min / 8).max(QUEUE_DELAY_FLOOR) && !high_loss_rate
     }
 
     /// One acknowledged ack-eliciting packet. The same as [`Controller::on_ack`] with the
@@ -557,9 +560,8 @@ impl Controller for CubicHs {
                 window = self.window,
                 queue_delay_ms = self.recent.queue_delay().unwrap_or_default().as_secs_f64() * 1e3,
                 min_rtt_ms = self.recent.path_min_rtt.unwrap_or_default().as_secs_f64() * 1e3,
-                loss_rate = self
-                    .recent
-                    .loss_rate(RANDOM_LOSS_MIN_SAMPLE_PACKETS * self.mtu),
+                loss_rate = self.recent.loss_rate(),
+                lost_bytes_two_rounds = self.recent.lost(),
                 "loss with queueing delay or a high loss rate: congestion"
             );
         }
@@ -1150,41 +1152,41 @@ mod tests {
         let t0 = Instant::now();
         let rtt = ms(100);
         let (mut lt, _) = cubic_hs_lt();
-        let now = ack_round(&mut lt, t0, rtt, 40);
-        let now = ack_round(&mut lt, now, rtt, 60);
-        // 100 packets acknowledged in the last two rounds: 5 of 105 lost is 4.8 %, tolerated;
-        // the sixth makes 5.7 %.
-        for i in 1..=5u64 {
+        let now = ack_round(&mut lt, t0, rtt, 100);
+        let now = ack_round(&mut lt, now, rtt, 100);
+        // 200 packets acknowledged in the last two rounds: 10 of 210 lost is 4.8 %, tolerated;
+        // the eleventh makes 5.2 %.
+        for i in 1..=10u64 {
             lt.on_congestion_event(now + ms(i), now, false, PKT);
             assert_eq!(lt.random_losses_tolerated(), i);
             assert_eq!(lt.congestion_events(), 0);
         }
-        lt.on_congestion_event(now + ms(6), now, false, PKT);
-        assert_eq!(lt.random_losses_tolerated(), 5);
+        lt.on_congestion_event(now + ms(11), now, false, PKT);
+        assert_eq!(lt.random_losses_tolerated(), 10);
         assert_eq!(lt.congestion_events(), 1);
         assert!(!lt.in_slow_start());
 
-        // A burst found in one batch counts with all its bytes: 7 packets of 107.
+        // A burst found in one batch counts with all its bytes: 9 packets of 109.
         let (mut burst, _) = cubic_hs_lt();
         let now = ack_round(&mut burst, t0, rtt, 40);
         let now = ack_round(&mut burst, now, rtt, 60);
-        burst.on_congestion_event(now + ms(1), now, false, 7 * PKT);
+        burst.on_congestion_event(now + ms(1), now, false, 9 * PKT);
         assert_eq!(burst.random_losses_tolerated(), 0);
         assert_eq!(burst.congestion_events(), 1);
     }
 
     #[test]
-    fn small_rounds_measure_the_loss_rate_over_at_least_64_packets() {
+    fn fewer_than_8_losses_are_no_loss_rate_yet() {
         let t0 = Instant::now();
         let rtt = ms(100);
         let (mut lt, _) = cubic_hs_lt();
-        let now = ack_round(&mut lt, t0, rtt, 10);
-        // 3 of 64 is 4.7 %; the fourth loss makes 6.25 % although only 14 packets were seen.
-        for i in 1..=3u64 {
+        let now = ack_round(&mut lt, t0, rtt, 40);
+        // 7 of 47 is 15 %, but 7 losses say little about a rate; the eighth decides.
+        for i in 1..=7u64 {
             lt.on_congestion_event(now + ms(i), now, false, PKT);
         }
-        assert_eq!(lt.random_losses_tolerated(), 3);
-        lt.on_congestion_event(now + ms(4), now, false, PKT);
+        assert_eq!(lt.random_losses_tolerated(), 7);
+        lt.on_congestion_event(now + ms(8), now, false, PKT);
         assert_eq!(lt.congestion_events(), 1);
     }
 
@@ -1194,18 +1196,18 @@ mod tests {
         let rtt = ms(100);
         let (mut lt, _) = cubic_hs_lt();
         let mut now = ack_round(&mut lt, t0, rtt, 60);
-        for i in 1..=3u64 {
-            lt.on_congestion_event(now + ms(i), now, false, PKT);
-        }
-        assert_eq!(lt.random_losses_tolerated(), 3);
-        // Two clean rounds later the three losses no longer count: four more are 3.2 % of the
-        // last two rounds (with the old three they would be 5.5 %).
-        now = ack_round(&mut lt, now, rtt, 60);
-        now = ack_round(&mut lt, now, rtt, 60);
-        for i in 1..=4u64 {
+        for i in 1..=7u64 {
             lt.on_congestion_event(now + ms(i), now, false, PKT);
         }
         assert_eq!(lt.random_losses_tolerated(), 7);
+        // Two clean rounds later the seven losses no longer count: seven more are again too few
+        // to be a rate (with the old seven they would be 14 of 134, 10 %).
+        now = ack_round(&mut lt, now, rtt, 60);
+        now = ack_round(&mut lt, now, rtt, 60);
+        for i in 1..=7u64 {
+            lt.on_congestion_event(now + ms(i), now, false, PKT);
+        }
+        assert_eq!(lt.random_losses_tolerated(), 14);
         assert_eq!(lt.congestion_events(), 0);
     }
 
