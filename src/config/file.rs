@@ -138,7 +138,13 @@ mod tests {
         let e =
             parse("upstream: {address: 'a:1'}\ntransport: {congestionControl: reno}").unwrap_err();
         assert_eq!(e.errors[0].path, "transport.congestionControl");
-        assert!(e.errors[0].message.contains("cubic-hs"), "{e}");
+        assert!(e.errors[0].message.contains("`cubic-hs-lt`"), "{e}");
+        let f = parse("upstream: {address: 'a:1'}\ntransport: {congestionControl: cubic-hs-lt}")
+            .unwrap();
+        assert_eq!(
+            f.transport.congestion_control,
+            crate::api::CongestionControl::CubicHsLt
+        );
     }
 
     #[test]
