@@ -873,7 +873,7 @@ mod tests {
         for (s, t) in c.samples.iter_mut().zip([0.204, 0.206, 1.407, 0.305]) {
             s.time_appconnect = t;
         }
-        // 200 ms RTT: 0.305 is exactly half an RTT late, 1.407 a client PTO late.
+        // 200 ms RTT: 0.305 is just over half an RTT late, 1.407 a client PTO late.
         assert_eq!(slow_handshakes(&c, 200.0), Some(2));
         assert_eq!(slow_handshakes(&cell("s3", OURS, &[]), 200.0), None);
     }

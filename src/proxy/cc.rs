@@ -23,9 +23,8 @@
 //! filling queue comes with a rising RTT, and a shallow-buffered or policed bottleneck pushes
 //! the loss rate past 5 %, so both still get the normal CUBIC response; the 5 % bound is what
 //! this mode can cost a shallow bottleneck that shows no delay (BBRv2 uses 2 %, BBRv1
-//! tolerated up to 20 %). Like the
-//! handshake rule it only skips reductions, so it never grows the window beyond what the
-//! loss-free connection would have.
+//! tolerated up to 20 %). Like the handshake rule it only skips reductions, so it never grows
+//! the window beyond what the loss-free connection would have.
 //!
 //! quinn never reports lost MTU probes to the controller, so PLPMTUD probing costs no window.
 
@@ -194,21 +193,24 @@ struct Epoch {
     carry: f64,
 }
 
-/// What `cubic-hs-lt` knows about the last two round trips: acknowledged and lost bytes, and
-/// the smallest RTT sample (ACK time minus send time of an acknowledged packet; an ACK's
-/// largest packet gives quinn's RTT sample, the others only larger values).
+/// One round trip as `cubic-hs-lt` counts it.
+#[derive(Debug, Clone, Copy, Default)]
+struct Round {
+    acked: u64,
+    lost: u64,
+    /// Smallest RTT sample: ACK time minus send time of an acknowledged packet (an ACK's
+    /// largest packet gives quinn's RTT sample, the others only larger values).
+    min_rtt: Option<Duration>,
+    samples: u32,
+}
+
+/// What `cubic-hs-lt` knows about the last two round trips and the path.
 #[derive(Debug, Clone, Copy, Default)]
 struct Recent {
     /// When the current round began; it ends when a packet sent after that is acknowledged.
     round_start: Option<Instant>,
-    acked: u64,
-    lost: u64,
-    min_rtt: Option<Duration>,
-    /// RTT samples taken in the current round.
-    samples: u32,
-    previous_acked: u64,
-    previous_lost: u64,
-    previous_min_rtt: Option<Duration>,
+    current: Round,
+    previous: Round,
     /// The smallest sample ever: the path's RTT without a queue. Should the path get longer
     /// (a route change), every loss looks queued and the normal response returns: the safe side.
     path_min_rtt: Option<Duration>,
@@ -222,33 +224,28 @@ impl Recent {
     fn on_ack(&mut self, now: Instant, sent: Instant, bytes: u64) {
         if self.round_start.is_none_or(|start| sent >= start) {
             self.round_start = Some(now);
-            self.previous_acked = self.acked;
-            self.previous_lost = self.lost;
-            self.previous_min_rtt = self.min_rtt;
-            self.acked = 0;
-            self.lost = 0;
-            self.min_rtt = None;
-            self.samples = 0;
+            self.previous = std::mem::take(&mut self.current);
         }
-        self.acked += bytes;
-        self.samples = self.samples.saturating_add(1);
         let sample = now.saturating_duration_since(sent);
-        self.min_rtt = min_of(self.min_rtt, sample);
+        let round = &mut self.current;
+        round.acked += bytes;
+        round.samples = round.samples.saturating_add(1);
+        round.min_rtt = min_of(round.min_rtt, sample);
         self.path_min_rtt = min_of(self.path_min_rtt, sample);
     }
 
     fn on_loss(&mut self, bytes: u64) {
-        self.lost += bytes;
+        self.current.lost += bytes;
     }
 
     fn lost(&self) -> u64 {
-        self.lost + self.previous_lost
+        self.current.lost + self.previous.lost
     }
 
     /// Lost over lost plus acknowledged.
     fn loss_rate(&self) -> f64 {
         let lost = self.lost();
-        lost as f64 / (lost + self.acked + self.previous_acked).max(1) as f64
+        lost as f64 / (lost + self.current.acked + self.previous.acked).max(1) as f64
     }
 
     /// How far the smallest RTT of the current round (of the previous one until the current
@@ -257,10 +254,10 @@ impl Recent {
     /// receiver, a lost ACK) raises only its own, which the minimum ignores where a smoothed
     /// RTT would not.
     fn queue_delay(&self) -> Option<Duration> {
-        let recent = if self.samples >= QUEUE_DELAY_MIN_SAMPLES {
-            self.min_rtt
+        let recent = if self.current.samples >= QUEUE_DELAY_MIN_SAMPLES {
+            self.current.min_rtt
         } else {
-            self.previous_min_rtt.or(self.min_rtt)
+            self.previous.min_rtt.or(self.current.min_rtt)
         }?;
         Some(recent.saturating_sub(self.path_min_rtt?))
     }
