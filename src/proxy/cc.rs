@@ -279,7 +279,7 @@ pub struct CubicHs {
     /// RTT sample is taken. Packets sent before it form the first flight.
     first_ack_at: Option<Instant>,
     forgiveness_used: bool,
-    /// `cubic-hs-lt`'s view of the last two round trips.
+    /// `cubic-hs-lt`'s view of the last two round trips; not kept by plain `cubic-hs`.
     recent: Recent,
     /// Start of the current run of app-limited ACKs; that time is cut out of the epoch so an
     /// idle connection does not come back with a window jump (RFC 9438 section 5.8).
@@ -372,7 +372,9 @@ impl CubicHs {
         rtt: Duration,
     ) {
         self.first_ack_at.get_or_insert(now);
-        self.recent.on_ack(now, sent, bytes);
+        if self.config.tolerate_random_loss {
+            self.recent.on_ack(now, sent, bytes);
+        }
 
         if self.sent_in_recovery(sent) {
             return;
@@ -501,7 +503,9 @@ impl Controller for CubicHs {
         is_persistent_congestion: bool,
         lost_bytes: u64,
     ) {
-        self.recent.on_loss(lost_bytes);
+        if self.config.tolerate_random_loss {
+            self.recent.on_loss(lost_bytes);
+        }
         if is_persistent_congestion {
             // RFC 9002 7.6.2: collapse whatever phase we are in, the handshake included.
             let counted = !self.sent_in_recovery(sent);
