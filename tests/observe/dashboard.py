@@ -155,7 +155,8 @@ def _rows() -> list[tuple[str, list[tuple[int, dict[str, Any]]]]]:
         (12, _panel(
             "Congestion events, forgiven and tolerated losses",
             "Window reductions; losses of the handshake flight that cubic-hs did not treat as "
-            "congestion (seed 004: one lost handshake packet must not pin the window); losses "
+            "congestion (such a loss says nothing about the path's capacity, and reducing for "
+            "it would keep the window small for the whole connection); losses "
             "cubic-hs-lt read as random (no queueing delay, at most 5 % loss).",
             [(f"sum(rate(h3_ingress_connection_congestion_events_total{{{SEL}}}[{RATE}]))", "congestion events/s"),
              (f"sum(rate(h3_ingress_congestion_handshake_losses_forgiven_total{{{SEL}}}[{RATE}]))", "handshake losses forgiven/s"),

@@ -21,7 +21,9 @@
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* Labels shared by every object; app.kubernetes.io/name is fixed by the team contract. */}}
+{{/* Labels shared by every object. app.kubernetes.io/name is always h3-ingress, whatever the release
+    is called: the operator labels the data plane pods it creates the same way, and the PodMonitor
+    and the dashboard select by it. */}}
 {{- define "h3-ingress.labels" -}}
 helm.sh/chart: {{ include "h3-ingress.chart" . }}
 app.kubernetes.io/name: h3-ingress
