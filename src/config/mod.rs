@@ -12,7 +12,7 @@ use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-pub use hosts::{HostEntry, HostError, HostTable};
+pub use hosts::{host_matches, HostEntry, HostError, HostTable};
 
 use crate::api::bounds::{self, Bound};
 use crate::api::{
