@@ -1,7 +1,8 @@
 //! API types: the `Http3Listener` CRD, the settings it shares with the standalone file (and
-//! the [`bounds`] of their numbers), and the condition types, reasons and annotations users
-//! see. No I/O here.
+//! the [`bounds`] of their numbers), the condition types, reasons and annotations users see,
+//! and the [`altsvc`] advice they are given. No I/O here.
 
+pub mod altsvc;
 pub mod bounds;
 mod listener;
 mod report;

@@ -27,12 +27,12 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use super::admin::{results, AdminState, OperatorMetrics};
-use super::altsvc::{controller_of, Controller as IngressController};
 use super::events::{self, PlannedEvent, Target};
 use super::reports::{status_address, HttpReportFetcher, ReportFetcher};
 use super::resources::{self, label_selector, Desired, Params};
 use super::status::{self, PodReport};
 use super::{leader, FIELD_MANAGER};
+use crate::api::altsvc::{controller_of, IngressController};
 use crate::api::{Http3Listener, SecretRef};
 use crate::config::kube::{ingress_key, referenced_secrets, resolve_hosts, SecretMap};
 

@@ -5,7 +5,6 @@
 //! shells that talk to the API server.
 
 pub mod admin;
-pub mod altsvc;
 pub mod controller;
 pub mod dataplane;
 pub mod events;

@@ -7,7 +7,7 @@ use k8s_openapi::api::apps::v1::DaemonSetStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
-use super::altsvc::{advice, Controller};
+use crate::api::altsvc::{advice, says_header_missing, IngressController};
 use crate::api::{
     conditions, host_states, reasons, HostReport, HostRequests, HostStatus, Http3ListenerStatus,
     NodesStatus, StatusReport, UdpStatus, RECOMMENDED_SYSCTL_BUFFER_MAX,
@@ -51,7 +51,7 @@ pub struct Inputs<'a> {
     pub previous: Option<&'a Http3ListenerStatus>,
     /// The TCP ingress controller each Ingress (`namespace/name`) is written for, when its
     /// annotations say; makes the missing-Alt-Svc advice specific.
-    pub controllers: &'a BTreeMap<String, Controller>,
+    pub controllers: &'a BTreeMap<String, IngressController>,
     /// `spec.altSvc.maxAgeSeconds`, for that advice.
     pub alt_svc_max_age: u32,
     pub now: Timestamp,
@@ -196,18 +196,11 @@ fn host_status(inp: &Inputs, wanted: &HostReport) -> HostStatus {
         .find(|(_, x)| x.alt_svc_advertised == Some(false))
     {
         h.alt_svc_advertised = Some(false);
-        let controller = wanted.ingress.as_ref().and_then(|i| inp.controllers.get(i));
         // A probe that failed outright keeps its own message; a missing header gets the
-        // advice for the controller the Ingress is written for.
-        let header_missing =
-            x.alt_svc_message.is_empty() || x.alt_svc_message.contains("Alt-Svc: h3=");
-        let why = if let (Some(c), true) = (controller, header_missing) {
-            advice(*c, &wanted.name, inp.port, inp.alt_svc_max_age)
-        } else if x.alt_svc_message.is_empty() {
-            format!(
-                "the TCP ingress does not answer {} with Alt-Svc: h3=\":{}\"",
-                wanted.name, inp.port
-            )
+        // advice for the controller the Ingress is written for, when its annotations say.
+        let why = if says_header_missing(&x.alt_svc_message) {
+            let controller = wanted.ingress.as_ref().and_then(|i| inp.controllers.get(i));
+            advice(controller.copied(), &wanted.name, inp.port, inp.alt_svc_max_age)
         } else {
             x.alt_svc_message.clone()
         };
@@ -577,7 +570,7 @@ mod tests {
     use super::*;
     use crate::api::SocketReport;
 
-    static NO_CONTROLLERS: BTreeMap<String, Controller> = BTreeMap::new();
+    static NO_CONTROLLERS: BTreeMap<String, IngressController> = BTreeMap::new();
 
     fn t(s: i64) -> Timestamp {
         Timestamp::from_second(s).unwrap()
@@ -921,7 +914,7 @@ mod tests {
         let s = aggregate(&inputs(&hosts, Some(&d), &pods, None, 1));
         assert_eq!(s.hosts[0].state, "Serving");
         assert_eq!(s.hosts[0].alt_svc_advertised, Some(false));
-        assert!(s.hosts[0].message.starts_with("served by 1 of 2 data plane pods; the TCP ingress does not answer a.example.com with Alt-Svc: h3=\":443\""), "{}", s.hosts[0].message);
+        assert!(s.hosts[0].message.starts_with("served by 1 of 2 data plane pods; the TCP ingress does not send Alt-Svc: h3=\":443\" for a.example.com"), "{}", s.hosts[0].message);
     }
 
     #[test]
