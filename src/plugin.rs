@@ -25,15 +25,14 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use serde::Deserialize;
 
-use crate::api::{host_states, Http3Listener};
+use crate::api::{conditions, host_states, Http3Listener, Http3ListenerStatus};
+use crate::config::host_matches;
+use crate::operator::resources::label_selector;
 
 /// File name kubectl looks for to run `kubectl h3-ingress`.
 pub const PLUGIN_EXECUTABLE: &str = "kubectl-h3_ingress";
 /// argv[0] the plugin gives the binary when it re-executes itself for `check`.
 pub const MAIN_EXECUTABLE: &str = "h3-ingress";
-/// Labels the operator puts on data plane pods (team contract).
-pub const DATA_PLANE_SELECTOR: &str =
-    "app.kubernetes.io/name=h3-ingress,app.kubernetes.io/component=data-plane";
 
 #[derive(Debug, thiserror::Error)]
 pub enum PluginError {
@@ -145,21 +144,13 @@ pub fn main() -> ExitCode {
 }
 
 async fn run(cli: PluginCli) -> Result<ExitCode, PluginError> {
+    let (kubeconfig, context) = (cli.kubeconfig.as_deref(), cli.context.as_deref());
     match cli.command {
         PluginCommand::Status { listener, filename } => {
             let listeners = match filename {
-                Some(path) => {
-                    let mut all = read_listeners(&path)?;
-                    if let Some(name) = &listener {
-                        all.retain(|l| l.metadata.name.as_deref() == Some(name));
-                        if all.is_empty() {
-                            return Err(PluginError::ListenerNotFound(name.clone()));
-                        }
-                    }
-                    all
-                }
+                Some(path) => listeners_from_file(&path, listener.as_deref())?,
                 None => {
-                    let client = client(cli.kubeconfig.as_deref(), cli.context.as_deref()).await?;
+                    let client = client(kubeconfig, context).await?;
                     fetch_listeners(&client, listener.as_deref()).await?
                 }
             };
@@ -173,34 +164,8 @@ async fn run(cli: PluginCli) -> Result<ExitCode, PluginError> {
             extra,
         } => {
             let target = match node {
-                Some(addr) => {
-                    let port = if has_port(&addr) {
-                        None
-                    } else {
-                        // The address lacks a port: the listener's, when the cluster answers.
-                        let found =
-                            match client(cli.kubeconfig.as_deref(), cli.context.as_deref()).await {
-                                Ok(c) => fetch_listeners(&c, None).await,
-                                Err(e) => Err(e),
-                            };
-                        match found {
-                            Ok(ls) => listener_for_host(&ls, &host).map(|l| l.spec.port),
-                            Err(e) => {
-                                eprintln!("warning: using port 443 ({e})");
-                                None
-                            }
-                        }
-                    };
-                    let address = node_address(&addr, port.unwrap_or(443));
-                    CheckTarget {
-                        address: resolve_node(&address).await?,
-                        via: "--node".to_string(),
-                    }
-                }
-                None => {
-                    let client = client(cli.kubeconfig.as_deref(), cli.context.as_deref()).await?;
-                    find_target(&client, &host).await?
-                }
+                Some(addr) => given_node(kubeconfig, context, &host, &addr).await?,
+                None => find_target(&client(kubeconfig, context).await?, &host).await?,
             };
             let args = check_args(&host, target.address, &extra);
             let exe = std::env::current_exe().map_err(PluginError::CurrentExe)?;
@@ -216,6 +181,48 @@ async fn run(cli: PluginCli) -> Result<ExitCode, PluginError> {
             Err(exec_check(&exe, &args))
         }
     }
+}
+
+/// The listeners of a file, or only the one named.
+fn listeners_from_file(path: &Path, name: Option<&str>) -> Result<Vec<Http3Listener>, PluginError> {
+    let mut all = read_listeners(path)?;
+    if let Some(name) = name {
+        all.retain(|l| l.metadata.name.as_deref() == Some(name));
+        if all.is_empty() {
+            return Err(PluginError::ListenerNotFound(name.to_string()));
+        }
+    }
+    Ok(all)
+}
+
+/// The node given with `--node`; without a port there, the port of the listener serving `host`
+/// when the cluster answers, else 443.
+async fn given_node(
+    kubeconfig: Option<&Path>,
+    context: Option<&str>,
+    host: &str,
+    addr: &str,
+) -> Result<CheckTarget, PluginError> {
+    let port = if has_port(addr) {
+        None
+    } else {
+        let found = match client(kubeconfig, context).await {
+            Ok(c) => fetch_listeners(&c, None).await,
+            Err(e) => Err(e),
+        };
+        match found {
+            Ok(ls) => listener_for_host(&ls, host).map(|l| l.spec.port),
+            Err(e) => {
+                eprintln!("warning: using port 443 ({e})");
+                None
+            }
+        }
+    };
+    let address = node_address(addr, port.unwrap_or(443));
+    Ok(CheckTarget {
+        address: resolve_node(&address).await?,
+        via: "--node".to_string(),
+    })
 }
 
 /// Replaces this process with `h3-ingress check ...`, so its output and exit code are the
@@ -284,9 +291,8 @@ pub async fn find_target(client: &Client, host: &str) -> Result<CheckTarget, Plu
         .ok_or_else(|| PluginError::HostNotServed(host.to_string()))?;
     let name = listener.metadata.name.clone().unwrap_or_default();
     let pods: Api<Pod> = Api::all(client.clone());
-    let selector = format!("{DATA_PLANE_SELECTOR},app.kubernetes.io/instance={name}");
     let pods = pods
-        .list(&ListParams::default().labels(&selector))
+        .list(&ListParams::default().labels(&label_selector(&name)))
         .await
         .map_err(PluginError::Api)?
         .items;
@@ -336,17 +342,6 @@ pub fn parse_listeners(text: &str) -> Result<Vec<Http3Listener>, serde_norway::E
         }
     }
     Ok(out)
-}
-
-/// A host name matches a status host exactly, or a `*.` wildcard covering one label.
-fn host_matches(pattern: &str, host: &str) -> bool {
-    let (pattern, host) = (pattern.to_ascii_lowercase(), host.to_ascii_lowercase());
-    match pattern.strip_prefix("*.") {
-        Some(suffix) => host
-            .split_once('.')
-            .is_some_and(|(label, rest)| !label.is_empty() && rest == suffix),
-        None => pattern == host,
-    }
 }
 
 /// The listener that serves `host`: one whose status lists it as serving first, then any that
@@ -502,120 +497,141 @@ pub fn render_status(listeners: &[Http3Listener]) -> String {
     if listeners.is_empty() {
         return "No Http3Listener found. Create one (deploy/examples/) and annotate an Ingress with h3-ingress.dev/enabled=true.\n".to_string();
     }
-    let mut out = String::new();
-    for (i, l) in listeners.iter().enumerate() {
-        if i > 0 {
-            out.push('\n');
+    let blocks: Vec<String> = listeners.iter().map(render_listener).collect();
+    blocks.join("\n")
+}
+
+fn render_listener(l: &Http3Listener) -> String {
+    let status = l.status.clone().unwrap_or_default();
+    let mut out = summary_line(l, &status);
+    out.push_str(&conditions_block(l, &status));
+    if status.hosts.is_empty() {
+        out.push_str("  No hosts: annotate an Ingress of this listener's class with h3-ingress.dev/enabled=true.\n");
+        return out;
+    }
+    out.push_str(&hosts_block(&status));
+    out.push_str(&dns_records_block(&status));
+    out
+}
+
+/// `Listener NAME: UDP port, pods ready, hosts serving[, UDP drops and buffers]`.
+fn summary_line(l: &Http3Listener, status: &Http3ListenerStatus) -> String {
+    let name = l.metadata.name.as_deref().unwrap_or("?");
+    let nodes = status
+        .nodes
+        .as_ref()
+        .map(|n| format!("{}/{}", n.ready, n.desired))
+        .unwrap_or_else(|| "-".into());
+    let hosts = status.hosts_summary.as_deref().unwrap_or("-");
+    let mut out = format!(
+        "Listener {name}: UDP port {}, pods ready {nodes}, hosts serving {hosts}",
+        l.spec.port
+    );
+    if let Some(udp) = &status.udp {
+        let _ = write!(out, ", UDP drops {}", udp.drops);
+        if let Some(min) = udp.min_receive_buffer_bytes {
+            let _ = write!(out, ", smallest receive buffer {min} B");
         }
-        let name = l.metadata.name.as_deref().unwrap_or("?");
-        let status = l.status.clone().unwrap_or_default();
-        let nodes = status
-            .nodes
-            .as_ref()
-            .map(|n| format!("{}/{}", n.ready, n.desired))
-            .unwrap_or_else(|| "-".into());
-        let hosts = status.hosts_summary.as_deref().unwrap_or("-");
-        let _ = write!(
-            out,
-            "Listener {name}: UDP port {}, pods ready {nodes}, hosts serving {hosts}",
-            l.spec.port
-        );
-        if let Some(udp) = &status.udp {
-            let _ = write!(out, ", UDP drops {}", udp.drops);
-            if let Some(min) = udp.min_receive_buffer_bytes {
-                let _ = write!(out, ", smallest receive buffer {min} B");
-            }
-            if udp.clamped {
-                out.push_str(" (CLAMPED by net.core.rmem_max)");
-            }
+        if udp.clamped {
+            out.push_str(" (CLAMPED by net.core.rmem_max)");
         }
-        out.push('\n');
-        let stale = match (status.observed_generation, l.metadata.generation) {
-            (Some(seen), Some(generation)) if seen < generation => {
-                format!(" (status is for generation {seen}, spec is at {generation})")
-            }
-            _ => String::new(),
-        };
-        if status.conditions.is_empty() {
-            let _ = writeln!(out, "  No conditions yet: is the operator running?{stale}");
+    }
+    out.push('\n');
+    out
+}
+
+/// One line of `Type=Status (Reason)`, then the message of every condition in a bad state.
+fn conditions_block(l: &Http3Listener, status: &Http3ListenerStatus) -> String {
+    let stale = match (status.observed_generation, l.metadata.generation) {
+        (Some(seen), Some(generation)) if seen < generation => {
+            format!(" (status is for generation {seen}, spec is at {generation})")
+        }
+        _ => String::new(),
+    };
+    if status.conditions.is_empty() {
+        return format!("  No conditions yet: is the operator running?{stale}\n");
+    }
+    let conds: Vec<String> = status
+        .conditions
+        .iter()
+        .map(|c| format!("{}={} ({})", c.type_, c.status, c.reason))
+        .collect();
+    let mut out = format!("  {}{stale}\n", conds.join("  "));
+    for c in &status.conditions {
+        let bad = if c.type_ == conditions::DEGRADED {
+            c.status == "True"
         } else {
-            let conds: Vec<String> = status
-                .conditions
-                .iter()
-                .map(|c| format!("{}={} ({})", c.type_, c.status, c.reason))
-                .collect();
-            let _ = writeln!(out, "  {}{stale}", conds.join("  "));
-            for c in &status.conditions {
-                let bad = if c.type_ == "Degraded" {
-                    c.status == "True"
-                } else {
-                    c.status != "True"
-                };
-                if bad && !c.message.is_empty() {
-                    let _ = writeln!(out, "  {}: {}", c.type_, c.message);
-                }
-            }
+            c.status != "True"
+        };
+        if bad && !c.message.is_empty() {
+            let _ = writeln!(out, "  {}: {}", c.type_, c.message);
         }
-        if status.hosts.is_empty() {
-            out.push_str("  No hosts: annotate an Ingress of this listener's class with h3-ingress.dev/enabled=true.\n");
-            continue;
-        }
-        let requests: BTreeMap<&str, (i64, i64)> = status
-            .requests
-            .iter()
-            .map(|r| (r.host.as_str(), (r.total, r.last5m)))
-            .collect();
-        let rows: Vec<Vec<String>> = status
-            .hosts
-            .iter()
-            .map(|h| {
-                vec![
-                    h.name.clone(),
-                    h.state.clone(),
-                    h.reason.clone(),
-                    yes_no(h.alt_svc_advertised).to_string(),
-                    requests
-                        .get(h.name.as_str())
-                        .map_or_else(|| "-".to_string(), |n| n.0.to_string()),
-                    requests
-                        .get(h.name.as_str())
-                        .map_or_else(|| "-".to_string(), |n| n.1.to_string()),
-                    h.ingress.clone().unwrap_or_else(|| "-".into()),
-                    h.secret.clone().unwrap_or_else(|| "-".into()),
-                ]
-            })
-            .collect();
-        let t = table(
-            &[
-                "HOST",
-                "STATE",
-                "REASON",
-                "ALT-SVC",
-                "H3-REQUESTS",
-                "LAST-5M",
-                "INGRESS",
-                "SECRET",
-            ],
-            &rows,
-        );
-        for line in t.lines() {
-            let _ = writeln!(out, "  {line}");
-        }
-        for h in status.hosts.iter().filter(|h| !h.message.is_empty()) {
-            let _ = writeln!(out, "  {}: {}", h.name, h.message);
-        }
-        let records: Vec<&str> = status
-            .hosts
-            .iter()
-            .filter(|h| h.state == host_states::SERVING && !h.dns_https_record.is_empty())
-            .map(|h| h.dns_https_record.as_str())
-            .collect();
-        if !records.is_empty() {
-            out.push_str("  DNS HTTPS records to publish (first visits can use HTTP/3):\n");
-            for r in records {
-                let _ = writeln!(out, "    {r}");
-            }
-        }
+    }
+    out
+}
+
+/// The per-host table, then the message of every host that has one.
+fn hosts_block(status: &Http3ListenerStatus) -> String {
+    let requests: BTreeMap<&str, (i64, i64)> = status
+        .requests
+        .iter()
+        .map(|r| (r.host.as_str(), (r.total, r.last5m)))
+        .collect();
+    let count = |host: &str, pick: fn(&(i64, i64)) -> i64| {
+        requests
+            .get(host)
+            .map_or_else(|| "-".to_string(), |n| pick(n).to_string())
+    };
+    let rows: Vec<Vec<String>> = status
+        .hosts
+        .iter()
+        .map(|h| {
+            vec![
+                h.name.clone(),
+                h.state.clone(),
+                h.reason.clone(),
+                yes_no(h.alt_svc_advertised).to_string(),
+                count(&h.name, |n| n.0),
+                count(&h.name, |n| n.1),
+                h.ingress.clone().unwrap_or_else(|| "-".into()),
+                h.secret.clone().unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    let header = [
+        "HOST",
+        "STATE",
+        "REASON",
+        "ALT-SVC",
+        "H3-REQUESTS",
+        "LAST-5M",
+        "INGRESS",
+        "SECRET",
+    ];
+    let mut out = String::new();
+    for line in table(&header, &rows).lines() {
+        let _ = writeln!(out, "  {line}");
+    }
+    for h in status.hosts.iter().filter(|h| !h.message.is_empty()) {
+        let _ = writeln!(out, "  {}: {}", h.name, h.message);
+    }
+    out
+}
+
+/// The DNS HTTPS records of the served hosts, if any.
+fn dns_records_block(status: &Http3ListenerStatus) -> String {
+    let records: Vec<&str> = status
+        .hosts
+        .iter()
+        .filter(|h| h.state == host_states::SERVING && !h.dns_https_record.is_empty())
+        .map(|h| h.dns_https_record.as_str())
+        .collect();
+    if records.is_empty() {
+        return String::new();
+    }
+    let mut out = "  DNS HTTPS records to publish (first visits can use HTTP/3):\n".to_string();
+    for r in records {
+        let _ = writeln!(out, "    {r}");
     }
     out
 }
@@ -909,7 +925,7 @@ Listener nginx: UDP port 8443, pods ready 2/3, hosts serving 1/3, UDP drops 17, 
             ];
             answer(
                 &mut handle,
-                "/api/v1/pods?&labelSelector=app.kubernetes.io%2Fname%3Dh3-ingress%2Capp.kubernetes.io%2Fcomponent%3Ddata-plane%2Capp.kubernetes.io%2Finstance%3Dnginx",
+                "/api/v1/pods?&labelSelector=app.kubernetes.io%2Fcomponent%3Ddata-plane%2Capp.kubernetes.io%2Finstance%3Dnginx%2Capp.kubernetes.io%2Fname%3Dh3-ingress",
                 serde_json::json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": pods}),
             )
             .await;

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::settings::{
     AltSvcSettings, HttpSettings, MetricsSettings, SocketSettings, TransportSettings, Upstream,
 };
-use super::Addresses;
+use super::{bounds, Addresses};
 
 fn default_port() -> u16 {
     super::settings::DEFAULT_PORT
@@ -65,7 +65,7 @@ pub struct Http3ListenerSpec {
     pub ingress_class_name: Option<String>,
     /// UDP port the QUIC sockets bind on every node.
     #[serde(default = "default_port")]
-    #[schemars(range(min = 1, max = 65535))]
+    #[schemars(range(min = bounds::PORT.min, max = bounds::PORT.max))]
     pub port: u16,
     #[serde(default)]
     pub addresses: Addresses,
@@ -94,7 +94,8 @@ pub struct Http3ListenerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
     /// Run a privileged init container that raises net.core.rmem_max/wmem_max to 7500000
-    /// on each node (seed 002). Off by default; status reports clamped buffers either way.
+    /// on each node, so the requested socket buffers are granted. Off by default; status
+    /// reports clamped buffers either way.
     #[serde(default)]
     pub tune_node_buffer_limits: bool,
 }

@@ -1,6 +1,9 @@
-//! API types: the `Http3Listener` CRD, the settings it shares with the standalone file, and
-//! the condition types, reasons and annotations users see. No I/O here.
+//! API types: the `Http3Listener` CRD, the settings it shares with the standalone file (and
+//! the [`bounds`] of their numbers), the condition types, reasons and annotations users see,
+//! and the [`altsvc`] advice they are given. No I/O here.
 
+pub mod altsvc;
+pub mod bounds;
 mod listener;
 mod report;
 mod settings;
@@ -171,6 +174,25 @@ mod tests {
             rule("upstream"),
             "self.tls || self.verify == 'servedCertificate'"
         );
+    }
+
+    #[test]
+    fn crd_schema_carries_every_bound_at_its_field() {
+        let json = serde_json::to_value(crd()).unwrap();
+        let spec = &json["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        for b in bounds::ALL {
+            let field = b
+                .field
+                .split('.')
+                .fold(spec, |schema, name| &schema["properties"][name]);
+            let limits = (field["minimum"].as_f64(), field["maximum"].as_f64());
+            assert_eq!(
+                limits,
+                (Some(b.min as f64), Some(b.max as f64)),
+                "{}: {field}",
+                b.field
+            );
+        }
     }
 
     #[test]

@@ -8,12 +8,15 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::bounds;
+
 pub const DEFAULT_PORT: u16 = 443;
 pub const DEFAULT_IPV4: &str = "0.0.0.0";
 pub const DEFAULT_IPV6: &str = "::";
 /// Socket buffers QUIC servers want; the kernel doubles what it grants (see socket(7)).
 pub const DEFAULT_BUFFER_BYTES: u32 = 4 * 1024 * 1024;
-/// What QUIC stacks (quic-go, nginx docs, seed 002) recommend for net.core.rmem_max/wmem_max.
+/// What QUIC stacks (quic-go, the nginx docs) recommend for net.core.rmem_max/wmem_max; the
+/// kernel's 208 KB default drops datagrams on fast uploads (docs/field-reports.md, 002).
 pub const RECOMMENDED_SYSCTL_BUFFER_MAX: u32 = 7_500_000;
 pub const DEFAULT_ALT_SVC_MAX_AGE: u32 = 86_400;
 /// Metrics and health port. Chosen to stay clear of the ports hostNetwork daemons commonly
@@ -44,7 +47,8 @@ fn default_metrics_address() -> String {
 }
 
 /// Which local addresses get a UDP socket. One socket per family, never a dual-stack socket:
-/// an AF_INET6 socket that also carries IPv4 cannot set DF on its IPv4 datagrams (seed 000).
+/// an AF_INET6 socket that also carries IPv4 cannot set Don't Fragment on its IPv4 datagrams,
+/// so oversized QUIC packets get fragmented and networks that drop fragments lose them.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Addresses {
@@ -107,25 +111,25 @@ pub struct Upstream {
     pub proxy_protocol: bool,
     /// Seconds to wait for the TCP (and TLS) connection to the upstream.
     #[serde(default = "default_connect_timeout")]
-    #[schemars(range(min = 1, max = 300))]
+    #[schemars(range(min = bounds::CONNECT_TIMEOUT_SECONDS.min, max = bounds::CONNECT_TIMEOUT_SECONDS.max))]
     pub connect_timeout_seconds: u32,
     /// Seconds to wait for the upstream's response headers; answered with 504 when exceeded.
     #[serde(default = "default_response_timeout")]
-    #[schemars(range(min = 1, max = 3600))]
+    #[schemars(range(min = bounds::RESPONSE_TIMEOUT_SECONDS.min, max = bounds::RESPONSE_TIMEOUT_SECONDS.max))]
     pub response_timeout_seconds: u32,
 }
 
-/// UDP socket buffers (seed 002: 208 KB buffers drop datagrams on uploads).
+/// UDP socket buffers. The usual kernel default of 208 KB drops datagrams on fast uploads.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SocketSettings {
     /// Requested SO_RCVBUF in bytes; the effective size is read back and exported.
     #[serde(default = "default_buffer")]
-    #[schemars(range(min = 65536, max = 1073741824))]
+    #[schemars(range(min = bounds::RECEIVE_BUFFER_BYTES.min, max = bounds::RECEIVE_BUFFER_BYTES.max))]
     pub receive_buffer_bytes: u32,
     /// Requested SO_SNDBUF in bytes.
     #[serde(default = "default_buffer")]
-    #[schemars(range(min = 65536, max = 1073741824))]
+    #[schemars(range(min = bounds::SEND_BUFFER_BYTES.min, max = bounds::SEND_BUFFER_BYTES.max))]
     pub send_buffer_bytes: u32,
     /// Use SO_RCVBUFFORCE/SO_SNDBUFFORCE to exceed net.core.rmem_max/wmem_max (needs CAP_NET_ADMIN).
     #[serde(default)]
@@ -145,7 +149,8 @@ impl Default for SocketSettings {
 /// Congestion controller of the QUIC connections.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum CongestionControl {
-    /// CUBIC that forgives one loss of the handshake flight (seed 004).
+    /// CUBIC that forgives one loss of the handshake flight, which would otherwise leave the
+    /// congestion window small for the whole connection.
     #[default]
     #[serde(rename = "cubic-hs")]
     CubicHs,
@@ -205,7 +210,8 @@ fn default_max_streams() -> u32 {
     DEFAULT_MAX_CONCURRENT_STREAMS
 }
 
-/// QUIC transport parameters. Defaults avoid the 64 KB-per-round-trip brake of seed 002.
+/// QUIC transport parameters. The default windows allow megabytes in flight per stream; a
+/// 64 KB window would cap a download at 64 KB per round trip (1.3 MB/s at 50 ms).
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[schemars(extend("x-kubernetes-validations" = [{
@@ -219,32 +225,32 @@ pub struct TransportSettings {
     /// Initial congestion window in packets of the initial MTU (1200 bytes), paced. Default 32;
     /// RFC 9002 suggests 10.
     #[serde(default = "default_initial_window_packets")]
-    #[schemars(range(min = 2, max = 100))]
+    #[schemars(range(min = bounds::INITIAL_WINDOW_PACKETS.min, max = bounds::INITIAL_WINDOW_PACKETS.max))]
     pub initial_window_packets: u32,
     /// How much a client may send on one stream before we read it (at least 1 MiB).
     #[serde(default = "default_stream_window")]
-    #[schemars(range(min = 1048576, max = 268435456))]
+    #[schemars(range(min = bounds::STREAM_RECEIVE_WINDOW_BYTES.min, max = bounds::STREAM_RECEIVE_WINDOW_BYTES.max))]
     pub stream_receive_window_bytes: u64,
     /// How much a client may send on all streams of a connection.
     #[serde(default = "default_connection_window")]
-    #[schemars(range(min = 1048576, max = 1073741824))]
+    #[schemars(range(min = bounds::CONNECTION_RECEIVE_WINDOW_BYTES.min, max = bounds::CONNECTION_RECEIVE_WINDOW_BYTES.max))]
     pub connection_receive_window_bytes: u64,
     /// How much unacknowledged data we buffer per connection for sending.
     #[serde(default = "default_send_window")]
-    #[schemars(range(min = 1048576, max = 1073741824))]
+    #[schemars(range(min = bounds::SEND_WINDOW_BYTES.min, max = bounds::SEND_WINDOW_BYTES.max))]
     pub send_window_bytes: u64,
     /// Upper bound for path-MTU discovery (UDP payload bytes). Absent: derived from the
     /// largest interface MTU of the host minus IP and UDP headers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1200, max = 65527))]
+    #[schemars(range(min = bounds::MAX_UDP_PAYLOAD_BYTES.min, max = bounds::MAX_UDP_PAYLOAD_BYTES.max))]
     pub max_udp_payload_bytes: Option<u16>,
     /// Close a connection after this many seconds without traffic.
     #[serde(default = "default_idle_timeout")]
-    #[schemars(range(min = 1, max = 600))]
+    #[schemars(range(min = bounds::IDLE_TIMEOUT_SECONDS.min, max = bounds::IDLE_TIMEOUT_SECONDS.max))]
     pub idle_timeout_seconds: u32,
     /// Concurrent request streams a client may open.
     #[serde(default = "default_max_streams")]
-    #[schemars(range(min = 1, max = 10000))]
+    #[schemars(range(min = bounds::MAX_CONCURRENT_STREAMS.min, max = bounds::MAX_CONCURRENT_STREAMS.max))]
     pub max_concurrent_streams: u32,
 }
 
@@ -313,11 +319,11 @@ fn default_drain() -> u32 {
 pub struct HttpSettings {
     /// SETTINGS_MAX_FIELD_SECTION_SIZE advertised to clients and enforced on requests.
     #[serde(default = "default_field_section")]
-    #[schemars(range(min = 4096, max = 1048576))]
+    #[schemars(range(min = bounds::MAX_FIELD_SECTION_SIZE_BYTES.min, max = bounds::MAX_FIELD_SECTION_SIZE_BYTES.max))]
     pub max_field_section_size_bytes: u32,
     /// On SIGTERM, in-flight requests get this long to finish before connections close.
     #[serde(default = "default_drain")]
-    #[schemars(range(min = 0, max = 3600))]
+    #[schemars(range(min = bounds::DRAIN_TIMEOUT_SECONDS.min, max = bounds::DRAIN_TIMEOUT_SECONDS.max))]
     pub drain_timeout_seconds: u32,
 }
 

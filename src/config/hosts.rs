@@ -193,6 +193,21 @@ pub fn is_dns_name(s: &str) -> bool {
     })
 }
 
+/// The wildcard name that would cover `host`: `*.example.com` for `a.example.com`. A wildcard
+/// covers exactly one non-empty label, as in certificates (RFC 6125 6.4.3), so `a.b.example.com`
+/// and `example.com` are not covered by `*.example.com`. Expects a lowercase name.
+pub fn covering_wildcard(host: &str) -> Option<String> {
+    let (label, parent) = host.split_once('.')?;
+    (!label.is_empty() && label != "*").then(|| format!("*.{parent}"))
+}
+
+/// Whether the host name `pattern` (a name or a `*.` wildcard) serves `host`, ignoring case:
+/// the same name, or the wildcard that covers it ([`covering_wildcard`]).
+pub fn host_matches(pattern: &str, host: &str) -> bool {
+    let (pattern, host) = (pattern.to_ascii_lowercase(), host.to_ascii_lowercase());
+    pattern == host || covering_wildcard(&host).is_some_and(|w| w == pattern)
+}
+
 /// The hosts a configuration serves, looked up by SNI and by `:authority`.
 #[derive(Debug, Clone, Default)]
 pub struct HostTable {
@@ -209,14 +224,13 @@ impl HostTable {
         true
     }
 
-    /// Exact name first, then a wildcard for the name's parent domain (one label only).
+    /// Exact name first, then the wildcard that covers it ([`host_matches`] as a map lookup).
     pub fn lookup(&self, name: &str) -> Option<&Arc<HostEntry>> {
         let name = name.trim_end_matches('.').to_ascii_lowercase();
         if let Some(h) = self.hosts.get(&name) {
             return Some(h);
         }
-        let (_, parent) = name.split_once('.')?;
-        self.hosts.get(&format!("*.{parent}"))
+        self.hosts.get(&covering_wildcard(&name)?)
     }
 
     pub fn len(&self) -> usize {
@@ -311,6 +325,25 @@ pub(crate) mod tests {
         assert!(t.lookup("X.EXAMPLE.COM.").is_some());
         assert!(t.lookup("a.b.example.com").is_none());
         assert!(t.lookup("example.com").is_none());
+    }
+
+    #[test]
+    fn wildcards_cover_exactly_one_label() {
+        assert!(host_matches("SHOP.example.com", "shop.EXAMPLE.com"));
+        assert!(host_matches("*.example.com", "a.example.com"));
+        assert!(host_matches("*.Example.com", "A.example.COM"));
+        assert!(host_matches("*.example.com", "*.example.com"));
+        assert!(!host_matches("*.example.com", "a.b.example.com"));
+        assert!(!host_matches("*.example.com", "example.com"));
+        assert!(!host_matches("*.example.com", ".example.com"));
+        assert!(!host_matches("a.example.com", "b.example.com"));
+        assert!(!host_matches("a.example.com", "*.example.com"));
+        assert_eq!(
+            covering_wildcard("a.example.com").as_deref(),
+            Some("*.example.com")
+        );
+        assert_eq!(covering_wildcard("*.example.com"), None);
+        assert_eq!(covering_wildcard("localhost"), None);
     }
 
     #[test]

@@ -8,9 +8,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::api::networking::v1::Ingress;
+use k8s_openapi::api::networking::v1::{Ingress, IngressTLS};
 
-use super::{build, ConfigError, HostEntry, HostError, HostTable, ProxyConfig, Settings};
+use super::{
+    build, host_matches, ConfigError, HostEntry, HostError, HostTable, ProxyConfig, Settings,
+};
 use crate::api::{annotations, host_states, reasons, HostReport, Http3Listener, SecretRef};
 
 /// The pre-`ingressClassName` way of naming the class; controllers still honour it.
@@ -87,53 +89,18 @@ pub struct WantedHost {
     pub cert: CertSource,
 }
 
-fn host_matches(pattern: &str, host: &str) -> bool {
-    let (p, h) = (pattern.to_ascii_lowercase(), host.to_ascii_lowercase());
-    if p == h {
-        return true;
-    }
-    // A `*.example.com` TLS entry covers exactly one label, as certificates do.
-    match (p.strip_prefix("*."), h.split_once('.')) {
-        (Some(parent), Some((label, rest))) => !label.is_empty() && label != "*" && rest == parent,
-        _ => false,
-    }
-}
-
 /// The hosts an Ingress asks for, with where each one's certificate lives. Pure annotation and
 /// `spec.tls` rules; says nothing about whether the Ingress targets a given listener.
 pub fn wanted_hosts(ing: &Ingress) -> Vec<WantedHost> {
     let key = ingress_key(ing);
     let ns = ing.metadata.namespace.clone().unwrap_or_default();
-    let spec = ing.spec.as_ref();
-    let tls = spec.and_then(|s| s.tls.as_deref()).unwrap_or_default();
-    let rule_hosts = spec
-        .and_then(|s| s.rules.as_deref())
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|r| r.host.as_deref());
-    let tls_hosts = tls
-        .iter()
-        .flat_map(|t| t.hosts.as_deref().unwrap_or_default());
-
-    // Every host the Ingress names, in first-seen order, once (case-insensitively).
-    let mut own: Vec<String> = Vec::new();
-    for h in rule_hosts.chain(tls_hosts.map(|s| s.as_str())) {
-        let h = h.trim();
-        if !h.is_empty() && !own.iter().any(|o| o.eq_ignore_ascii_case(h)) {
-            own.push(h.to_string());
-        }
-    }
-
-    let narrowed: Option<Vec<String>> = annotation(ing, annotations::HOSTS).map(|list| {
-        let mut out: Vec<String> = Vec::new();
-        for h in list.split(',').map(str::trim).filter(|h| !h.is_empty()) {
-            if !out.iter().any(|o| o.eq_ignore_ascii_case(h)) {
-                out.push(h.to_string());
-            }
-        }
-        out
-    });
-
+    let tls = ing
+        .spec
+        .as_ref()
+        .and_then(|s| s.tls.as_deref())
+        .unwrap_or_default();
+    let own = own_hosts(ing);
+    let narrowed = narrowed_hosts(ing);
     let names = narrowed.clone().unwrap_or_else(|| own.clone());
     names
         .into_iter()
@@ -144,40 +111,7 @@ pub fn wanted_hosts(ing: &Ingress) -> Vec<WantedHost> {
                     annotations::HOSTS
                 ))
             } else {
-                // An exact entry beats a wildcard entry, as in the TCP ingress controllers.
-                let entry = tls
-                    .iter()
-                    .find(|t| {
-                        t.hosts
-                            .as_deref()
-                            .unwrap_or_default()
-                            .iter()
-                            .any(|p| p.eq_ignore_ascii_case(&name))
-                    })
-                    .or_else(|| {
-                        tls.iter().find(|t| {
-                            t.hosts
-                                .as_deref()
-                                .unwrap_or_default()
-                                .iter()
-                                .any(|p| host_matches(p, &name))
-                        })
-                    });
-                match entry {
-                    None => CertSource::NoTls(format!(
-                        "{name} has no spec.tls entry in Ingress {key}; HTTP/3 needs TLS"
-                    )),
-                    Some(t) => match t.secret_name.as_deref().filter(|s| !s.is_empty()) {
-                        None => CertSource::NoTls(format!(
-                            "the spec.tls entry for {name} in Ingress {key} has no secretName \
-                             (the TCP ingress's default certificate is not readable by h3-ingress)"
-                        )),
-                        Some(secret) => CertSource::Secret(SecretRef {
-                            namespace: ns.clone(),
-                            name: secret.to_string(),
-                        }),
-                    },
-                }
+                tls_cert_source(tls, &name, &key, &ns)
             };
             WantedHost {
                 name,
@@ -186,6 +120,74 @@ pub fn wanted_hosts(ing: &Ingress) -> Vec<WantedHost> {
             }
         })
         .collect()
+}
+
+/// Every host the Ingress names (rules, then `spec.tls`), in first-seen order, once
+/// (case-insensitively).
+fn own_hosts(ing: &Ingress) -> Vec<String> {
+    let spec = ing.spec.as_ref();
+    let rule_hosts = spec
+        .and_then(|s| s.rules.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|r| r.host.as_deref());
+    let tls_hosts = spec
+        .and_then(|s| s.tls.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .flat_map(|t| t.hosts.as_deref().unwrap_or_default())
+        .map(|s| s.as_str());
+    let mut own: Vec<String> = Vec::new();
+    for h in rule_hosts.chain(tls_hosts).map(str::trim) {
+        if !h.is_empty() && !own.iter().any(|o| o.eq_ignore_ascii_case(h)) {
+            own.push(h.to_string());
+        }
+    }
+    own
+}
+
+/// The `h3-ingress.dev/hosts` list, deduplicated; `None` without the annotation.
+fn narrowed_hosts(ing: &Ingress) -> Option<Vec<String>> {
+    annotation(ing, annotations::HOSTS).map(|list| {
+        let mut out: Vec<String> = Vec::new();
+        for h in list.split(',').map(str::trim).filter(|h| !h.is_empty()) {
+            if !out.iter().any(|o| o.eq_ignore_ascii_case(h)) {
+                out.push(h.to_string());
+            }
+        }
+        out
+    })
+}
+
+/// The Secret of the `spec.tls` entry that covers `name`; an exact entry beats a wildcard
+/// entry, as in the TCP ingress controllers.
+fn tls_cert_source(tls: &[IngressTLS], name: &str, ingress: &str, ns: &str) -> CertSource {
+    let covers = |t: &&IngressTLS, matches: &dyn Fn(&str) -> bool| {
+        t.hosts
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .any(|p| matches(p))
+    };
+    let entry = tls
+        .iter()
+        .find(|t| covers(t, &|p| p.eq_ignore_ascii_case(name)))
+        .or_else(|| tls.iter().find(|t| covers(t, &|p| host_matches(p, name))));
+    match entry {
+        None => CertSource::NoTls(format!(
+            "{name} has no spec.tls entry in Ingress {ingress}; HTTP/3 needs TLS"
+        )),
+        Some(t) => match t.secret_name.as_deref().filter(|s| !s.is_empty()) {
+            None => CertSource::NoTls(format!(
+                "the spec.tls entry for {name} in Ingress {ingress} has no secretName \
+                 (the TCP ingress's default certificate is not readable by h3-ingress)"
+            )),
+            Some(secret) => CertSource::Secret(SecretRef {
+                namespace: ns.to_string(),
+                name: secret.to_string(),
+            }),
+        },
+    }
 }
 
 fn creation_key(ing: &Ingress) -> (Option<i64>, String) {
@@ -401,7 +403,7 @@ pub fn from_objects<'a>(
 mod tests {
     use super::*;
     use crate::api::{Http3ListenerSpec, ListenerHost};
-    use k8s_openapi::api::networking::v1::{IngressRule, IngressSpec, IngressTLS};
+    use k8s_openapi::api::networking::v1::{IngressRule, IngressSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
     use k8s_openapi::ByteString;
 

@@ -12,8 +12,9 @@ use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-pub use hosts::{HostEntry, HostError, HostTable};
+pub use hosts::{host_matches, HostEntry, HostError, HostTable};
 
+use crate::api::bounds::{self, Bound};
 use crate::api::{
     host_states, reasons, Addresses, AltSvcSettings, FileConfig, HostReport, Http3ListenerSpec,
     HttpSettings, MetricsSettings, SocketSettings, TransportSettings, Upstream, UpstreamVerify,
@@ -115,7 +116,8 @@ pub struct ProxyConfig {
 
 impl ProxyConfig {
     /// Fields that differ between `self` (running) and `next` but cannot be applied to bound
-    /// sockets. A reload must refuse them loudly rather than ignore them (seed 000).
+    /// sockets. A reload must refuse them loudly: silently keeping the old sockets would leave
+    /// the user believing, say, a new buffer size or address family is in effect.
     pub fn restart_required_changes(&self, next: &ProxyConfig) -> Vec<String> {
         let (a, b) = (&self.listen, &next.listen);
         let mut changed = Vec::new();
@@ -200,66 +202,107 @@ impl<'a> From<&'a Http3ListenerSpec> for Settings<'a> {
 }
 
 /// Collects field errors under a path prefix (`""` for the file, `"spec"` for the CRD).
-pub(crate) struct Errors {
+struct Errors {
     prefix: String,
-    pub(crate) list: Vec<FieldError>,
+    list: Vec<FieldError>,
 }
 
 impl Errors {
-    pub(crate) fn new(prefix: &str) -> Self {
+    fn new(prefix: &str) -> Self {
         Self {
             prefix: prefix.to_string(),
             list: Vec::new(),
         }
     }
 
-    pub(crate) fn path(&self, field: &str) -> String {
-        if self.prefix.is_empty() {
+    fn push(&mut self, field: &str, message: impl Into<String>) {
+        let path = if self.prefix.is_empty() {
             field.to_string()
         } else {
             format!("{}.{}", self.prefix, field)
-        }
-    }
-
-    pub(crate) fn push(&mut self, field: &str, message: impl Into<String>) {
-        let path = self.path(field);
+        };
         self.list.push(FieldError {
             path,
             message: message.into(),
         });
     }
+
+    /// The range check of a numeric field, from the same [`Bound`] the CRD schema carries.
+    fn check(&mut self, bound: Bound, value: impl Into<u64>) {
+        let value = value.into();
+        if !bound.contains(value) {
+            let Bound { field, min, max } = bound;
+            self.push(field, format!("{value} is outside {min}..={max}"));
+        }
+    }
 }
 
 /// Validates the listener-wide settings and combines them with already-validated hosts.
-/// Pure: no file, socket or API access.
+/// Pure: no file, socket or API access. Every section is checked, so one error report lists
+/// every problem.
 pub fn build(
     settings: Settings<'_>,
     hosts: HostTable,
     prefix: &str,
 ) -> Result<ProxyConfig, ConfigError> {
     let mut errs = Errors::new(prefix);
+    errs.check(bounds::PORT, settings.port);
+    let (ipv4, ipv6) = addresses(settings.addresses, &mut errs);
+    let upstream = upstream(settings.upstream, &mut errs);
+    socket(settings.socket, &mut errs);
+    transport(settings.transport, &mut errs);
+    http(settings.http, &mut errs);
+    let metrics_address = metrics_address(settings.metrics, &mut errs);
 
-    if settings.port == 0 {
-        errs.push("port", "0 is not a usable UDP port");
+    if !errs.list.is_empty() {
+        return Err(ConfigError { errors: errs.list });
     }
-
-    let ipv4 = match settings.addresses.ipv4.as_deref() {
-        None => None,
-        Some(s) => match s.parse::<Ipv4Addr>() {
-            Ok(a) => Some(a),
-            Err(_) => {
-                errs.push("addresses.ipv4", format!("{s:?} is not an IPv4 address"));
-                None
-            }
-        },
+    let (Some(upstream), Some(metrics_address)) = (upstream, metrics_address) else {
+        unreachable!("every None above pushed an error");
     };
-    let ipv6 = match settings.addresses.ipv6.as_deref() {
-        None => None,
-        Some(s) => match s
+    let socket = settings.socket;
+    Ok(ProxyConfig {
+        listen: ListenConfig {
+            port: settings.port,
+            ipv4,
+            ipv6,
+            receive_buffer_bytes: socket.receive_buffer_bytes,
+            send_buffer_bytes: socket.send_buffer_bytes,
+            force_buffers: socket.force_buffers,
+        },
+        metrics_address,
+        upstream,
+        transport: settings.transport.clone(),
+        http: settings.http.clone(),
+        alt_svc_max_age: settings.alt_svc.max_age_seconds,
+        host_reports: serving_reports(&hosts),
+        hosts,
+    })
+}
+
+/// `socket`: the buffer sizes requested for both sockets.
+fn socket(s: &SocketSettings, errs: &mut Errors) {
+    errs.check(bounds::RECEIVE_BUFFER_BYTES, s.receive_buffer_bytes);
+    errs.check(bounds::SEND_BUFFER_BYTES, s.send_buffer_bytes);
+}
+
+/// `addresses`: one address per family, `null` for a family that stays off.
+fn addresses(a: &Addresses, errs: &mut Errors) -> (Option<Ipv4Addr>, Option<Ipv6Addr>) {
+    let ipv4 = a.ipv4.as_deref().and_then(|s| match s.parse::<Ipv4Addr>() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            errs.push("addresses.ipv4", format!("{s:?} is not an IPv4 address"));
+            None
+        }
+    });
+    let ipv6 = a.ipv6.as_deref().and_then(|s| {
+        match s
             .trim_start_matches('[')
             .trim_end_matches(']')
             .parse::<Ipv6Addr>()
         {
+            // A mapped address would carry IPv4 on an AF_INET6 socket, which cannot set
+            // Don't Fragment on IPv4 datagrams; IPv4 gets its own socket instead.
             Ok(a) if a.to_ipv4_mapped().is_some() => {
                 errs.push(
                     "addresses.ipv6",
@@ -272,85 +315,59 @@ pub fn build(
                 errs.push("addresses.ipv6", format!("{s:?} is not an IPv6 address"));
                 None
             }
-        },
-    };
-    if settings.addresses.ipv4.is_none() && settings.addresses.ipv6.is_none() {
+        }
+    });
+    if a.ipv4.is_none() && a.ipv6.is_none() {
         errs.push(
             "addresses",
             "ipv4 and ipv6 are both null; at least one family must be enabled",
         );
     }
+    (ipv4, ipv6)
+}
 
-    let address = match parse_host_port(&settings.upstream.address) {
+/// `upstream`: the TCP ingress every request goes to.
+fn upstream(u: &Upstream, errs: &mut Errors) -> Option<UpstreamConfig> {
+    let address = match parse_host_port(&u.address) {
         Ok(a) => Some(a),
         Err(why) => {
             errs.push(
                 "upstream.address",
-                format!("{:?} is not host:port ({why})", settings.upstream.address),
+                format!("{:?} is not host:port ({why})", u.address),
             );
             None
         }
     };
-    if !settings.upstream.tls && settings.upstream.verify != UpstreamVerify::ServedCertificate {
+    if !u.tls && u.verify != UpstreamVerify::ServedCertificate {
         // `verify` has no meaning without TLS; accept the default silently but reject an
         // explicit non-default so a user does not believe verification happens.
         errs.push(
             "upstream.verify",
-            format!("{:?} needs upstream.tls: true", settings.upstream.verify),
+            format!("{:?} needs upstream.tls: true", u.verify),
         );
     }
-    check_range(
-        &mut errs,
-        "upstream.connectTimeoutSeconds",
-        settings.upstream.connect_timeout_seconds as u64,
-        1,
-        300,
-    );
-    check_range(
-        &mut errs,
-        "upstream.responseTimeoutSeconds",
-        settings.upstream.response_timeout_seconds as u64,
-        1,
-        3600,
-    );
+    errs.check(bounds::CONNECT_TIMEOUT_SECONDS, u.connect_timeout_seconds);
+    errs.check(bounds::RESPONSE_TIMEOUT_SECONDS, u.response_timeout_seconds);
+    Some(UpstreamConfig {
+        address: address?,
+        tls: u.tls,
+        verify: u.verify,
+        proxy_protocol: u.proxy_protocol,
+        connect_timeout: Duration::from_secs(u.connect_timeout_seconds.into()),
+        response_timeout: Duration::from_secs(u.response_timeout_seconds.into()),
+    })
+}
 
-    let s = settings.socket;
-    check_range(
-        &mut errs,
-        "socket.receiveBufferBytes",
-        s.receive_buffer_bytes as u64,
-        65_536,
-        1 << 30,
-    );
-    check_range(
-        &mut errs,
-        "socket.sendBufferBytes",
-        s.send_buffer_bytes as u64,
-        65_536,
-        1 << 30,
-    );
-
-    let t = settings.transport;
-    check_range(
-        &mut errs,
-        "transport.initialWindowPackets",
-        t.initial_window_packets as u64,
-        2,
-        100,
-    );
-    check_range(
-        &mut errs,
-        "transport.streamReceiveWindowBytes",
+/// `transport`: QUIC windows, timeouts and limits.
+fn transport(t: &TransportSettings, errs: &mut Errors) {
+    errs.check(bounds::INITIAL_WINDOW_PACKETS, t.initial_window_packets);
+    errs.check(
+        bounds::STREAM_RECEIVE_WINDOW_BYTES,
         t.stream_receive_window_bytes,
-        1 << 20,
-        1 << 28,
     );
-    check_range(
-        &mut errs,
-        "transport.connectionReceiveWindowBytes",
+    errs.check(
+        bounds::CONNECTION_RECEIVE_WINDOW_BYTES,
         t.connection_receive_window_bytes,
-        1 << 20,
-        1 << 30,
     );
     if t.connection_receive_window_bytes < t.stream_receive_window_bytes {
         errs.push(
@@ -361,111 +378,46 @@ pub fn build(
             ),
         );
     }
-    check_range(
-        &mut errs,
-        "transport.sendWindowBytes",
-        t.send_window_bytes,
-        1 << 20,
-        1 << 30,
-    );
+    errs.check(bounds::SEND_WINDOW_BYTES, t.send_window_bytes);
     if let Some(m) = t.max_udp_payload_bytes {
-        check_range(
-            &mut errs,
-            "transport.maxUdpPayloadBytes",
-            m as u64,
-            1200,
-            65_527,
-        );
+        errs.check(bounds::MAX_UDP_PAYLOAD_BYTES, m);
     }
-    check_range(
-        &mut errs,
-        "transport.idleTimeoutSeconds",
-        t.idle_timeout_seconds as u64,
-        1,
-        600,
-    );
-    check_range(
-        &mut errs,
-        "transport.maxConcurrentStreams",
-        t.max_concurrent_streams as u64,
-        1,
-        10_000,
-    );
-
-    let h = settings.http;
-    check_range(
-        &mut errs,
-        "http.maxFieldSectionSizeBytes",
-        h.max_field_section_size_bytes as u64,
-        4096,
-        1 << 20,
-    );
-    check_range(
-        &mut errs,
-        "http.drainTimeoutSeconds",
-        h.drain_timeout_seconds as u64,
-        0,
-        3600,
-    );
-
-    let metrics_address = match settings.metrics.address.parse::<SocketAddr>() {
-        Ok(a) => Some(a),
-        Err(_) => {
-            errs.push(
-                "metrics.address",
-                format!("{:?} is not ip:port", settings.metrics.address),
-            );
-            None
-        }
-    };
-
-    if !errs.list.is_empty() {
-        return Err(ConfigError { errors: errs.list });
-    }
-    let (Some(address), Some(metrics_address)) = (address, metrics_address) else {
-        unreachable!("every None above pushed an error");
-    };
-
-    Ok(ProxyConfig {
-        listen: ListenConfig {
-            port: settings.port,
-            ipv4,
-            ipv6,
-            receive_buffer_bytes: s.receive_buffer_bytes,
-            send_buffer_bytes: s.send_buffer_bytes,
-            force_buffers: s.force_buffers,
-        },
-        metrics_address,
-        upstream: UpstreamConfig {
-            address,
-            tls: settings.upstream.tls,
-            verify: settings.upstream.verify,
-            proxy_protocol: settings.upstream.proxy_protocol,
-            connect_timeout: Duration::from_secs(settings.upstream.connect_timeout_seconds as u64),
-            response_timeout: Duration::from_secs(
-                settings.upstream.response_timeout_seconds as u64,
-            ),
-        },
-        transport: t.clone(),
-        http: h.clone(),
-        alt_svc_max_age: settings.alt_svc.max_age_seconds,
-        host_reports: hosts
-            .iter()
-            .map(|h| HostReport {
-                name: h.name.clone(),
-                state: host_states::SERVING.to_string(),
-                reason: reasons::SERVING.to_string(),
-                ..Default::default()
-            })
-            .collect(),
-        hosts,
-    })
+    errs.check(bounds::IDLE_TIMEOUT_SECONDS, t.idle_timeout_seconds);
+    errs.check(bounds::MAX_CONCURRENT_STREAMS, t.max_concurrent_streams);
 }
 
-fn check_range(errs: &mut Errors, field: &str, value: u64, min: u64, max: u64) {
-    if value < min || value > max {
-        errs.push(field, format!("{value} is outside {min}..={max}"));
+/// `http`: request handling limits.
+fn http(h: &HttpSettings, errs: &mut Errors) {
+    errs.check(
+        bounds::MAX_FIELD_SECTION_SIZE_BYTES,
+        h.max_field_section_size_bytes,
+    );
+    errs.check(bounds::DRAIN_TIMEOUT_SECONDS, h.drain_timeout_seconds);
+}
+
+/// `metrics.address`: where metrics, health and `/status` are served.
+fn metrics_address(m: &MetricsSettings, errs: &mut Errors) -> Option<SocketAddr> {
+    match m.address.parse::<SocketAddr>() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            errs.push("metrics.address", format!("{:?} is not ip:port", m.address));
+            None
+        }
     }
+}
+
+/// One `Serving` report per host of the table (Kubernetes mode replaces them with reports
+/// that also name the hosts it cannot serve).
+fn serving_reports(hosts: &HostTable) -> Vec<HostReport> {
+    hosts
+        .iter()
+        .map(|h| HostReport {
+            name: h.name.clone(),
+            state: host_states::SERVING.to_string(),
+            reason: reasons::SERVING.to_string(),
+            ..Default::default()
+        })
+        .collect()
 }
 
 /// Parses `host:port`, `ip:port` or `[ipv6]:port`.
@@ -560,26 +512,15 @@ mod tests {
             "upstream: {address: foo}\naddresses: {ipv4: '::1', ipv6: '1.2.3.4'}\nmetrics: {address: nope}\nsocket: {receiveBufferBytes: 10}",
         );
         let m = messages(build((&f).into(), HostTable::default(), ""));
-        assert!(
-            m.contains(&"upstream.address: \"foo\" is not host:port (no port)".to_string()),
-            "{m:?}"
-        );
-        assert!(
-            m.contains(&"addresses.ipv4: \"::1\" is not an IPv4 address".to_string()),
-            "{m:?}"
-        );
-        assert!(
-            m.contains(&"addresses.ipv6: \"1.2.3.4\" is not an IPv6 address".to_string()),
-            "{m:?}"
-        );
-        assert!(
-            m.contains(&"metrics.address: \"nope\" is not ip:port".to_string()),
-            "{m:?}"
-        );
-        assert!(
-            m.contains(&"socket.receiveBufferBytes: 10 is outside 65536..=1073741824".to_string()),
-            "{m:?}"
-        );
+        for want in [
+            "upstream.address: \"foo\" is not host:port (no port)",
+            "addresses.ipv4: \"::1\" is not an IPv4 address",
+            "addresses.ipv6: \"1.2.3.4\" is not an IPv6 address",
+            "metrics.address: \"nope\" is not ip:port",
+            "socket.receiveBufferBytes: 10 is outside 65536..=1073741824",
+        ] {
+            assert!(m.contains(&want.to_string()), "{want}: {m:?}");
+        }
     }
 
     #[test]
@@ -621,6 +562,41 @@ mod tests {
         assert_eq!(changes.len(), 2, "{changes:?}");
         assert!(changes[0].starts_with("port 443 -> 8443"));
         assert!(ca.restart_required_changes(&ca.clone()).is_empty());
+    }
+
+    /// The range check follows each bound of `api::bounds`: its ends pass, one beyond fails
+    /// with the bound's field and limits.
+    #[test]
+    fn every_bound_is_checked_at_both_ends() {
+        for b in crate::api::bounds::ALL {
+            let outside = |value: u64| -> Option<Vec<String>> {
+                let mut v = serde_json::json!({"upstream": {"address": "127.0.0.1:443"}});
+                let target = b.field.split('.').fold(&mut v, |v, name| &mut v[name]);
+                *target = value.into();
+                // A value the field's type cannot hold never reaches the check.
+                let f: FileConfig = serde_json::from_value(v).ok()?;
+                let errors = match build((&f).into(), HostTable::default(), "") {
+                    Ok(_) => Vec::new(),
+                    Err(e) => e.errors,
+                };
+                Some(
+                    errors
+                        .into_iter()
+                        .filter(|e| e.path == b.field && e.message.contains("is outside"))
+                        .map(|e| e.message)
+                        .collect(),
+                )
+            };
+            assert_eq!(outside(b.min), Some(vec![]), "{}", b.field);
+            assert_eq!(outside(b.max), Some(vec![]), "{}", b.field);
+            let want = |v: u64| vec![format!("{v} is outside {}..={}", b.min, b.max)];
+            if b.min > 0 {
+                assert_eq!(outside(b.min - 1), Some(want(b.min - 1)), "{}", b.field);
+            }
+            if let Some(errors) = outside(b.max + 1) {
+                assert_eq!(errors, want(b.max + 1), "{}", b.field);
+            }
+        }
     }
 
     #[test]

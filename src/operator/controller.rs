@@ -25,16 +25,20 @@ use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 use super::admin::{results, AdminState, OperatorMetrics};
-use super::altsvc::{controller_of, Controller as IngressController};
 use super::events::{self, PlannedEvent, Target};
 use super::reports::{status_address, HttpReportFetcher, ReportFetcher};
 use super::resources::{self, label_selector, Desired, Params};
 use super::status::{self, PodReport};
 use super::{leader, FIELD_MANAGER};
-use crate::api::{Http3Listener, SecretRef};
-use crate::config::kube::{ingress_key, referenced_secrets, resolve_hosts, SecretMap};
+use crate::api::altsvc::{controller_of, IngressController};
+use crate::api::{Http3Listener, Http3ListenerStatus, SecretRef};
+use crate::config::kube::{
+    ingress_key, referenced_secrets, resolve_hosts, ResolvedHosts, SecretMap,
+};
 
 /// How often a listener is reconciled without any change, to refresh the pods' reports.
 pub const REQUEUE: Duration = Duration::from_secs(60);
@@ -311,6 +315,7 @@ async fn publish(ctx: &Context, listener: &Http3Listener, planned: Vec<PlannedEv
     }
 }
 
+/// The leader's reconciliation: apply the data plane, read its pods, write the status.
 async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<Action, Error> {
     let name = listener.name_any();
     let ingresses = ctx.ingresses.state();
@@ -345,18 +350,7 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         }
     };
 
-    let controllers: BTreeMap<String, IngressController> = ingresses
-        .iter()
-        .filter(|i| {
-            let key = ingress_key(i);
-            resolved
-                .reports
-                .iter()
-                .any(|h| h.ingress.as_deref() == Some(&key))
-        })
-        .filter_map(|i| controller_of(i).map(|c| (ingress_key(i), c)))
-        .collect();
-    let previous = listener.status.as_ref();
+    let controllers = ingress_controllers(&ingresses, &resolved);
     let next = status::aggregate(&status::Inputs {
         controllers: &controllers,
         alt_svc_max_age: listener.spec.alt_svc.max_age_seconds,
@@ -366,26 +360,58 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         hosts: &resolved.reports,
         daemon_set: ds_status.as_ref(),
         pods: &pods,
-        previous,
+        previous: listener.status.as_ref(),
         now,
     });
-    if status::needs_write(previous, &next) {
-        let patch = serde_json::json!({
-            "apiVersion": Http3Listener::api_version(&()),
-            "kind": Http3Listener::kind(&()),
-            "status": next,
-        });
-        Api::<Http3Listener>::all(ctx.client.clone())
-            .patch_status(
-                &name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await?;
-        ctx.metrics.status_writes.inc();
-        publish(ctx, listener, events::plan(previous, &next)).await;
-    }
+    write_status(ctx, listener, next).await?;
     Ok(Action::requeue(REQUEUE))
+}
+
+/// The TCP ingress controller of every Ingress that has a host of this listener, where its
+/// annotations say, so the Alt-Svc advice can name the one line to add.
+fn ingress_controllers(
+    ingresses: &[Arc<Ingress>],
+    resolved: &ResolvedHosts,
+) -> BTreeMap<String, IngressController> {
+    let listed: BTreeSet<&str> = resolved
+        .reports
+        .iter()
+        .filter_map(|h| h.ingress.as_deref())
+        .collect();
+    ingresses
+        .iter()
+        .map(|i| (ingress_key(i), i))
+        .filter(|(key, _)| listed.contains(key.as_str()))
+        .filter_map(|(key, i)| controller_of(i).map(|c| (key, c)))
+        .collect()
+}
+
+/// Patches the status when it changed (timestamps aside) and publishes the events the change
+/// deserves; an unchanged status makes no API call.
+async fn write_status(
+    ctx: &Context,
+    listener: &Http3Listener,
+    next: Http3ListenerStatus,
+) -> Result<(), Error> {
+    let previous = listener.status.as_ref();
+    if !status::needs_write(previous, &next) {
+        return Ok(());
+    }
+    let patch = serde_json::json!({
+        "apiVersion": Http3Listener::api_version(&()),
+        "kind": Http3Listener::kind(&()),
+        "status": next,
+    });
+    Api::<Http3Listener>::all(ctx.client.clone())
+        .patch_status(
+            &listener.name_any(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    ctx.metrics.status_writes.inc();
+    publish(ctx, listener, events::plan(previous, &next)).await;
+    Ok(())
 }
 
 /// One reconciliation. A replica that does not hold the Lease makes no API call at all.
@@ -419,7 +445,7 @@ pub fn error_policy(listener: Arc<Http3Listener>, error: &Error, _ctx: Arc<Conte
     Action::requeue(ERROR_REQUEUE)
 }
 
-/// Command-line options of `h3-ingress operator` (see the shared contract).
+/// Command-line options of `h3-ingress operator`.
 #[derive(Debug, Clone)]
 pub struct Options {
     pub namespace: String,
@@ -511,43 +537,10 @@ pub async fn run_with(
         .map_err(Error::CrdMissing)?;
 
     let id = identity();
-    let (leader_tx, leader_rx) = watch::channel(!opts.leader_election);
-    let election = if opts.leader_election {
-        let cfg = leader::LeaseConfig::new(&opts.namespace, &opts.lease_name, &id);
-        let token = shutdown.clone();
-        Some(tokio::spawn(leader::run(
-            client.clone(),
-            cfg,
-            leader_tx,
-            async move { token.cancelled().await },
-        )))
-    } else {
-        drop(leader_tx);
-        None
-    };
-    {
-        let mut rx = leader_rx.clone();
-        let m = metrics.clone();
-        tokio::spawn(async move {
-            loop {
-                m.leader.set(i64::from(*rx.borrow_and_update()));
-                if rx.changed().await.is_err() {
-                    break;
-                }
-            }
-        });
-    }
-
+    let (leader_rx, election) = start_election(&client, &opts, &id, &shutdown);
+    tokio::spawn(export_leadership(leader_rx.clone(), metrics.clone()));
     let (ingress_store, ingress_writer) = reflector::store::<Ingress>();
-    {
-        let store = ingress_store.clone();
-        let ready = ready.clone();
-        tokio::spawn(async move {
-            if store.wait_until_ready().await.is_ok() {
-                ready.store(true, Ordering::Relaxed);
-            }
-        });
-    }
+    tokio::spawn(ready_once_filled(ingress_store.clone(), ready));
 
     let ctx = Arc::new(Context::new(
         client.clone(),
@@ -555,60 +548,19 @@ pub async fn run_with(
             namespace: opts.namespace.clone(),
             default_image: opts.data_plane_image.clone(),
         },
-        ingress_store.clone(),
+        ingress_store,
         leader_rx.clone(),
         reports,
         Reporter {
             controller: FIELD_MANAGER.to_string(),
             instance: Some(id.clone()),
         },
-        metrics.clone(),
+        metrics,
     ));
 
     let controller = Controller::new(listeners, watcher::Config::default());
-    let listener_store = controller.store();
-
-    let ingress_trigger = reflector::reflector(
-        ingress_writer,
-        watcher(
-            Api::<Ingress>::all(client.clone()),
-            watcher::Config::default(),
-        ),
-    )
-    .default_backoff()
-    .touched_objects()
-    .filter_map(move |r| {
-        let relevant = match r {
-            Ok(ing) => ingress_is_relevant(&ing, &listener_store.state()),
-            Err(e) => {
-                tracing::warn!(error = %e, "Ingress watch");
-                false
-            }
-        };
-        future::ready(relevant.then_some(()))
-    });
-
-    let secret_ctx = ctx.clone();
-    let secret_trigger = watcher(
-        Api::<PartialObjectMeta<Secret>>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .touched_objects()
-    .filter_map(move |r| {
-        let relevant = match r {
-            Ok(s) => secret_ctx.wants_secret(
-                s.metadata.namespace.as_deref().unwrap_or_default(),
-                s.metadata.name.as_deref().unwrap_or_default(),
-            ),
-            Err(e) => {
-                tracing::warn!(error = %e, "Secret watch");
-                false
-            }
-        };
-        future::ready(relevant.then_some(()))
-    });
-
+    let ingress_trigger = ingress_trigger(&client, ingress_writer, controller.store());
+    let secret_trigger = secret_trigger(&client, ctx.clone());
     let leader_trigger = tokio_stream_from_watch(leader_rx)
         .filter_map(|is_leader| future::ready(is_leader.then_some(())));
 
@@ -648,6 +600,97 @@ pub async fn run_with(
     Ok(())
 }
 
+/// Leadership as a watch flag: from the Lease election when it is on (the task is returned so
+/// shutdown can wait for it to release the Lease), else always the leader.
+fn start_election(
+    client: &Client,
+    opts: &Options,
+    id: &str,
+    shutdown: &CancellationToken,
+) -> (watch::Receiver<bool>, Option<JoinHandle<()>>) {
+    let (leader_tx, leader_rx) = watch::channel(!opts.leader_election);
+    if !opts.leader_election {
+        return (leader_rx, None);
+    }
+    let cfg = leader::LeaseConfig::new(&opts.namespace, &opts.lease_name, id);
+    let token = shutdown.clone();
+    let election = tokio::spawn(leader::run(client.clone(), cfg, leader_tx, async move {
+        token.cancelled().await
+    }));
+    (leader_rx, Some(election))
+}
+
+/// Keeps the leader gauge equal to the leadership flag.
+async fn export_leadership(mut rx: watch::Receiver<bool>, metrics: Arc<OperatorMetrics>) {
+    loop {
+        metrics.leader.set(i64::from(*rx.borrow_and_update()));
+        if rx.changed().await.is_err() {
+            break;
+        }
+    }
+}
+
+/// Readiness waits for the Ingress cache: before it is filled every listener would look as if
+/// no Ingress wanted it.
+async fn ready_once_filled(store: Store<Ingress>, ready: Arc<AtomicBool>) {
+    if store.wait_until_ready().await.is_ok() {
+        ready.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Fills the Ingress cache and reconciles every listener when an Ingress that matters to one
+/// of them changes ([`ingress_is_relevant`]).
+fn ingress_trigger(
+    client: &Client,
+    writer: reflector::store::Writer<Ingress>,
+    listeners: Store<Http3Listener>,
+) -> impl futures_util::Stream<Item = ()> + Send + 'static {
+    let ingresses = watcher(
+        Api::<Ingress>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    reflector::reflector(writer, ingresses)
+        .default_backoff()
+        .touched_objects()
+        .filter_map(move |r| {
+            let relevant = match r {
+                Ok(ing) => ingress_is_relevant(&ing, &listeners.state()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "Ingress watch");
+                    false
+                }
+            };
+            future::ready(relevant.then_some(()))
+        })
+}
+
+/// Reconciles every listener when a Secret some listener references changes. Only metadata
+/// is watched: the operator never needs the key material of Secrets it does not use.
+fn secret_trigger(
+    client: &Client,
+    ctx: Arc<Context>,
+) -> impl futures_util::Stream<Item = ()> + Send + 'static {
+    watcher(
+        Api::<PartialObjectMeta<Secret>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .touched_objects()
+    .filter_map(move |r| {
+        let relevant = match r {
+            Ok(s) => ctx.wants_secret(
+                s.metadata.namespace.as_deref().unwrap_or_default(),
+                s.metadata.name.as_deref().unwrap_or_default(),
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "Secret watch");
+                false
+            }
+        };
+        future::ready(relevant.then_some(()))
+    })
+}
+
 /// The leadership flag as a stream of values (the current one first).
 fn tokio_stream_from_watch(
     rx: watch::Receiver<bool>,
@@ -664,7 +707,7 @@ fn tokio_stream_from_watch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{annotations, HostStatus, Http3ListenerSpec, Http3ListenerStatus};
+    use crate::api::{annotations, HostStatus, Http3ListenerSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn ingress(annotations: &[(&str, &str)]) -> Ingress {

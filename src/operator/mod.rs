@@ -5,7 +5,6 @@
 //! shells that talk to the API server.
 
 pub mod admin;
-pub mod altsvc;
 pub mod controller;
 pub mod dataplane;
 pub mod events;
@@ -15,7 +14,9 @@ pub mod reports;
 pub mod resources;
 pub mod status;
 
-/// Labels on everything the operator makes (see the shared contract).
+/// Labels on everything the operator makes: the Kubernetes recommended labels. The chart's
+/// PodMonitor selects data plane pods by `component`, and `kubectl h3-ingress check` finds
+/// them through [`resources::label_selector`], so a change here must go there too.
 pub mod labels {
     pub const NAME: &str = "app.kubernetes.io/name";
     pub const NAME_VALUE: &str = "h3-ingress";

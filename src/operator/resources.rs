@@ -301,51 +301,49 @@ fn tune_container(c: &ProxyConfig) -> Container {
     }
 }
 
-/// The hostNetwork DaemonSet running `h3-ingress proxy --listener NAME` on the selected nodes.
-pub fn daemon_set(
+/// The data plane container: `h3-ingress proxy --listener NAME`, its ports on the node, probes
+/// on the metrics endpoint, locked down except for the capabilities the sockets need.
+fn data_plane_container(
     listener: &Http3Listener,
     config: &ProxyConfig,
-    params: &Params,
-) -> Result<DaemonSet, BuildError> {
-    let name = listener.name_any();
-    let spec = &listener.spec;
-    let image = spec
-        .image
-        .clone()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| params.default_image.clone());
+    image: String,
+) -> Container {
     let port = i32::from(config.listen.port);
     let metrics_port = i32::from(config.metrics_address.port());
-
-    let container = Container {
+    let host_port = |name: &str, port: i32, protocol: &str| ContainerPort {
+        name: Some(name.into()),
+        container_port: port,
+        host_port: Some(port),
+        protocol: Some(protocol.into()),
+        host_ip: None,
+    };
+    Container {
         name: CONTAINER_NAME.into(),
         image: Some(image),
         image_pull_policy: Some("IfNotPresent".into()),
-        args: Some(vec!["proxy".into(), "--listener".into(), name.clone()]),
+        args: Some(vec![
+            "proxy".into(),
+            "--listener".into(),
+            listener.name_any(),
+        ]),
         env: Some(vec![
             env_from_field("NODE_NAME", "spec.nodeName"),
             env_from_field("POD_NAME", "metadata.name"),
             env_from_field("POD_NAMESPACE", "metadata.namespace"),
         ]),
         ports: Some(vec![
-            ContainerPort {
-                name: Some("quic".into()),
-                container_port: port,
-                host_port: Some(port),
-                protocol: Some("UDP".into()),
-                host_ip: None,
-            },
-            ContainerPort {
-                name: Some("metrics".into()),
-                container_port: metrics_port,
-                host_port: Some(metrics_port),
-                protocol: Some("TCP".into()),
-                host_ip: None,
-            },
+            host_port("quic", port, "UDP"),
+            host_port("metrics", metrics_port, "TCP"),
         ]),
         liveness_probe: Some(probe(config, "/healthz", 10)),
         readiness_probe: Some(probe(config, "/readyz", 5)),
-        resources: Some(spec.resources.clone().unwrap_or_else(default_resources)),
+        resources: Some(
+            listener
+                .spec
+                .resources
+                .clone()
+                .unwrap_or_else(default_resources),
+        ),
         security_context: Some(container_security(config)),
         volume_mounts: Some(vec![VolumeMount {
             name: "tmp".into(),
@@ -353,20 +351,19 @@ pub fn daemon_set(
             ..Default::default()
         }]),
         ..Default::default()
-    };
+    }
+}
 
-    let socket_hash = socket_hash(config);
-    let template_annotations: BTreeMap<String, String> =
-        [(SOCKET_HASH_ANNOTATION.to_string(), socket_hash)]
-            .into_iter()
-            .collect();
-
-    let pod = PodSpec {
+/// The pod: on the node's network, placed by the listener's selector and tolerations, with
+/// time to drain before the kubelet kills it.
+fn data_plane_pod(listener: &Http3Listener, config: &ProxyConfig, container: Container) -> PodSpec {
+    let spec = &listener.spec;
+    PodSpec {
         host_network: Some(true),
         // Without this a hostNetwork pod resolves with the node's resolv.conf and cannot
         // reach the API server or an in-cluster upstream by its Service name.
         dns_policy: Some("ClusterFirstWithHostNet".into()),
-        service_account_name: Some(data_plane_name(&name)),
+        service_account_name: Some(data_plane_name(&listener.name_any())),
         automount_service_account_token: Some(true),
         termination_grace_period_seconds: Some(
             i64::from(config.http.drain_timeout_seconds) + TERMINATION_GRACE_MARGIN_SECONDS,
@@ -394,8 +391,27 @@ pub fn daemon_set(
             ..Default::default()
         }]),
         ..Default::default()
-    };
+    }
+}
 
+/// The hostNetwork DaemonSet running `h3-ingress proxy --listener NAME` on the selected nodes.
+pub fn daemon_set(
+    listener: &Http3Listener,
+    config: &ProxyConfig,
+    params: &Params,
+) -> Result<DaemonSet, BuildError> {
+    let name = listener.name_any();
+    let image = listener
+        .spec
+        .image
+        .clone()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| params.default_image.clone());
+    let container = data_plane_container(listener, config, image);
+    let template_annotations: BTreeMap<String, String> =
+        [(SOCKET_HASH_ANNOTATION.to_string(), socket_hash(config))]
+            .into_iter()
+            .collect();
     Ok(DaemonSet {
         metadata: meta(listener, data_plane_name(&name), Some(&params.namespace))?,
         spec: DaemonSetSpec {
@@ -417,7 +433,7 @@ pub fn daemon_set(
                     annotations: Some(template_annotations),
                     ..Default::default()
                 }),
-                spec: Some(pod),
+                spec: Some(data_plane_pod(listener, config, container)),
             },
             ..Default::default()
         },

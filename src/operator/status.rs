@@ -1,5 +1,8 @@
 //! `Http3Listener.status` from what the operator knows (the resolved hosts, the DaemonSet) and
 //! what the pods report on `/status`. Pure: time comes in as an argument.
+//!
+//! [`aggregate`] gathers the [`Facts`] once, then asks one function per condition
+//! ([`ready`], [`sockets_bound`], [`buffers_applied`], [`degraded`]) and one per status part.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -7,13 +10,15 @@ use k8s_openapi::api::apps::v1::DaemonSetStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
-use super::altsvc::{advice, Controller};
+use crate::api::altsvc::{advice, says_header_missing, IngressController};
 use crate::api::{
     conditions, host_states, reasons, HostReport, HostRequests, HostStatus, Http3ListenerStatus,
     NodesStatus, StatusReport, UdpStatus, RECOMMENDED_SYSCTL_BUFFER_MAX,
 };
 
-/// TTL of the suggested DNS HTTPS record (seed 002).
+/// TTL of the suggested DNS HTTPS record: one hour, as in the record of docs/field-reports.md
+/// (002). It bounds how long resolvers keep pointing clients at HTTP/3 after a host stops
+/// serving it.
 pub const DNS_RECORD_TTL: u32 = 3600;
 /// How many items a condition message lists before "and N more".
 const MESSAGE_ITEMS: usize = 5;
@@ -51,7 +56,7 @@ pub struct Inputs<'a> {
     pub previous: Option<&'a Http3ListenerStatus>,
     /// The TCP ingress controller each Ingress (`namespace/name`) is written for, when its
     /// annotations say; makes the missing-Alt-Svc advice specific.
-    pub controllers: &'a BTreeMap<String, Controller>,
+    pub controllers: &'a BTreeMap<String, IngressController>,
     /// `spec.altSvc.maxAgeSeconds`, for that advice.
     pub alt_svc_max_age: u32,
     pub now: Timestamp,
@@ -126,6 +131,10 @@ fn no_reports_message(inp: &Inputs) -> String {
     }
 }
 
+/// A pod's entry for one host.
+type PodHost<'a> = (&'a PodReport, &'a HostReport);
+
+/// One host's status: what the operator resolved, corrected by what the pods serve.
 fn host_status(inp: &Inputs, wanted: &HostReport) -> HostStatus {
     let mut h = HostStatus {
         name: wanted.name.clone(),
@@ -142,7 +151,7 @@ fn host_status(inp: &Inputs, wanted: &HostReport) -> HostStatus {
     }
     // The operator can serve the host; it is Serving only once a pod says so.
     let ok = reports(inp);
-    let seen: Vec<(&PodReport, &HostReport)> = ok
+    let seen: Vec<PodHost> = ok
         .iter()
         .filter_map(|(p, r)| {
             r.hosts
@@ -151,27 +160,13 @@ fn host_status(inp: &Inputs, wanted: &HostReport) -> HostStatus {
                 .map(|x| (*p, x))
         })
         .collect();
-    let serving: Vec<&(&PodReport, &HostReport)> = seen
+    let serving: Vec<PodHost> = seen
         .iter()
+        .copied()
         .filter(|(_, x)| x.state == host_states::SERVING)
         .collect();
     if serving.is_empty() {
-        h.state = host_states::NOT_SERVING.to_string();
-        match seen.iter().find(|(_, x)| x.state != host_states::SERVING) {
-            // A pod disagrees with the operator (e.g. it cannot read the Secret): its word wins.
-            Some((p, x)) => {
-                h.reason = x.reason.clone();
-                h.message = format!("{}: {}", p.label(), x.message);
-            }
-            None => {
-                h.reason = reasons::CONFIG_PENDING.to_string();
-                h.message = if ok.is_empty() {
-                    no_reports_message(inp)
-                } else {
-                    format!("not loaded yet by any of {} data plane pods", ok.len())
-                };
-            }
-        }
+        not_served_by_pods(inp, &mut h, &seen, ok.len());
         return h;
     }
     h.state = host_states::SERVING.to_string();
@@ -186,150 +181,214 @@ fn host_status(inp: &Inputs, wanted: &HostReport) -> HostStatus {
         String::new()
     };
     h.dns_https_record = dns_https_record(&wanted.name, inp.port);
-    let probes: Vec<&(&PodReport, &HostReport)> = serving
+    alt_svc_verdict(inp, &mut h, &serving);
+    h
+}
+
+/// A host the operator can serve but no pod serves: a pod's reason, or pending.
+fn not_served_by_pods(inp: &Inputs, h: &mut HostStatus, seen: &[PodHost], reporting: usize) {
+    h.state = host_states::NOT_SERVING.to_string();
+    match seen.iter().find(|(_, x)| x.state != host_states::SERVING) {
+        // A pod disagrees with the operator (e.g. it cannot read the Secret): its word wins.
+        Some((p, x)) => {
+            h.reason = x.reason.clone();
+            h.message = format!("{}: {}", p.label(), x.message);
+        }
+        None => {
+            h.reason = reasons::CONFIG_PENDING.to_string();
+            h.message = if reporting == 0 {
+                no_reports_message(inp)
+            } else {
+                format!("not loaded yet by any of {reporting} data plane pods")
+            };
+        }
+    }
+}
+
+/// Whether the TCP ingress advertises the served host, from the pods that probed it; when
+/// one says it does not, the message says how to fix it.
+fn alt_svc_verdict(inp: &Inputs, h: &mut HostStatus, serving: &[PodHost]) {
+    let probed: Vec<PodHost> = serving
         .iter()
         .copied()
         .filter(|(_, x)| x.alt_svc_advertised.is_some())
         .collect();
-    if let Some((p, x)) = probes
+    let Some((p, x)) = probed
         .iter()
         .find(|(_, x)| x.alt_svc_advertised == Some(false))
-    {
-        h.alt_svc_advertised = Some(false);
-        let controller = wanted.ingress.as_ref().and_then(|i| inp.controllers.get(i));
-        // A probe that failed outright keeps its own message; a missing header gets the
-        // advice for the controller the Ingress is written for.
-        let header_missing =
-            x.alt_svc_message.is_empty() || x.alt_svc_message.contains("Alt-Svc: h3=");
-        let why = if let (Some(c), true) = (controller, header_missing) {
-            advice(*c, &wanted.name, inp.port, inp.alt_svc_max_age)
-        } else if x.alt_svc_message.is_empty() {
-            format!(
-                "the TCP ingress does not answer {} with Alt-Svc: h3=\":{}\"",
-                wanted.name, inp.port
-            )
-        } else {
-            x.alt_svc_message.clone()
-        };
-        let why = format!("{} (probed from {})", why, p.label());
-        h.message = if h.message.is_empty() {
-            why
-        } else {
-            format!("{}; {why}", h.message)
-        };
-    } else if !probes.is_empty() {
-        h.alt_svc_advertised = Some(true);
-    }
-    h
+    else {
+        if !probed.is_empty() {
+            h.alt_svc_advertised = Some(true);
+        }
+        return;
+    };
+    h.alt_svc_advertised = Some(false);
+    // A probe that failed outright keeps its own message; a missing header gets the advice
+    // for the controller the Ingress is written for, when its annotations say.
+    let why = if says_header_missing(&x.alt_svc_message) {
+        let controller = h.ingress.as_ref().and_then(|i| inp.controllers.get(i));
+        advice(controller.copied(), &h.name, inp.port, inp.alt_svc_max_age)
+    } else {
+        x.alt_svc_message.clone()
+    };
+    let why = format!("{why} (probed from {})", p.label());
+    h.message = if h.message.is_empty() {
+        why
+    } else {
+        format!("{}; {why}", h.message)
+    };
 }
 
-/// Computes the full status. Transition times are carried over from `previous` for
-/// conditions whose status did not change.
-pub fn aggregate(inp: &Inputs) -> Http3ListenerStatus {
-    let ok = reports(inp);
-    let hosts: Vec<HostStatus> = inp.hosts.iter().map(|w| host_status(inp, w)).collect();
-    let wanted: BTreeSet<&str> = hosts.iter().map(|h| h.name.as_str()).collect();
-    let serving: BTreeSet<&str> = hosts
-        .iter()
-        .filter(|h| h.state == host_states::SERVING)
-        .map(|h| h.name.as_str())
-        .collect();
+/// What every condition is decided from, gathered once per [`aggregate`].
+struct Facts<'a> {
+    inp: &'a Inputs<'a>,
+    /// The pods that answered, with their reports.
+    ok: Vec<(&'a PodReport, &'a StatusReport)>,
+    /// Distinct host names wanted, and those of them served.
+    wanted: BTreeSet<&'a str>,
+    serving: BTreeSet<&'a str>,
+    /// `name (reason)` of every host entry not served.
+    not_serving: Vec<String>,
+    /// `pod: family address: error` of every socket that did not bind.
+    bind_failures: Vec<String>,
+    nodes: NodesStatus,
+    /// Summed over the pods that answered; `None` (unknown, not zero) when none did.
+    udp: Option<UdpStatus>,
+}
 
-    let (desired, ready) = inp
-        .daemon_set
+impl<'a> Facts<'a> {
+    fn new(inp: &'a Inputs<'a>, hosts: &'a [HostStatus]) -> Self {
+        let ok = reports(inp);
+        Facts {
+            wanted: hosts.iter().map(|h| h.name.as_str()).collect(),
+            serving: hosts
+                .iter()
+                .filter(|h| h.state == host_states::SERVING)
+                .map(|h| h.name.as_str())
+                .collect(),
+            not_serving: hosts
+                .iter()
+                .filter(|h| h.state != host_states::SERVING)
+                .map(|h| format!("{} ({})", h.name, h.reason))
+                .collect(),
+            bind_failures: bind_failures(&ok),
+            nodes: nodes(inp.daemon_set),
+            udp: udp(&ok),
+            ok,
+            inp,
+        }
+    }
+}
+
+fn nodes(daemon_set: Option<&DaemonSetStatus>) -> NodesStatus {
+    let (desired, ready) = daemon_set
         .map(|s| (s.desired_number_scheduled, s.number_ready))
         .unwrap_or((0, 0));
-    let nodes = NodesStatus {
+    NodesStatus {
         desired,
         ready,
         summary: format!("{ready}/{desired}"),
-    };
-
-    let udp = (!ok.is_empty()).then(|| {
-        let sockets = ok
-            .iter()
-            .flat_map(|(_, r)| r.sockets.iter())
-            .filter(|s| s.bound);
-        UdpStatus {
-            drops: ok.iter().map(|(_, r)| r.udp_drops as i64).sum(),
-            min_receive_buffer_bytes: sockets
-                .clone()
-                .map(|s| s.receive_buffer_effective_bytes as i64)
-                .min(),
-            clamped: sockets.clone().any(|s| s.clamped),
-        }
-    });
-
-    let mut requests: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
-    for (_, r) in &ok {
-        for h in &r.hosts {
-            if wanted.contains(h.name.as_str()) {
-                let e = requests.entry(h.name.as_str()).or_default();
-                e.0 += h.requests as i64;
-                e.1 += h.requests_last5m as i64;
-            }
-        }
     }
+}
 
-    // SocketsBound
-    let bind_failures: Vec<String> = ok
-        .iter()
+fn udp(ok: &[(&PodReport, &StatusReport)]) -> Option<UdpStatus> {
+    if ok.is_empty() {
+        return None;
+    }
+    let bound = || {
+        ok.iter()
+            .flat_map(|(_, r)| r.sockets.iter())
+            .filter(|s| s.bound)
+    };
+    Some(UdpStatus {
+        drops: ok.iter().map(|(_, r)| r.udp_drops as i64).sum(),
+        min_receive_buffer_bytes: bound()
+            .map(|s| s.receive_buffer_effective_bytes as i64)
+            .min(),
+        clamped: bound().any(|s| s.clamped),
+    })
+}
+
+fn bind_failures(ok: &[(&PodReport, &StatusReport)]) -> Vec<String> {
+    ok.iter()
         .flat_map(|(p, r)| {
             r.sockets
                 .iter()
                 .filter(|s| !s.bound)
                 .map(move |s| format!("{}: {} {}: {}", p.label(), s.family, s.address, s.error))
         })
-        .collect();
-    let families: BTreeSet<&str> = ok
-        .iter()
-        .flat_map(|(_, r)| {
-            r.sockets
-                .iter()
-                .filter(|s| s.bound)
-                .map(|s| s.family.as_str())
-        })
-        .collect();
-    let sockets_bound = if ok.is_empty() {
-        condition(
-            conditions::SOCKETS_BOUND,
-            None,
-            reasons::NO_REPORTS,
-            no_reports_message(inp),
-            inp,
-        )
-    } else if !bind_failures.is_empty() {
-        condition(
-            conditions::SOCKETS_BOUND,
-            Some(false),
-            reasons::BIND_FAILED,
-            list(&bind_failures),
-            inp,
-        )
-    } else {
-        condition(
-            conditions::SOCKETS_BOUND,
-            Some(true),
-            reasons::BOUND,
-            format!(
-                "UDP port {} bound for {} on {} pods",
-                inp.port,
-                families.iter().copied().collect::<Vec<_>>().join(" and "),
-                ok.len()
-            ),
-            inp,
-        )
-    };
+        .collect()
+}
 
-    // BuffersApplied
-    let clamped: Vec<String> = ok
-        .iter()
-        .flat_map(|(p, r)| {
-            r.sockets
-                .iter()
-                .filter(|s| s.bound && s.clamped)
-                .map(move |s| {
-                    format!(
+/// h3 requests per wanted host, summed over the pods that answered.
+fn requests(f: &Facts) -> Vec<HostRequests> {
+    let mut sums: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
+    for (_, r) in &f.ok {
+        for h in r
+            .hosts
+            .iter()
+            .filter(|h| f.wanted.contains(h.name.as_str()))
+        {
+            let e = sums.entry(h.name.as_str()).or_default();
+            e.0 += h.requests as i64;
+            e.1 += h.requests_last5m as i64;
+        }
+    }
+    sums.into_iter()
+        .map(|(host, (total, last5m))| HostRequests {
+            host: host.to_string(),
+            total,
+            last5m,
+        })
+        .collect()
+}
+
+/// The socket conditions are Unknown until some pod answers: no report proves nothing either way.
+fn unknown_without_reports(f: &Facts, type_: &str) -> Option<Condition> {
+    f.ok.is_empty().then(|| {
+        let msg = no_reports_message(f.inp);
+        condition(type_, None, reasons::NO_REPORTS, msg, f.inp)
+    })
+}
+
+/// `SocketsBound`: every pod that answered bound every socket it was asked for.
+fn sockets_bound(f: &Facts) -> Condition {
+    let (inp, type_) = (f.inp, conditions::SOCKETS_BOUND);
+    if let Some(unknown) = unknown_without_reports(f, type_) {
+        return unknown;
+    }
+    if !f.bind_failures.is_empty() {
+        let msg = list(&f.bind_failures);
+        return condition(type_, Some(false), reasons::BIND_FAILED, msg, inp);
+    }
+    let families: BTreeSet<&str> =
+        f.ok.iter()
+            .flat_map(|(_, r)| r.sockets.iter().filter(|s| s.bound))
+            .map(|s| s.family.as_str())
+            .collect();
+    let msg = format!(
+        "UDP port {} bound for {} on {} pods",
+        inp.port,
+        families.into_iter().collect::<Vec<_>>().join(" and "),
+        f.ok.len()
+    );
+    condition(type_, Some(true), reasons::BOUND, msg, inp)
+}
+
+/// `BuffersApplied`: the kernel granted the socket buffers we asked for, on every pod.
+fn buffers_applied(f: &Facts) -> Condition {
+    let (inp, type_) = (f.inp, conditions::BUFFERS_APPLIED);
+    if let Some(unknown) = unknown_without_reports(f, type_) {
+        return unknown;
+    }
+    let clamped: Vec<String> =
+        f.ok.iter()
+            .flat_map(|(p, r)| {
+                r.sockets
+                    .iter()
+                    .filter(|s| s.bound && s.clamped)
+                    .map(move |s| {
+                        format!(
                         "{}: {} receive buffer {} bytes, send buffer {} bytes (requested {}/{})",
                         p.label(),
                         s.family,
@@ -338,168 +397,84 @@ pub fn aggregate(inp: &Inputs) -> Http3ListenerStatus {
                         s.receive_buffer_requested_bytes,
                         s.send_buffer_requested_bytes
                     )
-                })
-        })
-        .collect();
-    let buffers = if ok.is_empty() {
-        condition(
-            conditions::BUFFERS_APPLIED,
-            None,
-            reasons::NO_REPORTS,
-            no_reports_message(inp),
-            inp,
-        )
-    } else if !clamped.is_empty() {
-        condition(
-            conditions::BUFFERS_APPLIED,
-            Some(false),
-            reasons::CLAMPED,
-            format!(
-                "the kernel granted less than requested: {}. Raise net.core.rmem_max and \
-                 net.core.wmem_max to at least {RECOMMENDED_SYSCTL_BUFFER_MAX} on these nodes, or set \
-                 spec.tuneNodeBufferLimits: true, or spec.socket.forceBuffers: true",
-                list(&clamped)
-            ),
-            inp,
-        )
-    } else {
-        condition(
-            conditions::BUFFERS_APPLIED,
-            Some(true),
-            reasons::APPLIED,
-            format!(
-                "smallest effective receive buffer {} bytes",
-                udp.as_ref()
-                    .and_then(|u| u.min_receive_buffer_bytes)
-                    .unwrap_or_default()
-            ),
-            inp,
-        )
-    };
+                    })
+            })
+            .collect();
+    if clamped.is_empty() {
+        let smallest = f.udp.as_ref().and_then(|u| u.min_receive_buffer_bytes);
+        let msg = format!(
+            "smallest effective receive buffer {} bytes",
+            smallest.unwrap_or_default()
+        );
+        return condition(type_, Some(true), reasons::APPLIED, msg, inp);
+    }
+    let msg = format!(
+        "the kernel granted less than requested: {}. Raise net.core.rmem_max and \
+         net.core.wmem_max to at least {RECOMMENDED_SYSCTL_BUFFER_MAX} on these nodes, or set \
+         spec.tuneNodeBufferLimits: true, or spec.socket.forceBuffers: true",
+        list(&clamped)
+    );
+    condition(type_, Some(false), reasons::CLAMPED, msg, inp)
+}
 
-    // Ready
-    let not_serving: Vec<String> = hosts
-        .iter()
-        .filter(|h| h.state != host_states::SERVING)
-        .map(|h| format!("{} ({})", h.name, h.reason))
-        .collect();
-    let ready_cond = if let Some(e) = &inp.spec_error {
-        condition(
-            conditions::READY,
-            Some(false),
-            reasons::INVALID_SPEC,
-            e.clone(),
-            inp,
-        )
-    } else if wanted.is_empty() {
-        condition(
-            conditions::READY,
-            Some(false),
-            reasons::NO_HOSTS,
-            "no Ingress of this listener's class (or naming it in h3-ingress.dev/listener) has \
-             h3-ingress.dev/enabled: \"true\", and spec.hosts is empty"
-                .to_string(),
-            inp,
-        )
-    } else if desired == 0 || ready < desired {
-        let msg = if desired == 0 {
-            "no node runs the data plane yet (check spec.nodeSelector and spec.tolerations)"
-                .to_string()
-        } else {
-            format!("{ready} of {desired} data plane pods ready")
-        };
-        condition(
-            conditions::READY,
-            Some(false),
-            reasons::PODS_NOT_READY,
-            msg,
-            inp,
-        )
-    } else if ok.is_empty() {
-        condition(
-            conditions::READY,
-            Some(false),
-            reasons::NO_REPORTS,
-            no_reports_message(inp),
-            inp,
-        )
-    } else if !bind_failures.is_empty() {
-        condition(
-            conditions::READY,
-            Some(false),
-            reasons::BIND_FAILED,
-            list(&bind_failures),
-            inp,
-        )
-    } else if serving.is_empty() {
-        condition(
-            conditions::READY,
-            Some(false),
-            reasons::NO_HOSTS_SERVING,
-            list(&not_serving),
-            inp,
-        )
-    } else if serving.len() < wanted.len() {
-        condition(
-            conditions::READY,
-            Some(true),
-            reasons::SOME_HOSTS_SERVING,
-            format!(
-                "{} of {} hosts served; not served: {}",
-                serving.len(),
-                wanted.len(),
-                list(&not_serving)
-            ),
-            inp,
-        )
-    } else {
-        condition(
-            conditions::READY,
-            Some(true),
-            reasons::ALL_HOSTS_SERVING,
-            format!("{} hosts served by {ready} pods", serving.len()),
-            inp,
-        )
-    };
+/// `Ready`: the first blocker in the order a user has to fix them, else how many hosts serve.
+fn ready(f: &Facts) -> Condition {
+    let inp = f.inp;
+    let (ok, reason, message) = ready_verdict(f);
+    condition(conditions::READY, Some(ok), reason, message, inp)
+}
 
-    // Degraded
-    let mut problems: Vec<(&str, String)> = Vec::new();
-    if !not_serving.is_empty() {
-        problems.push((
-            reasons::SOME_HOSTS_NOT_SERVING,
-            format!("not served: {}", list(&not_serving)),
-        ));
+fn ready_verdict(f: &Facts) -> (bool, &'static str, String) {
+    let NodesStatus { desired, ready, .. } = f.nodes;
+    if let Some(e) = &f.inp.spec_error {
+        return (false, reasons::INVALID_SPEC, e.clone());
     }
-    let previous_drops = inp.previous.and_then(|p| p.udp.as_ref()).map(|u| u.drops);
-    if let (Some(u), Some(before)) = (&udp, previous_drops) {
-        // Pods count drops since they started; a smaller sum means pods restarted.
-        if u.drops > before {
-            problems.push((
-                reasons::UDP_DROPS,
-                format!(
-                    "{} UDP datagrams dropped since the last check (receive buffers too small or \
-                     the data plane too slow); smallest effective receive buffer {} bytes",
-                    u.drops - before,
-                    u.min_receive_buffer_bytes.unwrap_or_default()
-                ),
-            ));
-        }
+    if f.wanted.is_empty() {
+        let msg = "no Ingress of this listener's class (or naming it in h3-ingress.dev/listener) \
+                   has h3-ingress.dev/enabled: \"true\", and spec.hosts is empty";
+        return (false, reasons::NO_HOSTS, msg.to_string());
     }
-    let pending: Vec<String> = ok
-        .iter()
-        .filter(|(_, r)| !r.restart_required.is_empty())
-        .map(|(p, r)| format!("{}: {}", p.label(), r.restart_required.join(", ")))
-        .collect();
-    if !pending.is_empty() {
-        problems.push((
-            reasons::ROLLOUT_PENDING,
-            format!(
-                "pods still run old socket settings until the DaemonSet replaces them: {}",
-                list(&pending)
-            ),
-        ));
+    if desired == 0 {
+        let msg = "no node runs the data plane yet (check spec.nodeSelector and spec.tolerations)";
+        return (false, reasons::PODS_NOT_READY, msg.to_string());
     }
-    let degraded = match problems.first() {
+    if ready < desired {
+        let msg = format!("{ready} of {desired} data plane pods ready");
+        return (false, reasons::PODS_NOT_READY, msg);
+    }
+    if f.ok.is_empty() {
+        return (false, reasons::NO_REPORTS, no_reports_message(f.inp));
+    }
+    if !f.bind_failures.is_empty() {
+        return (false, reasons::BIND_FAILED, list(&f.bind_failures));
+    }
+    let (serving, wanted) = (f.serving.len(), f.wanted.len());
+    if serving == 0 {
+        return (false, reasons::NO_HOSTS_SERVING, list(&f.not_serving));
+    }
+    if serving < wanted {
+        let msg = format!(
+            "{serving} of {wanted} hosts served; not served: {}",
+            list(&f.not_serving)
+        );
+        return (true, reasons::SOME_HOSTS_SERVING, msg);
+    }
+    let msg = format!("{serving} hosts served by {ready} pods");
+    (true, reasons::ALL_HOSTS_SERVING, msg)
+}
+
+/// `Degraded`: serving, but not as it should. Every problem is said; the first names the reason.
+fn degraded(f: &Facts) -> Condition {
+    let problems: Vec<(&str, String)> = [
+        hosts_not_serving(f),
+        udp_drops_growing(f),
+        rollout_pending(f),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let inp = f.inp;
+    match problems.first() {
         None => condition(
             conditions::DEGRADED,
             Some(false),
@@ -507,34 +482,81 @@ pub fn aggregate(inp: &Inputs) -> Http3ListenerStatus {
             String::new(),
             inp,
         ),
-        Some((reason, _)) => condition(
-            conditions::DEGRADED,
-            Some(true),
-            reason,
-            problems
-                .iter()
-                .map(|(_, m)| m.as_str())
-                .collect::<Vec<_>>()
-                .join(". "),
-            inp,
-        ),
-    };
+        Some((reason, _)) => {
+            let messages: Vec<&str> = problems.iter().map(|(_, m)| m.as_str()).collect();
+            let msg = messages.join(". ");
+            condition(conditions::DEGRADED, Some(true), reason, msg, inp)
+        }
+    }
+}
 
+fn hosts_not_serving(f: &Facts) -> Option<(&'static str, String)> {
+    (!f.not_serving.is_empty()).then(|| {
+        (
+            reasons::SOME_HOSTS_NOT_SERVING,
+            format!("not served: {}", list(&f.not_serving)),
+        )
+    })
+}
+
+/// Drops that grew since the stored status. Pods count drops since they started, so a
+/// smaller sum means pods restarted, not that nothing was dropped.
+fn udp_drops_growing(f: &Facts) -> Option<(&'static str, String)> {
+    let now = f.udp.as_ref()?;
+    let before = f.inp.previous?.udp.as_ref()?.drops;
+    (now.drops > before).then(|| {
+        (
+            reasons::UDP_DROPS,
+            format!(
+                "{} UDP datagrams dropped since the last check (receive buffers too small or \
+                 the data plane too slow); smallest effective receive buffer {} bytes",
+                now.drops - before,
+                now.min_receive_buffer_bytes.unwrap_or_default()
+            ),
+        )
+    })
+}
+
+/// Pods that refused a change needing new sockets and wait for the DaemonSet to replace them.
+fn rollout_pending(f: &Facts) -> Option<(&'static str, String)> {
+    let pending: Vec<String> =
+        f.ok.iter()
+            .filter(|(_, r)| !r.restart_required.is_empty())
+            .map(|(p, r)| format!("{}: {}", p.label(), r.restart_required.join(", ")))
+            .collect();
+    (!pending.is_empty()).then(|| {
+        (
+            reasons::ROLLOUT_PENDING,
+            format!(
+                "pods still run old socket settings until the DaemonSet replaces them: {}",
+                list(&pending)
+            ),
+        )
+    })
+}
+
+/// Computes the full status. Transition times are carried over from `previous` for
+/// conditions whose status did not change.
+pub fn aggregate(inp: &Inputs) -> Http3ListenerStatus {
+    let hosts: Vec<HostStatus> = inp.hosts.iter().map(|w| host_status(inp, w)).collect();
+    let f = Facts::new(inp, &hosts);
+    let conditions = vec![
+        ready(&f),
+        sockets_bound(&f),
+        buffers_applied(&f),
+        degraded(&f),
+    ];
+    let hosts_summary = Some(format!("{}/{}", f.serving.len(), f.wanted.len()));
+    let requests = requests(&f);
+    let Facts { nodes, udp, .. } = f;
     let mut status = Http3ListenerStatus {
         observed_generation: inp.generation,
-        conditions: vec![ready_cond, sockets_bound, buffers, degraded],
-        hosts_summary: Some(format!("{}/{}", serving.len(), wanted.len())),
+        conditions,
+        hosts_summary,
         hosts,
         nodes: Some(nodes),
         udp,
-        requests: requests
-            .into_iter()
-            .map(|(host, (total, last5m))| HostRequests {
-                host: host.to_string(),
-                total,
-                last5m,
-            })
-            .collect(),
+        requests,
     };
     carry_transition_times(inp.previous, &mut status);
     status
@@ -577,7 +599,7 @@ mod tests {
     use super::*;
     use crate::api::SocketReport;
 
-    static NO_CONTROLLERS: BTreeMap<String, Controller> = BTreeMap::new();
+    static NO_CONTROLLERS: BTreeMap<String, IngressController> = BTreeMap::new();
 
     fn t(s: i64) -> Timestamp {
         Timestamp::from_second(s).unwrap()
@@ -921,7 +943,7 @@ mod tests {
         let s = aggregate(&inputs(&hosts, Some(&d), &pods, None, 1));
         assert_eq!(s.hosts[0].state, "Serving");
         assert_eq!(s.hosts[0].alt_svc_advertised, Some(false));
-        assert!(s.hosts[0].message.starts_with("served by 1 of 2 data plane pods; the TCP ingress does not answer a.example.com with Alt-Svc: h3=\":443\""), "{}", s.hosts[0].message);
+        assert!(s.hosts[0].message.starts_with("served by 1 of 2 data plane pods; the TCP ingress does not send Alt-Svc: h3=\":443\" for a.example.com"), "{}", s.hosts[0].message);
     }
 
     #[test]

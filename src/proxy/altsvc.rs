@@ -32,17 +32,6 @@ pub fn advertises_h3(value: &str, port: u16) -> bool {
     })
 }
 
-/// What to tell a user whose ingress does not advertise HTTP/3 for `host`.
-pub fn how_to_fix(host: &str, port: u16, max_age: u32) -> String {
-    format!(
-        "the TCP ingress does not send Alt-Svc: h3=\":{port}\" for {host}, so browsers will not \
-         try HTTP/3; add it to that host's responses, e.g. F5 NGINX Ingress Controller: \
-         annotation nginx.org/server-snippets: \"add_header Alt-Svc 'h3=\\\":{port}\\\"; ma={max_age}' always;\"; \
-         ingress-nginx: annotation nginx.ingress.kubernetes.io/configuration-snippet: \
-         \"more_set_headers 'Alt-Svc: h3=\\\":{port}\\\"; ma={max_age}';\""
-    )
-}
-
 pub async fn probe_loop(shared: Arc<Shared>, shutdown: CancellationToken) {
     // Give the ingress a moment after start-up.
     tokio::select! {
@@ -90,7 +79,13 @@ async fn probe_all(shared: &Arc<Shared>) {
                     message: if ok {
                         String::new()
                     } else {
-                        how_to_fix(&entry.name, port, gen.config.alt_svc_max_age)
+                        // No controller: the data plane cannot tell which one the ingress is.
+                        crate::api::altsvc::advice(
+                            None,
+                            &entry.name,
+                            port,
+                            gen.config.alt_svc_max_age,
+                        )
                     },
                 }
             }
@@ -132,13 +127,5 @@ mod tests {
         assert!(!advertises_h3("h3=\":8443\"; ma=86400", 443));
         assert!(!advertises_h3("h3-29=\":443\"", 443));
         assert!(!advertises_h3("clear", 443));
-    }
-
-    #[test]
-    fn fix_message_names_both_controllers() {
-        let m = how_to_fix("a.example.com", 443, 86400);
-        assert!(m.contains("nginx.org/server-snippets"));
-        assert!(m.contains("nginx.ingress.kubernetes.io/configuration-snippet"));
-        assert!(m.contains("h3=\\\":443\\\""));
     }
 }

@@ -110,7 +110,7 @@ pub fn connection_counters(controller: Box<dyn Controller>) -> Option<CcCounters
         .map(|c| c.counters())
 }
 
-/// The controller factory for a listener's `congestionControl` setting. All four controllers
+/// The controller factory for a listener's `congestionControl` setting. All five controllers
 /// start from the same initial window so that switching between them compares like with like.
 pub fn factory(
     kind: CongestionControl,

@@ -1,0 +1,76 @@
+//! The allowed range of every numeric setting, written once.
+//!
+//! Each [`Bound`] feeds both checks of its field: the CRD schema, through
+//! `#[schemars(range(min = B.min, max = B.max))]` on the field in [`super::settings`], so the
+//! API server refuses an out-of-range spec; and `config::build`, which refuses the same values
+//! from the standalone file (and from a spec written before the CRD had the bound) with an
+//! error naming [`Bound::field`].
+
+/// An inclusive range of a numeric setting, with the setting's path under the listener
+/// settings (`transport.idleTimeoutSeconds`), as error messages and the CRD schema name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bound {
+    pub field: &'static str,
+    pub min: u64,
+    pub max: u64,
+}
+
+impl Bound {
+    pub const fn new(field: &'static str, min: u64, max: u64) -> Self {
+        Self { field, min, max }
+    }
+
+    pub fn contains(&self, value: u64) -> bool {
+        (self.min..=self.max).contains(&value)
+    }
+}
+
+/// UDP port of the QUIC sockets (0 would let the kernel pick one no client knows).
+pub const PORT: Bound = Bound::new("port", 1, 65_535);
+
+pub const CONNECT_TIMEOUT_SECONDS: Bound = Bound::new("upstream.connectTimeoutSeconds", 1, 300);
+pub const RESPONSE_TIMEOUT_SECONDS: Bound = Bound::new("upstream.responseTimeoutSeconds", 1, 3600);
+
+pub const RECEIVE_BUFFER_BYTES: Bound = Bound::new("socket.receiveBufferBytes", 65_536, 1 << 30);
+pub const SEND_BUFFER_BYTES: Bound = Bound {
+    field: "socket.sendBufferBytes",
+    ..RECEIVE_BUFFER_BYTES
+};
+
+pub const INITIAL_WINDOW_PACKETS: Bound = Bound::new("transport.initialWindowPackets", 2, 100);
+/// At least 1 MiB: a stream sends at most one window per round trip, and 64 KB windows were
+/// one of the brakes in docs/field-reports.md (002).
+pub const STREAM_RECEIVE_WINDOW_BYTES: Bound =
+    Bound::new("transport.streamReceiveWindowBytes", 1 << 20, 1 << 28);
+pub const CONNECTION_RECEIVE_WINDOW_BYTES: Bound =
+    Bound::new("transport.connectionReceiveWindowBytes", 1 << 20, 1 << 30);
+pub const SEND_WINDOW_BYTES: Bound = Bound {
+    field: "transport.sendWindowBytes",
+    ..CONNECTION_RECEIVE_WINDOW_BYTES
+};
+/// 1200 is QUIC's minimum datagram size (RFC 9000 14); 65527 the largest UDP payload.
+pub const MAX_UDP_PAYLOAD_BYTES: Bound = Bound::new("transport.maxUdpPayloadBytes", 1200, 65_527);
+pub const IDLE_TIMEOUT_SECONDS: Bound = Bound::new("transport.idleTimeoutSeconds", 1, 600);
+pub const MAX_CONCURRENT_STREAMS: Bound = Bound::new("transport.maxConcurrentStreams", 1, 10_000);
+
+pub const MAX_FIELD_SECTION_SIZE_BYTES: Bound =
+    Bound::new("http.maxFieldSectionSizeBytes", 4096, 1 << 20);
+pub const DRAIN_TIMEOUT_SECONDS: Bound = Bound::new("http.drainTimeoutSeconds", 0, 3600);
+
+/// Every bound, for tests that hold the schema and the check to them.
+pub const ALL: [Bound; 14] = [
+    PORT,
+    CONNECT_TIMEOUT_SECONDS,
+    RESPONSE_TIMEOUT_SECONDS,
+    RECEIVE_BUFFER_BYTES,
+    SEND_BUFFER_BYTES,
+    INITIAL_WINDOW_PACKETS,
+    STREAM_RECEIVE_WINDOW_BYTES,
+    CONNECTION_RECEIVE_WINDOW_BYTES,
+    SEND_WINDOW_BYTES,
+    MAX_UDP_PAYLOAD_BYTES,
+    IDLE_TIMEOUT_SECONDS,
+    MAX_CONCURRENT_STREAMS,
+    MAX_FIELD_SECTION_SIZE_BYTES,
+    DRAIN_TIMEOUT_SECONDS,
+];
