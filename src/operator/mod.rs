@@ -4,12 +4,12 @@
 //! Pure builders ([`resources`], [`status`], [`events`]) are kept apart from the thin I/O
 //! shells that talk to the API server.
 
-pub mod admin;
 pub mod altsvc;
 pub mod controller;
 pub mod dataplane;
 pub mod events;
 pub mod leader;
+pub mod metrics;
 pub mod render;
 pub mod reports;
 pub mod resources;
