@@ -1,5 +1,6 @@
 //! The data plane: UDP sockets, TLS, QUIC, the HTTP/3 -> TCP ingress request path, metrics.
 //!
+//! - [`run`]: `proxy --config` and `proxy --listener`, a source connected to the server
 //! - [`source`]: where configurations come from (a file and SIGHUP, or Kubernetes)
 //! - [`server`]: the wiring of a running proxy, live updates and the drain
 //! - [`state`]: what the running proxy's tasks share (a leaf: it uses none of them)
@@ -18,6 +19,7 @@ pub mod handler;
 pub mod metrics;
 pub mod procnet;
 pub mod request;
+pub mod run;
 pub mod server;
 pub mod socket;
 pub mod source;

@@ -1,10 +1,15 @@
 //! The proxy's inputs, side by side: a YAML file reloaded on SIGHUP ([`file`]) or the
 //! Kubernetes objects of one `Http3Listener` ([`kube`]).
 //!
-//! Each feeds the running proxy through one [`ConfigUpdate`] channel. Both report a configuration they cannot use the same way, as
+//! Each feeds the running proxy through one [`ConfigUpdate`] channel and stops with the
+//! proxy's shutdown token (or when the proxy drops the channel); [`super::run`] connects
+//! them. Both report a configuration they cannot use the same way, as
 //! [`ConfigUpdate::Invalid`]: the proxy counts it in
 //! `h3_ingress_config_reloads_total{result="invalid"}`, logs why and keeps serving the last
 //! good configuration.
+
+pub mod file;
+pub mod kube;
 
 use crate::config::ProxyConfig;
 
