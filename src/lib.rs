@@ -2,7 +2,8 @@
 //!
 //! - [`api`]: the `Http3Listener` CRD and shared settings types (no I/O)
 //! - [`admin`]: the `/healthz` `/readyz` `/metrics` `/status` endpoint of proxy and operator
-//! - [`lifecycle`]: SIGTERM/SIGINT to a shutdown token, SIGHUP to reload requests
+//! - [`lifecycle`], [`logging`]: SIGTERM/SIGINT to a shutdown token, SIGHUP to reload
+//!   requests; log output and its default filter
 //! - [`config`]: the one validated configuration, built from a file or from Kubernetes objects
 //! - [`proxy`]: the data plane (sockets, TLS, QUIC, HTTP/3 -> TCP ingress, metrics)
 //! - [`operator`]: the Kubernetes controller
@@ -16,6 +17,7 @@ pub mod check;
 pub mod config;
 pub mod demo;
 pub mod lifecycle;
+pub mod logging;
 pub mod operator;
 pub mod plugin;
 pub mod proxy;

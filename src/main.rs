@@ -7,8 +7,8 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use h3_ingress::config::ConfigError;
-use h3_ingress::lifecycle;
 use h3_ingress::proxy::run::{ProxyArgs, RunError};
+use h3_ingress::{lifecycle, logging};
 
 #[derive(Parser)]
 #[command(
@@ -57,17 +57,6 @@ enum Command {
     #[cfg(feature = "lab")]
     Lab(Box<h3_ingress::lab::LabArgs>),
 }
-
-fn init_logging(default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
-}
-
-const SERVER_LOG: &str = "info,quinn=warn,quinn_proto=warn,h3=warn,rustls=warn,hyper=warn";
 
 #[derive(clap::Args)]
 struct OperatorArgs {
@@ -133,7 +122,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Operator(a) => {
-            init_logging(SERVER_LOG);
+            logging::init(logging::SERVER);
             h3_ingress::operator::controller::run(a.into()).await?;
             Ok(ExitCode::SUCCESS)
         }
@@ -161,7 +150,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Err(e) => invalid_config(&e),
         }),
         Command::Proxy(args) => {
-            init_logging(SERVER_LOG);
+            logging::init(logging::SERVER);
             let shutdown = lifecycle::shutdown_token().context("installing the signal handlers")?;
             match h3_ingress::proxy::run::run(args, shutdown).await {
                 Ok(()) => Ok(ExitCode::SUCCESS),
@@ -170,11 +159,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Check(args) => {
-            init_logging("warn");
+            logging::init(logging::QUIET);
             Ok(exit_code(h3_ingress::check::run_cli(&args).await?))
         }
         Command::Demo { once } => {
-            init_logging(SERVER_LOG);
+            logging::init(logging::SERVER);
             Ok(exit_code(h3_ingress::demo::run(once).await?))
         }
     }

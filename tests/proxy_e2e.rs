@@ -55,13 +55,21 @@ impl Setup {
         Self::start_with(NginxOptions::default(), |c| c)
     }
 
-    fn start_with(mut opts: NginxOptions, edit: impl FnOnce(Value) -> Value) -> Setup {
+    fn start_with(opts: NginxOptions, edit: impl FnOnce(Value) -> Value) -> Setup {
+        Self::start_proxy(opts, edit, ProxyProcess::start)
+    }
+
+    fn start_proxy(
+        mut opts: NginxOptions,
+        edit: impl FnOnce(Value) -> Value,
+        start: fn(Value) -> support::error::Result<ProxyProcess>,
+    ) -> Setup {
         let pki = Arc::new(TestPki::generate().expect("test PKI"));
         opts.pki = Some(pki.clone());
         let nginx = NginxFixture::start(opts).expect("nginx starts");
         let port = udp_port_for(&nginx);
         let config = edit(base_config(&pki, port, nginx.port()));
-        let proxy = ProxyProcess::start(config).expect("proxy starts");
+        let proxy = start(config).expect("proxy starts");
         Setup { pki, nginx, proxy }
     }
 
@@ -628,10 +636,12 @@ fn sigterm_during_a_download_lets_it_finish() {
     assert!(s.proxy.log().contains("GOAWAY"), "{}", s.proxy.log());
 }
 
+/// Also the log a user sees without RUST_LOG: the startup, each reload and the shutdown at
+/// INFO, nothing from the noisy dependencies, no debug lines.
 #[test]
 fn sighup_swaps_certificates_live_and_refuses_socket_changes_loudly() {
     let opts = slow_download_nginx();
-    let s = Setup::start_with(opts, |c| c);
+    let mut s = Setup::start_proxy(opts, |c| c, ProxyProcess::start_with_default_log);
     let five = s.nginx.content_sha256("/5m.bin").to_string();
     let before = s.pki.leaf("a.test").der_sha256.clone();
 
@@ -723,6 +733,63 @@ fn sighup_swaps_certificates_live_and_refuses_socket_changes_loudly() {
         .contains("upstream.address: \"nope\" is not host:port"));
     let run = s.h3("a.test", "/whoami", Family::V4).run().unwrap();
     assert_eq!(run.status(0), Some(200));
+    s.proxy.signal(libc::SIGTERM);
+    s.proxy.wait_exit(Duration::from_secs(10)).expect("exits");
+    assert_default_log(&s.proxy.log());
+}
+
+/// `text` without ANSI colour sequences (ESC [ ... m), which the log carries.
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().find(|c| *c == 'm');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// What the default log filter shows of a run with two reloads (one applied, one invalid).
+fn assert_default_log(log: &str) {
+    let log = strip_ansi(log);
+    let count = |line: &str| log.lines().filter(|l| l.contains(line)).count();
+    for (line, times) in [
+        (" INFO h3_ingress::proxy::endpoint: UDP socket bound", 2),
+        (
+            " INFO h3_ingress::proxy::endpoint: QUIC endpoint serving",
+            2,
+        ),
+        (
+            " INFO h3_ingress::proxy::server: metrics and health endpoint",
+            1,
+        ),
+        ("SIGHUP: reloading configuration", 2),
+        (
+            " INFO h3_ingress::proxy::server: configuration applied live",
+            1,
+        ),
+        (
+            "configuration update rejected, still serving the previous one",
+            1,
+        ),
+        ("SIGTERM: shutting down", 1),
+        (" INFO h3_ingress::proxy::server: shut down", 1),
+    ] {
+        assert_eq!(count(line), times, "{line:?} in:\n{log}");
+    }
+    for quiet in [
+        " DEBUG ",
+        " TRACE ",
+        " INFO quinn",
+        " INFO h3:",
+        " INFO rustls",
+        " INFO hyper",
+    ] {
+        assert_eq!(count(quiet), 0, "{quiet:?} in:\n{log}");
+    }
 }
 
 #[test]
