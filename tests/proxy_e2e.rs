@@ -320,121 +320,79 @@ fn forwarding_headers_and_cookie_crumbs_reach_nginx() {
     assert_eq!(alt, Some(format!("h3=\":{}\"; ma=86400", s.proxy.port)));
 }
 
+/// Malformed requests as (name, raw header list, body): missing or unknown pseudo-headers,
+/// connection-specific fields, forbidden bytes, a `host` naming another host, and a body
+/// shorter or longer than its Content-Length. Paths under `/m-` must never reach nginx.
+fn malformed_cases(authority: &str) -> Vec<(&'static str, Value, Option<&'static str>)> {
+    let with = |path: &str, name: &str, value: &str| -> Value {
+        json!([
+            [":method", "GET"],
+            [":scheme", "https"],
+            [":authority", authority],
+            [":path", path],
+            [name, value]
+        ])
+    };
+    let without = |skip: &str, path: &str| -> Value {
+        let all = [
+            (":method", "GET"),
+            (":scheme", "https"),
+            (":authority", "a.test"),
+            (":path", path),
+        ];
+        let kept = all.iter().filter(|(n, _)| *n != skip);
+        Value::Array(kept.map(|(n, v)| json!([n, v])).collect())
+    };
+    vec![
+        ("uppercase-name", with("/m-upper", "X-Upper", "1"), None),
+        ("missing-path", without(":path", ""), None),
+        ("missing-method", without(":method", "/m-nomethod"), None),
+        ("missing-scheme", without(":scheme", "/m-noscheme"), None),
+        ("unknown-pseudo", with("/m-pseudo", ":bogus", "1"), None),
+        (
+            "connection",
+            with("/m-connection", "connection", "keep-alive"),
+            None,
+        ),
+        (
+            "keep-alive",
+            with("/m-keepalive", "keep-alive", "timeout=5"),
+            None,
+        ),
+        (
+            "proxy-connection",
+            with("/m-proxyconn", "proxy-connection", "close"),
+            None,
+        ),
+        (
+            "transfer-encoding",
+            with("/m-te-chunked", "transfer-encoding", "chunked"),
+            None,
+        ),
+        ("upgrade", with("/m-upgrade", "upgrade", "websocket"), None),
+        ("te-gzip", with("/m-tegzip", "te", "gzip"), None),
+        ("crlf-value", with("/m-crlf", "x-a", "1\r\nx-b: 2"), None),
+        ("nul-value", with("/m-nul", "x-a", "1\u{0}2"), None),
+        ("host-mismatch", with("/m-host", "host", "b.test"), None),
+        (
+            "content-length-short",
+            with("/upload/m-cl-short", "content-length", "10"),
+            Some("abc"),
+        ),
+        (
+            "content-length-long",
+            with("/upload/m-cl-long", "content-length", "2"),
+            Some("abcdef"),
+        ),
+    ]
+}
+
 /// Each malformed case rides on one connection with a good request after it; the bad one
 /// fails alone and never reaches nginx.
 #[test]
 fn malformed_requests_fail_their_stream_only_and_never_reach_nginx() {
     let mut s = Setup::start();
-    let base = |path: &str| -> Vec<Value> {
-        vec![
-            json!([":method", "GET"]),
-            json!([":scheme", "https"]),
-            json!([":authority", format!("a.test:{}", s.proxy.port)]),
-            json!([":path", path]),
-        ]
-    };
-    let with = |path: &str, extra: Vec<Value>| -> Value {
-        let mut h = base(path);
-        h.extend(extra);
-        Value::Array(h)
-    };
-    let cases: Vec<(&str, Value, Option<&str>)> = vec![
-        (
-            "uppercase-name",
-            with("/m-upper", vec![json!(["X-Upper", "1"])]),
-            None,
-        ),
-        (
-            "missing-path",
-            json!([
-                [":method", "GET"],
-                [":scheme", "https"],
-                [":authority", "a.test"]
-            ]),
-            None,
-        ),
-        (
-            "missing-method",
-            json!([
-                [":scheme", "https"],
-                [":authority", "a.test"],
-                [":path", "/m-nomethod"]
-            ]),
-            None,
-        ),
-        (
-            "missing-scheme",
-            json!([
-                [":method", "GET"],
-                [":authority", "a.test"],
-                [":path", "/m-noscheme"]
-            ]),
-            None,
-        ),
-        (
-            "unknown-pseudo",
-            with("/m-pseudo", vec![json!([":bogus", "1"])]),
-            None,
-        ),
-        (
-            "connection",
-            with("/m-connection", vec![json!(["connection", "keep-alive"])]),
-            None,
-        ),
-        (
-            "keep-alive",
-            with("/m-keepalive", vec![json!(["keep-alive", "timeout=5"])]),
-            None,
-        ),
-        (
-            "proxy-connection",
-            with("/m-proxyconn", vec![json!(["proxy-connection", "close"])]),
-            None,
-        ),
-        (
-            "transfer-encoding",
-            with(
-                "/m-te-chunked",
-                vec![json!(["transfer-encoding", "chunked"])],
-            ),
-            None,
-        ),
-        (
-            "upgrade",
-            with("/m-upgrade", vec![json!(["upgrade", "websocket"])]),
-            None,
-        ),
-        (
-            "te-gzip",
-            with("/m-tegzip", vec![json!(["te", "gzip"])]),
-            None,
-        ),
-        (
-            "crlf-value",
-            with("/m-crlf", vec![json!(["x-a", "1\r\nx-b: 2"])]),
-            None,
-        ),
-        (
-            "nul-value",
-            with("/m-nul", vec![json!(["x-a", "1\u{0}2"])]),
-            None,
-        ),
-        (
-            "host-mismatch",
-            with("/m-host", vec![json!(["host", "b.test"])]),
-            None,
-        ),
-        (
-            "content-length-short",
-            with("/upload/m-cl-short", vec![json!(["content-length", "10"])]),
-            Some("abc"),
-        ),
-        (
-            "content-length-long",
-            with("/upload/m-cl-long", vec![json!(["content-length", "2"])]),
-            Some("abcdef"),
-        ),
-    ];
+    let cases = malformed_cases(&format!("a.test:{}", s.proxy.port));
     for (name, headers, body) in &cases {
         let mut bad = json!({"name": name, "raw_headers": headers});
         if let Some(b) = body {
