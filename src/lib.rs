@@ -15,6 +15,3 @@ pub mod demo;
 pub mod operator;
 pub mod plugin;
 pub mod proxy;
-
-#[cfg(feature = "lab")]
-pub mod lab;

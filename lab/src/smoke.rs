@@ -16,7 +16,7 @@ use serde::Serialize;
 use super::client::{self, Expect, Proto, Sample};
 use super::emu::{Counters, EmuConfig, Position, RuleProto};
 use super::netns;
-use super::servers::{self, ProxyVariant, INGRESS_PORT};
+use super::servers::{self, ProxyBinArg, ProxyVariant, INGRESS_PORT};
 use super::session::Session;
 use super::topology::{CLIENT_V4, CLIENT_V6, SERVER_V4, SERVER_V6};
 use super::{path_config, LabError};
@@ -26,12 +26,14 @@ pub struct SmokeArgs {
     /// Name prefix of the smoke lab (kept apart from a lab or bench that may be running).
     #[arg(long, default_value = "h3smoke")]
     pub prefix: String,
+    #[command(flatten)]
+    pub proxy: ProxyBinArg,
 }
 
 const CADDY_PORT: u16 = 8443;
 const PROXY_PORT: u16 = 4433;
 const PROXY_METRICS_PORT: u16 = 9480;
-const H3GET: &str = include_str!("../../scripts/lab/h3get.py");
+const H3GET: &str = include_str!("../scripts/h3get.py");
 
 #[derive(Debug, Clone, Serialize)]
 struct Check {
@@ -43,7 +45,6 @@ struct Check {
 #[derive(Default, Serialize)]
 struct Report {
     checks: Vec<Check>,
-    not_run: Vec<String>,
 }
 
 impl Report {
@@ -72,9 +73,10 @@ pub fn run(a: &SmokeArgs) -> Result<(), LabError> {
         eprintln!("SKIPPED: needs root: `lab smoke` creates network namespaces and TUN devices");
         return Err(LabError::NotRoot("lab smoke".into()));
     }
+    let exe = a.proxy.resolve()?;
     let started = Instant::now();
     let mut report = Report::default();
-    let result = smoke(a, &mut report);
+    let result = smoke(a, &exe, &mut report);
     let secs = started.elapsed().as_secs_f64();
     let out = super::output_dir();
     if std::fs::create_dir_all(&out).is_ok() {
@@ -85,9 +87,6 @@ pub fn run(a: &SmokeArgs) -> Result<(), LabError> {
     }
     result?;
     let failed = report.failures();
-    for n in &report.not_run {
-        println!("NOT RUN {n}");
-    }
     if failed.is_empty() {
         println!(
             "smoke: all {} checks passed in {secs:.1} s",
@@ -114,7 +113,7 @@ fn h3_client(s: &Session) -> Result<client::AioquicClient, LabError> {
         std::env::current_dir()
             .unwrap_or_default()
             .join("tests/py/h3client.py"),
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/h3client.py"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/py/h3client.py"),
     ];
     if let Some(p) = candidates.into_iter().find(|p| p.exists()) {
         return Ok(client::AioquicClient::Harness(p));
@@ -128,7 +127,7 @@ fn clean() -> EmuConfig {
     path_config(0.0, 0.0, 1500, true, None, None, 1)
 }
 
-fn smoke(a: &SmokeArgs, report: &mut Report) -> Result<(), LabError> {
+fn smoke(a: &SmokeArgs, exe: &Path, report: &mut Report) -> Result<(), LabError> {
     let mut s = Session::start(&a.prefix, &clean())?;
     println!(
         "lab {} up; certificate chain {} DER bytes",
@@ -152,35 +151,29 @@ fn smoke(a: &SmokeArgs, report: &mut Report) -> Result<(), LabError> {
         name: "caddy",
         port: CADDY_PORT,
     }];
-    let exe = std::env::current_exe().map_err(|e| LabError::io("current_exe", e))?;
-    match servers::proxy_supported(&exe) {
-        Ok(()) => {
-            let yaml = servers::proxy_config(
-                &ProxyVariant {
-                    congestion_control: "cubic-hs",
-                    buffer_bytes: None,
-                    initial_window_packets: None,
-                },
-                PROXY_PORT,
-                PROXY_METRICS_PORT,
-                &s.pki,
-            )?;
-            let p = servers::start_proxy(
-                &s.names.server_ns,
-                &s.work,
-                &exe,
-                "h3-ingress",
-                &yaml,
-                PROXY_METRICS_PORT,
-            )?;
-            s.keep(p);
-            targets.push(H3Target {
-                name: "h3-ingress",
-                port: PROXY_PORT,
-            });
-        }
-        Err(why) => report.not_run.push(format!("h3-ingress rows: {why}")),
-    }
+    let yaml = servers::proxy_config(
+        &ProxyVariant {
+            congestion_control: "cubic-hs",
+            buffer_bytes: None,
+            initial_window_packets: None,
+        },
+        PROXY_PORT,
+        PROXY_METRICS_PORT,
+        &s.pki,
+    )?;
+    let p = servers::start_proxy(
+        &s.names.server_ns,
+        &s.work,
+        exe,
+        "h3-ingress",
+        &yaml,
+        PROXY_METRICS_PORT,
+    )?;
+    s.keep(p);
+    targets.push(H3Target {
+        name: "h3-ingress",
+        port: PROXY_PORT,
+    });
 
     mechanics(&mut s, report)?;
     scenarios(&mut s, report, &targets, &script)?;

@@ -50,7 +50,7 @@ pub enum LabError {
     Control(String),
     #[error("invalid lab settings: {0}")]
     Config(String),
-    #[error("lab {0:?} is not up (run `h3-ingress lab up --prefix {0}` first)")]
+    #[error("lab {0:?} is not up (run `h3-ingress-lab up --prefix {0}` first)")]
     NotUp(String),
     #[error("{0}")]
     Failed(String),
@@ -63,12 +63,6 @@ impl LabError {
             source,
         }
     }
-}
-
-#[derive(Args, Debug)]
-pub struct LabArgs {
-    #[command(subcommand)]
-    pub command: LabCommand,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -262,8 +256,8 @@ pub enum LabCommand {
     Smoke(smoke::SmokeArgs),
 }
 
-pub fn run(args: LabArgs) -> Result<(), LabError> {
-    match args.command {
+pub fn run(command: LabCommand) -> Result<(), LabError> {
+    match command {
         LabCommand::Up { common, emu } => {
             let names = LabNames::new(&common.prefix)?;
             let cfg = emu.to_config()?;
@@ -313,7 +307,7 @@ fn describe(names: &LabNames, cfg: &EmuConfig, r: UpResult) -> String {
         UpResult::Reconfigured(pid) => format!("router reconfigured (pid {pid})"),
     };
     format!(
-        "{what}\n  client: ip netns exec {} ...   {} {}\n  server: ip netns exec {} ...   {} {}\n  config: {}\n  counters: h3-ingress lab counters --prefix {}",
+        "{what}\n  client: ip netns exec {} ...   {} {}\n  server: ip netns exec {} ...   {} {}\n  config: {}\n  counters: h3-ingress-lab counters --prefix {}",
         names.client_ns,
         topology::CLIENT_V4,
         topology::CLIENT_V6,
@@ -361,17 +355,10 @@ pub fn up(names: &LabNames, cfg: &EmuConfig) -> Result<UpResult, LabError> {
     let log2 = log.try_clone().map_err(|e| LabError::io("router log", e))?;
     let json = serde_json::to_string(cfg).map_err(|e| LabError::Failed(e.to_string()))?;
     let mut cmd = std::process::Command::new(exe);
-    cmd.args([
-        "lab",
-        "router",
-        "--prefix",
-        &names.prefix,
-        "--config-json",
-        &json,
-    ])
-    .stdin(std::process::Stdio::null())
-    .stdout(log)
-    .stderr(log2);
+    cmd.args(["router", "--prefix", &names.prefix, "--config-json", &json])
+        .stdin(std::process::Stdio::null())
+        .stdout(log)
+        .stderr(log2);
     // Own session: the router outlives `lab up` and ignores the terminal's signals.
     // SAFETY: setsid is async-signal-safe and runs in the child between fork and exec.
     unsafe {

@@ -813,8 +813,8 @@ fn count_kind(c: &mut DirCounters, info: &PacketInfo) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lab::packet::tests::{tcp4, udp4, udp6};
-    use crate::lab::topology::{CLIENT_V4, CLIENT_V6, SERVER_V4, SERVER_V6};
+    use crate::packet::tests::{tcp4, udp4, udp6};
+    use crate::topology::{CLIENT_V4, CLIENT_V6, SERVER_V4, SERVER_V6};
 
     const MS: u64 = 1_000_000;
     const C: [u8; 4] = CLIENT_V4.octets();

@@ -10,12 +10,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use clap::Args;
 use serde_json::json;
 
 use super::netns;
 use super::topology::{SERVER_V4, SERVER_V6};
 use super::LabError;
-use crate::api::FileConfig;
+use h3_ingress::api::FileConfig;
 
 /// The virtual host every server in the lab serves.
 pub const HOST: &str = "lab.test";
@@ -671,17 +672,45 @@ pub fn start_nginx_h3(
     Ok(p)
 }
 
-/// Why our binary cannot serve yet, or `Ok` when it has `proxy --config`.
+/// The product binary the lab runs as the proxy: `--proxy-bin` (or `H3LAB_PROXY_BIN`) when
+/// given, else `h3-ingress` beside the lab's own executable, which is where
+/// `cargo build [--release] --workspace` puts both.
+#[derive(Args, Debug, Clone)]
+pub struct ProxyBinArg {
+    /// The h3-ingress binary to run as the proxy (default: `h3-ingress` next to this program).
+    #[arg(long, env = "H3LAB_PROXY_BIN")]
+    pub proxy_bin: Option<PathBuf>,
+}
+
+impl ProxyBinArg {
+    /// The proxy binary, checked to run and to have `proxy --config`.
+    pub fn resolve(&self) -> Result<PathBuf, LabError> {
+        let path = match &self.proxy_bin {
+            Some(p) => p.clone(),
+            None => std::env::current_exe()
+                .map_err(io("current_exe"))?
+                .with_file_name("h3-ingress"),
+        };
+        proxy_supported(&path).map_err(|why| {
+            LabError::Failed(format!(
+                "{why}; build it with `cargo build --release --workspace` (or `-p h3-ingress`) or pass --proxy-bin"
+            ))
+        })?;
+        Ok(path)
+    }
+}
+
+/// Why `exe` cannot serve as the proxy, or `Ok` when it runs and has `proxy --config`.
 pub fn proxy_supported(exe: &Path) -> Result<(), String> {
     let out = Command::new(exe)
         .args(["proxy", "--help"])
         .output()
-        .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+        .map_err(|e| format!("cannot run the proxy binary {}: {e}", exe.display()))?;
     let text = String::from_utf8_lossy(&out.stdout);
     if out.status.success() && text.contains("--config") {
         Ok(())
     } else {
-        Err("this h3-ingress binary has no `proxy --config` yet (data plane not merged)".into())
+        Err(format!("{} has no `proxy --config`", exe.display()))
     }
 }
 
@@ -801,7 +830,7 @@ mod tests {
             initial_window_packets: Some(10),
         };
         let y = proxy_config(&v, 443, 9480, &pki()).unwrap();
-        let back = crate::config::file::parse(&y).unwrap();
+        let back = h3_ingress::config::file::parse(&y).unwrap();
         assert_eq!(back.transport.congestion_control.as_str(), "cubic-hs");
         assert_eq!(back.socket.receive_buffer_bytes, 106_496);
         assert_eq!(back.transport.initial_window_packets, 10);

@@ -17,7 +17,7 @@ use super::report::{
     self, BenchReport, Case, Cell, ProxyStats, RowInfo, H2, LOSS_TOLERANT, OURS, RFC_IW,
     SMALL_BUFFERS,
 };
-use super::servers::{self, ProxyVariant, INGRESS_PORT};
+use super::servers::{self, ProxyBinArg, ProxyVariant, INGRESS_PORT};
 use super::session::Session;
 use super::topology::SERVER_V4;
 use super::{path_config, throughput, LabError};
@@ -75,6 +75,8 @@ pub struct BenchArgs {
     /// Where the JSON and markdown results go.
     #[arg(long, default_value = "target/lab")]
     pub out: PathBuf,
+    #[command(flatten)]
+    pub proxy: ProxyBinArg,
 }
 
 #[derive(Debug, Clone)]
@@ -601,14 +603,14 @@ pub fn run(a: &BenchArgs) -> Result<(), LabError> {
             None
         }
     };
-    let exe = std::env::current_exe().map_err(|e| LabError::io("current_exe", e))?;
-    if let Err(why) = servers::proxy_supported(&exe) {
-        for r in &rows {
-            if matches!(r.server, ServerKind::Ours { .. }) {
-                not_run.insert(r.id, why.clone());
-            }
-        }
-    }
+    let exe = if rows
+        .iter()
+        .any(|r| matches!(r.server, ServerKind::Ours { .. }))
+    {
+        a.proxy.resolve()?
+    } else {
+        PathBuf::new()
+    };
 
     env.insert("kernel".into(), first_line("uname", &["-r"]));
     env.insert("loadavg_start".into(), loadavg());
@@ -667,7 +669,7 @@ pub fn run(a: &BenchArgs) -> Result<(), LabError> {
         ),
     );
     if cfg!(debug_assertions) {
-        eprintln!("warning: debug build; numbers need `cargo run --release -- lab bench`");
+        eprintln!("warning: debug build; numbers need a release build (`cargo build --release --workspace`)");
     }
 
     let mut s = Session::start(&a.prefix, &path_config(0.0, 0.0, 1500, true, None, None, 1))?;
@@ -726,7 +728,7 @@ pub fn run(a: &BenchArgs) -> Result<(), LabError> {
         }
     }
     let script = s.work.path("h3get.py");
-    std::fs::write(&script, include_str!("../../scripts/lab/h3get.py"))
+    std::fs::write(&script, include_str!("../scripts/h3get.py"))
         .map_err(|e| LabError::io("write h3get.py", e))?;
     let ns = s.names.server_ns.clone();
     let ingress = servers::start_ingress(&ns, &s.work, &s.pki)?;
