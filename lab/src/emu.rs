@@ -117,6 +117,11 @@ pub struct FlightRule {
     pub gap_us: u64,
 }
 
+/// Milliseconds (as the command line and the scenarios write them) to the router's microseconds.
+pub fn ms_to_us(ms: f64) -> u64 {
+    (ms * 1000.0).round() as u64
+}
+
 /// Quiet time that ends a flight when nothing else does, as a fraction of the round trip: long
 /// enough to span a server waiting a few milliseconds for the rest of a multi-datagram
 /// ClientHello, far shorter than the client's reaction (one RTT).
