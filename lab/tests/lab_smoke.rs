@@ -8,6 +8,17 @@ use std::time::{Duration, Instant};
 
 const LAB: &str = env!("CARGO_BIN_EXE_h3-ingress-lab");
 
+/// Variables cargo sets for a test run that a plain `cargo build` does not have.
+const TEST_ONLY_VARS: &[&str] = &[
+    "CARGO_MANIFEST_DIR",
+    "CARGO_MANIFEST_PATH",
+    "CARGO_CRATE_NAME",
+    "CARGO_BIN_NAME",
+    "CARGO_PRIMARY_PACKAGE",
+    "CARGO_TARGET_TMPDIR",
+    "OUT_DIR",
+];
+
 /// The product binary of the same build profile, beside the lab's. Cargo builds a dependency's
 /// library, never its binaries, so this asks cargo for it: a no-op when `cargo test --workspace`
 /// has built it already, and never a stale proxy when only the lab's tests run.
@@ -20,19 +31,24 @@ fn product_binary() -> PathBuf {
         Some(other) => other,
         None => panic!("unexpected target layout: {}", profile_dir.display()),
     };
-    let status = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--locked",
-            "--profile",
-            profile,
-            "-p",
-            "h3-ingress",
-        ])
-        .args(["--bin", "h3-ingress"])
-        .current_dir(workspace_root())
-        .status()
-        .expect("run cargo build -p h3-ingress");
+    let mut cargo = Command::new(env!("CARGO"));
+    cargo
+        .args(["build", "--locked", "--profile", profile])
+        .args(["-p", "h3-ingress", "--bin", "h3-ingress"])
+        .current_dir(workspace_root());
+    // Cargo gives this test the variables it sets for a package (CARGO_MANIFEST_DIR, ...);
+    // build scripts that watch one (ring's does) would see it changed and rebuild half the
+    // dependency tree.
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if TEST_ONLY_VARS.contains(&k.as_ref())
+            || k.starts_with("CARGO_PKG_")
+            || k.starts_with("CARGO_BIN_EXE_")
+        {
+            cargo.env_remove(k.as_ref());
+        }
+    }
+    let status = cargo.status().expect("run cargo build -p h3-ingress");
     assert!(status.success(), "building the product binary failed");
     let bin = profile_dir.join("h3-ingress");
     assert!(bin.exists(), "cargo built no {}", bin.display());
