@@ -17,9 +17,11 @@ use crate::emu::{Counters, Position};
 use crate::scenario::PathSpec;
 use crate::session::UdpStats;
 
-/// One scenario step: a path and a transfer.
+/// One case of the plan: a scenario's `CaseSpec` with the run's flags applied (runs, rate,
+/// time limit), as stored in the JSON results.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Case {
+    /// The id of its entry in `scenario::SCENARIOS`.
     pub scenario: String,
     pub id: String,
     pub label: String,
