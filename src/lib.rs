@@ -21,6 +21,3 @@ pub mod logging;
 pub mod operator;
 pub mod plugin;
 pub mod proxy;
-
-#[cfg(feature = "lab")]
-pub mod lab;

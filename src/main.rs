@@ -53,9 +53,6 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
-    /// Network lab: path emulator between two namespaces, benchmark, CI smoke (needs root).
-    #[cfg(feature = "lab")]
-    Lab(Box<h3_ingress::lab::LabArgs>),
 }
 
 #[derive(clap::Args)]
@@ -111,12 +108,6 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        #[cfg(feature = "lab")]
-        // Synchronous on purpose (namespaces, child processes, a poll loop); nothing else
-        // runs on this runtime while the lab does.
-        Command::Lab(args) => h3_ingress::lab::run(*args)
-            .map(|()| ExitCode::SUCCESS)
-            .map_err(anyhow::Error::from),
         Command::Crd => {
             print!("{}", h3_ingress::api::crd_yaml());
             Ok(ExitCode::SUCCESS)
