@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"time"
 
+	"golang.org/x/sys/unix"
 	coordv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -62,6 +63,14 @@ func nodeAddresses(n NodeConf) []corev1.NodeAddress {
 	return append(a, corev1.NodeAddress{Type: corev1.NodeHostName, Address: n.Name})
 }
 
+func kernelVersion() string {
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}
+
 // registerNode creates the Node (as a kubelet registers itself) or refreshes its
 // labels, then writes its status.
 func registerNode(ctx context.Context, c kubernetes.Interface, cfg *Config, n NodeConf) error {
@@ -106,6 +115,7 @@ func patchNodeStatus(ctx context.Context, c kubernetes.Interface, cfg *Config, n
 			Architecture:            runtime.GOARCH,
 			ContainerRuntimeVersion: "h3i-node-agent://" + kubeletVersion,
 			OSImage:                 "h3i-node-agent (local processes)",
+			KernelVersion:           kernelVersion(),
 		},
 	}
 	// lastTransitionTime must only move on a change; keep the existing ones.
@@ -122,7 +132,9 @@ func patchNodeStatus(ctx context.Context, c kubernetes.Interface, cfg *Config, n
 	if err != nil {
 		return err
 	}
-	_, err = c.CoreV1().Nodes().Patch(ctx, n.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status")
+	// A JSON merge patch replaces lists whole: a strategic one would merge the two
+	// InternalIP addresses by their shared type into a duplicate.
+	_, err = c.CoreV1().Nodes().Patch(ctx, n.Name, types.MergePatchType, patch, metav1.PatchOptions{}, "status")
 	return err
 }
 

@@ -161,9 +161,12 @@ func (w *podWorker) forget() {
 	w.mu.Lock()
 	already := w.deleting
 	w.gone, w.deleting = true, true
-	if !already {
-		w.deletionGrace = 2 * time.Second
+	if already {
+		// Our own final delete, or a forced one while we were stopping anyway.
+		w.mu.Unlock()
+		return
 	}
+	w.deletionGrace = 2 * time.Second
 	cancel := w.cancelRun
 	w.mu.Unlock()
 	w.event("pod removed from the API: stopping containers")
