@@ -25,6 +25,7 @@ HELM_VERSION=v4.3.1
 CACHE=${H3I_CLUSTER_CACHE:-/var/cache/h3-ingress}
 STATE=${H3I_CLUSTER_STATE:-/run/h3i-cluster}
 BINARY=${H3I_BINARY:-$REPO/target/debug/h3-ingress}
+[[ $BINARY == /* ]] || BINARY=$PWD/$BINARY
 CP_SRC=$REPO/tests/cluster/controlplane
 AGENT_SRC=$REPO/tests/cluster/agent
 
@@ -430,6 +431,7 @@ export KUBECONFIG=$STATE/admin.kubeconfig
 export PATH=$CP_BIN:\$PATH
 export H3I_CLUSTER_STATE=$STATE
 export H3I_CLUSTER_BIN=$CP_BIN
+export H3I_CLUSTER_CACHE=$CACHE
 export H3I_APISERVER=https://$HOST4:$APISERVER_PORT
 export H3I_NODES="${NODES[*]}"
 export H3I_NODE_NETNS="${NODES[*]}"

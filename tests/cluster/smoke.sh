@@ -70,6 +70,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
+step "node agent unit tests (go test, with the cluster's module and build cache)"
+if ! (cd "$REPO/tests/cluster/agent" && GOMODCACHE=$H3I_CLUSTER_CACHE/gomod GOCACHE=$H3I_CLUSTER_CACHE/gocache \
+    GOFLAGS=-mod=readonly GOTOOLCHAIN=local nice -n 10 go test -trimpath -count=1 -v ./... 2>&1) |
+    grep -E '^(--- |ok|FAIL|PASS)' | sed 's/^/    /'; then
+    fail "agent unit tests"
+fi
+
 step "up again is a no-op health check"
 t0=$(date +%s)
 "$CLUSTER" up 2>&1 | tee /tmp/h3i-smoke-up2.log | sed 's/^/    /'
@@ -243,8 +250,10 @@ webpid=$(cat "$H3I_POD_LOGS/$NS/$web/proxy.pid")
 webns=$(ip netns identify "$webpid")
 [[ $webns == h3ic-p-* && $webip != "${ips[0]}" && $webip != "${ips[1]}" ]] || fail "web pod: netns '$webns' podIP $webip"
 [[ $(curl -s "http://$webip:9476/readyz" -o /dev/null -w '%{http_code}') == 200 ]] || fail "web /readyz on $webip"
+webips=$(kubectl -n "$NS" get pod "$web" -o jsonpath='{.status.podIPs[*].ip}')
+[[ $webips == "$webip fd77::"* ]] || fail "web pod should be dual-stack, podIPs: $webips"
 grep -q '^KUBECONFIG=' <<<"$(tr '\0' '\n' <"/proc/$webpid/environ")" && fail "automountServiceAccountToken: false, yet KUBECONFIG is set"
-ok "$web: podIP $webip in netns $webns, Ready; no token and no KUBECONFIG (automountServiceAccountToken: false)"
+ok "$web: podIPs $webips in netns $webns, Ready; no token and no KUBECONFIG (automountServiceAccountToken: false)"
 
 step "a crashing container restarts with backoff (busybox image run as a host shell)"
 kubectl -n "$NS" run crasher --image=busybox:1.36.1 --restart=Always --command -- sh -c 'echo "run at $(date +%s)"; exit 3' >/dev/null

@@ -283,14 +283,16 @@ func (w *podWorker) setup(ctx context.Context) bool {
 	w.sandboxReady = true
 	w.mu.Unlock()
 	w.markDirty()
-	for {
+	// Right after scheduling the Node authorizer may not yet relate this node to the
+	// pod's Secrets and ServiceAccount (403): retry soon, then less often.
+	for attempt := 0; ; attempt++ {
 		err := w.vols.sync(ctx, w.snapshot())
 		if err == nil {
 			break
 		}
 		w.setMessage("FailedMount: " + err.Error())
 		w.event("volumes: %v", err)
-		if !sleepCtx(ctx, 3*time.Second) {
+		if !sleepCtx(ctx, time.Duration(min(attempt+1, 5))*500*time.Millisecond) {
 			return false
 		}
 	}
