@@ -45,7 +45,7 @@ until_ok() {
 }
 
 if [[ $(id -u) -ne 0 ]]; then
-    echo "SKIPPED: tests/cluster/smoke.sh needs root (network namespaces, the cluster's processes)"
+    echo "SMOKE SKIPPED: tests/cluster/smoke.sh needs root (network namespaces, the cluster's processes)"
     [[ ${H3I_TESTS_REQUIRE_ROOT:-0} == 1 ]] && fail "H3I_TESTS_REQUIRE_ROOT=1 but not root"
     exit 0
 fi

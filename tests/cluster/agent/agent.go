@@ -164,6 +164,7 @@ func (a *agent) deleteNow(c kubernetes.Interface, pod *corev1.Pod) {
 func (w *podWorker) shutdown() {
 	w.mu.Lock()
 	w.gone = true // do not remove the pod from the API
+	w.agentStopping = true
 	w.deleting = true
 	w.deletionGrace = 5 * time.Second
 	cancel := w.cancelRun

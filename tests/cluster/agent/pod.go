@@ -48,6 +48,7 @@ type podWorker struct {
 	condTimes      map[corev1.PodConditionType]condMark
 	deleting       bool
 	gone           bool // removed from the API already (forced deletion)
+	agentStopping  bool // stopped because the agent stops: the pod stays in the API
 	deletionGrace  time.Duration
 	lastSentStatus string
 
@@ -453,7 +454,14 @@ func (w *podWorker) teardown() {
 	}
 	_ = os.RemoveAll(filepath.Join(w.dir, "volumes"))
 	_ = os.Remove(filepath.Join(w.dir, "kubeconfig"))
-	w.event("removed")
+	w.mu.Lock()
+	stopping := w.agentStopping
+	w.mu.Unlock()
+	if stopping {
+		w.event("containers stopped: the agent stops (the pod stays; the next agent restarts it)")
+	} else {
+		w.event("removed")
+	}
 }
 
 // writeKubeconfig writes the pod's kubeconfig: the API server, the cluster CA and the
