@@ -286,6 +286,18 @@ kubectl get nodes | sed 's/^/    /'
 "$CLUSTER" status >/dev/null || fail "status unhealthy after the restart"
 ok "same processes (${POD_PID[*]}), nodes Ready, DaemonSet Ready"
 
+step "the agent restores node and pod status that others overwrote (as the node-lifecycle controller does after a long outage)"
+pod=$(kubectl -n "$NS" get pods -l app=smoke --field-selector spec.nodeName="${nodes[0]}" -o jsonpath='{.items[0].metadata.name}')
+kubectl patch node "${nodes[0]}" --subresource=status \
+    -p '{"status":{"conditions":[{"type":"Ready","status":"Unknown","reason":"NodeStatusUnknown","message":"set by smoke.sh"}]}}' >/dev/null
+kubectl -n "$NS" patch pod "$pod" --subresource=status \
+    -p '{"status":{"conditions":[{"type":"Ready","status":"False","reason":"NodeNotReady","message":"set by smoke.sh"}]}}' >/dev/null
+node_ready() { [[ $(kubectl get node "${nodes[0]}" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}') == True ]]; }
+pod_ready() { [[ $(kubectl -n "$NS" get pod "$pod" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}') == True ]]; }
+until_ok 30 "${nodes[0]} Ready again" node_ready
+until_ok 30 "$pod Ready again" pod_ready
+ok "${nodes[0]} and $pod were set Unknown/False, and are Ready=True again"
+
 step "delete the DaemonSet: the garbage collector removes its pods, the agent stops the processes"
 kubectl -n "$NS" delete ds smoke --wait=false >/dev/null
 pods_gone() { [[ -z $(kubectl -n "$NS" get pods -l app=smoke -o name) ]]; }

@@ -168,6 +168,19 @@ func renewLease(ctx context.Context, c kubernetes.Interface, n NodeConf) error {
 	return err
 }
 
+func nodeReadyInAPI(ctx context.Context, c kubernetes.Interface, name string) bool {
+	node, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return true // unknown: the next tick asks again
+	}
+	for _, cond := range node.Status.Conditions {
+		if cond.Type == corev1.NodeReady {
+			return cond.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
 // keepNodeAlive renews the Lease and refreshes the node status until ctx ends; errors
 // (an API server restart, say) are logged and retried on the next tick.
 func keepNodeAlive(ctx context.Context, c kubernetes.Interface, cfg *Config, n NodeConf) {
@@ -184,10 +197,16 @@ func keepNodeAlive(ctx context.Context, c kubernetes.Interface, cfg *Config, n N
 			if err := renewLease(ctx, c, n); err != nil {
 				log.Printf("node %s: lease: %v", n.Name, err)
 				needStatus = true // the node may have been declared unknown meanwhile
-			} else if needStatus {
-				if patchNodeStatus(ctx, c, cfg, n) == nil {
-					needStatus = false
-				}
+				continue
+			}
+			// The node-lifecycle controller sets Ready=Unknown when it missed our Lease
+			// (an API server outage longer than its grace period): say Ready again now.
+			if !needStatus && !nodeReadyInAPI(ctx, c, n.Name) {
+				log.Printf("node %s: Ready is not True in the API, posting status", n.Name)
+				needStatus = true
+			}
+			if needStatus && patchNodeStatus(ctx, c, cfg, n) == nil {
+				needStatus = false
 			}
 		case <-statusTick.C:
 			if err := patchNodeStatus(ctx, c, cfg, n); err != nil {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -51,6 +52,9 @@ type podWorker struct {
 	agentStopping  bool // stopped because the agent stops: the pod stays in the API
 	deletionGrace  time.Duration
 	lastSentStatus string
+	// forceStatus: the API shows a status other than ours (the node-lifecycle controller
+	// marks pods of an unknown node not Ready): write ours again even if unchanged.
+	forceStatus atomic.Bool
 
 	dirty     chan struct{}
 	cancelRun context.CancelFunc
@@ -148,6 +152,9 @@ func (w *podWorker) update(pod *corev1.Pod) {
 	}
 	cancel := w.cancelRun
 	w.mu.Unlock()
+	if w.diverged(pod) {
+		w.forceStatus.Store(true)
+	}
 	if begin {
 		w.event("deletion requested (grace %s): stopping containers", w.grace())
 		if cancel != nil {

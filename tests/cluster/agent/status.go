@@ -199,6 +199,35 @@ func (w *podWorker) cond(t corev1.PodConditionType, ok bool, falseReason string)
 	return corev1.PodCondition{Type: t, Status: s, Reason: reason, LastTransitionTime: m.at}
 }
 
+// diverged reports whether the API's phase or Ready condition of pod differs from
+// what this worker last wrote (older informer events may say so too: a rewrite of the
+// same status is harmless).
+func (w *podWorker) diverged(pod *corev1.Pod) bool {
+	w.mu.Lock()
+	last := w.lastSentStatus
+	w.mu.Unlock()
+	if last == "" {
+		return false
+	}
+	var sent corev1.PodStatus
+	if json.Unmarshal([]byte(last), &sent) != nil {
+		return false
+	}
+	if sent.Phase != pod.Status.Phase {
+		return true
+	}
+	return podReady(sent) != podReady(pod.Status)
+}
+
+func podReady(st corev1.PodStatus) corev1.ConditionStatus {
+	for _, c := range st.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status
+		}
+	}
+	return ""
+}
+
 // patchStatus writes the status subresource; metadata.uid makes the patch fail for
 // a newer pod of the same name (the kubelet does the same).
 func (w *podWorker) patchStatus(ctx context.Context, st corev1.PodStatus) error {
@@ -225,7 +254,10 @@ func (w *podWorker) statusLoop(ctx context.Context) {
 		}
 		st := w.buildStatus()
 		js, _ := json.Marshal(st)
-		if string(js) == w.lastSentStatus {
+		w.mu.Lock()
+		same := string(js) == w.lastSentStatus
+		w.mu.Unlock()
+		if same && !w.forceStatus.Swap(false) {
 			continue
 		}
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -242,6 +274,8 @@ func (w *podWorker) statusLoop(ctx context.Context) {
 			}()
 			continue
 		}
+		w.mu.Lock()
 		w.lastSentStatus = string(js)
+		w.mu.Unlock()
 	}
 }
