@@ -50,6 +50,7 @@ if [[ $(id -u) -ne 0 ]]; then
     exit 0
 fi
 
+tmp=$(mktemp -d)
 export H3I_BINARY=${H3I_BINARY:-$REPO/target/debug/h3-ingress}
 if [[ ! -x $H3I_BINARY ]]; then
     step "building $H3I_BINARY"
@@ -65,6 +66,7 @@ UP_SECONDS=$(($(date +%s) - t0))
 eval "$("$CLUSTER" env)"
 ok "up took ${UP_SECONDS}s (cluster was already up: $was_up)"
 cleanup() {
+    rm -rf "$tmp"
     kubectl delete namespace "$NS" "$NS_RESTRICTED" --ignore-not-found --wait=false >/dev/null 2>&1 || true
     if [[ $was_up -eq 0 && ${H3I_SMOKE_KEEP:-0} != 1 ]]; then "$CLUSTER" down || true; fi
 }
@@ -79,8 +81,8 @@ fi
 
 step "up again is a no-op health check"
 t0=$(date +%s)
-"$CLUSTER" up 2>&1 | tee /tmp/h3i-smoke-up2.log | sed 's/^/    /'
-grep -q 'already up and healthy' /tmp/h3i-smoke-up2.log || fail "second up did not report an existing healthy cluster"
+"$CLUSTER" up 2>&1 | tee "$tmp/up2.log" | sed 's/^/    /'
+grep -q 'already up and healthy' "$tmp/up2.log" || fail "second up did not report an existing healthy cluster"
 ok "second up: $(($(date +%s) - t0))s"
 "$CLUSTER" status | sed 's/^/    /' || fail "status reports a problem"
 
@@ -106,7 +108,6 @@ step "namespace (pod-security enforce=privileged), ServiceAccount, TLS Secret, C
 kubectl create namespace "$NS" --dry-run=client -o yaml |
     kubectl label --local -f - pod-security.kubernetes.io/enforce=privileged -o yaml | kubectl apply -f - >/dev/null
 kubectl -n "$NS" create serviceaccount smoke --dry-run=client -o yaml | kubectl apply -f - >/dev/null
-tmp=$(mktemp -d)
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 -subj /CN=smoke.h3i.test \
     -addext subjectAltName=DNS:smoke.h3i.test -keyout "$tmp/tls.key" -out "$tmp/tls.crt" 2>/dev/null
 kubectl -n "$NS" create secret tls smoke-tls --cert "$tmp/tls.crt" --key "$tmp/tls.key" --dry-run=client -o yaml |
