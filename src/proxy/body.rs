@@ -16,7 +16,7 @@ use h3::server::RequestStream;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use tokio::sync::mpsc;
-use tokio::time::timeout;
+use tokio::time::{timeout, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
@@ -35,6 +35,36 @@ pub const PREREAD_LIMIT: u64 = 64 * 1024;
 
 /// Request body chunks buffered between the QUIC stream and the upstream request.
 const CHANNEL_CHUNKS: usize = 8;
+
+/// A request body makes progress when it delivers at least this many bytes (or ends) within
+/// each window of `http.requestBodyIdleTimeoutSeconds`: a body trickled at a few bytes per
+/// second holds a stream and a budget share as long as an idle one and is cut the same way.
+pub const MIN_PROGRESS_BYTES: u64 = 1024;
+
+/// The body idle clock: its deadline moves on only with [`MIN_PROGRESS_BYTES`] of progress.
+struct Progress {
+    idle: Duration,
+    deadline: Instant,
+    bytes: u64,
+}
+
+impl Progress {
+    fn new(idle: Duration) -> Self {
+        Progress {
+            idle,
+            deadline: Instant::now() + idle,
+            bytes: 0,
+        }
+    }
+
+    fn add(&mut self, n: u64) {
+        self.bytes += n;
+        if self.bytes >= MIN_PROGRESS_BYTES {
+            self.bytes = 0;
+            self.deadline = Instant::now() + self.idle;
+        }
+    }
+}
 
 /// Whether a body of `declared` length is read ahead (and so reserved against the budget).
 pub fn reads_ahead(declared: Option<u64>) -> Option<u64> {
@@ -140,30 +170,34 @@ async fn preread(
     declared: u64,
     c: &BodyCtx,
 ) -> Result<UpstreamBody, BodyError> {
-    let mut buf = BytesMut::new();
+    // Chunks as they arrive, joined once at the end: no buffer sized by the declared length,
+    // and none grown by doubling past what arrived.
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut got: u64 = 0;
+    let mut progress = Progress::new(c.idle);
     loop {
-        let next = timeout(c.idle, recv.recv_data())
+        let next = timeout_at(progress.deadline, recv.recv_data())
             .await
             .map_err(|_| BodyError::Idle(c.idle))?;
         let Some(mut chunk) = next.map_err(BodyError::Client)? else {
             break;
         };
         let n = chunk.remaining() as u64;
-        if buf.len() as u64 + n > declared {
-            return Err(BodyError::LengthMismatch(mismatch(
-                declared,
-                buf.len() as u64 + n,
-            )));
+        progress.add(n);
+        got += n;
+        if got > declared {
+            return Err(BodyError::LengthMismatch(mismatch(declared, got)));
         }
-        buf.extend_from_slice(&chunk.copy_to_bytes(chunk.remaining()));
+        chunks.push(chunk.copy_to_bytes(chunk.remaining()));
     }
-    if buf.len() as u64 != declared {
-        return Err(BodyError::LengthMismatch(mismatch(
-            declared,
-            buf.len() as u64,
-        )));
+    if got != declared {
+        return Err(BodyError::LengthMismatch(mismatch(declared, got)));
     }
-    let trailers = timeout(c.idle, recv.recv_trailers())
+    let mut buf = BytesMut::with_capacity(got as usize);
+    for c in chunks {
+        buf.extend_from_slice(&c);
+    }
+    let trailers = timeout_at(progress.deadline, recv.recv_trailers())
         .await
         .map_err(|_| BodyError::Idle(c.idle))?
         .map_err(BodyError::Client)?;
@@ -208,6 +242,7 @@ pub async fn request_body(
     let pump = RequestPump {
         recv: recv.take().expect("checked above"),
         tx,
+        progress: Progress::new(c.idle),
         c,
     };
     tokio::spawn(pump.run(first));
@@ -225,6 +260,7 @@ struct RequestPump {
     recv: RecvHalf,
     tx: mpsc::Sender<Result<Frame<Bytes>, BoxError>>,
     c: BodyCtx,
+    progress: Progress,
 }
 
 /// How one step of the pump ended when it did not deliver data.
@@ -247,6 +283,7 @@ impl RequestPump {
                 },
             };
             total += data.len() as u64;
+            self.progress.add(data.len() as u64);
             self.c
                 .metrics
                 .body_bytes
@@ -263,8 +300,7 @@ impl RequestPump {
         if self.c.declared.is_some_and(|d| total != d) {
             return self.length_mismatch(total).await;
         }
-        let idle = self.c.idle;
-        match timeout(idle, self.recv.recv_trailers()).await {
+        match timeout_at(self.progress.deadline, self.recv.recv_trailers()).await {
             Ok(Ok(Some(t))) => {
                 if let Err(stop) = self.deliver(Frame::trailers(t)).await {
                     self.stop(stop).await;
@@ -284,7 +320,7 @@ impl RequestPump {
 
     /// The next body chunk from the client; `Ok(None)` at the end of the body.
     async fn next_chunk(&mut self) -> Result<Option<Bytes>, Stop> {
-        match timeout(self.c.idle, self.recv.recv_data()).await {
+        match timeout_at(self.progress.deadline, self.recv.recv_data()).await {
             Err(_) => Err(self.idle()),
             Ok(Err(e)) => Err(self.client_failed(e)),
             Ok(Ok(c)) => Ok(c.map(|mut c| c.copy_to_bytes(c.remaining()))),
