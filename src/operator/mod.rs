@@ -5,6 +5,8 @@
 //! shells that talk to the API server.
 
 pub mod admin;
+pub mod apply;
+pub mod conflicts;
 pub mod controller;
 pub mod dataplane;
 pub mod events;
@@ -13,6 +15,7 @@ pub mod render;
 pub mod reports;
 pub mod resources;
 pub mod status;
+pub mod watches;
 
 /// Labels on everything the operator makes: the Kubernetes recommended labels. The chart's
 /// PodMonitor selects data plane pods by `component`, and `kubectl h3-ingress check` finds
