@@ -86,6 +86,9 @@ mod tests {
         assert!(dockerfile.contains(&format!("ARG VERSION={version}\n")));
         // The rendered install without Helm runs it too.
         let deploy = repo_file("deploy/operator.yaml");
-        assert!(deploy.contains(&format!("image: {DEFAULT_IMAGE}\n")), "deploy/operator.yaml");
+        assert!(
+            deploy.contains(&format!("image: {DEFAULT_IMAGE}\n")),
+            "deploy/operator.yaml"
+        );
     }
 }
