@@ -6,6 +6,7 @@
 
 pub mod admin;
 pub mod apply;
+pub mod cli;
 pub mod conflicts;
 pub mod controller;
 pub mod dataplane;
