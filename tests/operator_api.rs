@@ -325,6 +325,8 @@ struct World {
     role_bindings: Vec<&'static str>,
     /// Whether its Service exists.
     service: bool,
+    /// What the pod answers on /status instead of `pod_report()`.
+    report: Option<StatusReport>,
 }
 
 /// The usual world: the Role of a namespace no longer referenced ("old") is still there.
@@ -361,8 +363,9 @@ fn harness_in(is_leader: bool, ingresses: Vec<Ingress>, w: World) -> Harness {
     let (services, sv) = filled(services);
     let (_tx, rx) = watch::channel(is_leader);
     let metrics = OperatorMetrics::new();
+    let report = w.report.unwrap_or_else(pod_report);
     let fetcher = Fetcher(
-        [("10.0.0.7:9476".parse().unwrap(), Ok(pod_report()))]
+        [("10.0.0.7:9476".parse().unwrap(), Ok(report))]
             .into_iter()
             .collect(),
     );
@@ -685,6 +688,71 @@ async fn an_unchanged_status_is_not_written_again() {
     assert_eq!(metrics.status_writes.get(), 0);
     assert_eq!(metrics.events.with_label_values(&["Normal"]).get(), 0);
     assert_eq!(metrics.events.with_label_values(&["Warning"]).get(), 0);
+}
+
+#[tokio::test]
+async fn busy_counters_are_written_at_most_once_a_minute() {
+    let h = harness(true, vec![ingress()]);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut script = apply_script();
+    script.extend(first_status(log.clone()));
+    run(h, listener(), script).await;
+    let stored = status_of(&log.lock().unwrap()[0]);
+    assert_eq!(stored.requests[0].total, 42);
+
+    // Traffic goes on: the pod now reports more requests. Within the minute: no write.
+    let busy = || {
+        let mut r = pod_report();
+        r.hosts[0].requests = 9_000;
+        r.hosts[0].requests_last5m = 700;
+        r.requests_total = 9_000;
+        r
+    };
+    let h = harness_in(
+        true,
+        vec![ingress()],
+        World {
+            report: Some(busy()),
+            ..world()
+        },
+    );
+    let metrics = h.metrics.clone();
+    let mut l = listener();
+    l.status = Some(stored.clone());
+    run(h, l, apply_script()).await;
+    assert_eq!(
+        metrics.status_writes.get(),
+        0,
+        "counters alone were written within a minute"
+    );
+
+    // The stored counters are a minute old: now they are written, and nothing else changes.
+    let mut old = stored;
+    let minute_ago =
+        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(61);
+    old.counters_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        minute_ago,
+    ));
+    let h = harness_in(
+        true,
+        vec![ingress()],
+        World {
+            report: Some(busy()),
+            ..world()
+        },
+    );
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut script = apply_script();
+    script.push(status_patch(log.clone()));
+    let mut l = listener();
+    l.status = Some(old.clone());
+    run(h, l, script).await;
+    let written = status_of(&log.lock().unwrap()[0]);
+    assert_eq!(
+        (written.requests[0].total, written.requests[0].last5m),
+        (9_000, 700)
+    );
+    assert_eq!(written.conditions, old.conditions, "no event-worthy change");
 }
 
 #[tokio::test]
