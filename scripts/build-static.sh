@@ -1,7 +1,7 @@
 #!/bin/sh
 # Builds the h3-ingress binary the container image ships: release profile, locked dependencies,
-# glibc linked statically (no musl target can be installed on the build machines), without the
-# `lab` feature (the TUN network lab is a test tool, not part of the product).
+# glibc linked statically (no musl target can be installed on the build machines), the product
+# package only (the TUN network lab is the workspace's other package, a test tool).
 #
 #   scripts/build-static.sh [OUTPUT]     default OUTPUT: target/static/h3-ingress
 #
@@ -13,7 +13,7 @@ out=${1:-target/static/h3-ingress}
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target/static}"
 # crt-static links glibc (and libgcc) into the executable; ring and our code need nothing else.
 export RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static"
-cargo build --release --locked --no-default-features --target x86_64-unknown-linux-gnu --bin h3-ingress
+cargo build --release --locked -p h3-ingress --target x86_64-unknown-linux-gnu --bin h3-ingress
 mkdir -p "$(dirname "$out")"
 built="$CARGO_TARGET_DIR/x86_64-unknown-linux-gnu/release/h3-ingress"
 cp "$built" "$out"

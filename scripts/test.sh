@@ -15,12 +15,19 @@ scripts/setup.sh
 # Root-only tests (network namespaces, TUN) must run, not skip, where we are root.
 if [[ $(id -u) -eq 0 ]]; then export H3I_TESTS_REQUIRE_ROOT=1; fi
 
-step "format and lints"
-cargo fmt --check
-cargo clippy --all-targets --locked -- -D warnings
+# The workspace: the product (h3-ingress, what the image ships) and the network lab
+# (lab/, h3-ingress-lab). The image's own build (scripts/build-static.sh, -p h3-ingress) runs in
+# tests/observe/run.sh below.
+step "format and lints (workspace: product and lab)"
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+# No function longer than 120 lines, tests included, in the product or the lab.
+python3 scripts/fn-length.py src lab/src
+# Every relative link in README.md and docs/ names an existing file and heading.
+python3 scripts/check-links.py
 
-step "cargo test (unit, end-to-end against nginx/aioquic/promtool, operator mocks, lab smoke)"
-cargo test --locked
+step "cargo test (workspace: unit, end-to-end against nginx/aioquic/promtool, operator mocks, lab smoke)"
+cargo test --workspace --locked
 
 # Manifests rendered by the operator; then chart, deploy/, rules, dashboard, Dockerfile and
 # the static release binary its build stage produces (tests/observe/run.sh).

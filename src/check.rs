@@ -1,4 +1,5 @@
-//! `h3-ingress check`: proves HTTP/3 really runs, the way seed 002 did by hand.
+//! `h3-ingress check`: proves HTTP/3 really runs, with the same request over HTTP/3 and
+//! HTTP/2 instead of trusting a browser's protocol column.
 //!
 //! Fetches a URL over HTTP/3 (quinn + h3) and, with `--compare-h2`, over HTTP/2 (hyper),
 //! then compares status and body hashes and shows the Alt-Svc header the TCP side sends.
@@ -26,6 +27,57 @@ pub struct CheckOptions {
     pub insecure: bool,
     pub compare_h2: bool,
     pub timeout: Duration,
+}
+
+/// `h3-ingress check` as typed on the command line.
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    /// https:// URL to fetch.
+    pub url: String,
+    /// HOST:PORT:ADDR, like curl's --resolve.
+    #[arg(long)]
+    pub resolve: Option<String>,
+    /// PEM file of CA certificates to trust instead of the system store.
+    #[arg(long, conflicts_with = "insecure")]
+    pub cacert: Option<PathBuf>,
+    /// Do not verify the server certificate.
+    #[arg(long, short = 'k')]
+    pub insecure: bool,
+    /// Also fetch over HTTP/2 and compare status and body hash.
+    #[arg(long)]
+    pub compare_h2: bool,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Seconds before giving up on each protocol.
+    #[arg(long, default_value_t = 15)]
+    pub timeout: u64,
+}
+
+impl CheckArgs {
+    pub fn options(&self) -> CheckOptions {
+        CheckOptions {
+            url: self.url.clone(),
+            resolve: self.resolve.clone(),
+            cacert: self.cacert.clone(),
+            insecure: self.insecure,
+            compare_h2: self.compare_h2,
+            timeout: Duration::from_secs(self.timeout),
+        }
+    }
+}
+
+/// Runs `h3-ingress check` and prints the report (text, or JSON with `--json`). True when
+/// every requested protocol answered as it should.
+pub async fn run_cli(args: &CheckArgs) -> Result<bool, CheckError> {
+    let report = run(&args.options()).await?;
+    if args.json {
+        let json = serde_json::to_string_pretty(&report).expect("the report serialises");
+        println!("{json}");
+    } else {
+        print!("{}", report.render());
+    }
+    Ok(report.success())
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -234,7 +286,8 @@ async fn fetch_h3_inner(opts: &CheckOptions, t: &Target, f: &mut Fetch) -> Resul
     transport.stream_receive_window(quinn::VarInt::from_u32(8 << 20));
     transport.receive_window(quinn::VarInt::from_u32(32 << 20));
     cfg.transport_config(Arc::new(transport));
-    // A socket of the target's family only: never a dual-stack socket (seed 000).
+    // A socket of the target's family only: never a dual-stack socket, which sends IPv4
+    // without DF (docs/field-reports.md, "000 dual-stack socket without DF").
     let bind: SocketAddr = if t.addr.is_ipv6() {
         "[::]:0".parse().expect("literal")
     } else {

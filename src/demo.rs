@@ -47,6 +47,8 @@ pub enum DemoError {
     Check(#[from] crate::check::CheckError),
     #[error("the proxy stopped before it was ready")]
     NotReady,
+    #[error("installing the signal handlers: {0}")]
+    Signals(#[source] std::io::Error),
 }
 
 /// A deterministic 1 MiB body, so both protocols can be compared by hash.
@@ -237,4 +239,39 @@ pub fn instructions(port: u16, admin: SocketAddr, ca: &std::path::Path) -> Strin
          \x20 curl http://{admin}/metrics | grep h3_ingress_requests_total\n\
          \x20 curl http://{admin}/status\n"
     )
+}
+
+/// `h3-ingress demo`: starts everything, checks it and prints the verdict; then serves until
+/// SIGTERM/SIGINT unless `once` (or the check failed). True when HTTP/3 works.
+pub async fn run(once: bool) -> Result<bool, DemoError> {
+    let shutdown = CancellationToken::new();
+    crate::lifecycle::cancel_on_shutdown_signals(shutdown.clone()).map_err(DemoError::Signals)?;
+    let (running, port, ca) = start(shutdown.clone()).await?;
+    println!(
+        "h3-ingress demo: stand-in TCP ingress on https://localhost:{port} (TCP), HTTP/3 proxy on UDP {:?}",
+        running.udp_addrs
+    );
+    let report = check(port, &ca).await?;
+    print!("{}", report.render());
+    let ok = report.success() && report.h2.as_ref().is_some_and(|h| h.ok);
+    println!(
+        "result: {}",
+        if ok {
+            "HTTP/3 works and serves exactly what the TCP ingress serves"
+        } else {
+            "FAILED"
+        }
+    );
+    let linger = if once || !ok {
+        Duration::from_millis(200)
+    } else {
+        print!("{}", instructions(port, running.admin_addr, &ca));
+        shutdown.cancelled().await;
+        Duration::from_secs(1)
+    };
+    // Lets the proxy drain before the runtime goes away.
+    shutdown.cancel();
+    tokio::time::sleep(linger).await;
+    let _ = std::fs::remove_file(&ca);
+    Ok(ok)
 }

@@ -1,6 +1,9 @@
 //! h3-ingress: HTTP/3 in front of an existing TCP ingress.
 //!
 //! - [`api`]: the `Http3Listener` CRD and shared settings types (no I/O)
+//! - [`admin`]: the `/healthz` `/readyz` `/metrics` `/status` endpoint of proxy and operator
+//! - [`lifecycle`], [`logging`]: SIGTERM/SIGINT to a shutdown token, SIGHUP to reload
+//!   requests; log output and its default filter
 //! - [`config`]: the one validated configuration, built from a file or from Kubernetes objects
 //! - [`proxy`]: the data plane (sockets, TLS, QUIC, HTTP/3 -> TCP ingress, metrics)
 //! - [`operator`]: the Kubernetes controller
@@ -8,13 +11,13 @@
 //! - [`demo`]: everything on localhost with no cluster and no files
 //! - [`plugin`]: `kubectl h3-ingress` (this binary installed as `kubectl-h3_ingress`)
 
+pub mod admin;
 pub mod api;
 pub mod check;
 pub mod config;
 pub mod demo;
+pub mod lifecycle;
+pub mod logging;
 pub mod operator;
 pub mod plugin;
 pub mod proxy;
-
-#[cfg(feature = "lab")]
-pub mod lab;

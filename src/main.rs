@@ -1,14 +1,14 @@
-use std::path::PathBuf;
+//! The `h3-ingress` binary: parses the command line and hands each subcommand to the library.
+
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 
-use h3_ingress::proxy::ConfigUpdate;
+use h3_ingress::config::ConfigError;
+use h3_ingress::proxy::run::{ProxyArgs, RunError};
+use h3_ingress::{lifecycle, logging};
 
 #[derive(Parser)]
 #[command(
@@ -24,42 +24,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the HTTP/3 data plane in front of the TCP ingress.
-    Proxy {
-        /// Standalone mode: YAML configuration file (SIGHUP reloads hosts and certificates).
-        #[arg(
-            long,
-            required_unless_present = "listener",
-            conflicts_with = "listener"
-        )]
-        config: Option<PathBuf>,
-        /// Kubernetes mode: serve this Http3Listener, its annotated Ingresses and their
-        /// Secrets, following changes live.
-        #[arg(long)]
-        listener: Option<String>,
-    },
+    Proxy(ProxyArgs),
     /// Fetch a URL over HTTP/3 (and HTTP/2) and prove both serve the same thing.
-    Check {
-        /// https:// URL to fetch.
-        url: String,
-        /// HOST:PORT:ADDR, like curl's --resolve.
-        #[arg(long)]
-        resolve: Option<String>,
-        /// PEM file of CA certificates to trust instead of the system store.
-        #[arg(long, conflicts_with = "insecure")]
-        cacert: Option<PathBuf>,
-        /// Do not verify the server certificate.
-        #[arg(long, short = 'k')]
-        insecure: bool,
-        /// Also fetch over HTTP/2 and compare status and body hash.
-        #[arg(long)]
-        compare_h2: bool,
-        /// Print JSON instead of text.
-        #[arg(long)]
-        json: bool,
-        /// Seconds before giving up on each protocol.
-        #[arg(long, default_value_t = 15)]
-        timeout: u64,
-    },
+    Check(h3_ingress::check::CheckArgs),
     /// Everything on localhost: a stand-in TCP ingress, the HTTP/3 proxy, and a check.
     Demo {
         /// Exit after the check instead of serving until Ctrl-C.
@@ -86,21 +53,7 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
-    /// Network lab: path emulator between two namespaces, benchmark, CI smoke (needs root).
-    #[cfg(feature = "lab")]
-    Lab(Box<h3_ingress::lab::LabArgs>),
 }
-
-fn init_logging(default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
-}
-
-const SERVER_LOG: &str = "info,quinn=warn,quinn_proto=warn,h3=warn,rustls=warn,hyper=warn";
 
 #[derive(clap::Args)]
 struct OperatorArgs {
@@ -123,17 +76,16 @@ struct OperatorArgs {
     admin_address: std::net::SocketAddr,
 }
 
-async fn run_operator(a: OperatorArgs) -> anyhow::Result<ExitCode> {
-    init_logging("info,kube=warn,hyper=warn");
-    let opts = h3_ingress::operator::controller::Options {
-        namespace: a.namespace,
-        leader_election: !a.no_leader_election,
-        lease_name: a.lease_name,
-        data_plane_image: a.data_plane_image,
-        admin_address: a.admin_address,
-    };
-    h3_ingress::operator::controller::run(opts).await?;
-    Ok(ExitCode::SUCCESS)
+impl From<OperatorArgs> for h3_ingress::operator::controller::Options {
+    fn from(a: OperatorArgs) -> Self {
+        Self {
+            namespace: a.namespace,
+            leader_election: !a.no_leader_election,
+            lease_name: a.lease_name,
+            data_plane_image: a.data_plane_image,
+            admin_address: a.admin_address,
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -145,38 +97,26 @@ fn main() -> ExitCode {
         return h3_ingress::plugin::main();
     }
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: starting the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match rt.block_on(run(cli)) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    let result = tokio::runtime::Runtime::new()
+        .context("starting the runtime")
+        .and_then(|rt| rt.block_on(run(cli)));
+    result.unwrap_or_else(|e| {
+        eprintln!("error: {e:#}");
+        ExitCode::FAILURE
+    })
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        #[cfg(feature = "lab")]
-        // Synchronous on purpose (namespaces, child processes, a poll loop); nothing else
-        // runs on this runtime while the lab does.
-        Command::Lab(args) => h3_ingress::lab::run(*args)
-            .map(|()| ExitCode::SUCCESS)
-            .map_err(anyhow::Error::from),
         Command::Crd => {
             print!("{}", h3_ingress::api::crd_yaml());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Operator(a) => run_operator(a).await,
+        Command::Operator(a) => {
+            logging::init(logging::SERVER);
+            h3_ingress::operator::controller::run(a.into()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Render {
             out,
             namespace,
@@ -186,213 +126,60 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 namespace,
                 default_image: data_plane_image,
             };
-            match h3_ingress::operator::render::write_all(&out, &params) {
-                Ok(files) => {
-                    for f in files {
-                        println!("{}", f.display());
-                    }
-                    Ok(ExitCode::SUCCESS)
-                }
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    Ok(ExitCode::FAILURE)
-                }
-            }
+            Ok(render(&out, &params))
         }
-        Command::Validate { config } => match h3_ingress::config::file::load(&config) {
+        Command::Validate { config } => Ok(match h3_ingress::config::file::load(&config) {
             Ok(c) => {
+                let (l, up) = (&c.listen, &c.upstream.address);
+                let hosts = c.hosts.len();
                 println!(
-                    "ok: port {}, ipv4 {:?}, ipv6 {:?}, {} host(s), upstream {}",
-                    c.listen.port,
-                    c.listen.ipv4,
-                    c.listen.ipv6,
-                    c.hosts.len(),
-                    c.upstream.address
+                    "ok: port {}, ipv4 {:?}, ipv6 {:?}, {hosts} host(s), upstream {up}",
+                    l.port, l.ipv4, l.ipv6
                 );
-                Ok(ExitCode::SUCCESS)
+                ExitCode::SUCCESS
             }
-            Err(e) => {
-                for fe in &e.errors {
-                    eprintln!("error: {fe}");
-                }
-                Ok(ExitCode::from(2))
-            }
-        },
-        Command::Proxy { config, listener } => {
-            init_logging(SERVER_LOG);
-            match (config, listener) {
-                (Some(path), _) => run_file_proxy(path).await,
-                (None, Some(name)) => run_kube_proxy(name).await,
-                (None, None) => unreachable!("clap requires --config or --listener"),
+            Err(e) => invalid_config(&e),
+        }),
+        Command::Proxy(args) => {
+            logging::init(logging::SERVER);
+            let shutdown = lifecycle::shutdown_token().context("installing the signal handlers")?;
+            match h3_ingress::proxy::run::run(args, shutdown).await {
+                Ok(()) => Ok(ExitCode::SUCCESS),
+                Err(RunError::Config(e)) => Ok(invalid_config(&e)),
+                Err(e) => Err(e.into()),
             }
         }
-        Command::Check {
-            url,
-            resolve,
-            cacert,
-            insecure,
-            compare_h2,
-            json,
-            timeout,
-        } => {
-            init_logging("warn");
-            let opts = h3_ingress::check::CheckOptions {
-                url,
-                resolve,
-                cacert,
-                insecure,
-                compare_h2,
-                timeout: Duration::from_secs(timeout),
-            };
-            let report = h3_ingress::check::run(&opts).await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                print!("{}", report.render());
-            }
-            Ok(if report.success() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            })
+        Command::Check(args) => {
+            logging::init(logging::QUIET);
+            Ok(exit_code(h3_ingress::check::run_cli(&args).await?))
         }
         Command::Demo { once } => {
-            init_logging(SERVER_LOG);
-            run_demo(once).await
+            logging::init(logging::SERVER);
+            Ok(exit_code(h3_ingress::demo::run(once).await?))
         }
     }
 }
 
-async fn run_file_proxy(path: PathBuf) -> anyhow::Result<ExitCode> {
-    let initial = match h3_ingress::config::file::load(&path) {
-        Ok(c) => c,
+/// 0 when the command did what it was asked, 1 when not.
+fn exit_code(success: bool) -> ExitCode {
+    ExitCode::from(u8::from(!success))
+}
+
+/// Every problem of an invalid configuration file, one line each; exit code 2.
+fn invalid_config(e: &ConfigError) -> ExitCode {
+    for fe in &e.errors {
+        eprintln!("error: {fe}");
+    }
+    ExitCode::from(2)
+}
+
+fn render(out: &Path, params: &h3_ingress::operator::resources::Params) -> ExitCode {
+    match h3_ingress::operator::render::write_all(out, params) {
+        Ok(files) => files.iter().for_each(|f| println!("{}", f.display())),
         Err(e) => {
-            for fe in &e.errors {
-                eprintln!("error: {fe}");
-            }
-            return Ok(ExitCode::from(2));
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
         }
-    };
-    let shutdown = CancellationToken::new();
-    let (tx, rx) = mpsc::channel(4);
-    let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let sd = shutdown.clone();
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                _ = hup.recv() => {
-                    tracing::info!(file = %path.display(), "SIGHUP: reloading configuration");
-                    let update = match h3_ingress::config::file::load(&path) {
-                        Ok(c) => ConfigUpdate::Apply(Box::new(c)),
-                        Err(e) => ConfigUpdate::Invalid(e.to_string()),
-                    };
-                    if tx.send(update).await.is_err() {
-                        return;
-                    }
-                }
-                _ = term.recv() => { tracing::info!("SIGTERM"); sd.cancel(); return; }
-                _ = int.recv() => { tracing::info!("SIGINT"); sd.cancel(); return; }
-            }
-        }
-    });
-    h3_ingress::proxy::serve(initial, rx, shutdown, None).await?;
-    Ok(ExitCode::SUCCESS)
-}
-
-/// SIGTERM/SIGINT cancel `shutdown`.
-fn cancel_on_signals(shutdown: CancellationToken) -> anyhow::Result<()> {
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM"),
-            _ = int.recv() => tracing::info!("SIGINT"),
-        }
-        shutdown.cancel();
-    });
-    Ok(())
-}
-
-async fn run_kube_proxy(name: String) -> anyhow::Result<ExitCode> {
-    let client = kube::Client::try_default()
-        .await
-        .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
-    let shutdown = CancellationToken::new();
-    cancel_on_signals(shutdown.clone())?;
-    let (config_tx, mut configs) = mpsc::channel(4);
-    let watcher_name = name.clone();
-    let watch_shutdown = shutdown.clone();
-    tokio::spawn(async move {
-        if let Err(e) =
-            h3_ingress::operator::dataplane::watch_listener(client, watcher_name, config_tx).await
-        {
-            tracing::error!("watching the listener failed: {e}");
-            watch_shutdown.cancel();
-        }
-    });
-    tracing::info!(listener = %name, "waiting for the Http3Listener, its Ingresses and Secrets");
-    let initial = tokio::select! {
-        c = configs.recv() => match c {
-            Some(c) => c,
-            None => anyhow::bail!("the listener watch ended before a configuration arrived"),
-        },
-        _ = shutdown.cancelled() => return Ok(ExitCode::SUCCESS),
-    };
-    // Later configurations are applied live; socket changes are refused by the proxy and
-    // rolled out by the operator (the pod template carries their hash).
-    let (tx, rx) = mpsc::channel(4);
-    tokio::spawn(async move {
-        while let Some(c) = configs.recv().await {
-            if tx.send(ConfigUpdate::Apply(Box::new(c))).await.is_err() {
-                return;
-            }
-        }
-    });
-    h3_ingress::proxy::serve(initial, rx, shutdown, None).await?;
-    Ok(ExitCode::SUCCESS)
-}
-
-async fn run_demo(once: bool) -> anyhow::Result<ExitCode> {
-    let shutdown = CancellationToken::new();
-    let (running, port, ca) = h3_ingress::demo::start(shutdown.clone()).await?;
-    println!(
-        "h3-ingress demo: stand-in TCP ingress on https://localhost:{port} (TCP), HTTP/3 proxy on UDP {:?}",
-        running.udp_addrs
-    );
-    let report = h3_ingress::demo::check(port, &ca).await?;
-    print!("{}", report.render());
-    let ok = report.success() && report.h2.as_ref().is_some_and(|h| h.ok);
-    println!(
-        "result: {}",
-        if ok {
-            "HTTP/3 works and serves exactly what the TCP ingress serves"
-        } else {
-            "FAILED"
-        }
-    );
-    if once || !ok {
-        shutdown.cancel();
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let _ = std::fs::remove_file(&ca);
-        return Ok(if ok {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        });
     }
-    print!(
-        "{}",
-        h3_ingress::demo::instructions(port, running.admin_addr, &ca)
-    );
-    let mut term = signal(SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-    shutdown.cancel();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let _ = std::fs::remove_file(&ca);
-    Ok(ExitCode::SUCCESS)
+    ExitCode::SUCCESS
 }

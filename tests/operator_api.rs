@@ -26,9 +26,9 @@ use h3_ingress::api::{
     annotations, reasons, HostReport, Http3Listener, Http3ListenerSpec, Http3ListenerStatus,
     SocketReport, StatusReport,
 };
-use h3_ingress::operator::admin::OperatorMetrics;
 use h3_ingress::operator::controller::{reconcile, Caches, Context};
 use h3_ingress::operator::leader::{self, LeaseConfig};
+use h3_ingress::operator::metrics::OperatorMetrics;
 use h3_ingress::operator::reports::{ReportFetcher, ReportFuture};
 use h3_ingress::operator::resources::Params;
 use h3_ingress::operator::watches::OwnedStores;

@@ -2,7 +2,9 @@
 //! list + streaming watch protocol: objects in, `ProxyConfig`s out on the channel; a rotated
 //! certificate and a new Ingress host arrive live; only the referenced Secrets are ever
 //! requested (by name); when the API server goes away nothing is sent, so the proxy keeps its
-//! last good configuration.
+//! last good configuration. Then the same source driving the real proxy, as
+//! `proxy --listener` runs it: live certificate rotation, and an invalid spec counted as an
+//! invalid reload exactly like a bad file in standalone mode.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -21,7 +23,8 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use h3_ingress::config::ProxyConfig;
-use h3_ingress::operator::dataplane::watch_listener;
+use h3_ingress::proxy::source::kube::watch_listener;
+use h3_ingress::proxy::ConfigUpdate;
 
 type RespBody = UnsyncBoxBody<Bytes, Infallible>;
 type Handle = tower_test::mock::Handle<Request<Body>, Response<RespBody>>;
@@ -173,11 +176,15 @@ async fn api_server(mut handle: Handle, world: Arc<Mutex<World>>) {
     }
 }
 
-async fn next(rx: &mut mpsc::Receiver<ProxyConfig>, what: &str) -> ProxyConfig {
-    tokio::time::timeout(Duration::from_secs(10), rx.recv())
+async fn next(rx: &mut mpsc::Receiver<ConfigUpdate>, what: &str) -> ProxyConfig {
+    let update = tokio::time::timeout(Duration::from_secs(10), rx.recv())
         .await
         .unwrap_or_else(|_| panic!("no config for: {what}"))
-        .expect("sender alive")
+        .expect("sender alive");
+    match update {
+        ConfigUpdate::Apply(c) => *c,
+        ConfigUpdate::Invalid(why) => panic!("{what}: rejected: {why}"),
+    }
 }
 
 async fn wait_for_watch(world: &Arc<Mutex<World>>, key: &str) -> mpsc::UnboundedSender<Bytes> {
@@ -292,13 +299,17 @@ async fn objects_in_configs_out_live_updates_and_last_good_config_when_the_api_g
 }
 
 // ---------------------------------------------------------------------------------------------
-// The same source driving the real data plane: a certificate rotated in a Secret is served to
-// new connections while a connection opened before the swap keeps working on its old one.
+// The same source driving the real data plane through `kube_with`, the code `proxy --listener`
+// runs: a certificate rotated in a Secret is served to new connections while a connection
+// opened before the swap keeps working on its old one; a broken spec is counted.
 
 mod live {
     use super::*;
-    use h3_ingress::proxy::{serve, ConfigUpdate};
+    use h3_ingress::proxy::run::kube_with;
+    use h3_ingress::proxy::RunningProxy;
     use std::net::SocketAddr;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::task::JoinHandle;
     use tokio_util::sync::CancellationToken;
 
     fn client() -> quinn::Endpoint {
@@ -403,8 +414,18 @@ mod live {
             .port()
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_running_proxy_serves_a_rotated_certificate_without_dropping_an_open_connection() {
+    /// The proxy of `proxy --listener public` against the mock API server, serving a.test
+    /// with the certificate of Secret web-tls (returned with its SHA-256).
+    struct Running {
+        proxy: RunningProxy,
+        world: Arc<Mutex<World>>,
+        listener: Value,
+        sha1: String,
+        shutdown: CancellationToken,
+        task: JoinHandle<Result<(), h3_ingress::proxy::run::RunError>>,
+    }
+
+    async fn start() -> Running {
         let up = upstream().await;
         let port = free_udp_port();
         let mut l = listener();
@@ -417,50 +438,97 @@ mod live {
         });
         let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<RespBody>>();
         let world = Arc::new(Mutex::new(World::default()));
-        let secrets_path = "/api/v1/namespaces/shop/secrets";
         let (s1, sha1) = secret("web-tls", "a.example.com", "10");
         {
             let mut w = world.lock().unwrap();
             w.ingress = Some(ingress(&[("a.example.com", "web-tls")], "5"));
-            w.secrets.insert(format!("{secrets_path}/web-tls"), s1);
-            w.listener = Some(l);
+            w.secrets.insert(format!("{SECRETS}/web-tls"), s1);
+            w.listener = Some(l.clone());
         }
         tokio::spawn(api_server(handle, world.clone()));
-        let (tx, mut configs) = mpsc::channel(4);
-        tokio::spawn(watch_listener(
-            Client::new(svc, "default"),
-            "public".into(),
-            tx,
-        ));
-
-        // The proxy starts on the first configuration and takes the rest as live updates,
-        // as `proxy --listener` does.
-        let initial = next(&mut configs, "initial objects").await;
-        let (updates_tx, updates_rx) = mpsc::channel(4);
-        tokio::spawn(async move {
-            while let Some(c) = configs.recv().await {
-                if updates_tx
-                    .send(ConfigUpdate::Apply(Box::new(c)))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-            }
-        });
         let shutdown = CancellationToken::new();
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let proxy = tokio::spawn(serve(initial, updates_rx, shutdown.clone(), Some(ready_tx)));
-        let running = tokio::time::timeout(Duration::from_secs(10), ready_rx)
+        let client = Client::new(svc, "default");
+        let task = tokio::spawn(kube_with(
+            client,
+            "public".into(),
+            shutdown.clone(),
+            Some(ready_tx),
+        ));
+        let proxy = tokio::time::timeout(Duration::from_secs(10), ready_rx)
             .await
-            .unwrap()
+            .expect("the proxy starts on the first configuration")
             .unwrap();
-        let addr = running.udp_addrs[0];
-        assert_eq!(addr.port(), port);
+        assert_eq!(proxy.udp_addrs[0].port(), port);
+        Running {
+            proxy,
+            world,
+            listener: l,
+            sha1,
+            shutdown,
+            task,
+        }
+    }
 
+    impl Running {
+        async fn stop(self) {
+            self.shutdown.cancel();
+            let done = tokio::time::timeout(Duration::from_secs(40), self.task).await;
+            assert!(matches!(done, Ok(Ok(Ok(())))), "{done:?}");
+        }
+
+        /// `h3_ingress_config_reloads_total{result}` as the admin endpoint serves it.
+        async fn reloads(&self, result: &str) -> u64 {
+            let mut s = tokio::net::TcpStream::connect(self.proxy.admin_addr)
+                .await
+                .unwrap();
+            s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+                .await
+                .unwrap();
+            let mut text = String::new();
+            s.read_to_string(&mut text).await.unwrap();
+            let series = format!("h3_ingress_config_reloads_total{{result=\"{result}\"}} ");
+            let line = text.lines().find(|l| l.starts_with(&series));
+            line.map_or(0, |l| l[series.len()..].parse().unwrap())
+        }
+
+        /// Waits until the `result` count reaches `want` (and checks it goes no further).
+        async fn wait_reloads(&self, result: &str, want: u64) {
+            for _ in 0..200 {
+                if self.reloads(result).await >= want {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            assert_eq!(
+                self.reloads(result).await,
+                want,
+                "reloads{{result={result}}}"
+            );
+        }
+
+        async fn modify_listener(&self, generation: i64, address: &str) {
+            let mut l = self.listener.clone();
+            l["metadata"]["generation"] = json!(generation);
+            l["metadata"]["resourceVersion"] = json!(format!("{}", 100 + generation));
+            l["spec"]["upstream"]["address"] = json!(address);
+            wait_for_watch(&self.world, LISTENERS)
+                .await
+                .send(event("MODIFIED", &l))
+                .unwrap();
+        }
+    }
+
+    const SECRETS: &str = "/api/v1/namespaces/shop/secrets";
+    const LISTENERS: &str = "/apis/h3-ingress.dev/v1alpha1/http3listeners";
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_running_proxy_serves_a_rotated_certificate_without_dropping_an_open_connection() {
+        let r = start().await;
+        let addr = r.proxy.udp_addrs[0];
         let ep = client();
         let mut before = H3::connect(&ep, addr, "a.example.com").await;
-        assert_eq!(before.served_cert_sha256(), sha1);
+        assert_eq!(before.served_cert_sha256(), r.sha1);
         assert_eq!(
             before.get("a.example.com").await,
             (200, "from the TCP ingress".to_string())
@@ -468,7 +536,7 @@ mod live {
 
         // Rotate the certificate in the Secret.
         let (s2, sha2) = secret("web-tls", "a.example.com", "11");
-        wait_for_watch(&world, &format!("{secrets_path}/web-tls"))
+        wait_for_watch(&r.world, &format!("{SECRETS}/web-tls"))
             .await
             .send(event("MODIFIED", &s2))
             .unwrap();
@@ -495,10 +563,44 @@ mod live {
             before.get("a.example.com").await,
             (200, "from the TCP ingress".to_string())
         );
-        assert_eq!(before.served_cert_sha256(), sha1);
+        assert_eq!(before.served_cert_sha256(), r.sha1);
+        r.wait_reloads("applied", 1).await;
+        r.stop().await;
+    }
 
-        shutdown.cancel();
-        let done = tokio::time::timeout(Duration::from_secs(40), proxy).await;
-        assert!(matches!(done, Ok(Ok(Ok(())))), "{done:?}");
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_invalid_spec_is_counted_as_an_invalid_reload_like_a_bad_file() {
+        let r = start().await;
+        assert_eq!(r.reloads("invalid").await, 0);
+
+        // The spec breaks: one invalid reload, and the proxy keeps serving.
+        r.modify_listener(2, "x").await;
+        r.wait_reloads("invalid", 1).await;
+        let ep = client();
+        let mut h3 = H3::connect(&ep, r.proxy.udp_addrs[0], "a.example.com").await;
+        assert_eq!(h3.get("a.example.com").await.0, 200);
+
+        // Re-evaluating the same broken spec (an unrelated Ingress change) counts nothing;
+        // a new broken version of the spec counts again, as a second bad SIGHUP would.
+        wait_for_watch(&r.world, "/apis/networking.k8s.io/v1/ingresses")
+            .await
+            .send(event(
+                "MODIFIED",
+                &ingress(&[("a.example.com", "web-tls")], "7"),
+            ))
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(r.reloads("invalid").await, 1);
+        r.modify_listener(3, "y").await;
+        r.wait_reloads("invalid", 2).await;
+
+        // Fixed again: the configuration equals the running one, so nothing is applied.
+        let up = r.listener["spec"]["upstream"]["address"].as_str().unwrap();
+        r.modify_listener(4, up).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(r.reloads("invalid").await, 2);
+        assert_eq!(r.reloads("applied").await, 0);
+        assert_eq!(h3.get("a.example.com").await.0, 200);
+        r.stop().await;
     }
 }

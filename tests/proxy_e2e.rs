@@ -55,13 +55,21 @@ impl Setup {
         Self::start_with(NginxOptions::default(), |c| c)
     }
 
-    fn start_with(mut opts: NginxOptions, edit: impl FnOnce(Value) -> Value) -> Setup {
+    fn start_with(opts: NginxOptions, edit: impl FnOnce(Value) -> Value) -> Setup {
+        Self::start_proxy(opts, edit, ProxyProcess::start)
+    }
+
+    fn start_proxy(
+        mut opts: NginxOptions,
+        edit: impl FnOnce(Value) -> Value,
+        start: fn(Value) -> support::error::Result<ProxyProcess>,
+    ) -> Setup {
         let pki = Arc::new(TestPki::generate().expect("test PKI"));
         opts.pki = Some(pki.clone());
         let nginx = NginxFixture::start(opts).expect("nginx starts");
         let port = udp_port_for(&nginx);
         let config = edit(base_config(&pki, port, nginx.port()));
-        let proxy = ProxyProcess::start(config).expect("proxy starts");
+        let proxy = start(config).expect("proxy starts");
         Setup { pki, nginx, proxy }
     }
 
@@ -312,121 +320,79 @@ fn forwarding_headers_and_cookie_crumbs_reach_nginx() {
     assert_eq!(alt, Some(format!("h3=\":{}\"; ma=86400", s.proxy.port)));
 }
 
+/// Malformed requests as (name, raw header list, body): missing or unknown pseudo-headers,
+/// connection-specific fields, forbidden bytes, a `host` naming another host, and a body
+/// shorter or longer than its Content-Length. Paths under `/m-` must never reach nginx.
+fn malformed_cases(authority: &str) -> Vec<(&'static str, Value, Option<&'static str>)> {
+    let with = |path: &str, name: &str, value: &str| -> Value {
+        json!([
+            [":method", "GET"],
+            [":scheme", "https"],
+            [":authority", authority],
+            [":path", path],
+            [name, value]
+        ])
+    };
+    let without = |skip: &str, path: &str| -> Value {
+        let all = [
+            (":method", "GET"),
+            (":scheme", "https"),
+            (":authority", "a.test"),
+            (":path", path),
+        ];
+        let kept = all.iter().filter(|(n, _)| *n != skip);
+        Value::Array(kept.map(|(n, v)| json!([n, v])).collect())
+    };
+    vec![
+        ("uppercase-name", with("/m-upper", "X-Upper", "1"), None),
+        ("missing-path", without(":path", ""), None),
+        ("missing-method", without(":method", "/m-nomethod"), None),
+        ("missing-scheme", without(":scheme", "/m-noscheme"), None),
+        ("unknown-pseudo", with("/m-pseudo", ":bogus", "1"), None),
+        (
+            "connection",
+            with("/m-connection", "connection", "keep-alive"),
+            None,
+        ),
+        (
+            "keep-alive",
+            with("/m-keepalive", "keep-alive", "timeout=5"),
+            None,
+        ),
+        (
+            "proxy-connection",
+            with("/m-proxyconn", "proxy-connection", "close"),
+            None,
+        ),
+        (
+            "transfer-encoding",
+            with("/m-te-chunked", "transfer-encoding", "chunked"),
+            None,
+        ),
+        ("upgrade", with("/m-upgrade", "upgrade", "websocket"), None),
+        ("te-gzip", with("/m-tegzip", "te", "gzip"), None),
+        ("crlf-value", with("/m-crlf", "x-a", "1\r\nx-b: 2"), None),
+        ("nul-value", with("/m-nul", "x-a", "1\u{0}2"), None),
+        ("host-mismatch", with("/m-host", "host", "b.test"), None),
+        (
+            "content-length-short",
+            with("/upload/m-cl-short", "content-length", "10"),
+            Some("abc"),
+        ),
+        (
+            "content-length-long",
+            with("/upload/m-cl-long", "content-length", "2"),
+            Some("abcdef"),
+        ),
+    ]
+}
+
 /// Each malformed case rides on one connection with a good request after it; the bad one
 /// fails alone and never reaches nginx.
 #[test]
 fn malformed_requests_fail_their_stream_only_and_never_reach_nginx() {
     let mut s = Setup::start();
-    let base = |path: &str| -> Vec<Value> {
-        vec![
-            json!([":method", "GET"]),
-            json!([":scheme", "https"]),
-            json!([":authority", format!("a.test:{}", s.proxy.port)]),
-            json!([":path", path]),
-        ]
-    };
-    let with = |path: &str, extra: Vec<Value>| -> Value {
-        let mut h = base(path);
-        h.extend(extra);
-        Value::Array(h)
-    };
-    let cases: Vec<(&str, Value, Option<&str>)> = vec![
-        (
-            "uppercase-name",
-            with("/m-upper", vec![json!(["X-Upper", "1"])]),
-            None,
-        ),
-        (
-            "missing-path",
-            json!([
-                [":method", "GET"],
-                [":scheme", "https"],
-                [":authority", "a.test"]
-            ]),
-            None,
-        ),
-        (
-            "missing-method",
-            json!([
-                [":scheme", "https"],
-                [":authority", "a.test"],
-                [":path", "/m-nomethod"]
-            ]),
-            None,
-        ),
-        (
-            "missing-scheme",
-            json!([
-                [":method", "GET"],
-                [":authority", "a.test"],
-                [":path", "/m-noscheme"]
-            ]),
-            None,
-        ),
-        (
-            "unknown-pseudo",
-            with("/m-pseudo", vec![json!([":bogus", "1"])]),
-            None,
-        ),
-        (
-            "connection",
-            with("/m-connection", vec![json!(["connection", "keep-alive"])]),
-            None,
-        ),
-        (
-            "keep-alive",
-            with("/m-keepalive", vec![json!(["keep-alive", "timeout=5"])]),
-            None,
-        ),
-        (
-            "proxy-connection",
-            with("/m-proxyconn", vec![json!(["proxy-connection", "close"])]),
-            None,
-        ),
-        (
-            "transfer-encoding",
-            with(
-                "/m-te-chunked",
-                vec![json!(["transfer-encoding", "chunked"])],
-            ),
-            None,
-        ),
-        (
-            "upgrade",
-            with("/m-upgrade", vec![json!(["upgrade", "websocket"])]),
-            None,
-        ),
-        (
-            "te-gzip",
-            with("/m-tegzip", vec![json!(["te", "gzip"])]),
-            None,
-        ),
-        (
-            "crlf-value",
-            with("/m-crlf", vec![json!(["x-a", "1\r\nx-b: 2"])]),
-            None,
-        ),
-        (
-            "nul-value",
-            with("/m-nul", vec![json!(["x-a", "1\u{0}2"])]),
-            None,
-        ),
-        (
-            "host-mismatch",
-            with("/m-host", vec![json!(["host", "b.test"])]),
-            None,
-        ),
-        (
-            "content-length-short",
-            with("/upload/m-cl-short", vec![json!(["content-length", "10"])]),
-            Some("abc"),
-        ),
-        (
-            "content-length-long",
-            with("/upload/m-cl-long", vec![json!(["content-length", "2"])]),
-            Some("abcdef"),
-        ),
-    ];
+    let cases = malformed_cases(&format!("a.test:{}", s.proxy.port));
     for (name, headers, body) in &cases {
         let mut bad = json!({"name": name, "raw_headers": headers});
         if let Some(b) = body {
@@ -628,10 +594,12 @@ fn sigterm_during_a_download_lets_it_finish() {
     assert!(s.proxy.log().contains("GOAWAY"), "{}", s.proxy.log());
 }
 
+/// Also the log a user sees without RUST_LOG: the startup, each reload and the shutdown at
+/// INFO, nothing from the noisy dependencies, no debug lines.
 #[test]
 fn sighup_swaps_certificates_live_and_refuses_socket_changes_loudly() {
     let opts = slow_download_nginx();
-    let s = Setup::start_with(opts, |c| c);
+    let mut s = Setup::start_proxy(opts, |c| c, ProxyProcess::start_with_default_log);
     let five = s.nginx.content_sha256("/5m.bin").to_string();
     let before = s.pki.leaf("a.test").der_sha256.clone();
 
@@ -723,6 +691,63 @@ fn sighup_swaps_certificates_live_and_refuses_socket_changes_loudly() {
         .contains("upstream.address: \"nope\" is not host:port"));
     let run = s.h3("a.test", "/whoami", Family::V4).run().unwrap();
     assert_eq!(run.status(0), Some(200));
+    s.proxy.signal(libc::SIGTERM);
+    s.proxy.wait_exit(Duration::from_secs(10)).expect("exits");
+    assert_default_log(&s.proxy.log());
+}
+
+/// `text` without ANSI colour sequences (ESC [ ... m), which the log carries.
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().find(|c| *c == 'm');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// What the default log filter shows of a run with two reloads (one applied, one invalid).
+fn assert_default_log(log: &str) {
+    let log = strip_ansi(log);
+    let count = |line: &str| log.lines().filter(|l| l.contains(line)).count();
+    for (line, times) in [
+        (" INFO h3_ingress::proxy::endpoint: UDP socket bound", 2),
+        (
+            " INFO h3_ingress::proxy::endpoint: QUIC endpoint serving",
+            2,
+        ),
+        (
+            " INFO h3_ingress::proxy::server: metrics and health endpoint",
+            1,
+        ),
+        ("SIGHUP: reloading configuration", 2),
+        (
+            " INFO h3_ingress::proxy::server: configuration applied live",
+            1,
+        ),
+        (
+            "configuration update rejected, still serving the previous one",
+            1,
+        ),
+        ("SIGTERM: shutting down", 1),
+        (" INFO h3_ingress::proxy::server: shut down", 1),
+    ] {
+        assert_eq!(count(line), times, "{line:?} in:\n{log}");
+    }
+    for quiet in [
+        " DEBUG ",
+        " TRACE ",
+        " INFO quinn",
+        " INFO h3:",
+        " INFO rustls",
+        " INFO hyper",
+    ] {
+        assert_eq!(count(quiet), 0, "{quiet:?} in:\n{log}");
+    }
 }
 
 #[test]

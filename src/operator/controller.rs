@@ -23,9 +23,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::admin::{results, AdminState, OperatorMetrics};
 use super::apply::{self, ApplyError};
 use super::events::{self, PlannedEvent, Target};
+use super::metrics::{results, AdminState, OperatorMetrics};
 use super::reports::{status_address, HttpReportFetcher, ReportFetcher};
 use super::resources::{self, label_selector, Params, PodDefaults};
 use super::status::{self, Blocker, PodReport};
@@ -59,6 +59,8 @@ pub enum Error {
     CrdMissing(#[source] kube::Error),
     #[error("admin endpoint {0}: {1}")]
     Admin(SocketAddr, #[source] std::io::Error),
+    #[error("installing the signal handlers: {0}")]
+    Signals(#[source] std::io::Error),
     #[error("the Ingress cache never filled")]
     IngressCache,
 }
@@ -479,19 +481,12 @@ fn identity() -> String {
 
 /// Runs the operator until SIGTERM/SIGINT.
 pub async fn run(opts: Options) -> Result<(), Error> {
-    let admin = super::admin::bind(opts.admin_address)
+    let admin = tokio::net::TcpListener::bind(opts.admin_address)
         .await
         .map_err(|e| Error::Admin(opts.admin_address, e))?;
     let client = Client::try_default().await.map_err(Error::Client)?;
     let shutdown = tokio_util::sync::CancellationToken::new();
-    {
-        let token = shutdown.clone();
-        tokio::spawn(async move {
-            shutdown_signal().await;
-            tracing::info!("shutting down");
-            token.cancel();
-        });
-    }
+    crate::lifecycle::cancel_on_shutdown_signals(shutdown.clone()).map_err(Error::Signals)?;
     run_with(
         client,
         opts,
@@ -500,21 +495,6 @@ pub async fn run(opts: Options) -> Result<(), Error> {
         shutdown,
     )
     .await
-}
-
-async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
-    }
 }
 
 /// The operator with its client, admin socket, report source and shutdown supplied, so the
@@ -529,12 +509,13 @@ pub async fn run_with(
     let metrics = OperatorMetrics::new();
     let ready = Arc::new(AtomicBool::new(false));
     if let Some(admin) = admin {
-        tokio::spawn(super::admin::serve(
+        tokio::spawn(crate::admin::serve(
             admin,
-            AdminState {
+            Arc::new(AdminState {
                 metrics: metrics.clone(),
                 ready: ready.clone(),
-            },
+            }),
+            shutdown.clone(),
         ));
     }
 

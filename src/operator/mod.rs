@@ -1,17 +1,16 @@
-//! The Kubernetes side: the operator that turns `Http3Listener`s into data-plane DaemonSets and
-//! status, and the data plane's own watch of its listener.
+//! The Kubernetes operator: turns `Http3Listener`s into data-plane DaemonSets and status.
+//! (The data plane's own watch of its listener is [`crate::proxy::source::kube`].)
 //!
 //! Pure builders ([`resources`], [`status`], [`events`]) are kept apart from the thin I/O
 //! shells that talk to the API server.
 
-pub mod admin;
 pub mod apply;
 pub mod cli;
 pub mod conflicts;
 pub mod controller;
-pub mod dataplane;
 pub mod events;
 pub mod leader;
+pub mod metrics;
 pub mod render;
 pub mod reports;
 pub mod resources;

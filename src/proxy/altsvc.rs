@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, Empty};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::server::{AltSvcProbe, Shared};
+use super::state::{AltSvcProbe, Shared};
 
 const PERIOD: Duration = Duration::from_secs(300);
 

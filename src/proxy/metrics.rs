@@ -3,7 +3,7 @@
 //! Names carry the `h3_ingress_` prefix and their unit; labels are bounded: `host` only takes
 //! configured host names (or `other`), never a client address or a path.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{Counter, LabelPair, Metric, MetricFamily, MetricType};
@@ -11,6 +11,8 @@ use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
+
+use super::procnet::{HostCounters, SocketInodes, SocketTables, UdpHostCounters};
 
 pub const FAMILY_IPV4: &str = "ipv4";
 pub const FAMILY_IPV6: &str = "ipv6";
@@ -66,242 +68,307 @@ pub struct Metrics {
     pub socket_bound: IntGaugeVec,
     pub gso_max_segments: IntGaugeVec,
     pub gso_enabled: IntGaugeVec,
-    pub gro_segments: IntGaugeVec,
     pub hosts: IntGauge,
     pub certificate_expiry: IntGaugeVec,
     pub config_reloads: IntCounterVec,
     pub alt_svc_advertised: IntGaugeVec,
     /// Our sockets' inodes per family, read by the /proc collector at scrape time.
-    pub udp_sockets: Arc<Mutex<Vec<(&'static str, u64)>>>,
+    pub udp_sockets: SocketInodes,
 }
 
-fn opts(name: &str, help: &str) -> Opts {
-    Opts::new(name, help)
+/// One metric's name, help text, labels and (histograms) buckets: the table every metric is
+/// registered from, so a name is written once.
+pub struct Spec {
+    pub name: &'static str,
+    pub help: &'static str,
+    pub labels: &'static [&'static str],
+    pub buckets: &'static [f64],
+}
+
+const fn spec(name: &'static str, help: &'static str, labels: &'static [&'static str]) -> Spec {
+    Spec {
+        name,
+        help,
+        labels,
+        buckets: &[],
+    }
+}
+
+const fn histogram(
+    name: &'static str,
+    help: &'static str,
+    labels: &'static [&'static str],
+    buckets: &'static [f64],
+) -> Spec {
+    Spec {
+        name,
+        help,
+        labels,
+        buckets,
+    }
+}
+
+/// Every metric the proxy exports.
+pub mod specs {
+    use super::{histogram, spec, Spec};
+
+    const HOST: &[&str] = &["host"];
+    const FAMILY: &[&str] = &["family"];
+
+    pub const BUILD_INFO: Spec = spec(
+        "h3_ingress_build_info",
+        "Always 1; the version label names the build.",
+        &["version"],
+    );
+    // Requests.
+    pub const REQUESTS: Spec = spec(
+        "h3_ingress_requests_total",
+        "HTTP/3 requests answered, by configured host, status class and client address family.",
+        &["host", "status_class", "family"],
+    );
+    pub const REQUEST_DURATION: Spec = histogram(
+        "h3_ingress_request_duration_seconds",
+        "Time from request headers to the end of the response body, by host.",
+        HOST,
+        &[
+            0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+        ],
+    );
+    pub const UPSTREAM_ERRORS: Spec = spec(
+        "h3_ingress_upstream_errors_total",
+        "Requests that failed at the TCP ingress, by kind (connect, tls, timeout, reset, protocol).",
+        &["kind"],
+    );
+    pub const REJECTED_REQUESTS: Spec = spec(
+        "h3_ingress_rejected_requests_total",
+        "Requests answered without reaching the upstream, by reason.",
+        &["reason"],
+    );
+    pub const BODY_BYTES: Spec = spec(
+        "h3_ingress_body_bytes_total",
+        "Request (upload) and response (download) body bytes proxied.",
+        &["direction"],
+    );
+    // Connections.
+    pub const ACTIVE_CONNECTIONS: Spec = spec(
+        "h3_ingress_active_connections",
+        "Open QUIC connections by address family.",
+        FAMILY,
+    );
+    pub const HANDSHAKES: Spec = spec(
+        "h3_ingress_handshakes_total",
+        "QUIC handshakes by result (ok, unknown_sni, failed, timeout).",
+        &["result"],
+    );
+    pub const CONNECTION_RTT: Spec = histogram(
+        "h3_ingress_connection_rtt_seconds",
+        "Smoothed RTT of QUIC connections, observed when they close.",
+        &[],
+        &[
+            0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0,
+        ],
+    );
+    pub const CONNECTION_PATH_MTU: Spec = histogram(
+        "h3_ingress_connection_path_mtu_bytes",
+        "UDP payload size path-MTU discovery settled on, observed when connections close.",
+        &[],
+        &[
+            1200.0, 1252.0, 1280.0, 1350.0, 1400.0, 1452.0, 1472.0, 4000.0, 9000.0,
+        ],
+    );
+    pub const LOST_PACKETS: Spec = spec(
+        "h3_ingress_connection_lost_packets_total",
+        "Packets QUIC declared lost, summed over closed connections.",
+        &[],
+    );
+    pub const SENT_PACKETS: Spec = spec(
+        "h3_ingress_connection_sent_packets_total",
+        "Packets sent, summed over closed connections.",
+        &[],
+    );
+    pub const CONGESTION_EVENTS: Spec = spec(
+        "h3_ingress_connection_congestion_events_total",
+        "Congestion events (window reductions), summed over closed connections.",
+        &[],
+    );
+    pub const BLACK_HOLES: Spec = spec(
+        "h3_ingress_connection_mtu_black_holes_total",
+        "Path-MTU black holes detected (probes lost without ICMP), summed over closed connections.",
+        &[],
+    );
+    pub const HANDSHAKE_LOSSES_FORGIVEN: Spec = spec(
+        "h3_ingress_congestion_handshake_losses_forgiven_total",
+        "Losses of the handshake flight that cubic-hs did not treat as congestion.",
+        &[],
+    );
+    pub const RANDOM_LOSSES_TOLERATED: Spec = spec(
+        "h3_ingress_congestion_random_losses_tolerated_total",
+        "Losses that cubic-hs-lt read as random (no queueing delay, low loss rate), not as congestion.",
+        &[],
+    );
+    // Sockets.
+    pub const RECEIVE_BUFFER: Spec = spec(
+        "h3_ingress_udp_socket_receive_buffer_bytes",
+        "Effective SO_RCVBUF of our UDP socket as read back from the kernel.",
+        FAMILY,
+    );
+    pub const RECEIVE_BUFFER_REQUESTED: Spec = spec(
+        "h3_ingress_udp_socket_receive_buffer_requested_bytes",
+        "SO_RCVBUF we asked for (the kernel reports double what it grants).",
+        FAMILY,
+    );
+    pub const SEND_BUFFER: Spec = spec(
+        "h3_ingress_udp_socket_send_buffer_bytes",
+        "Effective SO_SNDBUF of our UDP socket as read back from the kernel.",
+        FAMILY,
+    );
+    pub const SEND_BUFFER_REQUESTED: Spec = spec(
+        "h3_ingress_udp_socket_send_buffer_requested_bytes",
+        "SO_SNDBUF we asked for.",
+        FAMILY,
+    );
+    pub const SOCKET_BOUND: Spec = spec(
+        "h3_ingress_udp_socket_bound",
+        "1 when the family's UDP socket is bound.",
+        FAMILY,
+    );
+    pub const GSO_MAX_SEGMENTS: Spec = spec(
+        "h3_ingress_udp_gso_max_segments",
+        "Datagrams per sendmsg the kernel accepts through UDP GSO (1 = no GSO).",
+        FAMILY,
+    );
+    pub const GSO_ENABLED: Spec = spec(
+        "h3_ingress_udp_gso_enabled",
+        "1 when UDP GSO is in use on the socket.",
+        FAMILY,
+    );
+    // The kernel's UDP counters, read from /proc at scrape time.
+    pub const HOST_RECEIVE_BUFFER_ERRORS: Spec = spec(
+        "h3_ingress_udp_host_receive_buffer_errors_total",
+        "Host-wide UDP RcvbufErrors (datagrams dropped because a socket receive buffer was full), from /proc/net/snmp and snmp6.",
+        FAMILY,
+    );
+    pub const HOST_SEND_BUFFER_ERRORS: Spec = spec(
+        "h3_ingress_udp_host_send_buffer_errors_total",
+        "Host-wide UDP SndbufErrors, from /proc/net/snmp and snmp6.",
+        FAMILY,
+    );
+    pub const HOST_IN_ERRORS: Spec = spec(
+        "h3_ingress_udp_host_in_errors_total",
+        "Host-wide UDP InErrors, from /proc/net/snmp and snmp6.",
+        FAMILY,
+    );
+    pub const SOCKET_DROPS: Spec = spec(
+        "h3_ingress_udp_socket_drops_total",
+        "Datagrams the kernel dropped on our own UDP socket (/proc/net/udp drops column).",
+        FAMILY,
+    );
+    // Configuration.
+    pub const HOSTS: Spec = spec("h3_ingress_hosts", "Hosts with a loaded certificate.", &[]);
+    pub const CERTIFICATE_EXPIRY: Spec = spec(
+        "h3_ingress_certificate_expiry_timestamp_seconds",
+        "notAfter of the certificate served for a host.",
+        HOST,
+    );
+    pub const CONFIG_RELOADS: Spec = spec(
+        "h3_ingress_config_reloads_total",
+        "Configuration updates by result (applied, invalid, restart_required).",
+        &["result"],
+    );
+    pub const ALT_SVC_ADVERTISED: Spec = spec(
+        "h3_ingress_alt_svc_advertised",
+        "1 when the TCP ingress answers the host with Alt-Svc h3 for our port, 0 when not.",
+        HOST,
+    );
+}
+
+/// Registers metrics from their [`Spec`]s on one registry.
+struct Registrar<'a>(&'a Registry);
+
+impl Registrar<'_> {
+    fn register<M: prometheus::core::Collector + Clone + 'static>(&self, m: M) -> M {
+        self.0
+            .register(Box::new(m.clone()))
+            .expect("metric registers once");
+        m
+    }
+
+    fn register_collector(&self, c: impl prometheus::core::Collector + 'static) {
+        self.0
+            .register(Box::new(c))
+            .expect("collector registers once");
+    }
+
+    fn opts(s: &Spec) -> Opts {
+        Opts::new(s.name, s.help)
+    }
+
+    fn hopts(s: &Spec) -> HistogramOpts {
+        HistogramOpts::new(s.name, s.help).buckets(s.buckets.to_vec())
+    }
+
+    fn counter(&self, s: &Spec) -> IntCounter {
+        self.register(IntCounter::with_opts(Self::opts(s)).expect("valid counter"))
+    }
+
+    fn counter_vec(&self, s: &Spec) -> IntCounterVec {
+        self.register(IntCounterVec::new(Self::opts(s), s.labels).expect("valid counter"))
+    }
+
+    fn gauge(&self, s: &Spec) -> IntGauge {
+        self.register(IntGauge::with_opts(Self::opts(s)).expect("valid gauge"))
+    }
+
+    fn gauge_vec(&self, s: &Spec) -> IntGaugeVec {
+        self.register(IntGaugeVec::new(Self::opts(s), s.labels).expect("valid gauge"))
+    }
+
+    fn histogram(&self, s: &Spec) -> Histogram {
+        self.register(Histogram::with_opts(Self::hopts(s)).expect("valid histogram"))
+    }
+
+    fn histogram_vec(&self, s: &Spec) -> HistogramVec {
+        self.register(HistogramVec::new(Self::hopts(s), s.labels).expect("valid histogram"))
+    }
 }
 
 impl Metrics {
     pub fn new() -> Arc<Self> {
+        use specs::*;
         let registry = Registry::new();
-        let r = &registry;
-        macro_rules! reg {
-            ($m:expr) => {{
-                let m = $m;
-                r.register(Box::new(m.clone()))
-                    .expect("metric registers once");
-                m
-            }};
-        }
-        let udp_sockets = Arc::new(Mutex::new(Vec::new()));
-        r.register(Box::new(UdpProcCollector::new(udp_sockets.clone())))
-            .expect("udp collector registers once");
-
-        let build_info = IntGaugeVec::new(
-            opts(
-                "h3_ingress_build_info",
-                "Always 1; the version label names the build.",
-            ),
-            &["version"],
-        )
-        .unwrap();
-        r.register(Box::new(build_info.clone())).unwrap();
-        build_info
+        let r = Registrar(&registry);
+        let udp_sockets = SocketInodes::default();
+        r.register_collector(UdpProcCollector::new(udp_sockets.clone()));
+        r.gauge_vec(&BUILD_INFO)
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
-
         let m = Metrics {
-            requests: reg!(IntCounterVec::new(
-                opts(
-                    "h3_ingress_requests_total",
-                    "HTTP/3 requests answered, by configured host, status class and client address family."
-                ),
-                &["host", "status_class", "family"]
-            )
-            .unwrap()),
-            request_duration: reg!(HistogramVec::new(
-                HistogramOpts::new(
-                    "h3_ingress_request_duration_seconds",
-                    "Time from request headers to the end of the response body, by host."
-                )
-                .buckets(vec![
-                    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0
-                ]),
-                &["host"]
-            )
-            .unwrap()),
-            upstream_errors: reg!(IntCounterVec::new(
-                opts(
-                    "h3_ingress_upstream_errors_total",
-                    "Requests that failed at the TCP ingress, by kind (connect, tls, timeout, reset, protocol)."
-                ),
-                &["kind"]
-            )
-            .unwrap()),
-            rejected_requests: reg!(IntCounterVec::new(
-                opts(
-                    "h3_ingress_rejected_requests_total",
-                    "Requests answered without reaching the upstream, by reason."
-                ),
-                &["reason"]
-            )
-            .unwrap()),
-            active_connections: reg!(IntGaugeVec::new(
-                opts("h3_ingress_active_connections", "Open QUIC connections by address family."),
-                &["family"]
-            )
-            .unwrap()),
-            handshakes: reg!(IntCounterVec::new(
-                opts(
-                    "h3_ingress_handshakes_total",
-                    "QUIC handshakes by result (ok, unknown_sni, failed, timeout)."
-                ),
-                &["result"]
-            )
-            .unwrap()),
-            body_bytes: reg!(IntCounterVec::new(
-                opts(
-                    "h3_ingress_body_bytes_total",
-                    "Request (upload) and response (download) body bytes proxied."
-                ),
-                &["direction"]
-            )
-            .unwrap()),
-            connection_rtt: reg!(Histogram::with_opts(
-                HistogramOpts::new(
-                    "h3_ingress_connection_rtt_seconds",
-                    "Smoothed RTT of QUIC connections, observed when they close."
-                )
-                .buckets(vec![
-                    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0
-                ])
-            )
-            .unwrap()),
-            connection_path_mtu: reg!(Histogram::with_opts(
-                HistogramOpts::new(
-                    "h3_ingress_connection_path_mtu_bytes",
-                    "UDP payload size path-MTU discovery settled on, observed when connections close."
-                )
-                .buckets(vec![
-                    1200.0, 1252.0, 1280.0, 1350.0, 1400.0, 1452.0, 1472.0, 4000.0, 9000.0
-                ])
-            )
-            .unwrap()),
-            connection_lost_packets: reg!(IntCounter::with_opts(opts(
-                "h3_ingress_connection_lost_packets_total",
-                "Packets QUIC declared lost, summed over closed connections."
-            ))
-            .unwrap()),
-            connection_sent_packets: reg!(IntCounter::with_opts(opts(
-                "h3_ingress_connection_sent_packets_total",
-                "Packets sent, summed over closed connections."
-            ))
-            .unwrap()),
-            connection_congestion_events: reg!(IntCounter::with_opts(opts(
-                "h3_ingress_connection_congestion_events_total",
-                "Congestion events (window reductions), summed over closed connections."
-            ))
-            .unwrap()),
-            connection_black_holes: reg!(IntCounter::with_opts(opts(
-                "h3_ingress_connection_mtu_black_holes_total",
-                "Path-MTU black holes detected (probes lost without ICMP), summed over closed connections."
-            ))
-            .unwrap()),
-            handshake_losses_forgiven: reg!(IntCounter::with_opts(opts(
-                "h3_ingress_congestion_handshake_losses_forgiven_total",
-                "Losses of the handshake flight that cubic-hs did not treat as congestion."
-            ))
-            .unwrap()),
-            random_losses_tolerated: reg!(IntCounter::with_opts(opts(
-                "h3_ingress_congestion_random_losses_tolerated_total",
-                "Losses that cubic-hs-lt read as random (no queueing delay, low loss rate), not as congestion."
-            ))
-            .unwrap()),
-            socket_receive_buffer: reg!(IntGaugeVec::new(
-                opts(
-                    "h3_ingress_udp_socket_receive_buffer_bytes",
-                    "Effective SO_RCVBUF of our UDP socket as read back from the kernel."
-                ),
-                &["family"]
-            )
-            .unwrap()),
-            socket_receive_buffer_requested: reg!(IntGaugeVec::new(
-                opts(
-                    "h3_ingress_udp_socket_receive_buffer_requested_bytes",
-                    "SO_RCVBUF we asked for (the kernel reports double what it grants)."
-                ),
-                &["family"]
-            )
-            .unwrap()),
-            socket_send_buffer: reg!(IntGaugeVec::new(
-                opts(
-                    "h3_ingress_udp_socket_send_buffer_bytes",
-                    "Effective SO_SNDBUF of our UDP socket as read back from the kernel."
-                ),
-                &["family"]
-            )
-            .unwrap()),
-            socket_send_buffer_requested: reg!(IntGaugeVec::new(
-                opts(
-                    "h3_ingress_udp_socket_send_buffer_requested_bytes",
-                    "SO_SNDBUF we asked for."
-                ),
-                &["family"]
-            )
-            .unwrap()),
-            socket_bound: reg!(IntGaugeVec::new(
-                opts("h3_ingress_udp_socket_bound", "1 when the family's UDP socket is bound."),
-                &["family"]
-            )
-            .unwrap()),
-            gso_max_segments: reg!(IntGaugeVec::new(
-                opts(
-                    "h3_ingress_udp_gso_max_segments",
-                    "Datagrams per sendmsg the kernel accepts through UDP GSO (1 = no GSO)."
-                ),
-                &["family"]
-            )
-            .unwrap()),
-            gso_enabled: reg!(IntGaugeVec::new(
-                opts("h3_ingress_udp_gso_enabled", "1 when UDP GSO is in use on the socket."),
-                &["family"]
-            )
-            .unwrap()),
-            gro_segments: reg!(IntGaugeVec::new(
-                opts(
-                    "h3_ingress_udp_gro_segments",
-                    "Datagrams per recvmsg the socket can take through UDP GRO (1 = no GRO)."
-                ),
-                &["family"]
-            )
-            .unwrap()),
-            hosts: reg!(IntGauge::with_opts(opts(
-                "h3_ingress_hosts",
-                "Hosts with a loaded certificate."
-            ))
-            .unwrap()),
-            certificate_expiry: reg!(IntGaugeVec::new(
-                opts(
-                    "h3_ingress_certificate_expiry_timestamp_seconds",
-                    "notAfter of the certificate served for a host."
-                ),
-                &["host"]
-            )
-            .unwrap()),
-            config_reloads: reg!(IntCounterVec::new(
-                opts(
-                    "h3_ingress_config_reloads_total",
-                    "Configuration updates by result (applied, invalid, restart_required)."
-                ),
-                &["result"]
-            )
-            .unwrap()),
-            alt_svc_advertised: reg!(IntGaugeVec::new(
-                opts(
-                    "h3_ingress_alt_svc_advertised",
-                    "1 when the TCP ingress answers the host with Alt-Svc h3 for our port, 0 when not."
-                ),
-                &["host"]
-            )
-            .unwrap()),
+            requests: r.counter_vec(&REQUESTS),
+            request_duration: r.histogram_vec(&REQUEST_DURATION),
+            upstream_errors: r.counter_vec(&UPSTREAM_ERRORS),
+            rejected_requests: r.counter_vec(&REJECTED_REQUESTS),
+            body_bytes: r.counter_vec(&BODY_BYTES),
+            active_connections: r.gauge_vec(&ACTIVE_CONNECTIONS),
+            handshakes: r.counter_vec(&HANDSHAKES),
+            connection_rtt: r.histogram(&CONNECTION_RTT),
+            connection_path_mtu: r.histogram(&CONNECTION_PATH_MTU),
+            connection_lost_packets: r.counter(&LOST_PACKETS),
+            connection_sent_packets: r.counter(&SENT_PACKETS),
+            connection_congestion_events: r.counter(&CONGESTION_EVENTS),
+            connection_black_holes: r.counter(&BLACK_HOLES),
+            handshake_losses_forgiven: r.counter(&HANDSHAKE_LOSSES_FORGIVEN),
+            random_losses_tolerated: r.counter(&RANDOM_LOSSES_TOLERATED),
+            socket_receive_buffer: r.gauge_vec(&RECEIVE_BUFFER),
+            socket_receive_buffer_requested: r.gauge_vec(&RECEIVE_BUFFER_REQUESTED),
+            socket_send_buffer: r.gauge_vec(&SEND_BUFFER),
+            socket_send_buffer_requested: r.gauge_vec(&SEND_BUFFER_REQUESTED),
+            socket_bound: r.gauge_vec(&SOCKET_BOUND),
+            gso_max_segments: r.gauge_vec(&GSO_MAX_SEGMENTS),
+            gso_enabled: r.gauge_vec(&GSO_ENABLED),
+            hosts: r.gauge(&HOSTS),
+            certificate_expiry: r.gauge_vec(&CERTIFICATE_EXPIRY),
+            config_reloads: r.counter_vec(&CONFIG_RELOADS),
+            alt_svc_advertised: r.gauge_vec(&ALT_SVC_ADVERTISED),
             udp_sockets,
             registry,
         };
@@ -316,10 +383,6 @@ impl Metrics {
             .expect("text encoding cannot fail on valid families");
         String::from_utf8(buf).expect("exposition is UTF-8")
     }
-
-    pub fn registry(&self) -> &Registry {
-        &self.registry
-    }
 }
 
 /// HTTP status class label: `2xx` ... `5xx`.
@@ -333,96 +396,38 @@ pub fn status_class(status: u16) -> &'static str {
     }
 }
 
-/// Host-wide UDP counters of one family, from /proc/net/snmp or /proc/net/snmp6.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct UdpHostCounters {
-    pub receive_buffer_errors: u64,
-    pub send_buffer_errors: u64,
-    pub in_errors: u64,
-}
-
-/// Parses the `Udp:` header/value line pair of /proc/net/snmp.
-pub fn parse_snmp(text: &str) -> Option<UdpHostCounters> {
-    let mut lines = text.lines().filter(|l| l.starts_with("Udp:"));
-    let header: Vec<&str> = lines.next()?.split_whitespace().collect();
-    let values: Vec<&str> = lines.next()?.split_whitespace().collect();
-    let get = |name: &str| -> Option<u64> {
-        let i = header.iter().position(|h| *h == name)?;
-        values.get(i)?.parse().ok()
-    };
-    Some(UdpHostCounters {
-        receive_buffer_errors: get("RcvbufErrors")?,
-        send_buffer_errors: get("SndbufErrors")?,
-        in_errors: get("InErrors")?,
-    })
-}
-
-/// Parses the `Udp6*` lines of /proc/net/snmp6.
-pub fn parse_snmp6(text: &str) -> Option<UdpHostCounters> {
-    let get = |name: &str| -> Option<u64> {
-        text.lines().find_map(|l| {
-            let mut it = l.split_whitespace();
-            (it.next()? == name).then(|| it.next()?.parse().ok())?
-        })
-    };
-    Some(UdpHostCounters {
-        receive_buffer_errors: get("Udp6RcvbufErrors")?,
-        send_buffer_errors: get("Udp6SndbufErrors")?,
-        in_errors: get("Udp6InErrors")?,
-    })
-}
-
-/// Drops of the socket with `inode` in /proc/net/udp or /proc/net/udp6 text.
-pub fn parse_udp_socket_drops(text: &str, inode: u64) -> Option<u64> {
-    text.lines().skip(1).find_map(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        // sl local rem st tx:rx tr:when retrnsmt uid timeout inode ref pointer drops
-        if f.len() >= 13 && f[9].parse::<u64>().ok()? == inode {
-            f[12].parse().ok()
-        } else {
-            None
-        }
-    })
-}
-
 /// Reads /proc at scrape time so the exported values are the kernel's, not a copy.
 struct UdpProcCollector {
     descs: Vec<Desc>,
-    sockets: Arc<Mutex<Vec<(&'static str, u64)>>>,
+    sockets: SocketInodes,
 }
 
-const HOST_RCVBUF: &str = "h3_ingress_udp_host_receive_buffer_errors_total";
-const HOST_SNDBUF: &str = "h3_ingress_udp_host_send_buffer_errors_total";
-const HOST_INERR: &str = "h3_ingress_udp_host_in_errors_total";
-const SOCKET_DROPS: &str = "h3_ingress_udp_socket_drops_total";
+/// The collector's families, in the order of its `descs`.
+const PROC_SPECS: [&Spec; 4] = [
+    &specs::HOST_RECEIVE_BUFFER_ERRORS,
+    &specs::HOST_SEND_BUFFER_ERRORS,
+    &specs::HOST_IN_ERRORS,
+    &specs::SOCKET_DROPS,
+];
 
 impl UdpProcCollector {
-    fn new(sockets: Arc<Mutex<Vec<(&'static str, u64)>>>) -> Self {
-        let d = |n: &str, h: &str| {
-            Desc::new(
-                n.into(),
-                h.into(),
-                vec!["family".into()],
-                Default::default(),
-            )
-            .unwrap()
+    fn new(sockets: SocketInodes) -> Self {
+        let desc = |s: &Spec| {
+            let labels = s.labels.iter().map(|l| l.to_string()).collect();
+            Desc::new(s.name.into(), s.help.into(), labels, Default::default())
+                .expect("valid metric description")
         };
         Self {
-            descs: vec![
-                d(HOST_RCVBUF, "Host-wide UDP RcvbufErrors (datagrams dropped because a socket receive buffer was full), from /proc/net/snmp and snmp6."),
-                d(HOST_SNDBUF, "Host-wide UDP SndbufErrors, from /proc/net/snmp and snmp6."),
-                d(HOST_INERR, "Host-wide UDP InErrors, from /proc/net/snmp and snmp6."),
-                d(SOCKET_DROPS, "Datagrams the kernel dropped on our own UDP socket (/proc/net/udp drops column)."),
-            ],
+            descs: PROC_SPECS.iter().map(|s| desc(s)).collect(),
             sockets,
         }
     }
 }
 
-fn counter_family(name: &str, help: &str, samples: Vec<(&str, u64)>) -> MetricFamily {
+fn counter_family(spec: &Spec, samples: Vec<(&str, u64)>) -> MetricFamily {
     let mut mf = MetricFamily::default();
-    mf.set_name(name.to_string());
-    mf.set_help(help.to_string());
+    mf.set_name(spec.name.to_string());
+    mf.set_help(spec.help.to_string());
     mf.set_field_type(MetricType::COUNTER);
     let metrics = samples
         .into_iter()
@@ -448,45 +453,28 @@ impl Collector for UdpProcCollector {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        let v4 = std::fs::read_to_string("/proc/net/snmp")
-            .ok()
-            .and_then(|t| parse_snmp(&t));
-        let v6 = std::fs::read_to_string("/proc/net/snmp6")
-            .ok()
-            .and_then(|t| parse_snmp6(&t));
-        let mut rcv = Vec::new();
-        let mut snd = Vec::new();
-        let mut inerr = Vec::new();
-        for (family, c) in [(FAMILY_IPV4, v4), (FAMILY_IPV6, v6)] {
-            if let Some(c) = c {
-                rcv.push((family, c.receive_buffer_errors));
-                snd.push((family, c.send_buffer_errors));
-                inerr.push((family, c.in_errors));
-            }
-        }
-        let mut drops = Vec::new();
+        let host = HostCounters::read();
+        let per_family = |f: fn(&UdpHostCounters) -> u64| -> Vec<(&str, u64)> {
+            [(FAMILY_IPV4, host.ipv4), (FAMILY_IPV6, host.ipv6)]
+                .into_iter()
+                .filter_map(|(family, c)| Some((family, f(&c?))))
+                .collect()
+        };
+        let tables = SocketTables::read();
         let sockets = self.sockets.lock().expect("socket list lock").clone();
-        for (family, inode) in sockets {
-            let file = if family == FAMILY_IPV4 {
-                "/proc/net/udp"
-            } else {
-                "/proc/net/udp6"
-            };
-            if let Some(d) = std::fs::read_to_string(file)
-                .ok()
-                .and_then(|t| parse_udp_socket_drops(&t, inode))
-            {
-                drops.push((family, d));
-            }
-        }
-        let h = |i: usize| self.descs[i].help.clone();
+        let drops: Vec<(&str, u64)> = sockets
+            .into_iter()
+            .filter_map(|(family, inode)| {
+                Some((family, tables.drops(family == FAMILY_IPV6, inode)?))
+            })
+            .collect();
         let mut out = vec![
-            counter_family(HOST_RCVBUF, &h(0), rcv),
-            counter_family(HOST_SNDBUF, &h(1), snd),
-            counter_family(HOST_INERR, &h(2), inerr),
+            counter_family(PROC_SPECS[0], per_family(|c| c.receive_buffer_errors)),
+            counter_family(PROC_SPECS[1], per_family(|c| c.send_buffer_errors)),
+            counter_family(PROC_SPECS[2], per_family(|c| c.in_errors)),
         ];
         if !drops.is_empty() {
-            out.push(counter_family(SOCKET_DROPS, &h(3), drops));
+            out.push(counter_family(PROC_SPECS[3], drops));
         }
         out
     }
@@ -495,33 +483,7 @@ impl Collector for UdpProcCollector {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const SNMP: &str = "Ip: Forwarding DefaultTTL\nIp: 1 64\nUdp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors InCsumErrors IgnoredMulti MemErrors\nUdp: 100 2 7 90 5 3 0 0 0\nUdpLite: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors InCsumErrors IgnoredMulti MemErrors\nUdpLite: 0 0 0 0 0 0 0 0 0\n";
-    const SNMP6: &str = "Udp6InDatagrams                 \t10\nUdp6NoPorts                     \t0\nUdp6InErrors                    \t4\nUdp6OutDatagrams                \t9\nUdp6RcvbufErrors                \t2\nUdp6SndbufErrors                \t1\nUdpLite6InErrors 0\n";
-    const UDP: &str = "   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops\n  753: 00000000:01BB 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 424242 2 0000000000000000 17\n  754: 0100007F:0035 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 1111 2 0000000000000000 0\n";
-
-    #[test]
-    fn parses_proc_files() {
-        assert_eq!(
-            parse_snmp(SNMP),
-            Some(UdpHostCounters {
-                receive_buffer_errors: 5,
-                send_buffer_errors: 3,
-                in_errors: 7
-            })
-        );
-        assert_eq!(
-            parse_snmp6(SNMP6),
-            Some(UdpHostCounters {
-                receive_buffer_errors: 2,
-                send_buffer_errors: 1,
-                in_errors: 4
-            })
-        );
-        assert_eq!(parse_udp_socket_drops(UDP, 424242), Some(17));
-        assert_eq!(parse_udp_socket_drops(UDP, 1111), Some(0));
-        assert_eq!(parse_udp_socket_drops(UDP, 9), None);
-    }
+    use crate::proxy::procnet::parse_snmp;
 
     #[test]
     fn live_proc_values_are_exported() {
@@ -543,6 +505,38 @@ mod tests {
         );
         assert!(v >= snmp.receive_buffer_errors);
         assert!(text.contains("h3_ingress_build_info{version="));
+    }
+
+    #[test]
+    fn every_metric_is_registered_with_its_spec() {
+        let m = Metrics::new();
+        // Give every labelled family one child so the exposition lists it.
+        m.requests
+            .with_label_values(&["a.test", "2xx", FAMILY_IPV4])
+            .inc();
+        m.request_duration
+            .with_label_values(&["a.test"])
+            .observe(0.1);
+        let text = m.render();
+        for (s, kind) in [
+            (&specs::REQUESTS, "counter"),
+            (&specs::REQUEST_DURATION, "histogram"),
+            (&specs::CONNECTION_RTT, "histogram"),
+            (&specs::LOST_PACKETS, "counter"),
+            (&specs::HOSTS, "gauge"),
+        ] {
+            assert!(
+                text.contains(&format!(
+                    "# HELP {} {}\n# TYPE {} {kind}",
+                    s.name, s.help, s.name
+                )),
+                "{}: {text}",
+                s.name
+            );
+        }
+        assert!(text
+            .contains("h3_ingress_request_duration_seconds_bucket{host=\"a.test\",le=\"60\"} 1"));
+        assert!(!text.contains("gro"), "{text}");
     }
 
     #[test]

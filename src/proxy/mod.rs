@@ -1,16 +1,56 @@
 //! The data plane: UDP sockets, TLS, QUIC, the HTTP/3 -> TCP ingress request path, metrics.
+//!
+//! - [`run`]: `proxy --config` and `proxy --listener`, a source connected to the server
+//! - [`source`]: where configurations come from (a file and SIGHUP, or Kubernetes)
+//! - [`server`]: the wiring of a running proxy, live updates and the drain
+//! - [`state`]: what the running proxy's tasks share (a leaf: it uses none of them)
+//! - [`endpoint`], [`socket`], [`transport`], [`cc`], [`tls`]: sockets to QUIC endpoints
+//! - [`accept`]: the accept loop and each connection's task
+//! - [`handler`], [`request`], [`body`], [`upstream`]: one request, phase by phase
+//! - [`admin`], [`metrics`], [`procnet`], [`altsvc`], [`window`]: what the proxy reports
 
+pub mod accept;
 pub mod admin;
 pub mod altsvc;
+pub mod body;
 pub mod cc;
+pub mod endpoint;
 pub mod handler;
 pub mod metrics;
+pub mod procnet;
 pub mod request;
+pub mod run;
 pub mod server;
 pub mod socket;
+pub mod source;
+pub mod state;
 pub mod tls;
 pub mod transport;
 pub mod upstream;
 pub mod window;
 
-pub use server::{serve, ConfigUpdate, ProxyError, RunningProxy};
+use std::net::SocketAddr;
+
+pub use server::{serve, RunningProxy};
+pub use source::ConfigUpdate;
+
+/// Why the proxy could not start (or could not build a configuration's endpoints).
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("no UDP socket could be bound: {0}")]
+    NoSockets(String),
+    #[error(transparent)]
+    Upstream(#[from] upstream::UpstreamSetupError),
+    #[error("TLS server configuration: {0}")]
+    Tls(#[from] rustls::Error),
+    #[error("creating the QUIC endpoint on {addr}: {source}")]
+    Endpoint {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("metrics endpoint {addr}: {source}")]
+    Admin {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}

@@ -1,9 +1,10 @@
 //! UDP sockets: one per address family, never dual-stack, with DF and large buffers.
 //!
-//! Seed 000: a single `[::]` socket with `ipv6only=off` sends IPv4 datagrams without DF, so
-//! they get fragmented and dropped. We therefore bind an AF_INET socket for IPv4 and an
-//! AF_INET6 socket with IPV6_V6ONLY=1 for IPv6, set DF on both, and read every option back
-//! from the kernel so tests and metrics show what is really in effect.
+//! A single `[::]` socket with `ipv6only=off` sends IPv4 datagrams without DF, so they get
+//! fragmented and dropped (docs/field-reports.md, "000 dual-stack socket without DF"). We
+//! therefore bind an AF_INET socket for IPv4 and an AF_INET6 socket with IPV6_V6ONLY=1 for
+//! IPv6, set DF on both, and read every option back from the kernel so tests and metrics show
+//! what is really in effect.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
@@ -277,8 +278,9 @@ pub fn clamp_warning(r: &SocketReport) -> Option<String> {
     Some(format!(
         "UDP {} socket buffers clamped by the kernel: receive {} of {} requested, send {} of {} \
          (values read back are doubled by the kernel). Datagrams will be dropped under load \
-         (seed 002). Raise the limits: sysctl -w net.core.rmem_max={max} net.core.wmem_max={max}, \
-         or set socket.forceBuffers: true with CAP_NET_ADMIN",
+         (docs/field-reports.md, \"002 64 KB / 208 KB brakes\"). Raise the limits: \
+         sysctl -w net.core.rmem_max={max} net.core.wmem_max={max}, or set \
+         socket.forceBuffers: true with CAP_NET_ADMIN",
         r.family,
         r.receive_buffer_effective_bytes / 2,
         r.receive_buffer_requested_bytes,

@@ -166,10 +166,11 @@ pub fn server_crypto(
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(SniResolver::new(hosts, metrics)));
     tls.alpn_protocols = vec![b"h3".to_vec()];
-    // 0-RTT requests can be replayed (a login form, seed 002): off.
+    // 0-RTT requests can be replayed (a login form POSTed twice): off.
     tls.max_early_data_size = 0;
     // RFC 8879: a compressed chain needs fewer datagrams in the first flight, so fewer can
-    // be lost (seed 004). rustls offers brotli and zlib with the features we enable.
+    // be lost (docs/field-reports.md, "004 cwnd pinned after one lost handshake packet").
+    // rustls offers brotli and zlib with the features we enable.
     tls.cert_compressors = rustls::compress::default_cert_compressors().to_vec();
     let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls)
         .map_err(|e| rustls::Error::General(format!("QUIC TLS config: {e}")))?;

@@ -1,14 +1,17 @@
-//! QUIC transport parameters from `transport.*`.
+//! QUIC transport parameters from `transport.*`, the congestion controller included.
 //!
-//! The defaults remove the brakes of seed 002 (a stream may have MiBs in flight, not 64 KB)
-//! and the black holes of seeds 000/003: datagrams start at 1200 bytes, path-MTU discovery
-//! probes upwards with DF set and detects black holes itself, without ICMP (RFC 8899).
+//! The defaults remove the flow-control brakes of docs/field-reports.md "002 64 KB / 208 KB
+//! brakes" (a stream may have MiBs in flight, not 64 KB) and the black holes of "000
+//! dual-stack socket without DF" and "003 ICMP-blind MTU black hole": datagrams start at 1200
+//! bytes, path-MTU discovery probes upwards with DF set and detects black holes itself,
+//! without ICMP (RFC 8899).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use quinn::{IdleTimeout, MtuDiscoveryConfig, TransportConfig, VarInt};
 
+use super::cc::{self, CcStats};
 use crate::api::TransportSettings;
 
 /// The smallest UDP payload every QUIC path must carry (RFC 9000 section 14).
@@ -52,12 +55,16 @@ pub fn max_udp_payload(t: &TransportSettings, ipv6: bool, interface_mtu: Option<
     mtu.saturating_sub(headers).clamp(INITIAL_MTU, 65_527)
 }
 
-/// Builds the transport config for one address family.
+/// Builds the whole transport config for one address family: flow control, stream limits,
+/// idle timeout, path MTU and the congestion controller (`transport.congestionControl`, whose
+/// counters go to `cc_stats`).
 pub fn transport_config(
     t: &TransportSettings,
     max_udp_payload: u16,
-    congestion: Arc<dyn quinn::congestion::ControllerFactory + Send + Sync>,
+    cc_stats: Arc<CcStats>,
 ) -> TransportConfig {
+    let initial_window = t.initial_window_packets as u64 * INITIAL_MTU as u64;
+    let congestion = cc::factory(t.congestion_control, initial_window, cc_stats);
     let mut tc = TransportConfig::default();
     tc.max_concurrent_bidi_streams(VarInt::from_u32(t.max_concurrent_streams));
     // HTTP/3 clients open a control stream and two QPACK streams; leave room for grease.

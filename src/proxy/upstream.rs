@@ -454,10 +454,6 @@ impl Upstream {
         }
     }
 
-    pub fn response_timeout(&self) -> Duration {
-        self.config.response_timeout
-    }
-
     /// Sends a request; the error says which status the client should get.
     pub async fn send(
         &self,

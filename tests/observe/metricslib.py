@@ -28,7 +28,9 @@ def exported_from_source(path: Path = METRICS_RS) -> set[str]:
     for m in re.finditer(r'"(h3_ingress_[a-z0-9_]+)"', src):
         name = m.group(1)
         before = src[max(0, m.start() - 60):m.start()]
-        if re.search(r"HistogramOpts::new\(\s*$", before):
+        # A histogram: registered through HistogramOpts, or declared with the `histogram(`
+        # spec constructor of metrics.rs.
+        if re.search(r"(HistogramOpts::new|\bhistogram)\(\s*$", before):
             names.update(name + s for s in HISTOGRAM_SUFFIXES)
         else:
             names.add(name)

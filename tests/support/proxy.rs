@@ -43,8 +43,23 @@ pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> 
 
 impl ProxyProcess {
     /// Starts `h3-ingress proxy --config` with `config` (a JSON value, which is valid YAML);
-    /// `metrics.address` is filled in with a free loopback port. Waits for `/readyz`.
-    pub fn start(mut config: serde_json::Value) -> Result<ProxyProcess> {
+    /// `metrics.address` is filled in with a free loopback port. Waits for `/readyz`. Logs
+    /// with `RUST_LOG` from `H3I_PROXY_LOG`, by default `info,h3_ingress=debug`.
+    pub fn start(config: serde_json::Value) -> Result<ProxyProcess> {
+        let log = std::env::var("H3I_PROXY_LOG").unwrap_or_else(|_| "info,h3_ingress=debug".into());
+        Self::start_logging(config, Some(log))
+    }
+
+    /// Like [`ProxyProcess::start`], without `RUST_LOG`: the binary's own default log filter,
+    /// as users run it.
+    pub fn start_with_default_log(config: serde_json::Value) -> Result<ProxyProcess> {
+        Self::start_logging(config, None)
+    }
+
+    fn start_logging(
+        mut config: serde_json::Value,
+        rust_log: Option<String>,
+    ) -> Result<ProxyProcess> {
         let dir = tempfile::Builder::new()
             .prefix("h3i-proxy-")
             .tempdir()
@@ -60,14 +75,12 @@ impl ProxyProcess {
         let log = std::fs::File::create(dir.path().join("proxy.log"))
             .ctx(|| "creating proxy.log".to_string())?;
         let mut cmd = Command::new(binary());
-        cmd.arg("proxy")
-            .arg("--config")
-            .arg(&path)
-            .env(
-                "RUST_LOG",
-                std::env::var("H3I_PROXY_LOG").unwrap_or_else(|_| "info,h3_ingress=debug".into()),
-            )
-            .stdin(Stdio::null())
+        cmd.arg("proxy").arg("--config").arg(&path);
+        match rust_log {
+            Some(filter) => cmd.env("RUST_LOG", filter),
+            None => cmd.env_remove("RUST_LOG"),
+        };
+        cmd.stdin(Stdio::null())
             .stdout(log.try_clone().ctx(|| "log handle".to_string())?)
             .stderr(log);
         let daemon = Daemon::spawn("h3-ingress", cmd)?;

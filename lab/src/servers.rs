@@ -1,5 +1,5 @@
-//! What runs in the lab's server namespace, shared by the bench and the smoke test: the test
-//! PKI (a 3-certificate RSA chain), the content files, the TCP ingress (Debian nginx, TLS +
+//! What runs in the lab's server namespace, shared by the bench and the smoke test: the
+//! content files, the TCP ingress (Debian nginx, TLS +
 //! h2), Caddy as an HTTP/3 reverse proxy, nginx with HTTP/3 from a trixie chroot, and our own
 //! proxy. Config generators are pure functions; processes are stopped on drop.
 
@@ -10,12 +10,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use clap::Args;
 use serde_json::json;
 
 use super::netns;
+use super::pki::Pki;
 use super::topology::{SERVER_V4, SERVER_V6};
 use super::LabError;
-use crate::api::FileConfig;
+use h3_ingress::api::FileConfig;
 
 /// The virtual host every server in the lab serves.
 pub const HOST: &str = "lab.test";
@@ -49,204 +51,6 @@ impl Work {
         self.dir.join("logs").join(format!("{name}.log"))
     }
 }
-
-#[derive(Debug, Clone)]
-pub struct Pki {
-    pub root: PathBuf,
-    /// Leaf, intermediate and root, in that order: what every server sends.
-    pub fullchain: PathBuf,
-    pub key: PathBuf,
-    /// DER bytes of the three certificates, i.e. the size of the Certificate message.
-    pub chain_der_bytes: usize,
-}
-
-fn openssl(args: &[&str]) -> Result<(), LabError> {
-    netns::run("openssl", args).map(|_| ())
-}
-
-/// An SCT list extension (OID 1.3.6.1.4.1.11129.2.4.2) of the size public CAs embed: three
-/// signed certificate timestamps of 118 bytes. The content is filler (no client checks it in
-/// the lab); the size matters, it makes the leaf as big as a real one.
-fn sct_extension() -> String {
-    let mut hex = String::from("0168"); // list length 360: three times 2 + 118
-    for log in 0u8..3 {
-        hex.push_str("0076"); // SCT length 118
-        hex.push_str("00"); // v1
-        for i in 0..32u8 {
-            hex.push_str(&format!("{:02x}", log.wrapping_mul(31).wrapping_add(i)));
-            // log id
-        }
-        hex.push_str("0000019a2b3c4d5e"); // timestamp
-        hex.push_str("0000"); // no extensions
-        hex.push_str("04030047"); // ecdsa-sha256, 71-byte signature
-        hex.push_str("3045022100");
-        for i in 0..32u8 {
-            hex.push_str(&format!("{:02x}", i ^ 0x5a));
-        }
-        hex.push_str("0220");
-        for i in 0..32u8 {
-            hex.push_str(&format!("{:02x}", i ^ 0xa5));
-        }
-    }
-    format!("1.3.6.1.4.1.11129.2.4.2=ASN1:FORMAT:HEX,OCTETSTRING:{hex}")
-}
-
-/// Root (RSA 4096) -> intermediate (RSA 4096) -> leaf (RSA 2048, with AIA, CRL distribution
-/// point, policy and embedded SCTs) for `lab.test` and the server addresses: shaped like a
-/// common commercial chain, so the server's first flight spans several datagrams (seed 004).
-/// Generated with the openssl CLI because ring cannot create RSA keys. Kept in `cache` (4096-bit
-/// keys take seconds) and copied into the work directory.
-pub fn make_pki(work: &Work, cache: &Path) -> Result<Pki, LabError> {
-    fs::create_dir_all(cache).map_err(io(format!("mkdir {}", cache.display())))?;
-    let d = cache;
-    let p = |f: &str| d.join(f).to_string_lossy().into_owned();
-    // Bump when the certificates' shape changes, so a cached older chain is regenerated.
-    const PKI_VERSION: &str = "2";
-    let current = fs::read_to_string(d.join("VERSION")).unwrap_or_default();
-    if current.trim() != PKI_VERSION || !d.join("fullchain.pem").exists() {
-        // No OCSP responder URL: Caddy would try to staple and resolve it from the lab,
-        // where no DNS exists. The CA-issuers URL and CRL point keep the size realistic.
-        let aia = "authorityInfoAccess=caIssuers;URI:http://pki.h3lab.test/intermediate-ca-2026.crt\ncrlDistributionPoints=URI:http://crl.h3lab.test/intermediate-ca-2026.crl\ncertificatePolicies=2.23.140.1.2.1\n";
-        fs::write(
-            d.join("ca.ext"),
-            format!("basicConstraints=critical,CA:TRUE,pathlen:0\nkeyUsage=critical,digitalSignature,keyCertSign,cRLSign\nextendedKeyUsage=serverAuth,clientAuth\nsubjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n{aia}"),
-        )
-        .map_err(io("write ca.ext"))?;
-        fs::write(
-            d.join("leaf.ext"),
-            format!(
-                "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=DNS:{HOST},DNS:www.{HOST},IP:{SERVER_V4},IP:{SERVER_V6}\nsubjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n{aia}{}\n",
-                sct_extension()
-            ),
-        )
-        .map_err(io("write leaf.ext"))?;
-        openssl(&["genrsa", "-out", &p("root.key"), "4096"])?;
-        openssl(&[
-            "req",
-            "-x509",
-            "-new",
-            "-key",
-            &p("root.key"),
-            "-sha256",
-            "-days",
-            "3650",
-            "-subj",
-            "/C=DE/O=h3-ingress lab/OU=Test PKI/CN=h3lab Root CA R1",
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign",
-            "-out",
-            &p("root.pem"),
-        ])?;
-        openssl(&["genrsa", "-out", &p("inter.key"), "4096"])?;
-        openssl(&[
-            "req",
-            "-new",
-            "-key",
-            &p("inter.key"),
-            "-subj",
-            "/C=DE/O=h3-ingress lab/OU=Test PKI/CN=h3lab TLS RSA Intermediate CA 2026",
-            "-out",
-            &p("inter.csr"),
-        ])?;
-        openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            &p("inter.csr"),
-            "-CA",
-            &p("root.pem"),
-            "-CAkey",
-            &p("root.key"),
-            "-set_serial",
-            "2",
-            "-days",
-            "3650",
-            "-sha256",
-            "-extfile",
-            &p("ca.ext"),
-            "-out",
-            &p("inter.pem"),
-        ])?;
-        openssl(&["genrsa", "-out", &p("leaf.key"), "2048"])?;
-        openssl(&[
-            "req",
-            "-new",
-            "-key",
-            &p("leaf.key"),
-            "-subj",
-            &format!("/CN={HOST}"),
-            "-out",
-            &p("leaf.csr"),
-        ])?;
-        openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            &p("leaf.csr"),
-            "-CA",
-            &p("inter.pem"),
-            "-CAkey",
-            &p("inter.key"),
-            "-set_serial",
-            "3",
-            "-days",
-            "825",
-            "-sha256",
-            "-extfile",
-            &p("leaf.ext"),
-            "-out",
-            &p("leaf.pem"),
-        ])?;
-        let mut chain = String::new();
-        for f in ["leaf.pem", "inter.pem", "root.pem"] {
-            chain.push_str(&fs::read_to_string(d.join(f)).map_err(io(format!("read {f}")))?);
-        }
-        fs::write(d.join("fullchain.pem"), chain).map_err(io("write fullchain.pem"))?;
-        fs::write(d.join("VERSION"), PKI_VERSION).map_err(io("write pki VERSION"))?;
-    }
-    let out = work.path("pki");
-    for f in ["root.pem", "fullchain.pem", "leaf.key"] {
-        fs::copy(d.join(f), out.join(f)).map_err(io(format!("copy {f}")))?;
-    }
-    let pem = fs::read_to_string(out.join("fullchain.pem")).map_err(io("read fullchain.pem"))?;
-    Ok(Pki {
-        root: out.join("root.pem"),
-        fullchain: out.join("fullchain.pem"),
-        key: out.join("leaf.key"),
-        chain_der_bytes: pem_der_len(&pem),
-    })
-}
-
-/// Total DER length of the PEM blocks in `pem` (base64 decoded size). Pure.
-pub fn pem_der_len(pem: &str) -> usize {
-    let mut total = 0;
-    let mut b64 = String::new();
-    let mut inside = false;
-    for line in pem.lines() {
-        if line.starts_with("-----BEGIN") {
-            inside = true;
-            b64.clear();
-        } else if line.starts_with("-----END") {
-            inside = false;
-            let pad = b64.chars().rev().take_while(|c| *c == '=').count();
-            total += b64.len() / 4 * 3 - pad;
-        } else if inside {
-            b64.push_str(line.trim());
-        }
-    }
-    total
-}
-
-/// Content served by every server: name and size in bytes.
-pub const FILES: &[(&str, u64)] = &[
-    ("1m.bin", 1 << 20),
-    ("4m.bin", 4 << 20),
-    ("5.7m.bin", 5_700_000),
-    ("50m.bin", 50 << 20),
-    ("20m.bin", 20 << 20),
-];
 
 /// Writes incompressible pseudo-random content (deterministic per name) unless present.
 pub fn make_file(work: &Work, name: &str, size: u64) -> Result<PathBuf, LabError> {
@@ -582,8 +386,11 @@ pub fn probe_chroot(root: &Path) -> Result<(String, String), String> {
     ))
 }
 
-/// nginx 1.26 (trixie) with native HTTP/3 serving the same files itself, one UDP socket per
-/// family, `http3_stream_buffer_size 1m` (seed 004). Paths are as seen inside the chroot. Pure.
+/// nginx 1.26 (trixie) with native HTTP/3 serving the same files itself: one UDP socket per
+/// family (a single dual-stack socket would send IPv4 without DF, docs/field-reports.md, "000
+/// dual-stack socket without DF") and `http3_stream_buffer_size 1m` instead of the 64 KB
+/// default that limits every stream to 64 KB per round trip ("002 64 KB / 208 KB brakes").
+/// Paths are as seen inside the chroot. Pure.
 pub fn nginx_h3_conf(inside: &Path, port: u16) -> String {
     let w = |r: &str| s(&inside.join(r));
     format!(
@@ -671,17 +478,45 @@ pub fn start_nginx_h3(
     Ok(p)
 }
 
-/// Why our binary cannot serve yet, or `Ok` when it has `proxy --config`.
+/// The product binary the lab runs as the proxy: `--proxy-bin` (or `H3LAB_PROXY_BIN`) when
+/// given, else `h3-ingress` beside the lab's own executable, which is where
+/// `cargo build [--release] --workspace` puts both.
+#[derive(Args, Debug, Clone)]
+pub struct ProxyBinArg {
+    /// The h3-ingress binary to run as the proxy (default: `h3-ingress` next to this program).
+    #[arg(long, env = "H3LAB_PROXY_BIN")]
+    pub proxy_bin: Option<PathBuf>,
+}
+
+impl ProxyBinArg {
+    /// The proxy binary, checked to run and to have `proxy --config`.
+    pub fn resolve(&self) -> Result<PathBuf, LabError> {
+        let path = match &self.proxy_bin {
+            Some(p) => p.clone(),
+            None => std::env::current_exe()
+                .map_err(io("current_exe"))?
+                .with_file_name("h3-ingress"),
+        };
+        proxy_supported(&path).map_err(|why| {
+            LabError::Failed(format!(
+                "{why}; build it with `cargo build --release --workspace` (or `-p h3-ingress`) or pass --proxy-bin"
+            ))
+        })?;
+        Ok(path)
+    }
+}
+
+/// Why `exe` cannot serve as the proxy, or `Ok` when it runs and has `proxy --config`.
 pub fn proxy_supported(exe: &Path) -> Result<(), String> {
     let out = Command::new(exe)
         .args(["proxy", "--help"])
         .output()
-        .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+        .map_err(|e| format!("cannot run the proxy binary {}: {e}", exe.display()))?;
     let text = String::from_utf8_lossy(&out.stdout);
     if out.status.success() && text.contains("--config") {
         Ok(())
     } else {
-        Err("this h3-ingress binary has no `proxy --config` yet (data plane not merged)".into())
+        Err(format!("{} has no `proxy --config`", exe.display()))
     }
 }
 
@@ -801,7 +636,7 @@ mod tests {
             initial_window_packets: Some(10),
         };
         let y = proxy_config(&v, 443, 9480, &pki()).unwrap();
-        let back = crate::config::file::parse(&y).unwrap();
+        let back = h3_ingress::config::file::parse(&y).unwrap();
         assert_eq!(back.transport.congestion_control.as_str(), "cubic-hs");
         assert_eq!(back.socket.receive_buffer_bytes, 106_496);
         assert_eq!(back.transport.initial_window_packets, 10);
@@ -813,12 +648,5 @@ mod tests {
             initial_window_packets: None,
         };
         assert!(proxy_config(&bad, 443, 9480, &pki()).is_err());
-    }
-
-    #[test]
-    fn der_length_of_pem() {
-        // "AAAA" is 3 bytes, "AAA=" 2 bytes.
-        let pem = "-----BEGIN CERTIFICATE-----\nAAAA\nAAA=\n-----END CERTIFICATE-----\n-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
-        assert_eq!(pem_der_len(pem), 8);
     }
 }

@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use super::emu::EmuConfig;
 use super::netns::{self, LabNames};
-use super::servers::{self, ChrootView, Pki, Proc, Work};
+use super::pki::{self, Pki};
+use super::servers::{ChrootView, Proc, Work};
 use super::{LabError, Snapshot};
 
 pub struct Session {
@@ -29,7 +30,7 @@ impl Session {
         super::up(&names, cfg)?;
         let work = Work::create(&names.state_dir.join("work"))?;
         let cwd = std::env::current_dir().map_err(|e| LabError::io("current dir", e))?;
-        let pki = servers::make_pki(&work, &cwd.join(super::output_dir()).join("pki"))?;
+        let pki = pki::make_pki(&work, &cwd.join(super::output_dir()).join("pki"))?;
         guard.0 = None;
         Ok(Session {
             names,

@@ -117,6 +117,11 @@ pub struct FlightRule {
     pub gap_us: u64,
 }
 
+/// Milliseconds (as the command line and the scenarios write them) to the router's microseconds.
+pub fn ms_to_us(ms: f64) -> u64 {
+    (ms * 1000.0).round() as u64
+}
+
 /// Quiet time that ends a flight when nothing else does, as a fraction of the round trip: long
 /// enough to span a server waiting a few milliseconds for the rest of a multi-datagram
 /// ClientHello, far shorter than the client's reaction (one RTT).
@@ -813,8 +818,8 @@ fn count_kind(c: &mut DirCounters, info: &PacketInfo) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lab::packet::tests::{tcp4, udp4, udp6};
-    use crate::lab::topology::{CLIENT_V4, CLIENT_V6, SERVER_V4, SERVER_V6};
+    use crate::packet::tests::{tcp4, udp4, udp6};
+    use crate::topology::{CLIENT_V4, CLIENT_V6, SERVER_V4, SERVER_V6};
 
     const MS: u64 = 1_000_000;
     const C: [u8; 4] = CLIENT_V4.octets();

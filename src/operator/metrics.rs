@@ -1,19 +1,15 @@
-//! The operator's own metrics (`h3_ingress_operator_*`) and its `/healthz`, `/readyz`,
-//! `/metrics` endpoint.
+//! The operator's own metrics (`h3_ingress_operator_*`) and what it answers on the shared
+//! admin endpoint ([`crate::admin`]): ready once its caches are filled.
 
-use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use prometheus::{
     Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
     TextEncoder,
 };
+
+use crate::admin::AdminSource;
 
 /// Reconcile outcomes, the only values of the `result` label.
 pub mod results {
@@ -111,72 +107,32 @@ impl OperatorMetrics {
     }
 }
 
-/// Shared with the admin endpoint: `/readyz` answers 200 once the caches are filled.
+/// The operator's [`AdminSource`]: `/readyz` answers 200 once the caches are filled.
 #[derive(Clone)]
 pub struct AdminState {
     pub metrics: Arc<OperatorMetrics>,
     pub ready: Arc<AtomicBool>,
 }
 
-fn respond(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
-    Response::builder()
-        .status(status)
-        .header("content-type", content_type)
-        .body(Full::new(Bytes::from(body)))
-        .expect("static response parts are valid")
-}
-
-/// Pure routing, so it can be tested without a socket.
-pub fn route(state: &AdminState, path: &str) -> Response<Full<Bytes>> {
-    match path {
-        "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n".into()),
-        "/readyz" if state.ready.load(Ordering::Relaxed) => {
-            respond(StatusCode::OK, "text/plain", "ready\n".into())
+impl AdminSource for AdminState {
+    fn readiness(&self) -> Result<(), String> {
+        if self.ready.load(Ordering::Relaxed) {
+            Ok(())
+        } else {
+            Err("caches not synced yet".into())
         }
-        "/readyz" => respond(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "text/plain",
-            "caches not synced yet\n".into(),
-        ),
-        "/metrics" => respond(
-            StatusCode::OK,
-            "text/plain; version=0.0.4",
-            state.metrics.render(),
-        ),
-        _ => respond(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
     }
-}
 
-/// Serves the admin endpoint on an already-bound listener until the task is dropped.
-pub async fn serve(listener: tokio::net::TcpListener, state: AdminState) {
-    loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "admin accept failed");
-                continue;
-            }
-        };
-        let state = state.clone();
-        tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                let resp = route(&state, req.uri().path());
-                async move { Ok::<_, Infallible>(resp) }
-            });
-            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
-        });
+    fn metrics(&self) -> String {
+        self.metrics.render()
     }
-}
-
-pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(addr).await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::admin::route;
+    use http::{Method, StatusCode};
     use http_body_util::BodyExt;
 
     #[tokio::test]
@@ -185,16 +141,16 @@ mod tests {
             metrics: OperatorMetrics::new(),
             ready: Arc::new(AtomicBool::new(false)),
         };
-        assert_eq!(route(&state, "/healthz").status(), StatusCode::OK);
-        assert_eq!(
-            route(&state, "/readyz").status(),
-            StatusCode::SERVICE_UNAVAILABLE
-        );
+        let get = |path: &str| route(&state, &Method::GET, path);
+        assert_eq!(get("/healthz").status(), StatusCode::OK);
+        assert_eq!(get("/readyz").status(), StatusCode::SERVICE_UNAVAILABLE);
         state.ready.store(true, Ordering::Relaxed);
-        assert_eq!(route(&state, "/readyz").status(), StatusCode::OK);
-        assert_eq!(route(&state, "/nope").status(), StatusCode::NOT_FOUND);
+        assert_eq!(get("/readyz").status(), StatusCode::OK);
+        assert_eq!(get("/nope").status(), StatusCode::NOT_FOUND);
+        // The operator has no status document.
+        assert_eq!(get("/status").status(), StatusCode::NOT_FOUND);
         state.metrics.status_writes.inc();
-        let body = route(&state, "/metrics")
+        let body = get("/metrics")
             .into_body()
             .collect()
             .await

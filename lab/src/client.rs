@@ -394,7 +394,7 @@ mod tests {
             60.0,
         );
         assert!(a.windows(2).any(|w| w[0] == "-T" && w[1] == "/w/20m.bin"));
-        let v6 = IpAddr::V6(crate::lab::topology::SERVER_V6);
+        let v6 = IpAddr::V6(crate::topology::SERVER_V6);
         let a = curl_args(Proto::H2, v6, 443, "/", "/ca.pem", None, 5.0);
         assert!(a.contains(&"lab.test:443:[fd77:2::2]".to_string()));
     }

@@ -1,9 +1,11 @@
-//! The data plane's Kubernetes mode (`h3-ingress proxy --listener NAME`): watch its
-//! `Http3Listener`, the Ingresses, and only the Secrets they reference, and send a new
-//! [`ProxyConfig`] whenever they change. If the API server goes away nothing is sent, so the
+//! Kubernetes mode (`proxy --listener NAME`): watch the `Http3Listener`, the Ingresses, and
+//! only the Secrets they reference, and send a new [`ProxyConfig`] whenever they change. A
+//! spec that cannot be used is sent as [`ConfigUpdate::Invalid`], once per version, exactly as
+//! the file source does with a bad file. If the API server goes away nothing is sent, so the
 //! proxy keeps serving the last good configuration.
 //!
-//! The decision of what to send is the pure [`step`]; [`watch_listener`] is the I/O around it.
+//! The decision of what to send is the pure [`step`] and [`Reported::update`];
+//! [`watch_listener`] is the I/O around them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,7 +21,9 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::Client;
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
+use tracing::{info, warn};
 
+use super::ConfigUpdate;
 use crate::api::{Http3Listener, SecretRef};
 use crate::config::kube::{from_objects, referenced_secrets, SecretMap};
 use crate::config::ProxyConfig;
@@ -28,7 +32,7 @@ use crate::config::ProxyConfig;
 pub const RECHECK: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub enum WatchError {
     #[error("listener name {0:?} is empty")]
     NoName(String),
 }
@@ -89,6 +93,45 @@ pub fn step(s: &Snapshot<'_>, last: Option<&str>, now_unix: i64) -> Step {
     }
 }
 
+/// What the source has told the proxy, so each configuration and each rejection is sent once.
+#[derive(Debug, Default)]
+pub struct Reported {
+    /// Fingerprint of the last configuration sent.
+    pub config: Option<String>,
+    /// The rejection last sent: the listener's generation and why.
+    rejected: Option<(Option<i64>, String)>,
+}
+
+impl Reported {
+    /// The update `step` calls for, if any, remembered as sent. A rejection is sent once per
+    /// version of the listener's spec (its `metadata.generation`) and reason, as a file
+    /// source sends one per reload: re-evaluating the same spec (a timer, an unrelated
+    /// Ingress) does not count it again.
+    pub fn update(&mut self, step: Step, generation: Option<i64>) -> Option<ConfigUpdate> {
+        match step {
+            Step::Wait => None,
+            Step::Unchanged => {
+                self.rejected = None;
+                None
+            }
+            Step::Keep(why) => {
+                let key = (generation, why);
+                if self.rejected.as_ref() == Some(&key) {
+                    return None;
+                }
+                let why = key.1.clone();
+                self.rejected = Some(key);
+                Some(ConfigUpdate::Invalid(why))
+            }
+            Step::Send(c) => {
+                self.rejected = None;
+                self.config = Some(fingerprint(&c));
+                Some(ConfigUpdate::Apply(c))
+            }
+        }
+    }
+}
+
 /// How long a new Secret watch may take to list before the host is treated as missing. It
 /// covers the moment between a new Ingress and the operator granting access to its Secret
 /// (the watch retries with backoff meanwhile), without letting one unreadable Secret hold
@@ -135,7 +178,7 @@ fn watch_secret(
             let ev = match ev {
                 Ok(ev) => ev,
                 Err(e) => {
-                    tracing::warn!(secret = %format!("{}/{}", r.namespace, r.name), error = %e, "Secret watch (retrying)");
+                    warn!(secret = %format!("{}/{}", r.namespace, r.name), error = %e, "Secret watch (retrying)");
                     // Wakes the loop so SECRET_WAIT is noticed without a watch event.
                     changed.notify_one();
                     continue;
@@ -177,7 +220,7 @@ where
                 Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => continue,
                 Ok(_) => {}
                 Err(e) => {
-                    tracing::warn!(watch = what, error = %e, "watch failed (retrying with backoff)");
+                    warn!(watch = what, error = %e, "watch failed (retrying with backoff)");
                     continue;
                 }
             }
@@ -186,51 +229,53 @@ where
     })
 }
 
-/// Aborts the watch tasks when `watch_listener` returns or is dropped.
-struct Tasks(Vec<JoinHandle<()>>, BTreeMap<SecretRef, JoinHandle<()>>);
+/// The watches of one listener: its object, every Ingress, and the Secrets they reference.
+/// Dropping it stops them all.
+struct Watches {
+    client: Client,
+    key: ObjectRef<Http3Listener>,
+    listeners: Store<Http3Listener>,
+    ingresses: Store<Ingress>,
+    listener_synced: Arc<AtomicBool>,
+    ingress_synced: Arc<AtomicBool>,
+    /// Notified on every change of any watched object.
+    changed: Arc<Notify>,
+    slots: Slots,
+    tasks: Vec<JoinHandle<()>>,
+    secret_tasks: BTreeMap<SecretRef, JoinHandle<()>>,
+}
 
-impl Drop for Tasks {
+impl Drop for Watches {
     fn drop(&mut self) {
-        for t in self.0.iter().chain(self.1.values()) {
+        for t in self.tasks.iter().chain(self.secret_tasks.values()) {
             t.abort();
         }
     }
 }
 
-/// Watches the listener `listener`, the Ingresses and the referenced Secrets, and sends every
-/// new valid configuration on `tx`. Returns when the receiver is dropped.
-pub async fn watch_listener(
-    client: Client,
-    listener: String,
-    tx: mpsc::Sender<ProxyConfig>,
-) -> Result<(), Error> {
-    if listener.is_empty() {
-        return Err(Error::NoName(listener));
-    }
-    let changed = Arc::new(Notify::new());
-    let listener_synced = Arc::new(AtomicBool::new(false));
-    let ingress_synced = Arc::new(AtomicBool::new(false));
-
-    let (listeners, lw) = reflector::store::<Http3Listener>();
-    let (ingresses, iw): (Store<Ingress>, _) = reflector::store();
-    let lstream = reflector::reflector(
-        lw,
-        watcher(
-            Api::<Http3Listener>::all(client.clone()),
-            watcher::Config::default().fields(&format!("metadata.name={listener}")),
-        ),
-    )
-    .default_backoff();
-    let istream = reflector::reflector(
-        iw,
-        watcher(
-            Api::<Ingress>::all(client.clone()),
-            watcher::Config::default(),
-        ),
-    )
-    .default_backoff();
-    let mut tasks = Tasks(
-        vec![
+impl Watches {
+    /// Starts the listener and Ingress watches; Secret watches follow in [`Self::follow_secrets`].
+    fn start(client: Client, listener: &str) -> Self {
+        let changed = Arc::new(Notify::new());
+        let listener_synced = Arc::new(AtomicBool::new(false));
+        let ingress_synced = Arc::new(AtomicBool::new(false));
+        let (listeners, lw) = reflector::store::<Http3Listener>();
+        let (ingresses, iw) = reflector::store::<Ingress>();
+        let by_name = watcher::Config::default().fields(&format!("metadata.name={listener}"));
+        let lstream = reflector::reflector(
+            lw,
+            watcher(Api::<Http3Listener>::all(client.clone()), by_name),
+        )
+        .default_backoff();
+        let istream = reflector::reflector(
+            iw,
+            watcher(
+                Api::<Ingress>::all(client.clone()),
+                watcher::Config::default(),
+            ),
+        )
+        .default_backoff();
+        let tasks = vec![
             drive(
                 lstream,
                 "Http3Listener",
@@ -238,63 +283,75 @@ pub async fn watch_listener(
                 changed.clone(),
             ),
             drive(istream, "Ingress", ingress_synced.clone(), changed.clone()),
-        ],
-        BTreeMap::new(),
-    );
-    let slots: Slots = Arc::default();
-    let key = ObjectRef::<Http3Listener>::new(&listener);
-    let mut last: Option<String> = None;
-    let mut last_keep: Option<String> = None;
-
-    loop {
-        tokio::select! {
-            _ = changed.notified() => {}
-            _ = tokio::time::sleep(RECHECK) => {}
-            _ = tx.closed() => return Ok(()),
+        ];
+        Self {
+            client,
+            key: ObjectRef::new(listener),
+            listeners,
+            ingresses,
+            listener_synced,
+            ingress_synced,
+            changed,
+            slots: Arc::default(),
+            tasks,
+            secret_tasks: BTreeMap::new(),
         }
-        let synced =
-            listener_synced.load(Ordering::Acquire) && ingress_synced.load(Ordering::Acquire);
-        let current = listeners.get(&key);
-        let all_ingresses = ingresses.state();
+    }
 
-        // Follow the set of referenced Secrets: start watches for new ones, stop old ones.
-        if let (true, Some(l)) = (synced, current.as_deref()) {
-            let wanted: BTreeSet<SecretRef> =
-                referenced_secrets(l, all_ingresses.iter().map(|i| i.as_ref()));
-            let mut s = slots.lock().expect("not poisoned");
-            s.retain(|r, _| wanted.contains(r));
-            tasks.1.retain(|r, t| {
-                let keep = wanted.contains(r);
-                if !keep {
-                    t.abort();
-                }
-                keep
-            });
-            for r in wanted {
-                if let std::collections::btree_map::Entry::Vacant(e) = tasks.1.entry(r.clone()) {
-                    s.insert(r.clone(), SecretSlot::new());
-                    e.insert(watch_secret(
-                        client.clone(),
-                        r,
-                        slots.clone(),
-                        changed.clone(),
-                    ));
-                }
+    fn synced(&self) -> bool {
+        self.listener_synced.load(Ordering::Acquire) && self.ingress_synced.load(Ordering::Acquire)
+    }
+
+    /// Follows the set of referenced Secrets: starts watches for new ones, stops old ones.
+    fn follow_secrets(&mut self, listener: &Http3Listener, ingresses: &[Arc<Ingress>]) {
+        let wanted: BTreeSet<SecretRef> =
+            referenced_secrets(listener, ingresses.iter().map(|i| i.as_ref()));
+        let mut slots = self.slots.lock().expect("not poisoned");
+        slots.retain(|r, _| wanted.contains(r));
+        self.secret_tasks.retain(|r, t| {
+            let keep = wanted.contains(r);
+            if !keep {
+                t.abort();
+            }
+            keep
+        });
+        for r in wanted {
+            if let std::collections::btree_map::Entry::Vacant(e) =
+                self.secret_tasks.entry(r.clone())
+            {
+                slots.insert(r.clone(), SecretSlot::new());
+                let (client, slots, changed) = (
+                    self.client.clone(),
+                    self.slots.clone(),
+                    self.changed.clone(),
+                );
+                e.insert(watch_secret(client, r, slots, changed));
             }
         }
+    }
 
-        let (secrets, pending) = {
-            let s = slots.lock().expect("not poisoned");
-            let map: SecretMap = s
-                .iter()
-                .filter_map(|(r, slot)| {
-                    slot.secret
-                        .clone()
-                        .map(|sec| ((r.namespace.clone(), r.name.clone()), sec))
-                })
-                .collect();
-            (map, s.values().filter(|slot| slot.pending()).count())
-        };
+    /// The Secrets known so far and how many are still being listed.
+    fn secrets(&self) -> (SecretMap, usize) {
+        let s = self.slots.lock().expect("not poisoned");
+        let map: SecretMap = s
+            .iter()
+            .filter_map(|(r, slot)| {
+                let sec = slot.secret.clone()?;
+                Some(((r.namespace.clone(), r.name.clone()), sec))
+            })
+            .collect();
+        (map, s.values().filter(|slot| slot.pending()).count())
+    }
+
+    /// Evaluates the watched objects now: the update to send, if any.
+    fn evaluate(&mut self, reported: &mut Reported) -> Option<ConfigUpdate> {
+        let synced = self.synced();
+        let current = self.listeners.get(&self.key);
+        let all_ingresses = self.ingresses.state();
+        if let (true, Some(l)) = (synced, current.as_deref()) {
+            self.follow_secrets(l, &all_ingresses);
+        }
+        let (secrets, pending) = self.secrets();
         let snapshot = Snapshot {
             synced,
             listener: current.as_deref(),
@@ -302,28 +359,45 @@ pub async fn watch_listener(
             secrets: &secrets,
             secrets_pending: pending,
         };
-        match step(&snapshot, last.as_deref(), crate::config::file::unix_now()) {
-            Step::Wait | Step::Unchanged => {}
-            Step::Keep(why) => {
-                if last_keep.as_deref() != Some(why.as_str()) {
-                    tracing::warn!(listener = %listener, "keeping the running configuration: {why}");
-                    last_keep = Some(why);
-                }
-            }
-            Step::Send(c) => {
-                last_keep = None;
-                let fp = fingerprint(&c);
-                tracing::info!(
-                    listener = %listener,
-                    hosts = c.hosts.len(),
-                    wanted = c.host_reports.len(),
-                    "new configuration from Kubernetes"
-                );
-                if tx.send(*c).await.is_err() {
-                    return Ok(());
-                }
-                last = Some(fp);
-            }
+        let now = crate::config::file::unix_now();
+        let step = step(&snapshot, reported.config.as_deref(), now);
+        let generation = current.as_deref().and_then(|l| l.metadata.generation);
+        reported.update(step, generation)
+    }
+}
+
+/// Watches the listener `listener`, the Ingresses and the referenced Secrets, and sends every
+/// new configuration, and every new reason none can be built, on `tx`. Returns when the
+/// receiver is dropped.
+pub async fn watch_listener(
+    client: Client,
+    listener: String,
+    tx: mpsc::Sender<ConfigUpdate>,
+) -> Result<(), WatchError> {
+    if listener.is_empty() {
+        return Err(WatchError::NoName(listener));
+    }
+    let mut watches = Watches::start(client, &listener);
+    let mut reported = Reported::default();
+    loop {
+        tokio::select! {
+            _ = watches.changed.notified() => {}
+            _ = tokio::time::sleep(RECHECK) => {}
+            _ = tx.closed() => return Ok(()),
+        }
+        let Some(update) = watches.evaluate(&mut reported) else {
+            continue;
+        };
+        if let ConfigUpdate::Apply(c) = &update {
+            info!(
+                listener = %listener,
+                hosts = c.hosts.len(),
+                wanted = c.host_reports.len(),
+                "new configuration from Kubernetes"
+            );
+        }
+        if tx.send(update).await.is_err() {
+            return Ok(());
         }
     }
 }
@@ -460,5 +534,45 @@ mod tests {
             expired.host_reports[0].reason,
             crate::api::reasons::CERTIFICATE_INVALID
         );
+    }
+
+    #[test]
+    fn each_rejection_is_reported_once_per_spec_version_and_reason() {
+        let mut r = Reported::default();
+        let keep = |why: &str| Step::Keep(why.to_string());
+        let invalid = |u: Option<ConfigUpdate>| matches!(u, Some(ConfigUpdate::Invalid(_)));
+        assert!(invalid(r.update(keep("spec: x"), Some(2))));
+        // Re-evaluating the same spec (the timer, an unrelated Ingress) sends nothing.
+        assert!(r.update(keep("spec: x"), Some(2)).is_none());
+        assert!(r.update(Step::Wait, Some(2)).is_none());
+        assert!(r.update(keep("spec: x"), Some(2)).is_none());
+        // An edited spec that is still broken, or broken differently, is a new rejection.
+        assert!(invalid(r.update(keep("spec: x"), Some(3))));
+        assert!(invalid(r.update(keep("spec: y"), Some(3))));
+
+        let Step::Send(c) = step(
+            &Snapshot {
+                synced: true,
+                listener: Some(&listener()),
+                ingresses: &[ingress()],
+                secrets: &secrets(),
+                secrets_pending: 0,
+            },
+            None,
+            now(),
+        ) else {
+            panic!("expected a config")
+        };
+        let fp = fingerprint(&c);
+        assert!(matches!(
+            r.update(Step::Send(c), Some(4)),
+            Some(ConfigUpdate::Apply(_))
+        ));
+        assert_eq!(r.config.as_deref(), Some(fp.as_str()));
+        // Deleted, back unchanged, deleted again: two rejections.
+        let gone = "the Http3Listener does not exist (deleted?)";
+        assert!(invalid(r.update(keep(gone), None)));
+        assert!(r.update(Step::Unchanged, Some(4)).is_none());
+        assert!(invalid(r.update(keep(gone), None)));
     }
 }

@@ -1,0 +1,240 @@
+//! Which cases a bench run measures: the selected scenarios' cases from the table
+//! (`scenario::SCENARIOS`), with `--quick`, `--runs`, the rate flags and `--max-time` applied.
+//! Pure.
+
+use crate::emu::Position;
+use crate::report::Case;
+use crate::scenario::{self, CaseRate, CaseSpec, PathSpec, RateFlag, Scenario};
+use crate::LabError;
+
+/// The command-line settings that shape the plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanOptions {
+    pub quick: bool,
+    /// Transfers per cell instead of the scenario's.
+    pub runs: Option<usize>,
+    /// `--rate-mbit`.
+    pub rate_mbit: Option<f64>,
+    /// `--s4-rate-mbit` (0 given as `None`).
+    pub s4_rate_mbit: Option<f64>,
+    /// `--max-time`, seconds per transfer.
+    pub max_time: f64,
+}
+
+/// Uploads get at least this long: a 20 MB PUT through a slow path takes its time.
+const UPLOAD_MIN_TIME_S: f64 = 60.0;
+
+/// The cases of the selected scenarios, in the table's case order per scenario.
+pub fn plan(selected: &[String], o: &PlanOptions) -> Result<Vec<Case>, LabError> {
+    let mut out = Vec::new();
+    for id in selected {
+        let sc = scenario::find(id).ok_or_else(|| {
+            LabError::Config(format!(
+                "unknown scenario {:?} ({})",
+                id.trim(),
+                scenario::ids()
+            ))
+        })?;
+        let specs = sc.cases.iter().filter(|c| c.quick || !o.quick);
+        out.extend(specs.filter_map(|spec| case(sc, spec, o)));
+    }
+    Ok(out)
+}
+
+/// One case of the plan; `None` when it needs a bottleneck and the flags set none.
+fn case(sc: &Scenario, spec: &CaseSpec, o: &PlanOptions) -> Option<Case> {
+    let flag = match sc.rate_flag {
+        RateFlag::Rate => o.rate_mbit,
+        RateFlag::S4Rate => o.s4_rate_mbit.or(o.rate_mbit),
+    };
+    let rate_mbit = match spec.rate {
+        CaseRate::Flag => flag,
+        CaseRate::OnlyLimited => Some(flag?),
+        CaseRate::Unlimited => None,
+    };
+    let p = spec.path;
+    let file = spec.transfer.file();
+    let upload = spec.transfer.is_upload();
+    let mut id = format!(
+        "{}-{:.0}ms-{}{}",
+        sc.id,
+        p.rtt_ms,
+        file.name.trim_end_matches(".bin"),
+        id_suffix(&p)
+    );
+    let mut label = format!(
+        "{:.0} ms, {}{}{}",
+        p.rtt_ms,
+        file.label,
+        if upload { " upload" } else { "" },
+        p.impairments()
+    );
+    if spec.rate == CaseRate::Unlimited {
+        id.push_str("-unlimited");
+        label.push_str(", no rate limit");
+    }
+    if let Some(r) = rate_mbit {
+        id.push_str(&format!("-{r}mbit"));
+        label.push_str(&format!(", {r} Mbit/s"));
+    }
+    let full = sc.runs;
+    let runs = o.runs.unwrap_or(if o.quick {
+        full.div_ceil(4).max(3)
+    } else {
+        full
+    });
+    let max_time = match sc.max_time_cap_s {
+        _ if upload => o.max_time.max(UPLOAD_MIN_TIME_S),
+        Some(cap) => o.max_time.min(cap),
+        None => o.max_time,
+    };
+    Some(Case {
+        scenario: sc.id.to_string(),
+        id,
+        label,
+        rtt_ms: p.rtt_ms,
+        loss: p.loss,
+        mtu: p.mtu,
+        icmp: p.icmp,
+        rule: p.first_flight_drop,
+        file: file.name.to_string(),
+        bytes: file.bytes,
+        upload,
+        runs,
+        rate_mbit,
+        max_time,
+    })
+}
+
+/// "-loss1", "-drop", "-drophs", "-mtu1280": what distinguishes a case's path in its id.
+fn id_suffix(p: &PathSpec) -> String {
+    let mut s = String::new();
+    if p.loss > 0.0 {
+        s.push_str(&format!("-loss{:.0}", p.loss * 100.0));
+    }
+    match p.first_flight_drop {
+        None => {}
+        Some(Position::Last) => s.push_str("-drop"),
+        Some(Position::LastHandshake) => s.push_str("-drophs"),
+        Some(Position::Nth(n)) => s.push_str(&format!("-drop{n}")),
+    }
+    if p.mtu < 1500 {
+        s.push_str(&format!("-mtu{}", p.mtu));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sc(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn opts(quick: bool, runs: Option<usize>, s4: Option<f64>) -> PlanOptions {
+        PlanOptions {
+            quick,
+            runs,
+            rate_mbit: None,
+            s4_rate_mbit: s4,
+            max_time: 30.0,
+        }
+    }
+
+    #[test]
+    fn full_plan_matches_the_issue() {
+        let p = plan(
+            &sc(&["S1", "S2", "S3", "S4", "S5"]),
+            &opts(false, None, Some(100.0)),
+        )
+        .unwrap();
+        let ids: Vec<&str> = p.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            vec![
+                "S1-200ms-1m",
+                "S1-200ms-4m",
+                "S1-100ms-1m",
+                "S2-200ms-1m-drop",
+                "S2-100ms-1m-drop",
+                "S2-200ms-1m-drophs",
+                "S3-200ms-1m-loss1",
+                "S3-200ms-1m-loss2",
+                "S4-11ms-5.7m-100mbit",
+                "S4-11ms-50m-100mbit",
+                "S4-42ms-5.7m-100mbit",
+                "S4-42ms-50m-100mbit",
+                "S4-42ms-20m-100mbit",
+                "S4-42ms-20m-unlimited",
+                "S5-42ms-4m",
+                "S5-42ms-4m-mtu1400",
+                "S5-42ms-4m-mtu1280",
+            ]
+        );
+        let labels: Vec<&str> = p.iter().map(|c| c.label.as_str()).collect();
+        assert_eq!(labels[3], "200 ms, 1 MB, first-flight drop");
+        assert_eq!(labels[5], "200 ms, 1 MB, last handshake datagram dropped");
+        assert_eq!(labels[6], "200 ms, 1 MB, 1 % loss");
+        assert_eq!(labels[12], "42 ms, 20 MB upload, 100 Mbit/s");
+        assert_eq!(labels[13], "42 ms, 20 MB upload, no rate limit");
+        assert_eq!(labels[16], "42 ms, 4 MB, MTU 1280 no ICMP");
+        assert!(p
+            .iter()
+            .filter(|c| c.scenario == "S3")
+            .all(|c| c.runs == 40));
+        assert!(p
+            .iter()
+            .filter(|c| c.scenario != "S3")
+            .all(|c| c.runs >= 10));
+        let up: Vec<&Case> = p.iter().filter(|c| c.upload).collect();
+        assert_eq!(up.len(), 2);
+        assert!(up.iter().all(|c| c.bytes == 20 << 20 && c.max_time >= 60.0));
+        assert_eq!(up[0].rate_mbit, Some(100.0));
+        assert_eq!(
+            up[1].rate_mbit, None,
+            "the buffer-stress upload has no limit"
+        );
+        assert!(p
+            .iter()
+            .filter(|c| c.scenario != "S4")
+            .all(|c| c.rate_mbit.is_none()));
+        assert!(p.iter().filter(|c| c.mtu < 1500).all(|c| !c.icmp));
+        assert!(p
+            .iter()
+            .filter(|c| c.scenario == "S5")
+            .all(|c| c.max_time == 10.0));
+    }
+
+    #[test]
+    fn quick_plan_and_overrides() {
+        let p = plan(&sc(&["s3"]), &opts(true, None, None)).unwrap();
+        assert!(p.iter().all(|c| c.runs == 10));
+        let p = plan(&sc(&["S1", "S4", "S5"]), &opts(true, None, Some(100.0))).unwrap();
+        let ids: Vec<&str> = p.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            vec![
+                "S1-200ms-1m",
+                "S1-100ms-1m",
+                "S4-42ms-5.7m-100mbit",
+                "S4-42ms-20m-100mbit",
+                "S4-42ms-20m-unlimited",
+                "S5-42ms-4m",
+                "S5-42ms-4m-mtu1280",
+            ]
+        );
+        assert!(p.iter().all(|c| c.runs == 3));
+        let p = plan(&sc(&["S4"]), &opts(false, Some(2), Some(200.0))).unwrap();
+        assert!(p.iter().all(|c| c.runs == 2));
+        assert!(p
+            .iter()
+            .filter(|c| !c.id.ends_with("unlimited"))
+            .all(|c| c.rate_mbit == Some(200.0)));
+        let p = plan(&sc(&["S4"]), &opts(false, None, None)).unwrap();
+        assert_eq!(p.iter().filter(|c| c.upload).count(), 1);
+        assert!(p.iter().all(|c| c.rate_mbit.is_none()));
+        let e = plan(&sc(&["S9"]), &opts(false, None, None)).unwrap_err();
+        assert!(e.to_string().contains("S1,S2,S3,S4,S5"), "{e}");
+    }
+}

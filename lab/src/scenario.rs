@@ -1,0 +1,760 @@
+//! The scenarios the lab measures, as one table ([`SCENARIOS`]). An entry holds everything
+//! about its scenario: the paths and transfers the bench runs (its cases), the rows measured
+//! only there, the targets the report judges, which counters the table's notes show, and the
+//! steps of the CI smoke. The bench, the report and the smoke read this table; none of them
+//! matches on a scenario's name.
+//!
+//! Adding a scenario is adding an entry. One that needs a new kind of measurement (a transfer
+//! beside a TCP bulk flow, CPU time per GB) adds a [`Measure`] variant and its runner in
+//! `bench`, a [`Check`] variant and its judgement in `report::targets`, and a [`SmokeStep`]
+//! variant and its function in `smoke::steps`; the compiler then lists every place to extend.
+
+use std::fmt;
+
+use crate::emu::{self, EmuConfig, LinkConfig, Position, RuleProto};
+use crate::rows::{RFC_IW, SMALL_BUFFERS};
+
+/// A content file every server serves (pseudo-random, so compression cannot help).
+#[derive(Debug, PartialEq)]
+pub struct FileSpec {
+    pub name: &'static str,
+    pub bytes: u64,
+    pub label: &'static str,
+}
+
+pub const MB1: FileSpec = FileSpec {
+    name: "1m.bin",
+    bytes: 1 << 20,
+    label: "1 MB",
+};
+pub const MB4: FileSpec = FileSpec {
+    name: "4m.bin",
+    bytes: 4 << 20,
+    label: "4 MB",
+};
+/// The download of docs/field-reports.md, "002 64 KB / 208 KB brakes".
+pub const MB5_7: FileSpec = FileSpec {
+    name: "5.7m.bin",
+    bytes: 5_700_000,
+    label: "5.7 MB",
+};
+pub const MB50: FileSpec = FileSpec {
+    name: "50m.bin",
+    bytes: 50 << 20,
+    label: "50 MB",
+};
+/// The upload of the same report.
+pub const MB20: FileSpec = FileSpec {
+    name: "20m.bin",
+    bytes: 20 << 20,
+    label: "20 MB",
+};
+
+/// The emulated path of one bench case or smoke step; both directions alike.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PathSpec {
+    pub rtt_ms: f64,
+    /// Random loss probability per packet, each direction.
+    pub loss: f64,
+    pub mtu: u32,
+    /// ICMP errors for oversized packets; `false` makes an MTU black hole.
+    pub icmp: bool,
+    /// Which datagram (h3) or TLS segment (h2) of the server's first flight of every
+    /// connection is dropped.
+    pub first_flight_drop: Option<Position>,
+}
+
+impl PathSpec {
+    pub const CLEAN: PathSpec = PathSpec {
+        rtt_ms: 0.0,
+        loss: 0.0,
+        mtu: 1500,
+        icmp: true,
+        first_flight_drop: None,
+    };
+
+    /// A clean path with this round-trip time.
+    pub const fn rtt(rtt_ms: f64) -> PathSpec {
+        PathSpec {
+            rtt_ms,
+            ..Self::CLEAN
+        }
+    }
+    pub const fn loss(self, loss: f64) -> PathSpec {
+        PathSpec { loss, ..self }
+    }
+    /// Path MTU `mtu`, ICMP errors dropped.
+    pub const fn black_hole(self, mtu: u32) -> PathSpec {
+        PathSpec {
+            mtu,
+            icmp: false,
+            ..self
+        }
+    }
+    pub const fn with_icmp(self) -> PathSpec {
+        PathSpec { icmp: true, ..self }
+    }
+    pub const fn drop(self, position: Position) -> PathSpec {
+        PathSpec {
+            first_flight_drop: Some(position),
+            ..self
+        }
+    }
+
+    /// The router's settings for this path: the drop rule applies to `proto` (UDP for h3
+    /// clients, TCP for h2), `rate_mbit` adds a bottleneck with a drop-tail queue of about
+    /// 100 ms at that rate (at least 64 KB). Pure.
+    pub fn emu(&self, proto: RuleProto, rate_mbit: Option<f64>, seed: u64) -> EmuConfig {
+        let link = LinkConfig {
+            delay_us: emu::ms_to_us(self.rtt_ms / 2.0),
+            loss: self.loss,
+            rate_kbit: rate_mbit.map(|r| (r * 1000.0).round() as u64),
+            queue_bytes: rate_mbit
+                .map(|r| ((r * 1e6 / 8.0 * 0.1) as u64).max(65_536))
+                .unwrap_or(1_000_000),
+            mtu: self.mtu,
+            icmp: self.icmp,
+        };
+        EmuConfig {
+            c2s: link.clone(),
+            s2c: link,
+            seed,
+            rule: self.first_flight_drop.map(|position| emu::FlightRule {
+                positions: vec![position],
+                proto,
+                gap_us: emu::default_flight_gap_us(emu::ms_to_us(self.rtt_ms)),
+            }),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Transfer {
+    Download(&'static FileSpec),
+    /// A PUT of the file (WebDAV at the ingress).
+    Upload(&'static FileSpec),
+}
+
+impl Transfer {
+    pub fn file(self) -> &'static FileSpec {
+        match self {
+            Transfer::Download(f) | Transfer::Upload(f) => f,
+        }
+    }
+    pub fn is_upload(self) -> bool {
+        matches!(self, Transfer::Upload(_))
+    }
+}
+
+/// Where a case's bottleneck comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaseRate {
+    /// The scenario's rate flag (no bottleneck unless it sets one).
+    Flag,
+    /// The rate flag's bottleneck; the case is left out when the flag sets none.
+    OnlyLimited,
+    /// Never a bottleneck, whatever the flags say ("no rate limit" in the label).
+    Unlimited,
+}
+
+/// Which command-line flag sets a scenario's bottleneck.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateFlag {
+    /// `--rate-mbit` (default: none).
+    Rate,
+    /// `--s4-rate-mbit` (default 100), else `--rate-mbit`.
+    S4Rate,
+}
+
+/// One path and transfer of a scenario, measured for every row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CaseSpec {
+    pub path: PathSpec,
+    pub transfer: Transfer,
+    /// Also run with `--quick`.
+    pub quick: bool,
+    pub rate: CaseRate,
+}
+
+impl CaseSpec {
+    pub const fn download(path: PathSpec, file: &'static FileSpec) -> CaseSpec {
+        CaseSpec {
+            path,
+            transfer: Transfer::Download(file),
+            quick: true,
+            rate: CaseRate::Flag,
+        }
+    }
+    pub const fn upload(path: PathSpec, file: &'static FileSpec) -> CaseSpec {
+        CaseSpec {
+            transfer: Transfer::Upload(file),
+            ..Self::download(path, file)
+        }
+    }
+    /// Left out of `--quick`.
+    pub const fn full_only(self) -> CaseSpec {
+        CaseSpec {
+            quick: false,
+            ..self
+        }
+    }
+    pub const fn rate(self, rate: CaseRate) -> CaseSpec {
+        CaseSpec { rate, ..self }
+    }
+}
+
+/// How the bench measures a scenario's cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Measure {
+    /// One transfer at a time, a fresh client process and connection each; the rows take turns
+    /// within a case; per transfer the client's times, per cell the router's counters, both
+    /// namespaces' UDP counters and our proxy's /metrics deltas.
+    Transfers,
+}
+
+/// Which cases of its scenario a target is judged on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum When {
+    Always,
+    Downloads,
+    /// Cases whose path MTU is below 1500.
+    ReducedMtu,
+    /// The upload with a bottleneck when the plan has one, else every upload: throughput
+    /// parity is a question of the protocol, not of the client's CPU.
+    ThroughputUpload,
+    /// Uploads without a bottleneck: the server's socket buffer is what they test.
+    UnlimitedUpload,
+}
+
+/// Margin over the clean path's median that [`Check::MedianVsClean`] allows.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Slack {
+    /// One probe timeout right after the first RTT sample in the handshake space (RFC 9002
+    /// 6.2.1: smoothed_rtt + 4 * rtt/2, no ack delay): 3 x RTT.
+    OnePto,
+    Factor(f64),
+}
+
+/// A target of the issue, judged per case for one of our rows (the "judged row").
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Check {
+    /// Median <= factor x h2's median in the same case (and no failures, if `no_failures`).
+    MedianVsH2 {
+        factor: f64,
+        no_failures: bool,
+    },
+    /// Median <= the row's own median on the clean path (the case of scenario `clean_in` with
+    /// the same RTT and file, no loss, no drop rule, MTU 1500) plus `slack`; no failures.
+    MedianVsClean {
+        clean_in: &'static str,
+        slack: Slack,
+    },
+    /// p90 <= factor x the row's own median.
+    P90VsOwnMedian {
+        factor: f64,
+    },
+    NoFailedHandshakes,
+    /// Median goodput >= factor x h2's; no failures.
+    ThroughputVsH2 {
+        factor: f64,
+    },
+    /// The server namespace's UDP `RcvbufErrors` did not grow during the row's transfers.
+    NoServerRcvbufErrors,
+    /// The forced-small-buffer row does overflow (the check that the case can show it).
+    SmallBuffersOverflow,
+    /// The mean path MTU our proxy reports in its metrics fits what the path carries.
+    PathMtuInMetrics,
+    /// No IPv4 fragments and DF on every server IPv4 datagram.
+    NoFragmentsAllDf,
+}
+
+impl Check {
+    /// What the target says, for the judged row `row`.
+    pub fn describe(&self, row: &str) -> String {
+        match *self {
+            Check::MedianVsH2 { factor, .. } => format!("{row} median <= {factor:.1} x h2"),
+            Check::MedianVsClean {
+                slack: Slack::OnePto,
+                ..
+            } => format!("{row} median <= own no-loss median + one PTO (3 x RTT)"),
+            Check::MedianVsClean {
+                slack: Slack::Factor(f),
+                ..
+            } => format!("{row} completes within {f:.1} x the clean path"),
+            Check::P90VsOwnMedian { factor } => format!("{row} p90 <= {factor:.1} x own median"),
+            Check::NoFailedHandshakes => format!("{row} zero failed handshakes"),
+            Check::ThroughputVsH2 { factor } => format!("{row} throughput >= {factor:.1} x h2"),
+            Check::NoServerRcvbufErrors => format!("{row} server UDP RcvbufErrors delta = 0"),
+            Check::SmallBuffersOverflow => {
+                format!("{SMALL_BUFFERS} (forced 208 KB) RcvbufErrors delta > 0")
+            }
+            Check::PathMtuInMetrics => {
+                format!("{row} discovered path MTU in its metrics, within what the path carries")
+            }
+            Check::NoFragmentsAllDf => {
+                format!("{row} zero IPv4 fragments, DF on every server IPv4 datagram")
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Target {
+    pub when: When,
+    pub check: Check,
+}
+
+const fn always(check: Check) -> Target {
+    Target {
+        when: When::Always,
+        check,
+    }
+}
+
+/// Counters the table's notes show for a scenario's cells, beyond what every case with a drop
+/// rule (rule drops, flight sizes) or random loss (drops, slow handshakes) shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Notes {
+    /// Server IPv4 fragments and datagrams without DF, MTU drops (also shown when MTU < 1500).
+    pub mtu_counters: bool,
+    /// Median goodput.
+    pub throughput: bool,
+    /// UDP `RcvbufErrors` of both namespaces (also shown whenever they grew).
+    pub socket_buffers: bool,
+}
+
+/// One step of the CI smoke: a transfer per client and server with counter checks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SmokeStep {
+    /// 1 MB over h2 (IPv4 and IPv6) and from each h3 server: nothing dropped, the right
+    /// address family, DF on every server datagram.
+    CleanDownload(PathSpec),
+    /// The drop rule (UDP for h3, TCP for h2) drops exactly one datagram or TLS segment.
+    FirstFlightDrop(PathSpec),
+    /// Every client completes 1 MB and the router really drops packets at random.
+    RandomLoss { path: PathSpec, seed: u64 },
+    /// 5.7 MB down and 4 MB up (stored intact) per server; the server's UDP RcvbufErrors are
+    /// reported, not asserted.
+    LargeTransfers(PathSpec),
+    /// Through an MTU black hole h3 needs no fragments and keeps DF; h2 stalls there (TCP
+    /// needs ICMP), and gets through once the router sends it.
+    MtuBlackHole(PathSpec),
+}
+
+impl fmt::Display for SmokeStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SmokeStep::CleanDownload(p) => write!(f, "clean download, {p}"),
+            SmokeStep::FirstFlightDrop(p) => write!(f, "one first-flight drop per connection, {p}"),
+            SmokeStep::RandomLoss { path, seed } => write!(f, "random loss, {path}, seed {seed}"),
+            SmokeStep::LargeTransfers(p) => write!(f, "large download and upload, {p}"),
+            SmokeStep::MtuBlackHole(p) => write!(f, "MTU black hole, {p}, then with ICMP"),
+        }
+    }
+}
+
+/// One scenario: what it asks, how it is measured and judged.
+#[derive(Debug)]
+pub struct Scenario {
+    pub id: &'static str,
+    pub title: &'static str,
+    /// The question, and where it comes from.
+    pub question: &'static str,
+    pub measure: Measure,
+    /// Transfers per cell in a full run (`--quick`: a quarter, at least 3).
+    pub runs: usize,
+    pub rate_flag: RateFlag,
+    /// Upper bound on the time limit per transfer (a hung transfer in a black hole would
+    /// otherwise cost the full `--max-time` per run).
+    pub max_time_cap_s: Option<f64>,
+    pub cases: &'static [CaseSpec],
+    /// Rows measured only in this scenario (each answers one question of it).
+    pub only_rows: &'static [&'static str],
+    pub targets: &'static [Target],
+    pub notes: Notes,
+    pub smoke: &'static [SmokeStep],
+}
+
+const S1: Scenario = Scenario {
+    id: "S1",
+    title: "no loss",
+    question: "Is HTTP/3 through the proxy faster than HTTP/2 to the ingress on a long clean path?",
+    measure: Measure::Transfers,
+    runs: 10,
+    rate_flag: RateFlag::Rate,
+    max_time_cap_s: None,
+    cases: &[
+        CaseSpec::download(PathSpec::rtt(200.0), &MB1),
+        CaseSpec::download(PathSpec::rtt(200.0), &MB4).full_only(),
+        CaseSpec::download(PathSpec::rtt(100.0), &MB1),
+    ],
+    // What our larger initial window buys on a long fat path, next to RFC 9002's 10 packets.
+    only_rows: &[RFC_IW],
+    targets: &[always(Check::MedianVsH2 {
+        factor: 0.8,
+        no_failures: true,
+    })],
+    notes: Notes {
+        mtu_counters: false,
+        throughput: false,
+        socket_buffers: false,
+    },
+    smoke: &[SmokeStep::CleanDownload(PathSpec::rtt(200.0))],
+};
+
+const S2: Scenario = Scenario {
+    id: "S2",
+    title: "first-flight drop",
+    question: "Does one lost datagram of the server's first flight cost more than one probe \
+        timeout? (docs/field-reports.md, \"004 cwnd pinned after one lost handshake packet\")",
+    measure: Measure::Transfers,
+    runs: 10,
+    rate_flag: RateFlag::Rate,
+    max_time_cap_s: None,
+    cases: &[
+        CaseSpec::download(PathSpec::rtt(200.0).drop(Position::Last), &MB1),
+        CaseSpec::download(PathSpec::rtt(100.0).drop(Position::Last), &MB1),
+        // The rule above takes the flight's last datagram, which for a server that sends its
+        // HTTP/3 SETTINGS right after the handshake is that 1-RTT datagram; this case takes
+        // the last one with handshake data, the loss the field report traced.
+        CaseSpec::download(PathSpec::rtt(200.0).drop(Position::LastHandshake), &MB1),
+    ],
+    only_rows: &[],
+    targets: &[
+        always(Check::MedianVsClean {
+            clean_in: "S1",
+            slack: Slack::OnePto,
+        }),
+        always(Check::MedianVsH2 {
+            factor: 0.8,
+            no_failures: false,
+        }),
+    ],
+    notes: Notes {
+        mtu_counters: false,
+        throughput: false,
+        socket_buffers: false,
+    },
+    smoke: &[SmokeStep::FirstFlightDrop(
+        PathSpec::rtt(100.0).drop(Position::Last),
+    )],
+};
+
+const S3: Scenario = Scenario {
+    id: "S3",
+    title: "random loss",
+    question: "Under random loss both ways, is HTTP/3 still faster than HTTP/2, with a short \
+        tail and every handshake completed?",
+    measure: Measure::Transfers,
+    runs: 40,
+    rate_flag: RateFlag::Rate,
+    max_time_cap_s: None,
+    cases: &[
+        CaseSpec::download(PathSpec::rtt(200.0).loss(0.01), &MB1),
+        CaseSpec::download(PathSpec::rtt(200.0).loss(0.02), &MB1),
+    ],
+    only_rows: &[],
+    targets: &[
+        always(Check::MedianVsH2 {
+            factor: 0.9,
+            no_failures: false,
+        }),
+        always(Check::P90VsOwnMedian { factor: 1.3 }),
+        always(Check::NoFailedHandshakes),
+    ],
+    notes: Notes {
+        mtu_counters: false,
+        throughput: false,
+        socket_buffers: false,
+    },
+    smoke: &[SmokeStep::RandomLoss {
+        path: PathSpec::rtt(100.0).loss(0.01),
+        seed: 3,
+    }],
+};
+
+const S4: Scenario = Scenario {
+    id: "S4",
+    title: "large transfers",
+    question: "Do large downloads and uploads keep up with HTTP/2, without socket-buffer drops? \
+        (docs/field-reports.md, \"002 64 KB / 208 KB brakes\")",
+    measure: Measure::Transfers,
+    runs: 10,
+    rate_flag: RateFlag::S4Rate,
+    max_time_cap_s: None,
+    cases: &[
+        CaseSpec::download(PathSpec::rtt(11.0), &MB5_7).full_only(),
+        CaseSpec::download(PathSpec::rtt(11.0), &MB50).full_only(),
+        CaseSpec::download(PathSpec::rtt(42.0), &MB5_7),
+        CaseSpec::download(PathSpec::rtt(42.0), &MB50).full_only(),
+        CaseSpec::upload(PathSpec::rtt(42.0), &MB20).rate(CaseRate::OnlyLimited),
+        // At the client's full speed: the server's socket buffer is what is tested.
+        CaseSpec::upload(PathSpec::rtt(42.0), &MB20).rate(CaseRate::Unlimited),
+    ],
+    only_rows: &[SMALL_BUFFERS],
+    targets: &[
+        Target {
+            when: When::Downloads,
+            check: Check::MedianVsH2 {
+                factor: 1.0,
+                no_failures: true,
+            },
+        },
+        Target {
+            when: When::ThroughputUpload,
+            check: Check::ThroughputVsH2 { factor: 0.8 },
+        },
+        Target {
+            when: When::UnlimitedUpload,
+            check: Check::NoServerRcvbufErrors,
+        },
+        Target {
+            when: When::UnlimitedUpload,
+            check: Check::SmallBuffersOverflow,
+        },
+    ],
+    notes: Notes {
+        mtu_counters: false,
+        throughput: true,
+        socket_buffers: true,
+    },
+    smoke: &[SmokeStep::LargeTransfers(PathSpec::rtt(42.0))],
+};
+
+const S5: Scenario = Scenario {
+    id: "S5",
+    title: "MTU black hole",
+    question: "With ICMP filtered, does HTTP/3 find the path MTU by itself, without fragments? \
+        (docs/field-reports.md, \"000 dual-stack socket without DF\" and \"003 ICMP-blind MTU \
+        black hole\")",
+    measure: Measure::Transfers,
+    runs: 10,
+    rate_flag: RateFlag::Rate,
+    max_time_cap_s: Some(10.0),
+    cases: &[
+        CaseSpec::download(PathSpec::rtt(42.0), &MB4),
+        CaseSpec::download(PathSpec::rtt(42.0).black_hole(1400), &MB4).full_only(),
+        CaseSpec::download(PathSpec::rtt(42.0).black_hole(1280), &MB4),
+    ],
+    only_rows: &[],
+    targets: &[
+        Target {
+            when: When::ReducedMtu,
+            check: Check::MedianVsClean {
+                clean_in: "S5",
+                slack: Slack::Factor(1.1),
+            },
+        },
+        Target {
+            when: When::ReducedMtu,
+            check: Check::PathMtuInMetrics,
+        },
+        Target {
+            when: When::ReducedMtu,
+            check: Check::NoFragmentsAllDf,
+        },
+    ],
+    notes: Notes {
+        mtu_counters: true,
+        throughput: false,
+        socket_buffers: false,
+    },
+    smoke: &[SmokeStep::MtuBlackHole(
+        PathSpec::rtt(42.0).black_hole(1280),
+    )],
+};
+
+/// Every scenario, in the order the bench runs them and the smoke steps through them.
+pub static SCENARIOS: &[Scenario] = &[S1, S2, S3, S4, S5];
+
+/// Every content file the cases use, for the servers' document roots.
+pub const FILES: &[&FileSpec] = &[&MB1, &MB4, &MB5_7, &MB50, &MB20];
+
+/// The scenario with this id (case-insensitive).
+pub fn find(id: &str) -> Option<&'static Scenario> {
+    SCENARIOS
+        .iter()
+        .find(|s| s.id.eq_ignore_ascii_case(id.trim()))
+}
+
+/// The ids of every scenario, for messages and defaults: "S1,S2,...".
+pub fn ids() -> String {
+    SCENARIOS.iter().map(|s| s.id).collect::<Vec<_>>().join(",")
+}
+
+/// The scenario a row is measured in exclusively, if any.
+pub fn only_in(row: &str) -> Option<&'static str> {
+    SCENARIOS
+        .iter()
+        .find(|s| s.only_rows.contains(&row))
+        .map(|s| s.id)
+}
+
+impl When {
+    /// Whether a target with this condition is judged on `case`, among the plan's `cases`.
+    pub fn applies(self, case: &crate::report::Case, cases: &[crate::report::Case]) -> bool {
+        match self {
+            When::Always => true,
+            When::Downloads => !case.upload,
+            When::ReducedMtu => case.mtu < 1500,
+            When::ThroughputUpload => {
+                case.upload
+                    && (case.rate_mbit.is_some()
+                        || !cases.iter().any(|c| c.upload && c.rate_mbit.is_some()))
+            }
+            When::UnlimitedUpload => case.upload && case.rate_mbit.is_none(),
+        }
+    }
+}
+
+impl PathSpec {
+    /// What the path does besides delaying, as the case labels write it:
+    /// ", 1 % loss, first-flight drop, MTU 1280 no ICMP"; empty for a clean path.
+    pub fn impairments(&self) -> String {
+        let mut s = String::new();
+        if self.loss > 0.0 {
+            s.push_str(&format!(", {:.0} % loss", self.loss * 100.0));
+        }
+        match self.first_flight_drop {
+            None => {}
+            Some(Position::Last) => s.push_str(", first-flight drop"),
+            Some(Position::LastHandshake) => s.push_str(", last handshake datagram dropped"),
+            Some(Position::Nth(n)) => s.push_str(&format!(", first-flight datagram {n} dropped")),
+        }
+        if self.mtu < 1500 {
+            let icmp = if self.icmp { "" } else { " no ICMP" };
+            s.push_str(&format!(", MTU {}{icmp}", self.mtu));
+        }
+        s
+    }
+}
+
+impl fmt::Display for PathSpec {
+    /// "200 ms, 1 % loss, first-flight drop".
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:.0} ms{}", self.rtt_ms, self.impairments())
+    }
+}
+
+/// The table as `h3-ingress-lab scenarios` prints it: per scenario its question, cases (with
+/// `quick` marking the ones `--quick` keeps), targets and smoke steps.
+pub fn describe_all() -> String {
+    let mut out = String::new();
+    for sc in SCENARIOS {
+        out.push_str(&format!(
+            "{} {}: {}\n  {} transfers per cell{}\n",
+            sc.id,
+            sc.title,
+            sc.question,
+            sc.runs,
+            if sc.only_rows.is_empty() {
+                String::new()
+            } else {
+                format!("; rows only here: {}", sc.only_rows.join(", "))
+            }
+        ));
+        for c in sc.cases {
+            let t = c.transfer;
+            let what = if t.is_upload() { " upload" } else { "" };
+            let rate = match c.rate {
+                CaseRate::Flag => "",
+                CaseRate::OnlyLimited => " (only with a rate limit)",
+                CaseRate::Unlimited => " (no rate limit)",
+            };
+            let quick = if c.quick { " [quick]" } else { "" };
+            out.push_str(&format!(
+                "  case: {:.0} ms, {}{what}{}{rate}{quick}\n",
+                c.path.rtt_ms,
+                t.file().label,
+                c.path.impairments()
+            ));
+        }
+        for t in sc.targets {
+            out.push_str(&format!(
+                "  target ({:?}): {}\n",
+                t.when,
+                t.check.describe("<row>")
+            ));
+        }
+        for s in sc.smoke {
+            out.push_str(&format!("  smoke: {s}\n"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_unique_and_found_case_insensitively() {
+        let mut all: Vec<&str> = SCENARIOS.iter().map(|s| s.id).collect();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), SCENARIOS.len());
+        assert_eq!(find(" s3").map(|s| s.id), Some("S3"));
+        assert!(find("S9").is_none());
+        assert_eq!(ids(), "S1,S2,S3,S4,S5");
+    }
+
+    #[test]
+    fn every_reference_in_the_table_resolves() {
+        for sc in SCENARIOS {
+            assert!(!sc.cases.is_empty(), "{} has no cases", sc.id);
+            assert!(!sc.smoke.is_empty(), "{} has no smoke step", sc.id);
+            for c in sc.cases {
+                assert!(FILES.contains(&c.transfer.file()), "{}: {:?}", sc.id, c);
+            }
+            for t in sc.targets {
+                if let Check::MedianVsClean { clean_in, .. } = t.check {
+                    let base = find(clean_in).expect("baseline scenario exists");
+                    assert!(
+                        base.cases
+                            .iter()
+                            .any(|c| c.path.loss == 0.0 && c.path.mtu == 1500),
+                        "{clean_in} has a clean case"
+                    );
+                }
+            }
+            for r in sc.only_rows {
+                assert_eq!(only_in(r), Some(sc.id));
+            }
+        }
+        assert_eq!(only_in(SMALL_BUFFERS), Some("S4"));
+        assert_eq!(only_in(crate::rows::OURS), None);
+    }
+
+    #[test]
+    fn path_labels_and_router_settings() {
+        let p = PathSpec::rtt(200.0).loss(0.01).drop(Position::Last);
+        assert_eq!(p.to_string(), "200 ms, 1 % loss, first-flight drop");
+        assert_eq!(
+            PathSpec::rtt(42.0).black_hole(1280).to_string(),
+            "42 ms, MTU 1280 no ICMP"
+        );
+        let cfg = p.emu(RuleProto::Udp, Some(100.0), 7);
+        assert_eq!(cfg.c2s.delay_us, 100_000);
+        assert_eq!(cfg.s2c.loss, 0.01);
+        assert_eq!(cfg.s2c.rate_kbit, Some(100_000));
+        assert_eq!(cfg.s2c.queue_bytes, 1_250_000, "100 ms at 100 Mbit/s");
+        assert_eq!(cfg.seed, 7);
+        let rule = cfg.rule.unwrap();
+        assert_eq!(rule.proto, RuleProto::Udp);
+        assert_eq!(rule.gap_us, 50_000, "a quarter of 200 ms, capped at 50 ms");
+        assert!(PathSpec::CLEAN.emu(RuleProto::Tcp, None, 1).rule.is_none());
+    }
+
+    #[test]
+    fn the_listing_names_every_scenario_and_target() {
+        let text = describe_all();
+        for sc in SCENARIOS {
+            assert!(text.contains(&format!("{} {}", sc.id, sc.title)), "{text}");
+        }
+        assert!(text.contains("<row> p90 <= 1.3 x own median"), "{text}");
+        assert!(
+            text.contains("case: 42 ms, 20 MB upload (no rate limit) [quick]"),
+            "{text}"
+        );
+    }
+}

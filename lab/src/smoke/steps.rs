@@ -1,0 +1,356 @@
+//! The smoke steps of the scenario table (`scenario::Scenario::smoke`): one function per
+//! [`SmokeStep`] kind, each a few transfers with counter checks.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use super::probe::counted;
+use super::{H3Target, Report};
+use crate::client::{self, Expect, Proto, Sample};
+use crate::emu::{Counters, EmuConfig, RuleProto};
+use crate::scenario::{FileSpec, PathSpec, SmokeStep, MB1, MB4, MB5_7, SCENARIOS};
+use crate::servers::INGRESS_PORT;
+use crate::session::Session;
+use crate::topology::{SERVER_V4, SERVER_V6};
+use crate::LabError;
+
+/// The h3 servers and the aioquic client that talks to them.
+pub(super) struct H3<'a> {
+    pub servers: &'a [H3Target],
+    pub client: &'a client::AioquicClient,
+}
+
+/// One request: what to fetch (or upload) and how long it may take.
+struct Get {
+    path: String,
+    upload: Option<PathBuf>,
+    bytes: u64,
+    max_time: f64,
+}
+
+impl Get {
+    fn download(f: &FileSpec, max_time: f64) -> Get {
+        Get {
+            path: format!("/{}", f.name),
+            upload: None,
+            bytes: f.bytes,
+            max_time,
+        }
+    }
+    /// A PUT of `f` (from the document root) to `/upload/<name>`.
+    fn upload(s: &Session, f: &FileSpec, name: &str, max_time: f64) -> Get {
+        Get {
+            path: format!("/upload/{name}"),
+            upload: Some(s.work.path("www").join(f.name)),
+            bytes: f.bytes,
+            max_time,
+        }
+    }
+}
+
+const V4: IpAddr = IpAddr::V4(SERVER_V4);
+const V6: IpAddr = IpAddr::V6(SERVER_V6);
+
+/// Every scenario's smoke steps, in the table's order.
+pub(super) fn run_all(s: &mut Session, r: &mut Report, h3: &H3) -> Result<(), LabError> {
+    for sc in SCENARIOS {
+        for step in sc.smoke {
+            let id = sc.id;
+            match *step {
+                SmokeStep::CleanDownload(p) => clean_download(s, r, h3, id, p)?,
+                SmokeStep::FirstFlightDrop(p) => first_flight_drop(s, r, h3, id, p)?,
+                SmokeStep::RandomLoss { path, seed } => random_loss(s, r, h3, id, path, seed)?,
+                SmokeStep::LargeTransfers(p) => large_transfers(s, r, h3, id, p)?,
+                SmokeStep::MtuBlackHole(p) => mtu_black_hole(s, r, h3, id, p)?,
+            }
+        }
+    }
+    Ok(())
+}
+
+fn h2(s: &Session, addr: IpAddr, g: &Get) -> Result<Sample, LabError> {
+    let ca = s.pki.root.to_string_lossy().into_owned();
+    let up = g.upload.as_ref().map(|p| p.to_string_lossy().into_owned());
+    let args = client::curl_args(
+        Proto::H2,
+        addr,
+        INGRESS_PORT,
+        &g.path,
+        &ca,
+        up.as_deref(),
+        g.max_time,
+    );
+    let expect = Expect {
+        proto: Proto::H2,
+        bytes: g.bytes,
+        upload: g.upload.is_some(),
+    };
+    client::run_curl(&s.names.client_ns, None, &args, expect)
+}
+
+fn h3_get(s: &Session, h3: &H3, t: &H3Target, g: &Get) -> Result<Sample, LabError> {
+    let req = client::H3Get {
+        script: h3.client.script(),
+        ca: &s.pki.root,
+        port: t.port,
+        path: &g.path,
+        upload: g.upload.as_deref(),
+        max_time: g.max_time,
+    };
+    let expect = Expect {
+        proto: Proto::H3,
+        bytes: g.bytes,
+        upload: g.upload.is_some(),
+    };
+    let ns = &s.names.client_ns;
+    match h3.client {
+        client::AioquicClient::Harness(_) => client::run_h3client(ns, &req, expect),
+        client::AioquicClient::Own(_) => client::run_h3get(ns, &req, expect),
+    }
+}
+
+/// The router settings of a smoke step: the drop rule for `proto`, no bottleneck.
+fn emu(p: PathSpec, proto: RuleProto, seed: u64) -> EmuConfig {
+    p.emu(proto, None, seed)
+}
+
+fn describe(x: &Sample) -> String {
+    if x.ok {
+        format!("{:.2} s", x.time_total)
+    } else {
+        format!("failed: {}", x.error.clone().unwrap_or_default())
+    }
+}
+
+fn no_drops(c: &Counters) -> bool {
+    [&c.c2s, &c.s2c]
+        .iter()
+        .all(|d| d.drop_random + d.drop_rule + d.drop_queue + d.drop_mtu + d.drop_write == 0)
+}
+
+fn uploaded_size(s: &Session, name: &str) -> u64 {
+    std::fs::metadata(s.work.path("upload").join(name))
+        .map(|m| m.len())
+        .unwrap_or(0)
+}
+
+fn clean_download(
+    s: &mut Session,
+    r: &mut Report,
+    h3: &H3,
+    id: &str,
+    p: PathSpec,
+) -> Result<(), LabError> {
+    s.set(&emu(p, RuleProto::Any, 1))?;
+    let s = &*s;
+    let get = Get::download(&MB1, 30.0);
+    for (fam, addr) in [("IPv4", V4), ("IPv6", V6)] {
+        let (x, c) = counted(s, || h2(s, addr, &get))?;
+        let fam_ok = if fam == "IPv6" {
+            c.c2s.ipv6_packets > 0 && c.c2s.ipv4_packets == 0
+        } else {
+            c.c2s.ipv4_packets > 0
+        };
+        r.check(
+            &format!("{id} h2 {fam} {} at {:.0} ms", MB1.label, p.rtt_ms),
+            x.ok && no_drops(&c) && fam_ok,
+            format!("{}, {} TCP packets s2c", describe(&x), c.s2c.tcp_packets),
+        );
+    }
+    for t in h3.servers {
+        let (x, c) = counted(s, || h3_get(s, h3, t, &get))?;
+        r.check(
+            &format!(
+                "{id} h3 {} {} at {:.0} ms, DF on every server datagram",
+                t.name, MB1.label, p.rtt_ms
+            ),
+            x.ok && no_drops(&c) && c.s2c.ipv4_udp_df > 0 && c.s2c.ipv4_udp_no_df == 0,
+            format!(
+                "{}, server UDP/IPv4 datagrams with DF {} without {}",
+                describe(&x),
+                c.s2c.ipv4_udp_df,
+                c.s2c.ipv4_udp_no_df
+            ),
+        );
+    }
+    Ok(())
+}
+
+fn first_flight_drop(
+    s: &mut Session,
+    r: &mut Report,
+    h3: &H3,
+    id: &str,
+    p: PathSpec,
+) -> Result<(), LabError> {
+    let get = Get::download(&MB1, 30.0);
+    s.set(&emu(p, RuleProto::Udp, 1))?;
+    for t in h3.servers {
+        let (x, c) = counted(s, || h3_get(s, h3, t, &get))?;
+        let rule = &c.rule;
+        r.check(
+            &format!(
+                "{id} h3 {}: first-flight rule dropped exactly one datagram",
+                t.name
+            ),
+            x.ok && rule.flights == 1
+                && rule.drops == 1
+                && rule.connections_with_drop == 1
+                && c.s2c.drop_rule == 1,
+            format!(
+                "{}, flights {}, flight sizes {:?}, rule drops {}",
+                describe(&x),
+                rule.flights,
+                rule.flight_sizes,
+                rule.drops
+            ),
+        );
+    }
+    s.set(&emu(p, RuleProto::Tcp, 1))?;
+    let (x, c) = counted(s, || h2(s, V4, &get))?;
+    let rule = &c.rule;
+    r.check(
+        &format!("{id} h2: first-flight rule dropped exactly one TLS segment"),
+        x.ok && rule.flights == 1 && rule.drops == 1 && c.s2c.drop_rule == 1,
+        format!(
+            "{}, flight sizes {:?} segments, rule drops {}",
+            describe(&x),
+            rule.flight_sizes,
+            rule.drops
+        ),
+    );
+    Ok(())
+}
+
+fn random_loss(
+    s: &mut Session,
+    r: &mut Report,
+    h3: &H3,
+    id: &str,
+    p: PathSpec,
+    seed: u64,
+) -> Result<(), LabError> {
+    s.set(&emu(p, RuleProto::Any, seed))?;
+    let s = &*s;
+    let get = Get::download(&MB1, 30.0);
+    let loss = format!("{} with {:.0} % loss", MB1.label, p.loss * 100.0);
+    let drops = |c: &Counters| format!("random drops {}+{}", c.c2s.drop_random, c.s2c.drop_random);
+    let (x, c) = counted(s, || h2(s, V4, &get))?;
+    r.check(
+        &format!("{id} h2 {loss}"),
+        x.ok,
+        format!("{}, {}", describe(&x), drops(&c)),
+    );
+    let mut random = c.c2s.drop_random + c.s2c.drop_random;
+    for t in h3.servers {
+        let (x, c) = counted(s, || h3_get(s, h3, t, &get))?;
+        random += c.c2s.drop_random + c.s2c.drop_random;
+        r.check(
+            &format!("{id} h3 {} {loss}", t.name),
+            x.ok,
+            format!("{}, {}", describe(&x), drops(&c)),
+        );
+    }
+    r.check(
+        &format!("{id} random loss actually dropped packets"),
+        random > 0,
+        format!("{random} packets"),
+    );
+    Ok(())
+}
+
+fn large_transfers(
+    s: &mut Session,
+    r: &mut Report,
+    h3: &H3,
+    id: &str,
+    p: PathSpec,
+) -> Result<(), LabError> {
+    s.set(&emu(p, RuleProto::Any, 1))?;
+    let down = Get::download(&MB5_7, 60.0);
+    let at = format!("at {:.0} ms", p.rtt_ms);
+    let x = h2(s, V4, &down)?;
+    r.check(&format!("{id} h2 {} {at}", MB5_7.label), x.ok, describe(&x));
+    let up = Get::upload(s, &MB4, "smoke-h2.bin", 60.0);
+    let x = h2(s, V4, &up)?;
+    r.check(
+        &format!("{id} h2 {} upload (WebDAV PUT) stored intact", MB4.label),
+        x.ok && uploaded_size(s, "smoke-h2.bin") == MB4.bytes,
+        describe(&x),
+    );
+    for t in h3.servers {
+        let x = h3_get(s, h3, t, &down)?;
+        r.check(
+            &format!("{id} h3 {} {} {at}", t.name, MB5_7.label),
+            x.ok,
+            describe(&x),
+        );
+        let name = format!("smoke-{}.bin", t.name);
+        let up = Get::upload(s, &MB4, &name, 60.0);
+        let before = s.udp_stats(true)?;
+        let x = h3_get(s, h3, t, &up)?;
+        let d = s.udp_stats(true)?.delta(&before);
+        r.check(
+            &format!("{id} h3 {} {} upload stored intact", t.name, MB4.label),
+            x.ok && uploaded_size(s, &name) == MB4.bytes,
+            format!(
+                "{}, server UDP RcvbufErrors +{} (reported, not asserted)",
+                describe(&x),
+                d.rcvbuf_errors
+            ),
+        );
+    }
+    Ok(())
+}
+
+fn mtu_black_hole(
+    s: &mut Session,
+    r: &mut Report,
+    h3: &H3,
+    id: &str,
+    p: PathSpec,
+) -> Result<(), LabError> {
+    let mtu = p.mtu;
+    s.set(&emu(p, RuleProto::Any, 1))?;
+    let get = Get::download(&MB1, 30.0);
+    for t in h3.servers {
+        let (x, c) = counted(s, || h3_get(s, h3, t, &get))?;
+        let frags = c.s2c.fragments_created + c.s2c.ipv4_fragments_in;
+        r.check(
+            &format!(
+                "{id} h3 {} through an MTU {mtu} black hole: no fragments, DF everywhere",
+                t.name
+            ),
+            x.ok && frags == 0 && c.s2c.ipv4_udp_no_df == 0 && c.s2c.ipv4_udp_df > 0,
+            format!(
+                "{}, fragments {frags}, server datagrams without DF {}, oversized dropped {}",
+                describe(&x),
+                c.s2c.ipv4_udp_no_df,
+                c.s2c.drop_mtu
+            ),
+        );
+    }
+    // TCP with a 1460-byte MSS cannot cross the black hole: it needs the ICMP error to learn
+    // the smaller MTU (docs/field-reports.md, "003 ICMP-blind MTU black hole") ...
+    let stall = Get::download(&MB1, 5.0);
+    let (x, c) = counted(s, || h2(s, V4, &stall))?;
+    r.check(
+        &format!("{id} h2 stalls in the MTU {mtu} black hole (TCP needs ICMP)"),
+        !x.ok && c.s2c.drop_mtu > 0 && c.s2c.icmp_sent == 0,
+        format!("{}, oversized dropped {}", describe(&x), c.s2c.drop_mtu),
+    );
+    // ... and gets through once the router sends frag-needed.
+    s.set(&emu(p.with_icmp(), RuleProto::Any, 1))?;
+    let (x, c) = counted(s, || h2(s, V4, &get))?;
+    r.check(
+        &format!("{id} h2 with ICMP on: PMTU discovery works through the router"),
+        x.ok && c.s2c.icmp_sent > 0,
+        format!(
+            "{}, ICMP frag-needed sent {}",
+            describe(&x),
+            c.s2c.icmp_sent
+        ),
+    );
+    s.flush_route_caches()?;
+    Ok(())
+}

@@ -1,0 +1,113 @@
+//! The two ways to run the proxy, `proxy --config FILE` and `proxy --listener NAME`: each
+//! connects one source ([`super::source`]) to the running proxy ([`super::server`]) through
+//! one update channel, under one shutdown token.
+
+use std::path::PathBuf;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::server::{self, RunningProxy};
+use super::source::{self, ConfigUpdate, UPDATE_QUEUE};
+use super::ProxyError;
+use crate::config::{self, ConfigError};
+use crate::lifecycle;
+
+/// `h3-ingress proxy`: where the configuration comes from.
+#[derive(Debug, clap::Args)]
+pub struct ProxyArgs {
+    /// Standalone mode: YAML configuration file (SIGHUP reloads hosts and certificates).
+    #[arg(
+        long,
+        required_unless_present = "listener",
+        conflicts_with = "listener"
+    )]
+    pub config: Option<PathBuf>,
+    /// Kubernetes mode: serve this Http3Listener, its annotated Ingresses and their
+    /// Secrets, following changes live.
+    #[arg(long)]
+    pub listener: Option<String>,
+}
+
+/// Why a proxy run ended with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The configuration to start with is invalid (each field error names the field).
+    #[error("invalid configuration: {0}")]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Proxy(#[from] ProxyError),
+    #[error("installing the SIGHUP handler: {0}")]
+    Signals(#[source] std::io::Error),
+    #[error("connecting to the Kubernetes API (in-cluster config or KUBECONFIG): {0}")]
+    Kube(#[source] ::kube::Error),
+    #[error(transparent)]
+    Watch(#[from] source::kube::WatchError),
+    #[error("the listener watch ended before a configuration arrived")]
+    SourceEnded,
+    #[error("no configuration source: give --config FILE or --listener NAME")]
+    NoSource,
+}
+
+/// Runs the proxy fed by the source `args` names until `shutdown`.
+pub async fn run(args: ProxyArgs, shutdown: CancellationToken) -> Result<(), RunError> {
+    match (args.config, args.listener) {
+        (Some(path), _) => file(path, shutdown).await,
+        (None, Some(name)) => kube(name, shutdown).await,
+        (None, None) => Err(RunError::NoSource),
+    }
+}
+
+/// Serves the configuration in `path` until `shutdown`, reloading it on SIGHUP. An invalid
+/// file at start is [`RunError::Config`], with every field error.
+pub async fn file(path: PathBuf, shutdown: CancellationToken) -> Result<(), RunError> {
+    let initial = config::file::load(&path)?;
+    let hangups = lifecycle::hangups().map_err(RunError::Signals)?;
+    let (tx, rx) = mpsc::channel(UPDATE_QUEUE);
+    let reloads = source::file::reload_on_hangup(path, hangups, tx, shutdown.clone());
+    tokio::spawn(reloads);
+    server::serve(initial, rx, shutdown, None).await?;
+    Ok(())
+}
+
+/// [`kube_with`] on the cluster this process runs in (or KUBECONFIG's).
+pub async fn kube(name: String, shutdown: CancellationToken) -> Result<(), RunError> {
+    let client = ::kube::Client::try_default()
+        .await
+        .map_err(RunError::Kube)?;
+    kube_with(client, name, shutdown, None).await
+}
+
+/// Serves the listener `name` until `shutdown`: waits for its first usable configuration,
+/// starts the proxy on it and applies every later one live. Socket changes are refused by
+/// the proxy and rolled out by the operator (the pod template carries their hash).
+pub async fn kube_with(
+    client: ::kube::Client,
+    name: String,
+    shutdown: CancellationToken,
+    ready: Option<oneshot::Sender<RunningProxy>>,
+) -> Result<(), RunError> {
+    let (tx, mut updates) = mpsc::channel(UPDATE_QUEUE);
+    let watch = tokio::spawn(source::kube::watch_listener(client, name.clone(), tx));
+    info!(listener = %name, "waiting for the Http3Listener, its Ingresses and Secrets");
+    let initial = loop {
+        tokio::select! {
+            u = updates.recv() => match u {
+                Some(ConfigUpdate::Apply(c)) => break *c,
+                Some(ConfigUpdate::Invalid(why)) => {
+                    warn!(listener = %name, "no usable configuration yet: {why}");
+                }
+                None => {
+                    return match watch.await {
+                        Ok(Err(e)) => Err(e.into()),
+                        _ => Err(RunError::SourceEnded),
+                    }
+                }
+            },
+            _ = shutdown.cancelled() => return Ok(()),
+        }
+    };
+    server::serve(initial, updates, shutdown, ready).await?;
+    Ok(())
+}

@@ -1,0 +1,199 @@
+//! What the running proxy's tasks share: the current configuration [`Generation`], the
+//! metrics, what each socket reported when it was bound, per-host request counts and the
+//! Alt-Svc probe results.
+//!
+//! A leaf module: the accept loop, the request handler, the admin endpoint and the probe all
+//! use it, and it uses none of them. It reads nothing from the kernel either: the `/status`
+//! document takes the kernel's counters as arguments.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use http::HeaderValue;
+
+use super::cc::CcStats;
+use super::metrics::Metrics;
+use super::request;
+use super::upstream::Upstream;
+use super::window::{current_minute, RecentCounter};
+use crate::api::{SocketReport, StatusReport};
+use crate::config::ProxyConfig;
+
+/// Everything one configuration implies for requests; swapped atomically on reload.
+pub struct Generation {
+    pub id: u64,
+    pub config: ProxyConfig,
+    pub upstream: Upstream,
+}
+
+/// What the Alt-Svc probe last saw for a host.
+#[derive(Debug, Clone)]
+pub struct AltSvcProbe {
+    pub advertised: bool,
+    pub message: String,
+}
+
+/// A socket as reported when it was bound (or failed to), with its inode (0 when unbound) to
+/// find its drop counter.
+pub type SocketEntry = (SocketReport, u64);
+
+/// Why the proxy should not receive traffic, the `/readyz` answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotReady {
+    Draining,
+    NoHost,
+    NoSocket,
+}
+
+impl NotReady {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NotReady::Draining => "draining",
+            NotReady::NoHost => "no host loaded",
+            NotReady::NoSocket => "no UDP socket bound",
+        }
+    }
+}
+
+pub struct Shared {
+    pub current: ArcSwap<Generation>,
+    pub metrics: Arc<Metrics>,
+    pub cc_stats: Arc<CcStats>,
+    /// The UDP port actually bound (differs from the config only when it asked for 0).
+    pub port: u16,
+    sockets: Vec<SocketEntry>,
+    restart_required: Mutex<Vec<String>>,
+    pub alt_svc_probes: Mutex<BTreeMap<String, AltSvcProbe>>,
+    requests_by_host: Mutex<HashMap<String, (u64, RecentCounter)>>,
+    pub draining: AtomicBool,
+    generations: AtomicU64,
+    /// Wakes the Alt-Svc probe early (after a configuration change).
+    pub probe_now: tokio::sync::Notify,
+}
+
+impl Shared {
+    /// The state of a proxy serving `first` on `port` with `sockets`.
+    pub fn new(
+        first: Generation,
+        metrics: Arc<Metrics>,
+        cc_stats: Arc<CcStats>,
+        port: u16,
+        sockets: Vec<SocketEntry>,
+    ) -> Self {
+        let id = first.id;
+        Self {
+            current: ArcSwap::from_pointee(first),
+            metrics,
+            cc_stats,
+            port,
+            sockets,
+            restart_required: Mutex::new(Vec::new()),
+            alt_svc_probes: Mutex::new(BTreeMap::new()),
+            requests_by_host: Mutex::new(HashMap::new()),
+            draining: AtomicBool::new(false),
+            generations: AtomicU64::new(id),
+            probe_now: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// The id the next configuration generation gets.
+    pub fn next_generation_id(&self) -> u64 {
+        self.generations.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub fn alt_svc_value(&self, gen: &Generation) -> HeaderValue {
+        request::alt_svc_value(self.port, gen.config.alt_svc_max_age)
+    }
+
+    pub fn count_request(&self, host: &str) {
+        let mut counts = self.requests_by_host.lock().expect("request count lock");
+        let (total, recent) = counts.entry(host.to_string()).or_default();
+        *total += 1;
+        recent.add(current_minute());
+    }
+
+    /// Records changes that only a restart can apply; `/status` lists them until then.
+    pub fn require_restart(&self, changes: Vec<String>) {
+        let mut r = self.restart_required.lock().expect("restart lock");
+        for c in changes {
+            if !r.contains(&c) {
+                r.push(c);
+            }
+        }
+    }
+
+    /// Ready: at least one socket bound and at least one host loaded, and not draining.
+    pub fn readiness(&self) -> Result<(), NotReady> {
+        if self.draining.load(Ordering::Relaxed) {
+            Err(NotReady::Draining)
+        } else if self.current.load().config.hosts.is_empty() {
+            Err(NotReady::NoHost)
+        } else if !self.sockets.iter().any(|(r, _)| r.bound) {
+            Err(NotReady::NoSocket)
+        } else {
+            Ok(())
+        }
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.readiness().is_ok()
+    }
+
+    /// The `/status` document. `socket_drops(family, inode)` and `host_receive_buffer_errors`
+    /// are the kernel's counters, read by the caller.
+    pub fn status_report(
+        &self,
+        socket_drops: impl Fn(&str, u64) -> Option<u64>,
+        host_receive_buffer_errors: u64,
+    ) -> StatusReport {
+        let gen = self.current.load();
+        let sockets: Vec<SocketReport> = self
+            .sockets
+            .iter()
+            .map(|(r, inode)| {
+                let mut r = r.clone();
+                if r.bound {
+                    r.drops = socket_drops(&r.family, *inode).unwrap_or(0);
+                }
+                r
+            })
+            .collect();
+        let counts = self
+            .requests_by_host
+            .lock()
+            .expect("request count lock")
+            .clone();
+        let probes = self.alt_svc_probes.lock().expect("probe lock").clone();
+        let now = current_minute();
+        let hosts = gen
+            .config
+            .host_reports
+            .iter()
+            .map(|h| {
+                let mut h = h.clone();
+                if let Some((total, recent)) = counts.get(&h.name) {
+                    h.requests = *total;
+                    h.requests_last5m = recent.sum(now);
+                }
+                if let Some(p) = probes.get(&h.name) {
+                    h.alt_svc_advertised = Some(p.advertised);
+                    h.alt_svc_message = p.message.clone();
+                }
+                h
+            })
+            .collect();
+        StatusReport {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            port: self.port,
+            udp_drops: sockets.iter().map(|s| s.drops).sum(),
+            sockets,
+            hosts,
+            udp_host_receive_buffer_errors: host_receive_buffer_errors,
+            requests_total: counts.values().map(|(total, _)| total).sum(),
+            config_generation: gen.id,
+            restart_required: self.restart_required.lock().expect("restart lock").clone(),
+        }
+    }
+}
