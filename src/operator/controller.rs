@@ -463,6 +463,8 @@ pub struct Options {
     pub lease_name: String,
     pub data_plane_image: String,
     pub admin_address: SocketAddr,
+    /// Image pull secrets and the tune container's image for every data plane pod.
+    pub pod_defaults: PodDefaults,
 }
 
 fn identity() -> String {
@@ -481,9 +483,8 @@ fn identity() -> String {
 
 /// Runs the operator until SIGTERM/SIGINT.
 pub async fn run(opts: Options) -> Result<(), Error> {
-    let admin = tokio::net::TcpListener::bind(opts.admin_address)
-        .await
-        .map_err(|e| Error::Admin(opts.admin_address, e))?;
+    let (admin, _) =
+        crate::admin::bind(opts.admin_address).map_err(|e| Error::Admin(opts.admin_address, e))?;
     let client = Client::try_default().await.map_err(Error::Client)?;
     let shutdown = tokio_util::sync::CancellationToken::new();
     crate::lifecycle::cancel_on_shutdown_signals(shutdown.clone()).map_err(Error::Signals)?;
@@ -537,25 +538,28 @@ pub async fn run_with(
         ready,
     ));
 
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        Params {
-            namespace: opts.namespace.clone(),
-            default_image: opts.data_plane_image.clone(),
-        },
-        Caches {
-            ingresses: ingress_store,
-            listeners: listener_store.clone(),
-            owned,
-        },
-        leader_rx.clone(),
-        reports,
-        Reporter {
-            controller: FIELD_MANAGER.to_string(),
-            instance: Some(id.clone()),
-        },
-        metrics,
-    ));
+    let ctx = Arc::new(
+        Context::new(
+            client.clone(),
+            Params {
+                namespace: opts.namespace.clone(),
+                default_image: opts.data_plane_image.clone(),
+            },
+            Caches {
+                ingresses: ingress_store,
+                listeners: listener_store.clone(),
+                owned,
+            },
+            leader_rx.clone(),
+            reports,
+            Reporter {
+                controller: FIELD_MANAGER.to_string(),
+                instance: Some(id.clone()),
+            },
+            metrics,
+        )
+        .with_pod_defaults(opts.pod_defaults.clone()),
+    );
 
     tracing::info!(
         namespace = %opts.namespace,

@@ -102,10 +102,9 @@ async fn start_admin(
     shutdown: &CancellationToken,
 ) -> Result<SocketAddr, ProxyError> {
     let addr = shared.current.load().config.metrics_address;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| ProxyError::Admin { addr, source })?;
-    let admin_addr = listener.local_addr().unwrap_or(addr);
+    let (listener, bound) =
+        crate::admin::bind(addr).map_err(|source| ProxyError::Admin { addr, source })?;
+    let admin_addr = listener.local_addr().unwrap_or(bound);
     info!(%admin_addr, "metrics and health endpoint: /metrics /healthz /readyz /status");
     let source = Arc::new(ProxyAdmin(shared.clone()));
     tokio::spawn(crate::admin::serve(listener, source, shutdown.clone()));
