@@ -150,6 +150,7 @@ fn respond(w: &mut World, method: &str, path: &str, query: &str, body: Value) ->
             (200, list(vec![listener(status.as_ref())]))
         }
         ("GET", "/apis/networking.k8s.io/v1/ingresses") => (200, list(vec![ingress()])),
+        ("GET", "/apis/networking.k8s.io/v1/ingressclasses") => (200, list(vec![])),
         ("GET", "/api/v1/secrets") => (200, list(vec![])),
         ("GET", "/api/v1/namespaces/shop/secrets/web-tls") => (200, secret()),
         ("GET", p)

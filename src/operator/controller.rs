@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures_util::{future, StreamExt};
 use k8s_openapi::api::apps::v1::DaemonSetStatus;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use k8s_openapi::api::networking::v1::Ingress;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
@@ -34,7 +34,8 @@ use super::{conflicts, leader, FIELD_MANAGER};
 use crate::api::altsvc::{controller_of, IngressController};
 use crate::api::{reasons, Http3Listener, Http3ListenerStatus, SecretRef};
 use crate::config::kube::{
-    ingress_key, referenced_secrets, resolve_hosts, ResolvedHosts, SecretMap,
+    default_class, ingress_key, referenced_secrets, resolve_hosts, with_default_class,
+    ResolvedHosts, SecretMap,
 };
 
 /// How often a listener is reconciled without any change, to refresh the pods' reports.
@@ -72,6 +73,8 @@ pub struct Caches {
     pub ingresses: Store<Ingress>,
     /// All listeners (the controller's own store), for port conflicts between them.
     pub listeners: Store<Http3Listener>,
+    /// All IngressClasses: which one is the default.
+    pub classes: Store<IngressClass>,
     /// The Roles, RoleBindings and Services the operator made, for pruning.
     pub owned: OwnedStores,
 }
@@ -83,6 +86,7 @@ pub struct Context {
     pub pod_defaults: PodDefaults,
     pub ingresses: Store<Ingress>,
     pub listeners: Store<Http3Listener>,
+    pub classes: Store<IngressClass>,
     pub owned: OwnedStores,
     pub leader: watch::Receiver<bool>,
     pub reports: Arc<dyn ReportFetcher>,
@@ -109,6 +113,7 @@ impl Context {
             pod_defaults: PodDefaults::default(),
             ingresses: caches.ingresses,
             listeners: caches.listeners,
+            classes: caches.classes,
             owned: caches.owned,
             leader,
             reports,
@@ -121,6 +126,14 @@ impl Context {
     pub fn with_pod_defaults(mut self, pod: PodDefaults) -> Self {
         self.pod_defaults = pod;
         self
+    }
+
+    /// Every Ingress as the listeners see it: one without a class belongs to the default
+    /// IngressClass (the data plane counts them the same way).
+    pub fn ingresses(&self) -> Vec<Arc<Ingress>> {
+        let classes = self.classes.state();
+        let default = default_class(classes.iter().map(|c| c.as_ref()));
+        with_default_class(&self.ingresses.state(), default.as_deref())
     }
 
     /// Whether some listener references this Secret.
@@ -339,7 +352,7 @@ async fn observe_data_plane(
 /// The leader's reconciliation: apply the data plane, read its pods, write the status.
 async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<Action, Error> {
     let name = listener.name_any();
-    let ingresses = ctx.ingresses.state();
+    let ingresses = ctx.ingresses();
     let refs = referenced_secrets(listener, ingresses.iter().map(|i| i.as_ref()));
     ctx.secret_interest
         .lock()
@@ -531,6 +544,7 @@ pub async fn run_with(
     tokio::spawn(export_leadership(leader_rx.clone(), metrics.clone()));
     let (ingress_store, ingress_writer) = reflector::store::<Ingress>();
     let (listener_store, listener_writer) = reflector::store::<Http3Listener>();
+    let (class_store, class_writer) = reflector::store::<IngressClass>();
     let (owned, _owned_watches) = OwnedStores::start(&client, &opts.namespace);
     tokio::spawn(ready_once_filled(
         ingress_store.clone(),
@@ -548,6 +562,7 @@ pub async fn run_with(
             Caches {
                 ingresses: ingress_store,
                 listeners: listener_store.clone(),
+                classes: class_store,
                 owned,
             },
             leader_rx.clone(),
@@ -582,6 +597,7 @@ pub async fn run_with(
         listener_store,
     ))
     .reconcile_all_on(watches::secret_trigger(&client, ctx.clone()))
+    .reconcile_all_on(watches::class_trigger(&client, class_writer))
     .reconcile_all_on(stream_from_channel(any_listener_rx))
     .reconcile_all_on(
         tokio_stream_from_watch(leader_rx)
