@@ -213,7 +213,8 @@ pub async fn handle(
         }
     };
 
-    let (mut parts, mut body) = resp.into_parts();
+    let (mut parts, body) = resp.into_parts();
+    let mut body = super::batch::Batched::new(body, super::batch::DATA_BATCH_BYTES);
     request::sanitize_response_headers(&mut parts.headers);
     if !parts.headers.contains_key(header::ALT_SVC) {
         parts

@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod altsvc;
+pub mod batch;
 pub mod cc;
 pub mod handler;
 pub mod metrics;
