@@ -213,8 +213,7 @@ pub async fn handle(
         }
     };
 
-    let (mut parts, body) = resp.into_parts();
-    let mut body = super::batch::Batched::new(body, super::batch::DATA_BATCH_BYTES);
+    let (mut parts, mut body) = resp.into_parts();
     request::sanitize_response_headers(&mut parts.headers);
     if !parts.headers.contains_key(header::ALT_SVC) {
         parts

@@ -2,7 +2,6 @@
 
 pub mod admin;
 pub mod altsvc;
-pub mod batch;
 pub mod cc;
 pub mod handler;
 pub mod metrics;
