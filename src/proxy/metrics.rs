@@ -59,6 +59,7 @@ pub struct Metrics {
     pub connection_black_holes: IntCounter,
     pub handshake_losses_forgiven: IntCounter,
     pub random_losses_tolerated: IntCounter,
+    pub slow_start_delay_exits: IntCounter,
     pub socket_receive_buffer: IntGaugeVec,
     pub socket_receive_buffer_requested: IntGaugeVec,
     pub socket_send_buffer: IntGaugeVec,
@@ -213,6 +214,11 @@ impl Metrics {
             random_losses_tolerated: reg!(IntCounter::with_opts(opts(
                 "h3_ingress_congestion_random_losses_tolerated_total",
                 "Losses that cubic-hs-lt read as random (no queueing delay, low loss rate), not as congestion."
+            ))
+            .unwrap()),
+            slow_start_delay_exits: reg!(IntCounter::with_opts(opts(
+                "h3_ingress_congestion_slow_start_delay_exits_total",
+                "Initial slow starts that HyStart++ ended on a rising round-trip time, before any loss."
             ))
             .unwrap()),
             socket_receive_buffer: reg!(IntGaugeVec::new(
