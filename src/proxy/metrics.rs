@@ -113,6 +113,7 @@ pub struct Metrics {
     pub connection_black_holes: IntCounter,
     pub handshake_losses_forgiven: IntCounter,
     pub random_losses_tolerated: IntCounter,
+    pub slow_start_delay_exits: IntCounter,
     pub socket_receive_buffer: IntGaugeVec,
     pub socket_receive_buffer_requested: IntGaugeVec,
     pub socket_send_buffer: IntGaugeVec,
@@ -266,6 +267,11 @@ pub mod specs {
     pub const RANDOM_LOSSES_TOLERATED: Spec = spec(
         "h3_ingress_congestion_random_losses_tolerated_total",
         "Losses that cubic-hs-lt read as random (no queueing delay, low loss rate), not as congestion.",
+        &[],
+    );
+    pub const SLOW_START_DELAY_EXITS: Spec = spec(
+        "h3_ingress_congestion_slow_start_delay_exits_total",
+        "Initial slow starts that HyStart++ ended on a rising round-trip time, before any loss.",
         &[],
     );
     // Sockets.
@@ -426,6 +432,7 @@ impl Metrics {
             connection_black_holes: r.counter(&BLACK_HOLES),
             handshake_losses_forgiven: r.counter(&HANDSHAKE_LOSSES_FORGIVEN),
             random_losses_tolerated: r.counter(&RANDOM_LOSSES_TOLERATED),
+            slow_start_delay_exits: r.counter(&SLOW_START_DELAY_EXITS),
             socket_receive_buffer: r.gauge_vec(&RECEIVE_BUFFER),
             socket_receive_buffer_requested: r.gauge_vec(&RECEIVE_BUFFER_REQUESTED),
             socket_send_buffer: r.gauge_vec(&SEND_BUFFER),
