@@ -2,8 +2,8 @@
 //! survives a lost packet of the server's first flight, and the factory that picks the
 //! controller a listener asked for.
 //!
-//! Seed 004 is the reason this exists. nginx derives the slow-start threshold from the bytes in
-//! flight; when the tail of the handshake flight is lost and only found by a probe timeout,
+//! docs/field-reports.md, "004 cwnd pinned after one lost handshake packet", is the reason
+//! this exists. nginx derives the slow-start threshold from the bytes in flight; when the tail of the handshake flight is lost and only found by a probe timeout,
 //! nothing is in flight, so the window collapses to two packets and slow start never returns.
 //! Two changes answer it:
 //!
@@ -291,7 +291,8 @@ impl Recent {
     }
 }
 
-/// CUBIC with seed 004's fixes. See the module documentation.
+/// CUBIC with the fixes for field report 004 (docs/field-reports.md). See the module
+/// documentation.
 #[derive(Debug, Clone)]
 pub struct CubicHs {
     config: Arc<CubicHsConfig>,
@@ -628,8 +629,8 @@ impl Controller for CubicHs {
                 .stats
                 .handshake_losses_forgiven
                 .fetch_add(1, Ordering::Relaxed);
-            // The nginx debug line of seed 004 is how the collapse was found; keep the
-            // equivalent decision visible.
+            // An nginx debug line is how the collapse of field report 004 was found
+            // (docs/field-reports.md); keep the equivalent decision visible.
             tracing::debug!(
                 window = self.window,
                 lost_bytes,
@@ -707,7 +708,7 @@ mod tests {
         Duration::from_millis(n)
     }
 
-    /// Seed 004's scenario up to the moment the tail loss is declared: a six-datagram first
+    /// Field report 004's scenario (docs/field-reports.md) up to the moment the tail loss is declared: a six-datagram first
     /// flight at `t0`, the first five acknowledged one RTT later, the sixth found lost by the
     /// ACK of a PTO probe. Returns the time the loss is declared.
     fn replay_first_flight_tail_loss(cc: &mut CubicHs, t0: Instant, rtt: Duration) -> Instant {
@@ -730,7 +731,7 @@ mod tests {
     }
 
     #[test]
-    fn seed_004_tail_loss_of_first_flight_is_forgiven_and_later_loss_is_not() {
+    fn field_report_004_tail_loss_of_first_flight_is_forgiven_and_later_loss_is_not() {
         let (mut cc, stats) = cubic_hs();
         let t0 = Instant::now();
         let rtt = ms(200);
