@@ -324,7 +324,7 @@ impl<'a> Runner<'a> {
 
     /// Our proxy's counters from its /metrics inside the server namespace; `None` for other
     /// rows or when the scrape fails (the cell then simply has no proxy notes).
-    pub(super) fn proxy_stats(&self, row: &Row) -> Option<ProxyStats> {
+    fn proxy_stats(&self, row: &Row) -> Option<ProxyStats> {
         let ServerKind::Ours { metrics_port, .. } = &row.server else {
             return None;
         };

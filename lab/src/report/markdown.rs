@@ -187,6 +187,9 @@ fn write_header(m: &mut String, r: &BenchReport) {
 }
 
 fn write_table(m: &mut String, r: &BenchReport) {
+    if r.cases.iter().all(|c| c.competitor.is_some()) {
+        return;
+    }
     let _ = writeln!(
         m,
         "| Scen | Case | Row | n | median s | p90 s | max s | fail | ×h2 | notes |"

@@ -109,12 +109,6 @@ fn share_line(case: &Case, label: &str, cell: &Cell) -> String {
                 .collect::<String>()
         ));
     }
-    if let Some(p) = &cell.proxy {
-        notes.push(format!(
-            "proxy: lost {:.0}, cc events {:.0}, tolerated {:.0}",
-            p.lost_packets, p.congestion_events, p.random_losses_tolerated
-        ));
-    }
     let each: Vec<String> = cell.shares.iter().map(|x| f2(x.share())).collect();
     notes.push(format!("runs: {}", each.join(" ")));
     format!(
