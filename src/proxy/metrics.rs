@@ -28,12 +28,49 @@ pub mod upstream_error {
     pub const PROTOCOL: &str = "protocol";
 }
 
-/// Handshake results (`result` label).
+/// Handshake results (`result` label): how each connection attempt ended. `refused` and
+/// `retry` never started a handshake.
 pub mod handshake {
     pub const OK: &str = "ok";
     pub const UNKNOWN_SNI: &str = "unknown_sni";
     pub const FAILED: &str = "failed";
     pub const TIMEOUT: &str = "timeout";
+    pub const REFUSED: &str = "refused";
+    pub const RETRY: &str = "retry";
+    pub const ALL: [&str; 6] = [OK, UNKNOWN_SNI, FAILED, TIMEOUT, REFUSED, RETRY];
+}
+
+/// What each protective limit is called in `h3_ingress_limits_total{limit}`: one fixed list,
+/// every value exported from the start (at 0).
+pub mod limit {
+    // Connections and addresses.
+    /// A Retry sent to make an unvalidated address prove itself.
+    pub const RETRY: &str = "retry";
+    pub const HALF_OPEN: &str = "half_open";
+    pub const HALF_OPEN_PER_SOURCE: &str = "half_open_per_source";
+    pub const CONNECTIONS: &str = "connections";
+    pub const CONNECTIONS_PER_SOURCE: &str = "connections_per_source";
+    pub const HANDSHAKE_RATE: &str = "handshake_rate";
+    pub const HANDSHAKE_TIMEOUT: &str = "handshake_timeout";
+    /// GOAWAY sent because a connection reached `http.maxConnectionAgeSeconds`.
+    pub const CONNECTION_AGE: &str = "connection_age";
+    /// A datagram to an unvalidated address withheld to stay within 3x what it sent.
+    pub const AMPLIFICATION: &str = "amplification";
+    /// An Initial dropped because too many sources were awaiting a decision.
+    pub const INITIAL_BACKLOG: &str = "initial_backlog";
+
+    pub const ALL: [&str; 10] = [
+        RETRY,
+        HALF_OPEN,
+        HALF_OPEN_PER_SOURCE,
+        CONNECTIONS,
+        CONNECTIONS_PER_SOURCE,
+        HANDSHAKE_RATE,
+        HANDSHAKE_TIMEOUT,
+        CONNECTION_AGE,
+        AMPLIFICATION,
+        INITIAL_BACKLOG,
+    ];
 }
 
 /// Why a request was answered without reaching the upstream (`reason` label).
@@ -52,6 +89,8 @@ pub struct Metrics {
     pub rejected_requests: IntCounterVec,
     pub active_connections: IntGaugeVec,
     pub handshakes: IntCounterVec,
+    pub limits: IntCounterVec,
+    pub half_open_connections: IntGauge,
     pub body_bytes: IntCounterVec,
     pub connection_rtt: Histogram,
     pub connection_path_mtu: Histogram,
@@ -157,8 +196,18 @@ pub mod specs {
     );
     pub const HANDSHAKES: Spec = spec(
         "h3_ingress_handshakes_total",
-        "QUIC handshakes by result (ok, unknown_sni, failed, timeout).",
+        "QUIC connection attempts by result (ok, unknown_sni, failed, timeout; refused and retry started no handshake).",
         &["result"],
+    );
+    pub const LIMITS: Spec = spec(
+        "h3_ingress_limits_total",
+        "Times a protective limit acted, by limit (a refused attempt, a Retry, a timeout, a withheld datagram...).",
+        &["limit"],
+    );
+    pub const HALF_OPEN_CONNECTIONS: Spec = spec(
+        "h3_ingress_half_open_connections",
+        "QUIC handshakes in progress.",
+        &[],
     );
     pub const CONNECTION_RTT: Spec = histogram(
         "h3_ingress_connection_rtt_seconds",
@@ -350,6 +399,8 @@ impl Metrics {
             body_bytes: r.counter_vec(&BODY_BYTES),
             active_connections: r.gauge_vec(&ACTIVE_CONNECTIONS),
             handshakes: r.counter_vec(&HANDSHAKES),
+            limits: r.counter_vec(&LIMITS),
+            half_open_connections: r.gauge(&HALF_OPEN_CONNECTIONS),
             connection_rtt: r.histogram(&CONNECTION_RTT),
             connection_path_mtu: r.histogram(&CONNECTION_PATH_MTU),
             connection_lost_packets: r.counter(&LOST_PACKETS),
@@ -372,6 +423,12 @@ impl Metrics {
             udp_sockets,
             registry,
         };
+        for result in handshake::ALL {
+            m.handshakes.with_label_values(&[result]);
+        }
+        for l in limit::ALL {
+            m.limits.with_label_values(&[l]);
+        }
         Arc::new(m)
     }
 

@@ -5,17 +5,22 @@
 //! - [`server`]: the wiring of a running proxy, live updates and the drain
 //! - [`state`]: what the running proxy's tasks share (a leaf: it uses none of them)
 //! - [`endpoint`], [`socket`], [`transport`], [`cc`], [`tls`]: sockets to QUIC endpoints
-//! - [`accept`]: the accept loop and each connection's task
+//! - [`accept`]: the accept loop and each connection's task; [`admission`] decides on each
+//!   attempt (Retry, caps), [`amplification`] keeps replies to unvalidated addresses within
+//!   3x, [`keys`] makes the endpoint's identity survive restarts
 //! - [`handler`], [`request`], [`body`], [`upstream`]: one request, phase by phase
 //! - [`admin`], [`metrics`], [`procnet`], [`altsvc`], [`window`]: what the proxy reports
 
 pub mod accept;
 pub mod admin;
+pub mod admission;
 pub mod altsvc;
+pub mod amplification;
 pub mod body;
 pub mod cc;
 pub mod endpoint;
 pub mod handler;
+pub mod keys;
 pub mod metrics;
 pub mod procnet;
 pub mod request;
@@ -48,6 +53,8 @@ pub enum ProxyError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Keys(#[from] keys::KeyError),
     #[error("metrics endpoint {addr}: {source}")]
     Admin {
         addr: SocketAddr,
