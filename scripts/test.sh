@@ -36,4 +36,9 @@ for extra in tests/manifests/validate.sh tests/observe/run.sh; do
     fi
 done
 
+# Attacks on the static release binary (built by tests/observe/run.sh above; built here when
+# missing) with default settings: each attack bounded, one table printed.
+step "tests/adversarial/run.sh (attacks on the release binary, default settings)"
+tests/adversarial/run.sh
+
 step "all checks passed"

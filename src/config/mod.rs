@@ -98,7 +98,9 @@ pub struct UpstreamConfig {
     pub verify: UpstreamVerify,
     pub proxy_protocol: bool,
     pub connect_timeout: Duration,
+    /// Counted from the end of the request body.
     pub response_timeout: Duration,
+    pub response_body_idle_timeout: Duration,
 }
 
 /// The validated configuration the data plane runs.
@@ -274,6 +276,7 @@ pub fn build(
     transport(settings.transport, &mut errs);
     http(settings.http, &mut errs);
     connections(settings.address_validation, settings.limits, &mut errs);
+    limits(settings.limits, settings.http, &mut errs);
     let metrics_address = metrics_address(settings.metrics, &mut errs);
 
     if !errs.list.is_empty() {
@@ -373,6 +376,10 @@ fn upstream(u: &Upstream, errs: &mut Errors) -> Option<UpstreamConfig> {
     }
     errs.check(bounds::CONNECT_TIMEOUT_SECONDS, u.connect_timeout_seconds);
     errs.check(bounds::RESPONSE_TIMEOUT_SECONDS, u.response_timeout_seconds);
+    errs.check(
+        bounds::RESPONSE_BODY_IDLE_TIMEOUT_SECONDS,
+        u.response_body_idle_timeout_seconds,
+    );
     Some(UpstreamConfig {
         address: address?,
         tls: u.tls,
@@ -380,6 +387,9 @@ fn upstream(u: &Upstream, errs: &mut Errors) -> Option<UpstreamConfig> {
         proxy_protocol: u.proxy_protocol,
         connect_timeout: Duration::from_secs(u.connect_timeout_seconds.into()),
         response_timeout: Duration::from_secs(u.response_timeout_seconds.into()),
+        response_body_idle_timeout: Duration::from_secs(
+            u.response_body_idle_timeout_seconds.into(),
+        ),
     })
 }
 
@@ -423,12 +433,63 @@ fn http(h: &HttpSettings, errs: &mut Errors) {
     );
     errs.check(bounds::DRAIN_TIMEOUT_SECONDS, h.drain_timeout_seconds);
     errs.check(
+        bounds::REQUEST_HEADERS_TIMEOUT_SECONDS,
+        h.request_headers_timeout_seconds,
+    );
+    errs.check(
+        bounds::REQUEST_BODY_IDLE_TIMEOUT_SECONDS,
+        h.request_body_idle_timeout_seconds,
+    );
+    errs.check(bounds::MAX_CONTROL_FRAME_BYTES, h.max_control_frame_bytes);
+    errs.check(
         bounds::MAX_CONNECTION_AGE_SECONDS,
         h.max_connection_age_seconds,
     );
 }
 
-/// `addressValidation` and `limits`: who may start a handshake, and how many may run.
+/// `limits`: the buffered-request budget and its shares, which must nest.
+fn limits(l: &LimitsSettings, h: &HttpSettings, errs: &mut Errors) {
+    errs.check(bounds::BUFFERED_REQUEST_BYTES, l.buffered_request_bytes);
+    errs.check(
+        bounds::BUFFERED_REQUEST_BYTES_PER_CONNECTION,
+        l.buffered_request_bytes_per_connection,
+    );
+    errs.check(
+        bounds::BUFFERED_REQUEST_BYTES_PER_STREAM,
+        l.buffered_request_bytes_per_stream,
+    );
+    if l.buffered_request_bytes_per_connection > l.buffered_request_bytes {
+        errs.push(
+            bounds::BUFFERED_REQUEST_BYTES_PER_CONNECTION.field,
+            format!(
+                "{} is larger than limits.bufferedRequestBytes ({})",
+                l.buffered_request_bytes_per_connection, l.buffered_request_bytes
+            ),
+        );
+    }
+    if l.buffered_request_bytes_per_stream > l.buffered_request_bytes_per_connection {
+        errs.push(
+            bounds::BUFFERED_REQUEST_BYTES_PER_STREAM.field,
+            format!(
+                "{} is larger than limits.bufferedRequestBytesPerConnection ({})",
+                l.buffered_request_bytes_per_stream, l.buffered_request_bytes_per_connection
+            ),
+        );
+    }
+    // A header section the proxy advertises it accepts must fit the share of its stream.
+    if l.buffered_request_bytes_per_stream < u64::from(h.max_field_section_size_bytes) {
+        errs.push(
+            bounds::BUFFERED_REQUEST_BYTES_PER_STREAM.field,
+            format!(
+                "{} is smaller than http.maxFieldSectionSizeBytes ({})",
+                l.buffered_request_bytes_per_stream, h.max_field_section_size_bytes
+            ),
+        );
+    }
+}
+
+/// `addressValidation` and the connection caps of `limits`: who may start a handshake, and
+/// how many may run.
 fn connections(v: &AddressValidationSettings, l: &LimitsSettings, errs: &mut Errors) {
     errs.check(bounds::HALF_OPEN_THRESHOLD, v.half_open_threshold);
     errs.check(bounds::HALF_OPEN_CONNECTIONS, l.half_open_connections);

@@ -21,9 +21,11 @@ use tracing::{debug, info_span, Instrument};
 use super::admission::{Attempt, Policy, Ticket, Verdict};
 use super::amplification::CLOSING_TTL;
 use super::cc;
+use super::frames;
 use super::handler::{self, ConnCtx};
 use super::metrics::{handshake, limit, Metrics};
 use super::state::Shared;
+use super::streams::{self, ConnStreams, StreamLimits};
 use crate::api::HttpSettings;
 
 /// Accepts connections on `endpoint` until it closes or `drain` is cancelled; each one runs
@@ -167,6 +169,21 @@ async fn handshake(
     Some(conn)
 }
 
+/// The streams of `conn` under the limits of the configuration current when it started.
+fn conn_streams(conn: &quinn::Connection, shared: &Shared) -> Arc<ConnStreams> {
+    let gen = shared.current.load();
+    let http = &gen.config.http;
+    let limits = StreamLimits {
+        frames: frames::Limits {
+            headers: http.max_field_section_size_bytes.into(),
+            control: http.max_control_frame_bytes.into(),
+        },
+        headers_timeout: Duration::from_secs(http.request_headers_timeout_seconds.into()),
+    };
+    let budget = shared.budget.connection(&gen.config.limits);
+    ConnStreams::new(conn.clone(), shared.metrics.clone(), budget, limits)
+}
+
 fn conn_ctx(
     conn: &quinn::Connection,
     remote: SocketAddr,
@@ -188,6 +205,7 @@ fn conn_ctx(
         local: SocketAddr::new(local_ip, shared.port),
         sni,
         upstream_cache: Mutex::new(None),
+        streams: conn_streams(conn, shared),
     }
 }
 
@@ -221,7 +239,7 @@ async fn connection(
         .max_field_section_size_bytes as u64;
     let built = h3::server::builder()
         .max_field_section_size(max_field)
-        .build::<_, Bytes>(h3_quinn::Connection::new(conn.clone()))
+        .build::<_, Bytes>(streams::Connection::new(ctx.streams.clone()))
         .await;
     let life = lifetime(&gen.config.http, jitter());
     match built {
@@ -231,7 +249,7 @@ async fn connection(
     record_stats(&conn, &m);
 }
 
-type H3Conn = h3::server::Connection<h3_quinn::Connection, Bytes>;
+type H3Conn = h3::server::Connection<streams::Connection, Bytes>;
 
 /// HTTP/3's "no error" code, for closing a connection that reached its maximum age.
 const H3_NO_ERROR: u32 = 0x100;
@@ -318,7 +336,12 @@ async fn serve_requests(
             }
             r = h3conn.accept() => match r {
                 Ok(Some(resolver)) => {
-                    requests.spawn(handler::handle(resolver, ctx.clone()).in_current_span());
+                    let Some(handle) = ctx.streams.take(resolver.frame_stream.id()) else {
+                        // Every accepted request stream registers one; never reached.
+                        continue;
+                    };
+                    let request = handler::handle(resolver, handle, ctx.clone());
+                    requests.spawn(request.in_current_span());
                 }
                 Ok(None) => break,
                 Err(e) => {

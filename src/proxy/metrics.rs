@@ -40,9 +40,31 @@ pub mod handshake {
     pub const ALL: [&str; 6] = [OK, UNKNOWN_SNI, FAILED, TIMEOUT, REFUSED, RETRY];
 }
 
-/// What each protective limit is called in `h3_ingress_limits_total{limit}`: one fixed list,
-/// every value exported from the start (at 0).
+/// Why a request was answered without reaching the upstream (`reason` label).
+pub mod rejected {
+    pub const MALFORMED: &str = "malformed";
+    pub const MISDIRECTED: &str = "misdirected";
+    pub const HEADERS_TOO_LARGE: &str = "headers_too_large";
+    pub const CONTENT_LENGTH: &str = "content_length_mismatch";
+    /// Refused with 503 because the buffered-request budget was exhausted.
+    pub const OVERLOADED: &str = "overloaded";
+}
+
+/// Which limit acted (`limit` label of `h3_ingress_limits_total`): one value per limit, each
+/// initialised to 0. docs/reliability.md lists the setting behind each.
 pub mod limit {
+    /// A HEADERS frame (or trailers) declared longer than `http.maxFieldSectionSizeBytes`.
+    pub const HEADERS_FRAME: &str = "headers_frame";
+    /// Another frame (SETTINGS, GOAWAY, ...) longer than `http.maxControlFrameBytes`.
+    pub const CONTROL_FRAME: &str = "control_frame";
+    pub const REQUEST_HEADERS_TIMEOUT: &str = "request_headers_timeout";
+    pub const REQUEST_BODY_IDLE_TIMEOUT: &str = "request_body_idle_timeout";
+    pub const RESPONSE_TIMEOUT: &str = "response_timeout";
+    pub const RESPONSE_BODY_IDLE_TIMEOUT: &str = "response_body_idle_timeout";
+    /// `limits.bufferedRequestBytes`, the process-wide budget, was exhausted.
+    pub const BUFFERED_REQUEST_BYTES: &str = "buffered_request_bytes";
+    pub const BUFFERED_REQUEST_BYTES_PER_CONNECTION: &str = "buffered_request_bytes_per_connection";
+    pub const BUFFERED_REQUEST_BYTES_PER_STREAM: &str = "buffered_request_bytes_per_stream";
     // Connections and addresses.
     /// A Retry sent to make an unvalidated address prove itself.
     pub const RETRY: &str = "retry";
@@ -59,7 +81,16 @@ pub mod limit {
     /// An Initial dropped because too many sources were awaiting a decision.
     pub const INITIAL_BACKLOG: &str = "initial_backlog";
 
-    pub const ALL: [&str; 10] = [
+    pub const ALL: &[&str] = &[
+        HEADERS_FRAME,
+        CONTROL_FRAME,
+        REQUEST_HEADERS_TIMEOUT,
+        REQUEST_BODY_IDLE_TIMEOUT,
+        RESPONSE_TIMEOUT,
+        RESPONSE_BODY_IDLE_TIMEOUT,
+        BUFFERED_REQUEST_BYTES,
+        BUFFERED_REQUEST_BYTES_PER_CONNECTION,
+        BUFFERED_REQUEST_BYTES_PER_STREAM,
         RETRY,
         HALF_OPEN,
         HALF_OPEN_PER_SOURCE,
@@ -73,23 +104,16 @@ pub mod limit {
     ];
 }
 
-/// Why a request was answered without reaching the upstream (`reason` label).
-pub mod rejected {
-    pub const MALFORMED: &str = "malformed";
-    pub const MISDIRECTED: &str = "misdirected";
-    pub const HEADERS_TOO_LARGE: &str = "headers_too_large";
-    pub const CONTENT_LENGTH: &str = "content_length_mismatch";
-}
-
 pub struct Metrics {
     registry: Registry,
+    pub limits: IntCounterVec,
+    pub buffered_request_bytes: IntGauge,
     pub requests: IntCounterVec,
     pub request_duration: HistogramVec,
     pub upstream_errors: IntCounterVec,
     pub rejected_requests: IntCounterVec,
     pub active_connections: IntGaugeVec,
     pub handshakes: IntCounterVec,
-    pub limits: IntCounterVec,
     pub half_open_connections: IntGauge,
     pub body_bytes: IntCounterVec,
     pub connection_rtt: Histogram,
@@ -183,6 +207,16 @@ pub mod specs {
         "Requests answered without reaching the upstream, by reason.",
         &["reason"],
     );
+    pub const LIMITS: Spec = spec(
+        "h3_ingress_limits_total",
+        "Times a protective limit acted (a frame refused, a timeout fired, the request budget was exhausted, a connection attempt retried or refused, a datagram withheld), by limit.",
+        &["limit"],
+    );
+    pub const BUFFERED_REQUEST_BYTES: Spec = spec(
+        "h3_ingress_buffered_request_bytes",
+        "Request bytes (header sections, read-ahead bodies) currently held against limits.bufferedRequestBytes.",
+        &[],
+    );
     pub const BODY_BYTES: Spec = spec(
         "h3_ingress_body_bytes_total",
         "Request (upload) and response (download) body bytes proxied.",
@@ -198,11 +232,6 @@ pub mod specs {
         "h3_ingress_handshakes_total",
         "QUIC connection attempts by result (ok, unknown_sni, failed, timeout; refused and retry started no handshake).",
         &["result"],
-    );
-    pub const LIMITS: Spec = spec(
-        "h3_ingress_limits_total",
-        "Times a protective limit acted, by limit (a refused attempt, a Retry, a timeout, a withheld datagram...).",
-        &["limit"],
     );
     pub const HALF_OPEN_CONNECTIONS: Spec = spec(
         "h3_ingress_half_open_connections",
@@ -391,7 +420,13 @@ impl Metrics {
         r.gauge_vec(&BUILD_INFO)
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
+        let limits = r.counter_vec(&LIMITS);
+        for l in limit::ALL {
+            limits.with_label_values(&[l]);
+        }
         let m = Metrics {
+            limits,
+            buffered_request_bytes: r.gauge(&BUFFERED_REQUEST_BYTES),
             requests: r.counter_vec(&REQUESTS),
             request_duration: r.histogram_vec(&REQUEST_DURATION),
             upstream_errors: r.counter_vec(&UPSTREAM_ERRORS),
@@ -399,7 +434,6 @@ impl Metrics {
             body_bytes: r.counter_vec(&BODY_BYTES),
             active_connections: r.gauge_vec(&ACTIVE_CONNECTIONS),
             handshakes: r.counter_vec(&HANDSHAKES),
-            limits: r.counter_vec(&LIMITS),
             half_open_connections: r.gauge(&HALF_OPEN_CONNECTIONS),
             connection_rtt: r.histogram(&CONNECTION_RTT),
             connection_path_mtu: r.histogram(&CONNECTION_PATH_MTU),
@@ -426,10 +460,12 @@ impl Metrics {
         for result in handshake::ALL {
             m.handshakes.with_label_values(&[result]);
         }
-        for l in limit::ALL {
-            m.limits.with_label_values(&[l]);
-        }
         Arc::new(m)
+    }
+
+    /// Counts one action of the limit `l` (a [`limit`] value).
+    pub fn limit(&self, l: &str) {
+        self.limits.with_label_values(&[l]).inc();
     }
 
     /// The text exposition of every registered metric.

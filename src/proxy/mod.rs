@@ -8,7 +8,10 @@
 //! - [`accept`]: the accept loop and each connection's task; [`admission`] decides on each
 //!   attempt (Retry, caps), [`amplification`] keeps replies to unvalidated addresses within
 //!   3x, [`keys`] makes the endpoint's identity survive restarts
+//! - [`streams`], [`frames`], [`budget`]: the QUIC streams under h3, frame limits, the
+//!   buffered-request budget
 //! - [`handler`], [`request`], [`body`], [`upstream`]: one request, phase by phase
+//! - [`logs`]: the rate limiter of every log line a client or the upstream can cause
 //! - [`admin`], [`metrics`], [`procnet`], [`altsvc`], [`window`]: what the proxy reports
 
 pub mod accept;
@@ -17,10 +20,13 @@ pub mod admission;
 pub mod altsvc;
 pub mod amplification;
 pub mod body;
+pub mod budget;
 pub mod cc;
 pub mod endpoint;
+pub mod frames;
 pub mod handler;
 pub mod keys;
+pub mod logs;
 pub mod metrics;
 pub mod procnet;
 pub mod request;
@@ -29,6 +35,7 @@ pub mod server;
 pub mod socket;
 pub mod source;
 pub mod state;
+pub mod streams;
 pub mod tls;
 pub mod transport;
 pub mod upstream;

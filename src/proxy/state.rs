@@ -15,6 +15,7 @@ use http::HeaderValue;
 
 use super::admission::Admission;
 use super::amplification::Guard;
+use super::budget::Budget;
 use super::cc::CcStats;
 use super::metrics::{limit, Metrics};
 use super::request;
@@ -63,6 +64,8 @@ pub struct Shared {
     pub current: ArcSwap<Generation>,
     pub metrics: Arc<Metrics>,
     pub cc_stats: Arc<CcStats>,
+    /// The buffered-request budget of the process (`limits.bufferedRequestBytes`).
+    pub budget: Arc<Budget>,
     /// The UDP port actually bound (differs from the config only when it asked for 0).
     pub port: u16,
     sockets: Vec<SocketEntry>,
@@ -92,10 +95,15 @@ impl Shared {
         let admission = Admission::new(metrics.half_open_connections.clone());
         let limits = |l: &str| metrics.limits.with_label_values(&[l]);
         let guard = Guard::new(limits(limit::AMPLIFICATION), limits(limit::INITIAL_BACKLOG));
+        let budget = Budget::new(
+            first.config.limits.buffered_request_bytes,
+            metrics.buffered_request_bytes.clone(),
+        );
         Self {
             current: ArcSwap::from_pointee(first),
             metrics,
             cc_stats,
+            budget,
             port,
             sockets,
             restart_required: Mutex::new(Vec::new()),
