@@ -83,7 +83,10 @@ fn admit(
             let conn = connection(incoming, ticket, family, shared.clone(), drain.clone());
             tracker.spawn(conn.instrument(span));
         }
-        Verdict::Retry => {
+        Verdict::Retry(cap) => {
+            if let Some(cap) = cap {
+                m.limits.with_label_values(&[cap.label()]).inc();
+            }
             count(limit::RETRY, handshake::RETRY);
             // `decide` retries only when `may_retry()`, so this cannot fail; refuse if it did.
             if let Err(e) = incoming.retry() {

@@ -6,7 +6,13 @@
 //! first: an unvalidated address is retried in `always` mode, or in `auto` mode while
 //! `halfOpenThreshold` handshakes are in progress. Spoofed sources never answer a Retry, so
 //! under a spoofed flood at most `halfOpenThreshold` of them hold state (until the handshake
-//! timeout). Everything that gets past that is held to the caps, and refused above one.
+//! timeout).
+//!
+//! Above a cap, an address that has proven itself is refused (CONNECTION_REFUSED); one that
+//! has not gets a Retry instead (unless the mode is `never`). A refusal is what a spoofer
+//! would want: sending Initials in the name of someone else's address would get that
+//! address refused. A Retry costs the real owner one round trip, and once it comes back
+//! validated it is counted apart from the unvalidated attempts made in its name.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -42,8 +48,9 @@ impl Limit {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
     Accept,
-    /// Ask the client to prove its address first (QUIC Retry).
-    Retry,
+    /// Ask the client to prove its address first (QUIC Retry): under load, or because of
+    /// this cap.
+    Retry(Option<Limit>),
     /// CONNECTION_REFUSED, because of this cap.
     Refuse(Limit),
 }
@@ -114,14 +121,37 @@ impl TokenBucket {
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Count {
-    half_open: u32,
+    /// Handshakes in progress of clients that proved their address.
+    half_open_validated: u32,
+    /// Handshakes in progress of addresses nobody proved (possibly spoofed).
+    half_open_unvalidated: u32,
+    /// Connections, established or in handshake.
     connections: u32,
+}
+
+impl Count {
+    fn half_open(&self, validated: bool) -> u32 {
+        if validated {
+            self.half_open_validated
+        } else {
+            self.half_open_unvalidated
+        }
+    }
+
+    fn half_open_mut(&mut self, validated: bool) -> &mut u32 {
+        if validated {
+            &mut self.half_open_validated
+        } else {
+            &mut self.half_open_unvalidated
+        }
+    }
 }
 
 /// The counters every decision reads. Pure: time comes in as an argument.
 #[derive(Debug)]
 pub struct State {
-    total: Count,
+    half_open: u32,
+    connections: u32,
     per_source: HashMap<IpAddr, Count>,
     bucket: TokenBucket,
 }
@@ -129,7 +159,8 @@ pub struct State {
 impl Default for State {
     fn default() -> Self {
         Self {
-            total: Count::default(),
+            half_open: 0,
+            connections: 0,
             per_source: HashMap::new(),
             bucket: TokenBucket {
                 tokens: 0.0,
@@ -142,54 +173,68 @@ impl Default for State {
 impl State {
     /// Decides on `a` and, when accepted, counts it as a half-open connection of its source.
     pub fn decide(&mut self, p: Policy<'_>, a: Attempt, now: Instant) -> Decision {
-        let retry = match p.validation.mode {
-            AddressValidationMode::Always => true,
-            AddressValidationMode::Auto => self.total.half_open >= p.validation.half_open_threshold,
-            AddressValidationMode::Never => false,
-        };
-        if retry && !a.validated && a.may_retry {
-            return Decision::Retry;
+        let mode = p.validation.mode;
+        // quinn guarantees `may_retry` for an unvalidated address; checked anyway.
+        let may_retry = !a.validated && a.may_retry && mode != AddressValidationMode::Never;
+        let busy = self.half_open >= p.validation.half_open_threshold;
+        if may_retry && (mode == AddressValidationMode::Always || busy) {
+            return Decision::Retry(None);
         }
         let key = source_key(a.source, p.limits);
         let source = self.per_source.get(&key).copied().unwrap_or_default();
-        let l = p.limits;
-        let refused = if self.total.connections >= l.connections {
+        if let Some(cap) = self.cap(p.limits, &source, a.validated, now) {
+            return if may_retry {
+                Decision::Retry(Some(cap))
+            } else {
+                Decision::Refuse(cap)
+            };
+        }
+        let c = self.per_source.entry(key).or_default();
+        *c.half_open_mut(a.validated) += 1;
+        c.connections += 1;
+        self.half_open += 1;
+        self.connections += 1;
+        Decision::Accept
+    }
+
+    /// The first cap a new handshake from `source` would exceed; takes a token when none.
+    fn cap(
+        &mut self,
+        l: &LimitsSettings,
+        source: &Count,
+        validated: bool,
+        now: Instant,
+    ) -> Option<Limit> {
+        if self.connections >= l.connections {
             Some(Limit::Connections)
         } else if source.connections >= l.connections_per_source {
             Some(Limit::ConnectionsPerSource)
-        } else if self.total.half_open >= l.half_open_connections {
+        } else if self.half_open >= l.half_open_connections {
             Some(Limit::HalfOpen)
-        } else if source.half_open >= l.half_open_connections_per_source {
+        } else if source.half_open(validated) >= l.half_open_connections_per_source {
             Some(Limit::HalfOpenPerSource)
         } else if !self.bucket.take(l.handshakes_per_second, now) {
             Some(Limit::HandshakeRate)
         } else {
             None
-        };
-        if let Some(limit) = refused {
-            return Decision::Refuse(limit);
         }
-        let c = self.per_source.entry(key).or_default();
-        c.half_open += 1;
-        c.connections += 1;
-        self.total.half_open += 1;
-        self.total.connections += 1;
-        Decision::Accept
     }
 
-    fn established(&mut self, key: IpAddr) {
-        self.total.half_open -= 1;
+    fn established(&mut self, key: IpAddr, validated: bool) {
+        self.half_open -= 1;
         if let Some(c) = self.per_source.get_mut(&key) {
-            c.half_open -= 1;
+            *c.half_open_mut(validated) -= 1;
         }
     }
 
-    fn ended(&mut self, key: IpAddr, half_open: bool) {
-        self.total.connections -= 1;
-        self.total.half_open -= u32::from(half_open);
+    fn ended(&mut self, key: IpAddr, half_open: Option<bool>) {
+        self.connections -= 1;
+        self.half_open -= u32::from(half_open.is_some());
         if let Some(c) = self.per_source.get_mut(&key) {
             c.connections -= 1;
-            c.half_open -= u32::from(half_open);
+            if let Some(validated) = half_open {
+                *c.half_open_mut(validated) -= 1;
+            }
             if c.connections == 0 {
                 self.per_source.remove(&key);
             }
@@ -197,11 +242,11 @@ impl State {
     }
 
     pub fn half_open(&self) -> u32 {
-        self.total.half_open
+        self.half_open
     }
 
     pub fn connections(&self) -> u32 {
-        self.total.connections
+        self.connections
     }
 
     /// Sources with at least one connection (bounded by `limits.connections`).
@@ -214,7 +259,7 @@ impl State {
 #[derive(Debug)]
 pub enum Verdict {
     Accept(Ticket),
-    Retry,
+    Retry(Option<Limit>),
     Refuse(Limit),
 }
 
@@ -246,9 +291,9 @@ impl Admission {
             Decision::Accept => Verdict::Accept(Ticket {
                 admission: self.clone(),
                 key: source_key(a.source, p.limits),
-                half_open: true,
+                half_open: Some(a.validated),
             }),
-            Decision::Retry => Verdict::Retry,
+            Decision::Retry(cap) => Verdict::Retry(cap),
             Decision::Refuse(l) => Verdict::Refuse(l),
         }
     }
@@ -265,13 +310,14 @@ impl Admission {
 pub struct Ticket {
     admission: Arc<Admission>,
     key: IpAddr,
-    half_open: bool,
+    /// While half-open: whether the address was validated.
+    half_open: Option<bool>,
 }
 
 impl Ticket {
     pub fn established(&mut self) {
-        if std::mem::take(&mut self.half_open) {
-            self.admission.with(|s| s.established(self.key));
+        if let Some(validated) = self.half_open.take() {
+            self.admission.with(|s| s.established(self.key, validated));
         }
     }
 }
@@ -307,12 +353,16 @@ mod tests {
         }
     }
 
+    fn mode(mode: AddressValidationMode, half_open_threshold: u32) -> AddressValidationSettings {
+        AddressValidationSettings {
+            mode,
+            half_open_threshold,
+        }
+    }
+
     #[test]
     fn auto_mode_retries_unvalidated_sources_once_the_threshold_is_reached() {
-        let v = AddressValidationSettings {
-            half_open_threshold: 2,
-            ..Default::default()
-        };
+        let v = mode(AddressValidationMode::Auto, 2);
         let l = limits();
         let p = Policy {
             validation: &v,
@@ -323,21 +373,19 @@ mod tests {
         assert_eq!(s.decide(p, attempt("10.0.0.1", false), t), Decision::Accept);
         assert_eq!(s.decide(p, attempt("10.0.0.2", false), t), Decision::Accept);
         // Two handshakes in progress: the next unvalidated source gets a Retry...
-        assert_eq!(s.decide(p, attempt("10.0.0.3", false), t), Decision::Retry);
+        assert_eq!(
+            s.decide(p, attempt("10.0.0.3", false), t),
+            Decision::Retry(None)
+        );
         // ...and once it proves its address, it is accepted.
         assert_eq!(s.decide(p, attempt("10.0.0.3", true), t), Decision::Accept);
-        // A client that was retried already cannot be retried again.
-        let retried = Attempt {
-            may_retry: false,
-            ..attempt("10.0.0.4", false)
-        };
-        assert_eq!(s.decide(p, retried, t), Decision::Accept);
+        assert_eq!(s.decide(p, attempt("10.0.0.4", true), t), Decision::Accept);
         // The global half-open cap (4) refuses even validated clients.
         assert_eq!(
             s.decide(p, attempt("10.0.0.5", true), t),
             Decision::Refuse(Limit::HalfOpen)
         );
-        s.established("10.0.0.1".parse().unwrap());
+        s.established("10.0.0.1".parse().unwrap(), false);
         assert_eq!(s.decide(p, attempt("10.0.0.5", true), t), Decision::Accept);
         assert_eq!((s.half_open(), s.connections()), (4, 5));
     }
@@ -345,24 +393,16 @@ mod tests {
     #[test]
     fn always_and_never() {
         let l = limits();
-        let always = AddressValidationSettings {
-            mode: AddressValidationMode::Always,
-            ..Default::default()
-        };
-        let never = AddressValidationSettings {
-            mode: AddressValidationMode::Never,
-            half_open_threshold: 1,
-        };
+        let always = mode(AddressValidationMode::Always, 64);
+        let never = mode(AddressValidationMode::Never, 1);
         let mut s = State::default();
         let t = Instant::now();
         let p = |v| Policy {
             validation: v,
             limits: &l,
         };
-        assert_eq!(
-            s.decide(p(&always), attempt("10.0.0.1", false), t),
-            Decision::Retry
-        );
+        let retry = Decision::Retry(None);
+        assert_eq!(s.decide(p(&always), attempt("10.0.0.1", false), t), retry);
         assert_eq!(
             s.decide(p(&always), attempt("10.0.0.1", true), t),
             Decision::Accept
@@ -372,17 +412,47 @@ mod tests {
             Decision::Accept
         );
         assert_eq!(
-            s.decide(p(&never), attempt("10.0.0.3", false), t),
+            s.decide(p(&never), attempt("10.0.0.2", false), t),
             Decision::Accept
+        );
+        // Without Retry, a cap refuses unvalidated addresses too.
+        assert_eq!(
+            s.decide(p(&never), attempt("10.0.0.2", false), t),
+            Decision::Refuse(Limit::HalfOpenPerSource)
+        );
+    }
+
+    #[test]
+    fn a_spoofed_flood_in_the_name_of_an_address_does_not_lock_its_owner_out() {
+        let v = mode(AddressValidationMode::Auto, 64);
+        let l = LimitsSettings {
+            half_open_connections: 1000,
+            connections: 1000,
+            ..limits()
+        };
+        let p = Policy {
+            validation: &v,
+            limits: &l,
+        };
+        let mut s = State::default();
+        let t = Instant::now();
+        let victim = "192.0.2.7";
+        // Spoofed Initials fill the source's unvalidated share, then get Retries, not refusals.
+        assert_eq!(s.decide(p, attempt(victim, false), t), Decision::Accept);
+        assert_eq!(s.decide(p, attempt(victim, false), t), Decision::Accept);
+        let capped = Decision::Retry(Some(Limit::HalfOpenPerSource));
+        assert_eq!(s.decide(p, attempt(victim, false), t), capped);
+        // The real owner answers the Retry and gets in.
+        assert_eq!(s.decide(p, attempt(victim, true), t), Decision::Accept);
+        assert_eq!(
+            s.decide(p, attempt(victim, true), t),
+            Decision::Refuse(Limit::ConnectionsPerSource)
         );
     }
 
     #[test]
     fn per_source_caps_count_the_prefix() {
-        let v = AddressValidationSettings {
-            mode: AddressValidationMode::Never,
-            ..Default::default()
-        };
+        let v = mode(AddressValidationMode::Never, 64);
         let l = LimitsSettings {
             half_open_connections: 100,
             connections: 100,
@@ -396,45 +466,42 @@ mod tests {
         let t = Instant::now();
         // Two addresses of one /64 are one source.
         assert_eq!(
-            s.decide(p, attempt("2001:db8::1", false), t),
+            s.decide(p, attempt("2001:db8::1", true), t),
             Decision::Accept
         );
         assert_eq!(
-            s.decide(p, attempt("2001:db8::2", false), t),
+            s.decide(p, attempt("2001:db8::2", true), t),
             Decision::Accept
         );
         assert_eq!(
-            s.decide(p, attempt("2001:db8::3", false), t),
+            s.decide(p, attempt("2001:db8::3", true), t),
             Decision::Refuse(Limit::HalfOpenPerSource)
         );
         assert_eq!(
-            s.decide(p, attempt("2001:db8:1::1", false), t),
+            s.decide(p, attempt("2001:db8:1::1", true), t),
             Decision::Accept
         );
         let key = source_key("2001:db8::9".parse().unwrap(), &l);
-        s.established(key);
-        s.established(key);
+        s.established(key, true);
+        s.established(key, true);
         assert_eq!(
-            s.decide(p, attempt("2001:db8::4", false), t),
+            s.decide(p, attempt("2001:db8::4", true), t),
             Decision::Accept
         );
         // Three connections from the /64: the per-source connection cap.
         assert_eq!(
-            s.decide(p, attempt("2001:db8::5", false), t),
+            s.decide(p, attempt("2001:db8::5", true), t),
             Decision::Refuse(Limit::ConnectionsPerSource)
         );
-        s.ended(key, false);
-        s.ended(key, false);
-        s.ended(key, true);
+        s.ended(key, None);
+        s.ended(key, None);
+        s.ended(key, Some(true));
         assert_eq!((s.sources(), s.connections()), (1, 1));
     }
 
     #[test]
     fn the_global_connection_cap_and_the_handshake_rate() {
-        let v = AddressValidationSettings {
-            mode: AddressValidationMode::Never,
-            ..Default::default()
-        };
+        let v = mode(AddressValidationMode::Auto, 900);
         let l = LimitsSettings {
             half_open_connections: 1000,
             half_open_connections_per_source: 1000,
@@ -457,6 +524,10 @@ mod tests {
         assert_eq!(
             s.decide(p, attempt("10.2.0.1", true), t),
             Decision::Refuse(Limit::HandshakeRate)
+        );
+        assert_eq!(
+            s.decide(p, attempt("10.2.0.1", false), t),
+            Decision::Retry(Some(Limit::HandshakeRate))
         );
         let later = t + Duration::from_millis(100);
         assert_eq!(
@@ -487,12 +558,12 @@ mod tests {
             validation: &v,
             limits: &l,
         };
-        let accept = |ip| match a.decide(p, attempt(ip, false)) {
+        let accept = |ip, validated| match a.decide(p, attempt(ip, validated)) {
             Verdict::Accept(t) => t,
             v => panic!("{v:?}"),
         };
-        let mut t1 = accept("192.0.2.1");
-        let t2 = accept("192.0.2.1");
+        let mut t1 = accept("192.0.2.1", false);
+        let t2 = accept("192.0.2.1", true);
         assert_eq!(a.snapshot(), (2, 2, 1));
         assert_eq!(a.half_open.get(), 2);
         t1.established();
@@ -502,6 +573,7 @@ mod tests {
         assert_eq!(a.snapshot(), (0, 1, 1));
         drop(t1);
         assert_eq!(a.snapshot(), (0, 0, 0));
+        assert!(a.with(|s| s.per_source.is_empty()));
     }
 
     #[test]
