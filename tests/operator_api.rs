@@ -317,16 +317,58 @@ async fn run(h: Harness, l: Http3Listener, script: Vec<Expect>) -> Action {
         .expect("reconcile succeeded")
 }
 
+/// The listener's QUIC keys Secret: read, and created with 64 random bytes (immutable, owned
+/// by the listener) only when it does not exist; an existing one is never written.
+fn keys_secret(exists: bool) -> Vec<Expect> {
+    let path = format!("/api/v1/namespaces/{NS}/secrets/h3-ingress-keys-public");
+    if exists {
+        return vec![expect("GET", path, |_, _| {
+            (
+                200,
+                json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "h3-ingress-keys-public", "namespace": NS},
+                "immutable": true, "data": {"key": "c2VjcmV0"}}),
+            )
+        })];
+    }
+    vec![
+        expect("GET", path, |_, _| {
+            not_found("secrets \"h3-ingress-keys-public\"")
+        }),
+        expect(
+            "POST",
+            format!("/api/v1/namespaces/{NS}/secrets"),
+            |_, body| {
+                assert_eq!(body["metadata"]["name"], "h3-ingress-keys-public");
+                assert_eq!(body["immutable"], true);
+                assert_eq!(body["metadata"]["ownerReferences"][0]["name"], "public");
+                let key = body["data"]["key"].as_str().unwrap();
+                let bytes: ByteString = serde_json::from_value(json!(key)).unwrap();
+                assert_eq!(bytes.0.len(), 64, "{key}");
+                (201, body)
+            },
+        ),
+    ]
+}
+
 /// Requests every leader reconcile of `listener()` makes before the status patch.
 fn apply_script() -> Vec<Expect> {
+    apply_script_with(false)
+}
+
+/// [`apply_script`], with the keys Secret already there (`keys_exist`) or created.
+fn apply_script_with(keys_exist: bool) -> Vec<Expect> {
     let rbac = "/apis/rbac.authorization.k8s.io/v1";
-    vec![
+    let mut script = vec![
         expect("GET", "/api/v1/namespaces/shop/secrets/missing", |_, _| {
             not_found("secrets \"missing\"")
         }),
         expect("GET", "/api/v1/namespaces/shop/secrets/web-tls", |_, _| {
             (200, serde_json::to_value(tls_secret()).unwrap())
         }),
+    ];
+    script.extend(keys_secret(keys_exist));
+    script.extend([
         ssa(
             format!("/api/v1/namespaces/{NS}/serviceaccounts/h3-ingress-public"),
             "ServiceAccount",
@@ -370,7 +412,11 @@ fn apply_script() -> Vec<Expect> {
                 assert_eq!(pod["hostNetwork"], true);
                 assert_eq!(
                     pod["containers"][0]["args"],
-                    json!(["proxy", "--listener", "public"])
+                    json!(["proxy", "--listener", "public", "--keys-file", "/etc/h3-ingress/keys/key"])
+                );
+                assert_eq!(
+                    pod["volumes"][1]["secret"]["secretName"],
+                    "h3-ingress-keys-public"
                 );
                 assert_eq!(
                     pod["containers"][0]["image"],
@@ -425,7 +471,8 @@ fn apply_script() -> Vec<Expect> {
                 "status": {"podIP": "10.0.0.7", "phase": "Running"}})],
             )
         }),
-    ]
+    ]);
+    script
 }
 
 fn event(
@@ -602,7 +649,7 @@ async fn an_unchanged_status_is_not_written_again() {
     let metrics = h.metrics.clone();
     let mut l = listener();
     l.status = Some(stored);
-    run(h, l, apply_script()).await;
+    run(h, l, apply_script_with(true)).await;
     assert_eq!(metrics.status_writes.get(), 0);
     assert_eq!(metrics.events.with_label_values(&["Normal"]).get(), 0);
     assert_eq!(metrics.events.with_label_values(&["Warning"]).get(), 0);

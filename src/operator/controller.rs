@@ -16,7 +16,8 @@ use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
 use k8s_openapi::api::networking::v1::Ingress;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, PartialObjectMeta, Patch, PatchParams};
+use k8s_openapi::ByteString;
+use kube::api::{Api, DeleteParams, ListParams, PartialObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -167,6 +168,36 @@ async fn apply_all(ctx: &Context, d: &Desired) -> Result<DaemonSet, kube::Error>
         apply(&Api::<RoleBinding>::namespaced(c.clone(), rns), rb).await?;
     }
     apply(&Api::<DaemonSet>::namespaced(c.clone(), ns), &d.daemon_set).await
+}
+
+/// Creates the listener's keys Secret with fresh random bytes unless it exists; an existing
+/// one is never changed (a new key would strand every client of the old one).
+async fn ensure_keys_secret(ctx: &Context, d: &Desired) -> Result<(), kube::Error> {
+    let api = Api::<Secret>::namespaced(ctx.client.clone(), &ctx.params.namespace);
+    let name = d.keys_secret.name_any();
+    if api.get_opt(&name).await?.is_some() {
+        return Ok(());
+    }
+    let random = crate::proxy::keys::random_secret()
+        .map_err(|e| kube::Error::Service(Box::new(std::io::Error::other(e.to_string()))))?;
+    let mut secret = d.keys_secret.clone();
+    secret.data = Some(
+        [(
+            resources::KEYS_SECRET_KEY.to_string(),
+            ByteString(random.to_vec()),
+        )]
+        .into_iter()
+        .collect(),
+    );
+    match api.create(&PostParams::default(), &secret).await {
+        Ok(_) => {
+            tracing::info!(secret = %name, "created the listener's QUIC keys Secret");
+            Ok(())
+        }
+        // Another operator (a leader change) created it first.
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 fn ignore_not_found<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
@@ -337,6 +368,7 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
 
     let (spec_error, ds_status, pods) = match resources::desired(listener, &refs, &ctx.params) {
         Ok(d) => {
+            ensure_keys_secret(ctx, &d).await?;
             let ds = apply_all(ctx, &d).await?;
             prune(ctx, &name, &d).await?;
             let metrics = resources::validate(listener)

@@ -125,7 +125,8 @@ impl Keys {
     }
 }
 
-fn random_secret() -> Result<[u8; GENERATED_SECRET_BYTES], KeyError> {
+/// A fresh secret of [`GENERATED_SECRET_BYTES`] random bytes.
+pub fn random_secret() -> Result<[u8; GENERATED_SECRET_BYTES], KeyError> {
     let mut secret = [0u8; GENERATED_SECRET_BYTES];
     SystemRandom::new()
         .fill(&mut secret)
@@ -156,9 +157,10 @@ fn create(path: &Path) -> Result<Option<[u8; GENERATED_SECRET_BYTES]>, KeyError>
     Ok(Some(secret))
 }
 
-/// Whether a file with these permission bits can be read by others than its owner.
+/// Whether a file with these permission bits can be read by any user (a Kubernetes Secret
+/// volume is group-readable for the pod's fsGroup, which is fine).
 pub fn readable_by_others(mode: u32) -> bool {
-    mode & 0o077 != 0
+    mode & 0o004 != 0
 }
 
 /// The keys from `path`, creating the file if it does not exist; random keys without one.
@@ -265,6 +267,6 @@ mod tests {
         assert_eq!(none.origin, Origin::Ephemeral);
         assert!(readable_by_others(0o644));
         assert!(!readable_by_others(0o600));
-        assert!(!readable_by_others(0o400));
+        assert!(!readable_by_others(0o440));
     }
 }

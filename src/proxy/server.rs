@@ -127,7 +127,7 @@ fn load_keys(path: Option<&Path>) -> Result<Keys, ProxyError> {
         Origin::File(p) => {
             info!(file = %p.display(), "QUIC endpoint keys loaded");
             if keys::mode(p).is_some_and(keys::readable_by_others) {
-                warn!(file = %p.display(), "the keys file is readable by group or others");
+                warn!(file = %p.display(), "the keys file is readable by any user");
             }
         }
     }

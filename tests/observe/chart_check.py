@@ -44,6 +44,7 @@ for group, resources, verbs in [
     ("h3-ingress.dev", ["http3listeners/finalizers"], ["update"]),
     ("networking.k8s.io", ["ingresses"], ["get", "list", "watch"]),
     ("", ["secrets", "pods"], ["get", "list", "watch"]),
+    ("", ["secrets"], ["create"]),
     ("", ["events"], ["create", "patch"]),
     ("events.k8s.io", ["events"], ["create", "patch"]),
     ("apps", ["daemonsets"], ["get", "list", "watch", "create", "patch", "update", "delete"]),
