@@ -23,6 +23,8 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # No function longer than 120 lines, tests included, in the product or the lab.
 python3 scripts/fn-length.py src lab/src
+# Every relative link in README.md and docs/ names an existing file and heading.
+python3 scripts/check-links.py
 
 step "cargo test (workspace: unit, end-to-end against nginx/aioquic/promtool, operator mocks, lab smoke)"
 cargo test --workspace --locked

@@ -16,10 +16,13 @@ fn filter(default: &str) -> EnvFilter {
     EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default))
 }
 
-/// Sends log lines to stderr, filtered by `RUST_LOG` when set, else by `default`.
+/// Sends log lines to stderr, filtered by `RUST_LOG` when set, else by `default`. Colours
+/// only on a terminal: `kubectl logs` and log collectors would otherwise store escape codes.
 pub fn init(default: &str) {
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(filter(default))
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
 }

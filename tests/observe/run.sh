@@ -78,7 +78,7 @@ else
     step dockerfile python3 $OBS/dockerfile_check.py --build
 fi
 
-# The image's binary (static, no lab feature) serves HTTP/3 through the proxy.
+# The image's binary (static; the lab is a separate package) serves HTTP/3 through the proxy.
 if [ -x target/static/h3-ingress ]; then
     step static-binary-proxy python3 $OBS/prom_share_test.py --proxy target/static/h3-ingress --smoke
 fi
