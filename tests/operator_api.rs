@@ -1023,17 +1023,27 @@ async fn refused_daemon_set(
     message: &'static str,
     ready_reason: &'static str,
 ) -> (Http3ListenerStatus, String, Arc<OperatorMetrics>) {
+    // Everything up to the DaemonSet is applied; the DaemonSet is refused.
+    let refusal = expect(
+        "PATCH",
+        format!("/apis/apps/v1/namespaces/{NS}/daemonsets/h3-ingress-public"),
+        move |_, _| api_status(code, "Forbidden", message),
+    );
+    refused_at(BEFORE_DAEMON_SET, refusal, ready_reason).await
+}
+
+/// One reconcile whose request number `at` of [`apply_script`] gets `refusal`'s answer.
+async fn refused_at(
+    at: usize,
+    refusal: Expect,
+    ready_reason: &'static str,
+) -> (Http3ListenerStatus, String, Arc<OperatorMetrics>) {
     let h = harness(true, vec![ingress()]);
     let metrics = h.metrics.clone();
     let log = Arc::new(Mutex::new(Vec::new()));
     let mut script = apply_script();
-    // Everything up to the DaemonSet is applied; the DaemonSet is refused.
-    script.truncate(BEFORE_DAEMON_SET);
-    script.push(expect(
-        "PATCH",
-        format!("/apis/apps/v1/namespaces/{NS}/daemonsets/h3-ingress-public"),
-        move |_, _| api_status(code, "Forbidden", message),
-    ));
+    script.truncate(at);
+    script.push(refusal);
     script.push(status_patch(log.clone()));
     let mut evs = SECRET_NOT_FOUND_EVENTS.to_vec();
     evs.push(("default", "Http3Listener", "Warning", ready_reason));
@@ -1060,6 +1070,31 @@ async fn an_rbac_refusal_reaches_the_status_with_a_warning_and_counts_as_an_erro
     assert!(err.contains("cannot patch resource"), "{err}");
     assert_eq!(metrics.reconciles.with_label_values(&["error"]).get(), 1);
     assert_eq!(metrics.status_writes.get(), 1);
+}
+
+/// Without `create` on Secrets in its namespace (the chart's Role grants exactly that), the
+/// keys Secret cannot be made: nothing else is applied and the status says why.
+#[tokio::test]
+async fn a_refused_keys_secret_reaches_the_status_and_applies_nothing_else() {
+    let msg = "secrets is forbidden: User \"system:serviceaccount:h3-ingress:h3-ingress\" cannot create resource \"secrets\" in API group \"\" in the namespace \"h3-ingress\"";
+    let refusal = expect(
+        "POST",
+        format!("/api/v1/namespaces/{NS}/secrets"),
+        move |_, _| api_status(403, "Forbidden", msg),
+    );
+    // The two TLS Secrets and the keys Secret's read come first.
+    let (s, err, metrics) = refused_at(3, refusal, "Forbidden").await;
+    let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "Forbidden")
+    );
+    assert_eq!(
+        ready.message,
+        format!("creating Secret {NS}/h3-ingress-keys-public: {msg} (HTTP 403)")
+    );
+    assert!(err.contains("cannot create resource"), "{err}");
+    assert_eq!(metrics.reconciles.with_label_values(&["error"]).get(), 1);
 }
 
 #[tokio::test]
