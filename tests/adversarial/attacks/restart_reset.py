@@ -10,7 +10,7 @@ its next request to the new process on the same port:
   process with the same keys; one with other keys cannot open it and asks for a Retry again.
 
 aioquic does not act on stateless resets, so the check is done on the datagrams it receives;
-tests/conn_keys.rs shows a quinn client closing with a reset against the same proxy."""
+tests/proxy_conn.rs shows a quinn client closing with a reset against the same proxy."""
 
 import asyncio
 import socket
