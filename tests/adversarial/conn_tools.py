@@ -95,6 +95,30 @@ async def blast(port: int, packets: list[tuple[str, int, bytes]], rate: float) -
     return time.monotonic() - t0
 
 
+# ---------------------------------------------------------------- CPU
+
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) per thread of `pid`, keyed `name/tid`, from /proc."""
+    out = {}
+    for t in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (t / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[f"{name}/{t.name}"] = (int(fields[11]) + int(fields[12])) / TICK
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    return sum(thread_cpu(pid).values())
+
+
 # ---------------------------------------------------------------- a client per request
 
 

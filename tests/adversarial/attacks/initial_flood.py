@@ -39,7 +39,9 @@ async def run(env: lib.Env) -> lib.Outcome:
     open_conn = lib.Legit(env)
     new_conns = conn_tools.NewConnections(env)
     await asyncio.sleep(1.5)
+    cpu0 = conn_tools.cpu_seconds(p.proc.pid)
     took = await conn_tools.blast(p.port, packets, RATE)
+    cpu = conn_tools.cpu_seconds(p.proc.pid) - cpu0
     flood_end = time.monotonic()
     await asyncio.sleep(2)
     r_open = open_conn.finish()
@@ -61,6 +63,8 @@ async def run(env: lib.Env) -> lib.Outcome:
     numbers = {
         "rss_mb": f"{rss0:.0f}/{peak:.0f}/{rss_after:.0f} after {SETTLE_S} s",
         "flood": f"{COUNT} in {took:.1f} s",
+        # Includes the legitimate clients' requests and handshakes during the flood.
+        "proxy CPU": f"{cpu:.2f} s ({cpu / COUNT * 1000:.2f} ms per Initial)",
         "retry+": f"{d['retry']:g}",
         "handshakes": f"timeout+{d['timeout']:g} refused+{d['refused']:g} ok+{d['ok']:g}",
         "withheld": f"{d['amplification']:g}",
