@@ -40,7 +40,11 @@ fn feed(kind: StreamKind, limits: Limits, input: &[u8], seed: u8) -> Fed {
                             assert_eq!(limit, limits.headers);
                             (1, declared)
                         }
-                        Violation::Frame { ty, declared, limit } => {
+                        Violation::Frame {
+                            ty,
+                            declared,
+                            limit,
+                        } => {
                             assert_eq!(limit, limits.control);
                             (ty, declared)
                         }
@@ -52,11 +56,18 @@ fn feed(kind: StreamKind, limits: Limits, input: &[u8], seed: u8) -> Fed {
                     };
                 }
             };
-            assert!(n > 0 && n <= read.len(), "feed consumed {n} of {}", read.len());
+            assert!(
+                n > 0 && n <= read.len(),
+                "feed consumed {n} of {}",
+                read.len()
+            );
             match o {
                 Out::Held => {}
                 Out::Header { headers } => {
-                    assert!(s.header().len() <= 16, "a frame header is at most two varints");
+                    assert!(
+                        s.header().len() <= 16,
+                        "a frame header is at most two varints"
+                    );
                     if let Some(declared) = headers {
                         assert!(declared <= limits.headers);
                     }
@@ -95,7 +106,10 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(got.out, want.out, "bytes passed on (read seed {seed})");
         if let Ok(out) = &got.out {
             assert!(out.len() <= stream.len());
-            assert_eq!(got.mid_frame, want.mid_frame, "mid_frame (read seed {seed})");
+            assert_eq!(
+                got.mid_frame, want.mid_frame,
+                "mid_frame (read seed {seed})"
+            );
         }
         assert_eq!(
             got.header_section, want.header_section,

@@ -88,7 +88,10 @@ fn check_request(data: &[u8]) {
     ends_with_item(up, "via", "3 h3-ingress");
     for name in req.headers().keys() {
         if !REWRITTEN.contains(&name.as_str()) {
-            assert_eq!(values(up, name.as_str()), values(req.headers(), name.as_str()));
+            assert_eq!(
+                values(up, name.as_str()),
+                values(req.headers(), name.as_str())
+            );
         }
     }
 }

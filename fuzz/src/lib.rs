@@ -16,20 +16,15 @@ use http::{Method, Request, Uri};
 pub fn fields(text: &[u8]) -> Vec<(&[u8], &[u8])> {
     text.split(|b| *b == b'\n')
         .filter(|l| !l.is_empty())
-        .map(|line| {
-            match line
-                .iter()
-                .skip(1)
-                .position(|b| *b == b':')
-                .map(|p| p + 1)
-            {
+        .map(
+            |line| match line.iter().skip(1).position(|b| *b == b':').map(|p| p + 1) {
                 Some(p) => {
                     let value = &line[p + 1..];
                     (&line[..p], value.strip_prefix(b" ").unwrap_or(value))
                 }
                 None => (line, &b""[..]),
-            }
-        })
+            },
+        )
         .collect()
 }
 
