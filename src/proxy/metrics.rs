@@ -26,6 +26,8 @@ pub mod upstream_error {
     pub const TIMEOUT: &str = "timeout";
     pub const RESET: &str = "reset";
     pub const PROTOCOL: &str = "protocol";
+    /// Every kind, exported as 0 from the start so dashboards and alerts see the series.
+    pub const ALL: [&str; 5] = [CONNECT, TLS, TIMEOUT, RESET, PROTOCOL];
 }
 
 /// Handshake results (`result` label).
@@ -44,6 +46,23 @@ pub mod rejected {
     pub const CONTENT_LENGTH: &str = "content_length_mismatch";
     /// Refused with 503 because the buffered-request budget was exhausted.
     pub const OVERLOADED: &str = "overloaded";
+    /// Every reason, exported as 0 from the start.
+    pub const ALL: [&str; 5] = [
+        MALFORMED,
+        MISDIRECTED,
+        HEADERS_TOO_LARGE,
+        CONTENT_LENGTH,
+        OVERLOADED,
+    ];
+}
+
+/// What became of a configuration update (`result` label of `config_reloads_total`).
+pub mod reload {
+    pub const APPLIED: &str = "applied";
+    pub const INVALID: &str = "invalid";
+    pub const RESTART_REQUIRED: &str = "restart_required";
+    /// Every result, exported as 0 from the start.
+    pub const ALL: [&str; 3] = [APPLIED, INVALID, RESTART_REQUIRED];
 }
 
 /// Which limit acted (`limit` label of `h3_ingress_limits_total`): one value per limit, each
@@ -94,6 +113,7 @@ pub struct Metrics {
     pub connection_black_holes: IntCounter,
     pub handshake_losses_forgiven: IntCounter,
     pub random_losses_tolerated: IntCounter,
+    pub slow_start_delay_exits: IntCounter,
     pub socket_receive_buffer: IntGaugeVec,
     pub socket_receive_buffer_requested: IntGaugeVec,
     pub socket_send_buffer: IntGaugeVec,
@@ -247,6 +267,11 @@ pub mod specs {
     pub const RANDOM_LOSSES_TOLERATED: Spec = spec(
         "h3_ingress_congestion_random_losses_tolerated_total",
         "Losses that cubic-hs-lt read as random (no queueing delay, low loss rate), not as congestion.",
+        &[],
+    );
+    pub const SLOW_START_DELAY_EXITS: Spec = spec(
+        "h3_ingress_congestion_slow_start_delay_exits_total",
+        "Initial slow starts that HyStart++ ended on a rising round-trip time, before any loss.",
         &[],
     );
     // Sockets.
@@ -407,6 +432,7 @@ impl Metrics {
             connection_black_holes: r.counter(&BLACK_HOLES),
             handshake_losses_forgiven: r.counter(&HANDSHAKE_LOSSES_FORGIVEN),
             random_losses_tolerated: r.counter(&RANDOM_LOSSES_TOLERATED),
+            slow_start_delay_exits: r.counter(&SLOW_START_DELAY_EXITS),
             socket_receive_buffer: r.gauge_vec(&RECEIVE_BUFFER),
             socket_receive_buffer_requested: r.gauge_vec(&RECEIVE_BUFFER_REQUESTED),
             socket_send_buffer: r.gauge_vec(&SEND_BUFFER),
@@ -421,6 +447,17 @@ impl Metrics {
             udp_sockets,
             registry,
         };
+        // Known label values start at 0: a series that appears only with its first event
+        // leaves rate() and the dashboard empty until then, and absent() alerts guessing.
+        for kind in upstream_error::ALL {
+            m.upstream_errors.with_label_values(&[kind]);
+        }
+        for reason in rejected::ALL {
+            m.rejected_requests.with_label_values(&[reason]);
+        }
+        for result in reload::ALL {
+            m.config_reloads.with_label_values(&[result]);
+        }
         Arc::new(m)
     }
 
@@ -559,6 +596,27 @@ mod tests {
         );
         assert!(v >= snmp.receive_buffer_errors);
         assert!(text.contains("h3_ingress_build_info{version="));
+    }
+
+    #[test]
+    fn the_dashboard_series_exist_at_zero_before_their_first_event() {
+        let text = Metrics::new().render();
+        let series = upstream_error::ALL
+            .iter()
+            .map(|k| format!("h3_ingress_upstream_errors_total{{kind=\"{k}\"}} 0"))
+            .chain(
+                rejected::ALL
+                    .iter()
+                    .map(|r| format!("h3_ingress_rejected_requests_total{{reason=\"{r}\"}} 0")),
+            )
+            .chain(
+                reload::ALL
+                    .iter()
+                    .map(|r| format!("h3_ingress_config_reloads_total{{result=\"{r}\"}} 0")),
+            );
+        for line in series {
+            assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
+        }
     }
 
     #[test]

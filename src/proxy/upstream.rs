@@ -403,9 +403,11 @@ fn build_client(connector: Connector) -> Client<Connector, UpstreamBody> {
         .pool_idle_timeout(Duration::from_secs(60))
         .pool_max_idle_per_host(64)
         // Large h2 windows: a loopback or LAN hop to the ingress must never be the brake.
+        // Not adaptive: hyper's adaptive window replaces these with the 64 KiB default and
+        // grows from there, which made every new upstream connection stall for window
+        // updates at loopback speed.
         .http2_initial_stream_window_size(4 * 1024 * 1024)
         .http2_initial_connection_window_size(16 * 1024 * 1024)
-        .http2_adaptive_window(true)
         .build(connector)
 }
 
