@@ -152,14 +152,15 @@ cmin)
     t=$2
     # libFuzzer's merge adds to its first directory only the inputs that bring coverage it
     # lacks: starting from the seeds, what it adds from the committed corpus and
-    # fuzz/work/ is the new committed corpus (named by content hash).
+    # fuzz/work/ is the new committed corpus (named by content hash). The set-cover variant
+    # keeps every feature with about half the files of -merge=1.
     # shellcheck disable=SC2046
     nice -n 10 cargo "+$TOOLCHAIN" fuzz build $(fuzz_flags) "$t"
     merged=$(mktemp -d)
     trap 'rm -rf "$merged"' EXIT
     cp "fuzz/seeds/$t"/* "$merged"/
     mkdir -p "fuzz/work/$t" "fuzz/corpus/$t"
-    nice -n 10 "fuzz/target/$TRIPLE/release/$t" -merge=1 "$merged" \
+    nice -n 10 "fuzz/target/$TRIPLE/release/$t" -set_cover_merge=1 "$merged" \
         "fuzz/corpus/$t" "fuzz/work/$t" 2>"fuzz/work/$t.cmin.log"
     for f in "fuzz/seeds/$t"/*; do rm -f "$merged/$(basename "$f")"; done
     rm -rf "fuzz/corpus/$t" && mkdir -p "fuzz/corpus/$t"
