@@ -39,6 +39,23 @@ fuzz_target!(|data: &[u8]| {
     if let Some(a) = req.uri().authority() {
         assert_eq!(a.as_str(), v.authority);
     }
+    // A port, if any, is what a TCP connection could use: decimal digits up to 65535.
+    let port = match v.authority.strip_prefix('[') {
+        Some(rest) => rest.split_once(']').map_or("", |(_, p)| p),
+        None => v.authority.find(':').map_or("", |i| &v.authority[i..]),
+    };
+    if let Some(digits) = port.strip_prefix(':') {
+        assert!(
+            digits.bytes().all(|b| b.is_ascii_digit())
+                && (digits.is_empty() || digits.parse::<u16>().is_ok()),
+            "port {digits:?} accepted in {:?}",
+            v.authority
+        );
+    } else {
+        assert!(port.is_empty(), "{:?} after the host", v.authority);
+    }
+    // The asterisk form names no resource an upstream URL could carry.
+    assert_ne!(req.uri().path_and_query().map(|p| p.as_str()), Some("*"));
     let h = req.headers();
     for name in CONNECTION_SPECIFIC {
         assert!(!h.contains_key(name), "{name} accepted");
