@@ -11,7 +11,7 @@
 #                                         into ~/.cargo/bin, each only when missing
 #   scripts/fuzz.sh list                  the targets
 #   scripts/fuzz.sh ci [SECONDS]          build every target, run each SECONDS (default
-#                                         $FUZZ_SECONDS or 30) from the committed corpus and
+#                                         $FUZZ_SECONDS or 20) from the committed corpus and
 #                                         seeds only; fails on any crash, timeout or OOM
 #                                         (scripts/test.sh)
 #   scripts/fuzz.sh run TARGET [SECONDS]  a long local run (default 900 s); what it finds stays in
@@ -118,7 +118,7 @@ list)
     printf '%s\n' "${TARGETS[@]}"
     ;;
 ci)
-    seconds=${2:-${FUZZ_SECONDS:-30}}
+    seconds=${2:-${FUZZ_SECONDS:-20}}
     need_tools
     start=$(date +%s)
     build_all

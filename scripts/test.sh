@@ -31,7 +31,7 @@ step "cargo test (workspace: unit, end-to-end against nginx/aioquic/promtool, op
 cargo test --workspace --locked
 
 # Coverage-guided fuzz targets (nightly toolchain, cargo-fuzz: installed by setup above),
-# 30 s each from the committed corpus; any crash fails the run.
+# 20 s each (FUZZ_SECONDS) from the committed corpus; any crash fails the run.
 step "scripts/fuzz.sh ci (request validation, header translation, frame scanner, config file)"
 scripts/fuzz.sh ci
 
