@@ -1,7 +1,11 @@
 # syntax=docker/dockerfile:1
 # h3-ingress: one static binary on a distroless base, run as a non-root user.
 #
-#   docker build -t h3-ingress:0.1.0 --build-arg VERSION=0.1.0 --build-arg REVISION=$(git rev-parse HEAD) .
+#   docker build -t ghcr.io/h3-ingress/h3-ingress:0.1.0 --build-arg VERSION=0.1.0 --build-arg REVISION=$(git rev-parse HEAD) .
+#
+# That reference is the chart's and the operator's default (the version is Cargo.toml's and the
+# chart's appVersion; a test holds them together). It is not published yet: tag the image for
+# your registry instead, push it, and set the chart's image.repository (docs/image.md).
 #
 # The build stage runs scripts/build-static.sh, the same script the test command runs, so the
 # build step is exercised without a Docker engine (tests/observe/dockerfile_check.py).

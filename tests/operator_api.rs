@@ -26,11 +26,15 @@ use h3_ingress::api::{
     annotations, reasons, HostReport, Http3Listener, Http3ListenerSpec, Http3ListenerStatus,
     SocketReport, StatusReport,
 };
-use h3_ingress::operator::controller::{reconcile, Context};
+use h3_ingress::operator::controller::{reconcile, Caches, Context};
 use h3_ingress::operator::leader::{self, LeaseConfig};
 use h3_ingress::operator::metrics::OperatorMetrics;
 use h3_ingress::operator::reports::{ReportFetcher, ReportFuture};
 use h3_ingress::operator::resources::Params;
+use h3_ingress::operator::watches::OwnedStores;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::PartialObjectMeta;
 
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
@@ -265,22 +269,103 @@ struct Harness {
     ctx: Arc<Context>,
     handle: Handle,
     metrics: Arc<OperatorMetrics>,
-    _writer: reflector::store::Writer<Ingress>,
+    _writers: Writers,
+}
+
+struct Writers {
+    _ingresses: reflector::store::Writer<Ingress>,
+    _listeners: reflector::store::Writer<Http3Listener>,
+    _roles: reflector::store::Writer<PartialObjectMeta<Role>>,
+    _role_bindings: reflector::store::Writer<PartialObjectMeta<RoleBinding>>,
+    _services: reflector::store::Writer<PartialObjectMeta<Service>>,
+}
+
+/// A filled cache of `objects`, as a reflector would have it after its first list.
+fn filled<K>(objects: Vec<K>) -> (Store<K>, reflector::store::Writer<K>)
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Default,
+{
+    let (store, mut writer) = reflector::store();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for o in objects {
+        writer.apply_watcher_event(&watcher::Event::InitApply(o));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    (store, writer)
+}
+
+/// Metadata of an object the operator made for listener `public`, as the owned caches hold it.
+fn owned_meta<K: Default>(namespace: &str, name: &str) -> PartialObjectMeta<K> {
+    PartialObjectMeta {
+        metadata: ObjectMeta {
+            namespace: Some(namespace.into()),
+            name: Some(name.into()),
+            labels: Some(
+                [(
+                    "app.kubernetes.io/instance".to_string(),
+                    "public".to_string(),
+                )]
+                .into_iter()
+                .collect(),
+            ),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// What the caches hold besides the Ingresses.
+#[derive(Default)]
+struct World {
+    /// Other listeners in the controller's store.
+    listeners: Vec<Http3Listener>,
+    /// Namespaces with a Role and a RoleBinding of listener `public`.
+    roles: Vec<&'static str>,
+    role_bindings: Vec<&'static str>,
+    /// Whether its Service exists.
+    service: bool,
+    /// What the pod answers on /status instead of `pod_report()`.
+    report: Option<StatusReport>,
+}
+
+/// The usual world: the Role of a namespace no longer referenced ("old") is still there.
+fn world() -> World {
+    World {
+        roles: vec!["shop", "old"],
+        role_bindings: vec!["shop"],
+        ..Default::default()
+    }
 }
 
 fn harness(is_leader: bool, ingresses: Vec<Ingress>) -> Harness {
+    harness_in(is_leader, ingresses, world())
+}
+
+fn harness_in(is_leader: bool, ingresses: Vec<Ingress>, w: World) -> Harness {
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(svc, "default");
-    let (store, mut writer): (Store<Ingress>, _) = reflector::store();
-    writer.apply_watcher_event(&watcher::Event::Init);
-    for i in ingresses {
-        writer.apply_watcher_event(&watcher::Event::InitApply(i));
-    }
-    writer.apply_watcher_event(&watcher::Event::InitDone);
+    let rbac = "h3-ingress-data-plane-public";
+    let (ingress_store, i) = filled(ingresses);
+    let (listener_store, l) = filled(w.listeners);
+    let (roles, r) = filled(w.roles.iter().map(|ns| owned_meta(ns, rbac)).collect());
+    let (role_bindings, rb) = filled(
+        w.role_bindings
+            .iter()
+            .map(|ns| owned_meta(ns, rbac))
+            .collect(),
+    );
+    let services = if w.service {
+        vec![owned_meta(NS, "h3-ingress-public")]
+    } else {
+        vec![]
+    };
+    let (services, sv) = filled(services);
     let (_tx, rx) = watch::channel(is_leader);
     let metrics = OperatorMetrics::new();
+    let report = w.report.unwrap_or_else(pod_report);
     let fetcher = Fetcher(
-        [("10.0.0.7:9476".parse().unwrap(), Ok(pod_report()))]
+        [("10.0.0.7:9476".parse().unwrap(), Ok(report))]
             .into_iter()
             .collect(),
     );
@@ -290,7 +375,15 @@ fn harness(is_leader: bool, ingresses: Vec<Ingress>) -> Harness {
             namespace: NS.into(),
             default_image: "ghcr.io/h3-ingress/h3-ingress:test".into(),
         },
-        store,
+        Caches {
+            ingresses: ingress_store,
+            listeners: listener_store,
+            owned: OwnedStores {
+                roles,
+                role_bindings,
+                services,
+            },
+        },
         rx,
         Arc::new(fetcher),
         Reporter {
@@ -303,7 +396,13 @@ fn harness(is_leader: bool, ingresses: Vec<Ingress>) -> Harness {
         ctx: Arc::new(ctx),
         handle,
         metrics,
-        _writer: writer,
+        _writers: Writers {
+            _ingresses: i,
+            _listeners: l,
+            _roles: r,
+            _role_bindings: rb,
+            _services: sv,
+        },
     }
 }
 
@@ -385,15 +484,8 @@ fn apply_script() -> Vec<Expect> {
                 (200, body)
             },
         ),
-        expect("GET", format!("{rbac}/roles"), |q, _| {
-            assert!(q.contains(&format!("labelSelector={SELECTOR}")), "{q}");
-            let role = |ns: &str| {
-                json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                "metadata": {"name": "h3-ingress-data-plane-public", "namespace": ns}})
-            };
-            list("RoleList", vec![role("shop"), role("old")])
-        }),
-        // The namespace whose Secret is no longer referenced loses its Role.
+        // Pruning reads the owned-object caches: no list. The namespace whose Secret is no
+        // longer referenced loses its Role.
         expect(
             "DELETE",
             format!("{rbac}/namespaces/old/roles/h3-ingress-data-plane-public"),
@@ -405,16 +497,6 @@ fn apply_script() -> Vec<Expect> {
                 )
             },
         ),
-        expect("GET", format!("{rbac}/rolebindings"), |_, _| {
-            list(
-                "RoleBindingList",
-                vec![
-                    json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                "metadata": {"name": "h3-ingress-data-plane-public", "namespace": "shop"},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "h3-ingress-data-plane-public"}}),
-                ],
-            )
-        }),
         expect("GET", format!("/api/v1/namespaces/{NS}/pods"), |q, _| {
             assert!(q.contains(&format!("labelSelector={SELECTOR}")), "{q}");
             list(
@@ -609,6 +691,71 @@ async fn an_unchanged_status_is_not_written_again() {
 }
 
 #[tokio::test]
+async fn busy_counters_are_written_at_most_once_a_minute() {
+    let h = harness(true, vec![ingress()]);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut script = apply_script();
+    script.extend(first_status(log.clone()));
+    run(h, listener(), script).await;
+    let stored = status_of(&log.lock().unwrap()[0]);
+    assert_eq!(stored.requests[0].total, 42);
+
+    // Traffic goes on: the pod now reports more requests. Within the minute: no write.
+    let busy = || {
+        let mut r = pod_report();
+        r.hosts[0].requests = 9_000;
+        r.hosts[0].requests_last5m = 700;
+        r.requests_total = 9_000;
+        r
+    };
+    let h = harness_in(
+        true,
+        vec![ingress()],
+        World {
+            report: Some(busy()),
+            ..world()
+        },
+    );
+    let metrics = h.metrics.clone();
+    let mut l = listener();
+    l.status = Some(stored.clone());
+    run(h, l, apply_script()).await;
+    assert_eq!(
+        metrics.status_writes.get(),
+        0,
+        "counters alone were written within a minute"
+    );
+
+    // The stored counters are a minute old: now they are written, and nothing else changes.
+    let mut old = stored;
+    let minute_ago =
+        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(61);
+    old.counters_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        minute_ago,
+    ));
+    let h = harness_in(
+        true,
+        vec![ingress()],
+        World {
+            report: Some(busy()),
+            ..world()
+        },
+    );
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut script = apply_script();
+    script.push(status_patch(log.clone()));
+    let mut l = listener();
+    l.status = Some(old.clone());
+    run(h, l, script).await;
+    let written = status_of(&log.lock().unwrap()[0]);
+    assert_eq!(
+        (written.requests[0].total, written.requests[0].last5m),
+        (9_000, 700)
+    );
+    assert_eq!(written.conditions, old.conditions, "no event-worthy change");
+}
+
+#[tokio::test]
 async fn a_standby_replica_makes_no_api_call_at_all() {
     let h = harness(false, vec![ingress()]);
     let metrics = h.metrics.clone();
@@ -737,4 +884,308 @@ async fn lease_is_created_renewed_respected_and_raced_safely() {
     }
     server.await.unwrap();
     assert_eq!(got, [true, true, false, false, true]);
+}
+
+/// Runs one reconcile that must fail after the script (an apply the API server refused).
+async fn run_failing(h: Harness, l: Http3Listener, script: Vec<Expect>) -> String {
+    let server = tokio::spawn(verifier(h.handle, script));
+    let result = tokio::time::timeout(Duration::from_secs(10), reconcile(Arc::new(l), h.ctx)).await;
+    server.await.expect("API server script");
+    result
+        .expect("reconcile finished")
+        .expect_err("reconcile must report the refused apply")
+        .to_string()
+}
+
+/// The first status patch of a reconcile, captured into `log`.
+fn status_patch(log: Arc<Mutex<Vec<Value>>>) -> Expect {
+    expect(
+        "PATCH",
+        "/apis/h3-ingress.dev/v1alpha1/http3listeners/public/status",
+        move |q, body| {
+            assert!(q.contains("fieldManager=h3-ingress-operator"), "{q}");
+            log.lock().unwrap().push(body.clone());
+            let mut l = serde_json::to_value(listener()).unwrap();
+            l["status"] = body["status"].clone();
+            (200, l)
+        },
+    )
+}
+
+/// Events, in order: (namespace, kind, type, reason).
+fn events(list: &[(&'static str, &'static str, &'static str, &'static str)]) -> Vec<Expect> {
+    list.iter()
+        .map(|(ns, kind, t, reason)| event(ns, kind, t, reason, ""))
+        .collect()
+}
+
+/// The Warning events of the hosts `listener()` wants when no pod serves them: the missing
+/// Secret, on the listener and on the Ingress.
+const SECRET_NOT_FOUND_EVENTS: [(&str, &str, &str, &str); 2] = [
+    ("default", "Http3Listener", "Warning", "SecretNotFound"),
+    ("shop", "Ingress", "Warning", "SecretNotFound"),
+];
+
+fn api_status(code: u16, reason: &str, message: &str) -> (u16, Value) {
+    (
+        code,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+               "reason": reason, "code": code, "message": message}),
+    )
+}
+
+/// One reconcile in which the API server refuses the DaemonSet with `code`/`message`; the
+/// status must then say `Ready=False` with `ready_reason`, with a Warning event.
+async fn refused_daemon_set(
+    code: u16,
+    message: &'static str,
+    ready_reason: &'static str,
+) -> (Http3ListenerStatus, String, Arc<OperatorMetrics>) {
+    let h = harness(true, vec![ingress()]);
+    let metrics = h.metrics.clone();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut script = apply_script();
+    // Everything up to the DaemonSet is applied; the DaemonSet is refused.
+    script.truncate(7);
+    script.push(expect(
+        "PATCH",
+        format!("/apis/apps/v1/namespaces/{NS}/daemonsets/h3-ingress-public"),
+        move |_, _| api_status(code, "Forbidden", message),
+    ));
+    script.push(status_patch(log.clone()));
+    let mut evs = SECRET_NOT_FOUND_EVENTS.to_vec();
+    evs.push(("default", "Http3Listener", "Warning", ready_reason));
+    evs.push(("default", "Http3Listener", "Warning", "SomeHostsNotServing"));
+    script.extend(events(&evs));
+    let err = run_failing(h, listener(), script).await;
+    let s = status_of(&log.lock().unwrap()[0]);
+    (s, err, metrics)
+}
+
+#[tokio::test]
+async fn an_rbac_refusal_reaches_the_status_with_a_warning_and_counts_as_an_error() {
+    let msg = "daemonsets.apps \"h3-ingress-public\" is forbidden: User \"system:serviceaccount:h3-ingress:h3-ingress\" cannot patch resource \"daemonsets\" in API group \"apps\" in the namespace \"h3-ingress\"";
+    let (s, err, metrics) = refused_daemon_set(403, msg, "Forbidden").await;
+    let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "Forbidden")
+    );
+    assert_eq!(
+        ready.message,
+        format!("applying DaemonSet {NS}/h3-ingress-public: {msg} (HTTP 403)")
+    );
+    assert!(err.contains("cannot patch resource"), "{err}");
+    assert_eq!(metrics.reconciles.with_label_values(&["error"]).get(), 1);
+    assert_eq!(metrics.status_writes.get(), 1);
+}
+
+#[tokio::test]
+async fn an_admission_denial_reaches_the_status_with_the_webhook_message() {
+    let msg = "admission webhook \"validation.gatekeeper.sh\" denied the request: [psp-host-network] hostNetwork is not allowed";
+    let (s, _, _) = refused_daemon_set(403, msg, "AdmissionDenied").await;
+    let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "AdmissionDenied")
+    );
+    assert!(
+        ready.message.contains("hostNetwork is not allowed"),
+        "{}",
+        ready.message
+    );
+}
+
+#[tokio::test]
+async fn pods_the_daemon_set_cannot_create_are_explained_from_its_failed_create_event() {
+    let h = harness(true, vec![ingress()]);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut script = apply_script();
+    script.truncate(7);
+    script.push(expect(
+        "PATCH",
+        format!("/apis/apps/v1/namespaces/{NS}/daemonsets/h3-ingress-public"),
+        |_, mut body| {
+            body["metadata"]["uid"] = "d5000000-0000-4000-8000-000000000005".into();
+            body["status"] = json!({"currentNumberScheduled": 0, "desiredNumberScheduled": 2,
+                                    "numberMisscheduled": 0, "numberReady": 0, "numberUnavailable": 2});
+            (200, body)
+        },
+    ));
+    let rest = apply_script().split_off(8);
+    // The stale Role's deletion, then a pod list that finds no pod.
+    let mut rest = rest.into_iter();
+    script.push(rest.next().unwrap());
+    script.push(expect(
+        "GET",
+        format!("/api/v1/namespaces/{NS}/pods"),
+        |_, _| list("PodList", vec![]),
+    ));
+    let psa = "Error creating: pods \"h3-ingress-public-4xv8q\" is forbidden: violates PodSecurity \"restricted:latest\": host namespaces (hostNetwork=true), hostPort (container \"h3-ingress\" uses hostPorts 443, 9476)";
+    script.push(expect(
+        "GET",
+        format!("/api/v1/namespaces/{NS}/events"),
+        move |q, _| {
+            let q = q.replace("%3D", "=").replace("%2C", ",");
+            assert!(q.contains("involvedObject.kind=DaemonSet"), "{q}");
+            assert!(q.contains("involvedObject.name=h3-ingress-public"), "{q}");
+            assert!(q.contains("reason=FailedCreate"), "{q}");
+            assert!(
+                q.contains("involvedObject.uid=d5000000-0000-4000-8000-000000000005"),
+                "{q}"
+            );
+            let ev = |msg: &str, t: &str| {
+                json!({"apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": format!("e-{t}"), "namespace": NS},
+            "involvedObject": {"kind": "DaemonSet", "name": "h3-ingress-public", "namespace": NS},
+            "reason": "FailedCreate", "type": "Warning", "message": msg, "lastTimestamp": t})
+            };
+            list(
+                "EventList",
+                vec![
+                    ev("older reason", "2026-01-01T00:00:00Z"),
+                    ev(psa, "2026-01-01T00:05:00Z"),
+                ],
+            )
+        },
+    ));
+    script.push(status_patch(log.clone()));
+    let mut evs = SECRET_NOT_FOUND_EVENTS.to_vec();
+    evs.push(("default", "Http3Listener", "Warning", "PodsNotCreated"));
+    evs.push(("default", "Http3Listener", "Warning", "SomeHostsNotServing"));
+    script.extend(events(&evs));
+    run(h, listener(), script).await;
+    let s = status_of(&log.lock().unwrap()[0]);
+    let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "PodsNotCreated")
+    );
+    assert_eq!(
+        ready.message,
+        format!("2 of 2 data plane pods not created: {psa}")
+    );
+}
+
+/// The status patch and the six events of the first reconcile of `listener()` (as in
+/// `leader_applies_objects_prunes_rbac_writes_status_and_publishes_events`).
+fn first_status(log: Arc<Mutex<Vec<Value>>>) -> Vec<Expect> {
+    let mut out = vec![status_patch(log)];
+    for ns in ["default", "shop", "default", "shop", "default", "default"] {
+        out.push(expect(
+            "POST",
+            format!("/apis/events.k8s.io/v1/namespaces/{ns}/events"),
+            |_, b| (201, b),
+        ));
+    }
+    out
+}
+
+#[tokio::test]
+async fn the_service_is_applied_when_asked_and_deleted_when_no_longer_asked() {
+    let h = harness(true, vec![ingress()]);
+    let mut l = listener();
+    l.spec.service = Some(
+        serde_json::from_value(json!({
+            "annotations": {"metallb.universe.tf/allow-shared-ip": "ingress-443"},
+            "externalTrafficPolicy": "Cluster"
+        }))
+        .unwrap(),
+    );
+    let mut script = apply_script();
+    let tail = script.split_off(7);
+    script.push(expect(
+        "PATCH",
+        format!("/api/v1/namespaces/{NS}/services/h3-ingress-public"),
+        |q, body| {
+            assert!(
+                q.contains("fieldManager=h3-ingress-operator") && q.contains("force=true"),
+                "{q}"
+            );
+            assert_eq!(body["spec"]["type"], "LoadBalancer");
+            assert_eq!(body["spec"]["externalTrafficPolicy"], "Cluster");
+            assert_eq!(
+                body["spec"]["ports"],
+                json!([{"name": "quic", "protocol": "UDP", "port": 443, "targetPort": 443}])
+            );
+            assert_eq!(
+                body["metadata"]["annotations"]["metallb.universe.tf/allow-shared-ip"],
+                "ingress-443"
+            );
+            assert_eq!(body["metadata"]["ownerReferences"][0]["name"], "public");
+            (200, body)
+        },
+    ));
+    script.extend(tail);
+    script.extend(first_status(Arc::default()));
+    run(h, l, script).await;
+
+    // spec.service removed; the cache still has the Service: it is deleted after the Role.
+    let h = harness_in(
+        true,
+        vec![ingress()],
+        World {
+            service: true,
+            ..world()
+        },
+    );
+    let mut script = apply_script();
+    let pods = script.pop().unwrap();
+    script.push(expect(
+        "DELETE",
+        format!("/api/v1/namespaces/{NS}/services/h3-ingress-public"),
+        |_, body| {
+            assert_eq!(body["propagationPolicy"], "Background");
+            (
+                200,
+                json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}),
+            )
+        },
+    ));
+    script.push(pods);
+    script.extend(first_status(Arc::default()));
+    run(h, listener(), script).await;
+}
+
+#[tokio::test]
+async fn a_port_conflict_applies_nothing_and_names_the_older_listener() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    let at = |s: i64| Some(Time(k8s_openapi::jiff::Timestamp::from_second(s).unwrap()));
+    let mut older = listener();
+    older.metadata.name = Some("edge".into());
+    older.metadata.uid = Some("ed000000-0000-4000-8000-000000000009".into());
+    older.metadata.creation_timestamp = at(1_000);
+    let mut l = listener();
+    l.metadata.creation_timestamp = at(2_000);
+    let h = harness_in(
+        true,
+        vec![ingress()],
+        World {
+            listeners: vec![older],
+            ..world()
+        },
+    );
+    let log = Arc::new(Mutex::new(Vec::new()));
+    // The Secrets are read (the hosts' status), then nothing is applied or listed.
+    let mut script = apply_script();
+    script.truncate(2);
+    script.push(status_patch(log.clone()));
+    let mut evs = SECRET_NOT_FOUND_EVENTS.to_vec();
+    evs.push(("default", "Http3Listener", "Warning", "PortConflict"));
+    evs.push(("default", "Http3Listener", "Warning", "SomeHostsNotServing"));
+    script.extend(events(&evs));
+    run(h, l, script).await;
+    let s = status_of(&log.lock().unwrap()[0]);
+    let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "PortConflict")
+    );
+    assert!(
+        ready
+            .message
+            .starts_with("UDP port 443 (spec.port) is already held by Http3Listener \"edge\""),
+        "{}",
+        ready.message
+    );
 }

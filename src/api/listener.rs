@@ -7,11 +7,12 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::service::{ListenerService, Rollout};
 use super::settings::{
     AltSvcSettings, HttpSettings, MetricsSettings, SocketSettings, TransportSettings, Upstream,
 };
@@ -41,10 +42,23 @@ fn default_port() -> u16 {
         description = "hosts served / hosts wanted"
     ),
     printcolumn(
-        name = "Ready",
+        name = "Pods",
         type_ = "string",
         json_path = ".status.nodes.summary",
         description = "data plane pods ready / desired"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status",
+        description = "the Ready condition"
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].reason",
+        priority = "1",
+        description = "why Ready is what it is"
     ),
     printcolumn(
         name = "UDP-Drops",
@@ -98,6 +112,17 @@ pub struct Http3ListenerSpec {
     /// reports clamped buffers either way.
     #[serde(default)]
     pub tune_node_buffer_limits: bool,
+    /// Image of the init container `tuneNodeBufferLimits` adds (it needs `sh`, `cat` and `[`);
+    /// defaults to the operator's `--tune-image` (`busybox:1.36.1`). Pin it by digest
+    /// (`busybox@sha256:...`) where tags may move.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tune_image: Option<String>,
+    /// A Service that brings UDP to the data plane from outside the nodes; none by default
+    /// (clients reach the nodes' own addresses).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ListenerService>,
+    #[serde(default)]
+    pub rollout: Rollout,
 }
 
 /// A host served with the certificate of a TLS Secret.
@@ -122,8 +147,10 @@ pub struct SecretRef {
 pub struct Http3ListenerStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Ready`, `SocketsBound`, `BuffersApplied`, `Degraded` (see `api::conditions`).
+    /// `Ready`, `SocketsBound`, `BuffersApplied`, `Degraded` (see `api::conditions`), one
+    /// per type (a map keyed by type, so server-side apply merges them by type).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
     /// "serving/wanted", for `kubectl get`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -136,6 +163,10 @@ pub struct Http3ListenerStatus {
     pub udp: Option<UdpStatus>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub requests: Vec<HostRequests>,
+    /// When `udp.drops` and `requests` were read from the pods. Counters alone are rewritten
+    /// at most once a minute, so a busy listener does not write its status on every reconcile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counters_time: Option<Time>,
 }
 
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]

@@ -6,10 +6,12 @@ pub mod altsvc;
 pub mod bounds;
 mod listener;
 mod report;
+mod service;
 mod settings;
 
 pub use listener::*;
 pub use report::*;
+pub use service::*;
 pub use settings::*;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -44,6 +46,18 @@ pub mod reasons {
     pub const NO_HOSTS: &str = "NoHosts";
     pub const PODS_NOT_READY: &str = "PodsNotReady";
     pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// Another listener that can run on the same nodes already uses one of this listener's
+    /// host ports (its UDP port or its metrics port); this one's DaemonSet is not applied.
+    pub const PORT_CONFLICT: &str = "PortConflict";
+    /// The API server refused to apply an object for lack of permission (RBAC).
+    pub const FORBIDDEN: &str = "Forbidden";
+    /// An admission webhook or policy refused an object.
+    pub const ADMISSION_DENIED: &str = "AdmissionDenied";
+    /// Applying or pruning an object failed for another reason (the message has the API's).
+    pub const APPLY_FAILED: &str = "ApplyFailed";
+    /// The DaemonSet cannot create its pods (e.g. Pod Security on the namespace); the
+    /// message is the DaemonSet's `FailedCreate` event.
+    pub const PODS_NOT_CREATED: &str = "PodsNotCreated";
     // SocketsBound
     pub const BOUND: &str = "Bound";
     pub const BIND_FAILED: &str = "BindFailed";
@@ -139,7 +153,23 @@ mod tests {
             .iter()
             .map(|c| c.name.as_str())
             .collect();
-        assert_eq!(cols, ["Port", "Hosts", "Ready", "UDP-Drops", "Age"]);
+        assert_eq!(
+            cols,
+            [
+                "Port",
+                "Hosts",
+                "Pods",
+                "Ready",
+                "Reason",
+                "UDP-Drops",
+                "Age"
+            ]
+        );
+        let ready = &v.additional_printer_columns.as_ref().unwrap()[3];
+        assert_eq!(
+            ready.json_path,
+            ".status.conditions[?(@.type==\"Ready\")].status"
+        );
     }
 
     #[test]

@@ -8,7 +8,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::api::networking::v1::{Ingress, IngressTLS};
+use std::sync::Arc;
+
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass, IngressSpec, IngressTLS};
 
 use super::{
     build, host_matches, ConfigError, HostEntry, HostError, HostTable, ProxyConfig, Settings,
@@ -17,6 +19,8 @@ use crate::api::{annotations, host_states, reasons, HostReport, Http3Listener, S
 
 /// The pre-`ingressClassName` way of naming the class; controllers still honour it.
 pub const LEGACY_INGRESS_CLASS_ANNOTATION: &str = "kubernetes.io/ingress.class";
+/// The annotation that marks the cluster's default IngressClass.
+pub const DEFAULT_CLASS_ANNOTATION: &str = "ingressclass.kubernetes.io/is-default-class";
 /// Keys of a `kubernetes.io/tls` Secret.
 pub const TLS_CERT_KEY: &str = "tls.crt";
 pub const TLS_KEY_KEY: &str = "tls.key";
@@ -53,6 +57,48 @@ pub fn ingress_class(ing: &Ingress) -> Option<&str> {
         .and_then(|s| s.ingress_class_name.as_deref())
         .or_else(|| annotation(ing, LEGACY_INGRESS_CLASS_ANNOTATION))
         .filter(|s| !s.is_empty())
+}
+
+/// The cluster's default IngressClass: the one annotated `is-default-class: "true"`. None when
+/// there is none, or more than one (Kubernetes then refuses class-less Ingresses, and so do we:
+/// guessing would serve an Ingress its TCP ingress may not).
+pub fn default_class<'a>(classes: impl IntoIterator<Item = &'a IngressClass>) -> Option<String> {
+    let mut defaults = classes.into_iter().filter(|c| {
+        c.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(DEFAULT_CLASS_ANNOTATION))
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+    });
+    let first = defaults.next()?;
+    match defaults.next() {
+        Some(_) => None,
+        None => first.metadata.name.clone(),
+    }
+}
+
+/// The Ingresses as the listeners see them: one without a class (neither `ingressClassName`
+/// nor the legacy annotation) belongs to the default class, as the TCP ingress controller of
+/// that class treats it (and as Kubernetes's DefaultIngressClass admission writes it into new
+/// Ingresses). Only those are copied; every other Ingress is passed through.
+pub fn with_default_class(ingresses: &[Arc<Ingress>], default: Option<&str>) -> Vec<Arc<Ingress>> {
+    let Some(default) = default else {
+        return ingresses.to_vec();
+    };
+    ingresses
+        .iter()
+        .map(|i| {
+            if ingress_class(i).is_some() {
+                return i.clone();
+            }
+            let mut owned = (**i).clone();
+            owned
+                .spec
+                .get_or_insert_with(IngressSpec::default)
+                .ingress_class_name = Some(default.to_string());
+            Arc::new(owned)
+        })
+        .collect()
 }
 
 /// Whether an enabled Ingress is served by the listener `listener_name` of class
@@ -889,5 +935,81 @@ mod tests {
             .map(secret_key)
             .collect();
         assert_eq!(refs, ["default/a", "infra/p"]);
+    }
+
+    fn class(name: &str, default: Option<&str>) -> IngressClass {
+        IngressClass {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                annotations: default.map(|v| {
+                    [(DEFAULT_CLASS_ANNOTATION.to_string(), v.to_string())]
+                        .into_iter()
+                        .collect()
+                }),
+                ..Default::default()
+            },
+            spec: None,
+        }
+    }
+
+    #[test]
+    fn the_default_class_is_the_one_annotated_and_only_if_it_is_alone() {
+        let nginx = class("nginx", Some("true"));
+        let other = class("other", None);
+        let no = class("no", Some("false"));
+        assert_eq!(
+            default_class([&nginx, &other, &no]).as_deref(),
+            Some("nginx")
+        );
+        assert_eq!(default_class([&other, &no]), None);
+        let second = class("second", Some("True"));
+        assert_eq!(
+            default_class([&nginx, &second]),
+            None,
+            "two defaults: ambiguous"
+        );
+    }
+
+    #[test]
+    fn an_ingress_without_a_class_is_served_by_the_listener_of_the_default_class() {
+        let classless = Arc::new(
+            Ing {
+                class: None,
+                tls: vec![(vec!["a.example.com"], Some("a-tls"))],
+                ..Default::default()
+            }
+            .build(),
+        );
+        let legacy = Arc::new(
+            Ing {
+                name: "legacy",
+                class: None,
+                ann: vec![
+                    (annotations::ENABLED, "true"),
+                    (LEGACY_INGRESS_CLASS_ANNOTATION, "haproxy"),
+                ],
+                ..Default::default()
+            }
+            .build(),
+        );
+        let nginx = listener("public", Some("nginx"));
+        let all = [classless.clone(), legacy.clone()];
+        // Without a default class nobody serves the class-less Ingress.
+        let seen = with_default_class(&all, None);
+        assert!(selected_ingresses(&nginx, seen.iter().map(|i| i.as_ref())).is_empty());
+        let seen = with_default_class(&all, Some("nginx"));
+        let picked = selected_ingresses(&nginx, seen.iter().map(|i| i.as_ref()));
+        assert_eq!(picked.len(), 1);
+        assert_eq!(ingress_key(picked[0]), "default/web");
+        assert_eq!(
+            referenced_secrets(&nginx, seen.iter().map(|i| i.as_ref()))
+                .into_iter()
+                .map(|s| s.name)
+                .collect::<Vec<_>>(),
+            ["a-tls"]
+        );
+        // The legacy annotation is a class: it stays haproxy's, and is not copied.
+        assert!(Arc::ptr_eq(&seen[1], &legacy));
+        assert_eq!(ingress_class(&seen[1]), Some("haproxy"));
     }
 }

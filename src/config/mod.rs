@@ -4,6 +4,7 @@
 //! Kubernetes objects ([`kube`]); the data plane never knows which. Validation happens here,
 //! once, at the edge: everything downstream takes a [`ProxyConfig`] and trusts it.
 
+pub mod bind;
 pub mod file;
 mod hosts;
 pub mod kube;

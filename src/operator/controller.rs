@@ -4,38 +4,35 @@
 //! writes; a standby replica keeps its caches warm and does nothing else.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Debug;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::{future, StreamExt};
-use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
+use k8s_openapi::api::apps::v1::DaemonSetStatus;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::networking::v1::Ingress;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, PartialObjectMeta, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource, ResourceExt};
-use serde::de::DeserializeOwned;
-use serde::Serialize;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::apply::{self, ApplyError};
 use super::events::{self, PlannedEvent, Target};
 use super::metrics::{results, AdminState, OperatorMetrics};
 use super::reports::{status_address, HttpReportFetcher, ReportFetcher};
-use super::resources::{self, label_selector, Desired, Params};
-use super::status::{self, PodReport};
-use super::{leader, FIELD_MANAGER};
+use super::resources::{self, label_selector, Params, PodDefaults};
+use super::status::{self, Blocker, PodReport};
+use super::watches::{self, OwnedStores};
+use super::{conflicts, leader, FIELD_MANAGER};
 use crate::api::altsvc::{controller_of, IngressController};
-use crate::api::{Http3Listener, Http3ListenerStatus, SecretRef};
+use crate::api::{reasons, Http3Listener, Http3ListenerStatus, SecretRef};
 use crate::config::kube::{
     ingress_key, referenced_secrets, resolve_hosts, ResolvedHosts, SecretMap,
 };
@@ -51,6 +48,9 @@ const MAX_NOTE: usize = 1000;
 pub enum Error {
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    /// Written to the status too (`Ready=False`), unless the API server did not answer.
+    #[error("{0}")]
+    Apply(#[from] ApplyError),
     #[error("cannot build a Kubernetes client (no kubeconfig and not in a cluster?): {0}")]
     Client(#[source] kube::Error),
     #[error(
@@ -65,12 +65,25 @@ pub enum Error {
     IngressCache,
 }
 
+/// The operator's caches: what reconciles read instead of asking the API server.
+#[derive(Clone)]
+pub struct Caches {
+    /// All Ingresses, kept by a reflector the controller polls.
+    pub ingresses: Store<Ingress>,
+    /// All listeners (the controller's own store), for port conflicts between them.
+    pub listeners: Store<Http3Listener>,
+    /// The Roles, RoleBindings and Services the operator made, for pruning.
+    pub owned: OwnedStores,
+}
+
 /// Everything a reconciliation needs; shared by all of them.
 pub struct Context {
     pub client: Client,
     pub params: Params,
-    /// All Ingresses, kept by a reflector the controller polls.
+    pub pod_defaults: PodDefaults,
     pub ingresses: Store<Ingress>,
+    pub listeners: Store<Http3Listener>,
+    pub owned: OwnedStores,
     pub leader: watch::Receiver<bool>,
     pub reports: Arc<dyn ReportFetcher>,
     pub recorder: Recorder,
@@ -83,7 +96,7 @@ impl Context {
     pub fn new(
         client: Client,
         params: Params,
-        ingresses: Store<Ingress>,
+        caches: Caches,
         leader: watch::Receiver<bool>,
         reports: Arc<dyn ReportFetcher>,
         reporter: Reporter,
@@ -93,12 +106,21 @@ impl Context {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             params,
-            ingresses,
+            pod_defaults: PodDefaults::default(),
+            ingresses: caches.ingresses,
+            listeners: caches.listeners,
+            owned: caches.owned,
             leader,
             reports,
             metrics,
             secret_interest: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// What goes into every data plane pod besides the listener's spec.
+    pub fn with_pod_defaults(mut self, pod: PodDefaults) -> Self {
+        self.pod_defaults = pod;
+        self
     }
 
     /// Whether some listener references this Secret.
@@ -128,87 +150,6 @@ pub fn ingress_is_relevant(ing: &Ingress, listeners: &[Arc<Http3Listener>]) -> b
             .as_ref()
             .is_some_and(|s| s.hosts.iter().any(|h| h.ingress.as_deref() == Some(&key)))
     })
-}
-
-async fn apply<K>(api: &Api<K>, obj: &K) -> Result<K, kube::Error>
-where
-    K: Resource + Clone + DeserializeOwned + Serialize + Debug,
-{
-    let name = obj.meta().name.clone().unwrap_or_default();
-    api.patch(
-        &name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(obj),
-    )
-    .await
-}
-
-/// Applies every desired object; returns the DaemonSet as the API server has it (with status).
-async fn apply_all(ctx: &Context, d: &Desired) -> Result<DaemonSet, kube::Error> {
-    let c = &ctx.client;
-    let ns = ctx.params.namespace.as_str();
-    apply(
-        &Api::<ServiceAccount>::namespaced(c.clone(), ns),
-        &d.service_account,
-    )
-    .await?;
-    apply(&Api::<ClusterRole>::all(c.clone()), &d.cluster_role).await?;
-    apply(
-        &Api::<ClusterRoleBinding>::all(c.clone()),
-        &d.cluster_role_binding,
-    )
-    .await?;
-    for r in &d.roles {
-        let rns = r.metadata.namespace.as_deref().unwrap_or_default();
-        apply(&Api::<Role>::namespaced(c.clone(), rns), r).await?;
-    }
-    for rb in &d.role_bindings {
-        let rns = rb.metadata.namespace.as_deref().unwrap_or_default();
-        apply(&Api::<RoleBinding>::namespaced(c.clone(), rns), rb).await?;
-    }
-    apply(&Api::<DaemonSet>::namespaced(c.clone(), ns), &d.daemon_set).await
-}
-
-fn ignore_not_found<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
-    match r {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-/// Deletes the Roles and RoleBindings of namespaces whose Secrets are no longer referenced.
-/// (Everything else has a fixed name and is replaced in place by the apply.)
-async fn prune(ctx: &Context, listener: &str, d: &Desired) -> Result<(), kube::Error> {
-    let lp = ListParams::default().labels(&label_selector(listener));
-    let keep: BTreeSet<&str> = d
-        .roles
-        .iter()
-        .filter_map(|r| r.metadata.namespace.as_deref())
-        .collect();
-    let c = &ctx.client;
-    for r in Api::<Role>::all(c.clone()).list(&lp).await? {
-        let ns = r.namespace().unwrap_or_default();
-        if !keep.contains(ns.as_str()) {
-            tracing::info!(%listener, namespace = %ns, "removing the data plane's Secret access");
-            ignore_not_found(
-                Api::<Role>::namespaced(c.clone(), &ns)
-                    .delete(&r.name_any(), &DeleteParams::background())
-                    .await,
-            )?;
-        }
-    }
-    for rb in Api::<RoleBinding>::all(c.clone()).list(&lp).await? {
-        let ns = rb.namespace().unwrap_or_default();
-        if !keep.contains(ns.as_str()) {
-            ignore_not_found(
-                Api::<RoleBinding>::namespaced(c.clone(), &ns)
-                    .delete(&rb.name_any(), &DeleteParams::background())
-                    .await,
-            )?;
-        }
-    }
-    Ok(())
 }
 
 async fn fetch_secrets(
@@ -317,6 +258,84 @@ async fn publish(ctx: &Context, listener: &Http3Listener, planned: Vec<PlannedEv
     }
 }
 
+/// What the reconcile found out about the data plane, for the status.
+#[derive(Default)]
+struct Observed {
+    blocker: Option<Blocker>,
+    daemon_set: Option<DaemonSetStatus>,
+    pods: Vec<PodReport>,
+    failed_create: Option<String>,
+    /// An apply or prune that failed: reported in the status, then returned as the error.
+    failure: Option<ApplyError>,
+}
+
+impl Observed {
+    fn blocked(reason: &'static str, message: String) -> Self {
+        Self {
+            blocker: Some(Blocker { reason, message }),
+            ..Default::default()
+        }
+    }
+}
+
+/// Applies the data plane unless the spec is invalid or its ports are taken, prunes what it
+/// no longer needs, and reads its pods. API errors the API server answered become a blocker
+/// in the status; only an unreachable API server is returned as an error.
+async fn observe_data_plane(
+    listener: &Http3Listener,
+    refs: &BTreeSet<SecretRef>,
+    ctx: &Context,
+) -> Result<Observed, Error> {
+    let name = listener.name_any();
+    let d = match resources::desired(listener, refs, &ctx.params, &ctx.pod_defaults) {
+        Ok(d) => d,
+        Err(e) => {
+            // Leave the running data plane alone: it keeps serving its last good config.
+            tracing::warn!(listener = %name, error = %e, "invalid listener");
+            return Ok(Observed::blocked(reasons::INVALID_SPEC, e.to_string()));
+        }
+    };
+    if let Some(c) = conflicts::port_conflict(listener, &ctx.listeners.state()) {
+        // Nothing is applied, and a DaemonSet this listener already runs is left alone: the
+        // operator never takes a serving data plane down over another object's edit.
+        tracing::warn!(listener = %name, other = %c.other, port = c.port.port, "port conflict");
+        return Ok(Observed::blocked(reasons::PORT_CONFLICT, c.message()));
+    }
+    let applied = match apply::apply_all(ctx, &d).await {
+        Ok(ds) => apply::prune(ctx, &name, &d).await.map(|()| ds),
+        Err(e) => Err(e),
+    };
+    let ds = match applied {
+        Ok(ds) => ds,
+        Err(e) => {
+            let Some(blocker) = apply::blocker(&e) else {
+                return Err(e.into());
+            };
+            tracing::warn!(listener = %name, error = %e, "apply failed");
+            return Ok(Observed {
+                blocker: Some(blocker),
+                failure: Some(e),
+                ..Default::default()
+            });
+        }
+    };
+    let metrics = resources::validate(listener)
+        .map(|c| c.metrics_address)
+        .expect("desired() validated the spec");
+    let pods = pod_reports(ctx, &name, metrics).await?;
+    let failed_create = if apply::pods_missing(&ds) {
+        apply::failed_create(ctx, &ds).await
+    } else {
+        None
+    };
+    Ok(Observed {
+        daemon_set: ds.status,
+        pods,
+        failed_create,
+        ..Default::default()
+    })
+}
+
 /// The leader's reconciliation: apply the data plane, read its pods, write the status.
 async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<Action, Error> {
     let name = listener.name_any();
@@ -334,23 +353,7 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         &secrets,
         now.as_second(),
     );
-
-    let (spec_error, ds_status, pods) = match resources::desired(listener, &refs, &ctx.params) {
-        Ok(d) => {
-            let ds = apply_all(ctx, &d).await?;
-            prune(ctx, &name, &d).await?;
-            let metrics = resources::validate(listener)
-                .map(|c| c.metrics_address)
-                .expect("desired() validated the spec");
-            let pods = pod_reports(ctx, &name, metrics).await?;
-            (None, ds.status, pods)
-        }
-        Err(e) => {
-            // Leave the running data plane alone: it keeps serving its last good config.
-            tracing::warn!(listener = %name, error = %e, "invalid listener");
-            (Some(e.to_string()), None, Vec::new())
-        }
-    };
+    let observed = observe_data_plane(listener, &refs, ctx).await?;
 
     let controllers = ingress_controllers(&ingresses, &resolved);
     let next = status::aggregate(&status::Inputs {
@@ -358,15 +361,20 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         alt_svc_max_age: listener.spec.alt_svc.max_age_seconds,
         generation: listener.metadata.generation,
         port: listener.spec.port,
-        spec_error,
+        blocker: observed.blocker,
+        failed_create: observed.failed_create,
         hosts: &resolved.reports,
-        daemon_set: ds_status.as_ref(),
-        pods: &pods,
+        daemon_set: observed.daemon_set.as_ref(),
+        pods: &observed.pods,
         previous: listener.status.as_ref(),
         now,
     });
     write_status(ctx, listener, next).await?;
-    Ok(Action::requeue(REQUEUE))
+    match observed.failure {
+        // Said in the status; retried on the error policy's schedule.
+        Some(e) => Err(e.into()),
+        None => Ok(Action::requeue(REQUEUE)),
+    }
 }
 
 /// The TCP ingress controller of every Ingress that has a host of this listener, where its
@@ -521,7 +529,13 @@ pub async fn run_with(
     let (leader_rx, election) = start_election(&client, &opts, &id, &shutdown);
     tokio::spawn(export_leadership(leader_rx.clone(), metrics.clone()));
     let (ingress_store, ingress_writer) = reflector::store::<Ingress>();
-    tokio::spawn(ready_once_filled(ingress_store.clone(), ready));
+    let (listener_store, listener_writer) = reflector::store::<Http3Listener>();
+    let (owned, _owned_watches) = OwnedStores::start(&client, &opts.namespace);
+    tokio::spawn(ready_once_filled(
+        ingress_store.clone(),
+        owned.clone(),
+        ready,
+    ));
 
     let ctx = Arc::new(Context::new(
         client.clone(),
@@ -529,7 +543,11 @@ pub async fn run_with(
             namespace: opts.namespace.clone(),
             default_image: opts.data_plane_image.clone(),
         },
-        ingress_store,
+        Caches {
+            ingresses: ingress_store,
+            listeners: listener_store.clone(),
+            owned,
+        },
         leader_rx.clone(),
         reports,
         Reporter {
@@ -539,30 +557,33 @@ pub async fn run_with(
         metrics,
     ));
 
-    let controller = Controller::new(listeners, watcher::Config::default());
-    let ingress_trigger = ingress_trigger(&client, ingress_writer, controller.store());
-    let secret_trigger = secret_trigger(&client, ctx.clone());
-    let leader_trigger = tokio_stream_from_watch(leader_rx)
-        .filter_map(|is_leader| future::ready(is_leader.then_some(())));
-
     tracing::info!(
         namespace = %opts.namespace,
         leader_election = opts.leader_election,
         identity = %id,
         "operator starting"
     );
+    let (any_listener_tx, any_listener_rx) = mpsc::unbounded_channel();
+    let controller = Controller::for_stream(
+        watches::listener_changes(&client, listener_writer, any_listener_tx),
+        listener_store.clone(),
+    )
+    .watches_stream(
+        watches::daemon_set_changes(&client, &opts.namespace),
+        watches::owning_listeners,
+    )
+    .reconcile_all_on(watches::ingress_trigger(
+        &client,
+        ingress_writer,
+        listener_store,
+    ))
+    .reconcile_all_on(watches::secret_trigger(&client, ctx.clone()))
+    .reconcile_all_on(stream_from_channel(any_listener_rx))
+    .reconcile_all_on(
+        tokio_stream_from_watch(leader_rx)
+            .filter_map(|is_leader| future::ready(is_leader.then_some(()))),
+    );
     controller
-        .owns(
-            Api::<DaemonSet>::namespaced(client.clone(), &opts.namespace),
-            watcher::Config::default().labels(&format!(
-                "{}={}",
-                super::labels::MANAGED_BY,
-                super::labels::MANAGED_BY_VALUE
-            )),
-        )
-        .reconcile_all_on(ingress_trigger)
-        .reconcile_all_on(secret_trigger)
-        .reconcile_all_on(leader_trigger)
         .with_config(kube::runtime::controller::Config::default().debounce(Duration::from_secs(1)))
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(reconcile, error_policy, ctx)
@@ -579,6 +600,13 @@ pub async fn run_with(
         let _ = h.await;
     }
     Ok(())
+}
+
+/// A channel's messages as a stream (it ends when every sender is gone).
+fn stream_from_channel(
+    rx: mpsc::UnboundedReceiver<()>,
+) -> impl futures_util::Stream<Item = ()> + Send {
+    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|v| (v, rx)) })
 }
 
 /// Leadership as a watch flag: from the Lease election when it is on (the task is returned so
@@ -611,65 +639,12 @@ async fn export_leadership(mut rx: watch::Receiver<bool>, metrics: Arc<OperatorM
     }
 }
 
-/// Readiness waits for the Ingress cache: before it is filled every listener would look as if
-/// no Ingress wanted it.
-async fn ready_once_filled(store: Store<Ingress>, ready: Arc<AtomicBool>) {
-    if store.wait_until_ready().await.is_ok() {
+/// Readiness waits for the Ingress cache (before it is filled every listener would look as if
+/// no Ingress wanted it) and the owned-object caches (pruning reads them).
+async fn ready_once_filled(store: Store<Ingress>, owned: OwnedStores, ready: Arc<AtomicBool>) {
+    if store.wait_until_ready().await.is_ok() && owned.wait_until_ready().await {
         ready.store(true, Ordering::Relaxed);
     }
-}
-
-/// Fills the Ingress cache and reconciles every listener when an Ingress that matters to one
-/// of them changes ([`ingress_is_relevant`]).
-fn ingress_trigger(
-    client: &Client,
-    writer: reflector::store::Writer<Ingress>,
-    listeners: Store<Http3Listener>,
-) -> impl futures_util::Stream<Item = ()> + Send + 'static {
-    let ingresses = watcher(
-        Api::<Ingress>::all(client.clone()),
-        watcher::Config::default(),
-    );
-    reflector::reflector(writer, ingresses)
-        .default_backoff()
-        .touched_objects()
-        .filter_map(move |r| {
-            let relevant = match r {
-                Ok(ing) => ingress_is_relevant(&ing, &listeners.state()),
-                Err(e) => {
-                    tracing::warn!(error = %e, "Ingress watch");
-                    false
-                }
-            };
-            future::ready(relevant.then_some(()))
-        })
-}
-
-/// Reconciles every listener when a Secret some listener references changes. Only metadata
-/// is watched: the operator never needs the key material of Secrets it does not use.
-fn secret_trigger(
-    client: &Client,
-    ctx: Arc<Context>,
-) -> impl futures_util::Stream<Item = ()> + Send + 'static {
-    watcher(
-        Api::<PartialObjectMeta<Secret>>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .touched_objects()
-    .filter_map(move |r| {
-        let relevant = match r {
-            Ok(s) => ctx.wants_secret(
-                s.metadata.namespace.as_deref().unwrap_or_default(),
-                s.metadata.name.as_deref().unwrap_or_default(),
-            ),
-            Err(e) => {
-                tracing::warn!(error = %e, "Secret watch");
-                false
-            }
-        };
-        future::ready(relevant.then_some(()))
-    })
 }
 
 /// The leadership flag as a stream of values (the current one first).

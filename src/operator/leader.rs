@@ -172,6 +172,13 @@ pub async fn release(api: &Api<Lease>, cfg: &LeaseConfig) -> Result<(), kube::Er
     Ok(())
 }
 
+/// Publishes leadership only when it changes. Every watcher of the flag reacts to a send (the
+/// controller re-reconciles every listener when it becomes leader), so a renewal every
+/// `retry_period` must not look like news.
+pub fn publish(tx: &watch::Sender<bool>, leader: bool) {
+    tx.send_if_modified(|v| std::mem::replace(v, leader) != leader);
+}
+
 /// Runs the election until `shutdown` resolves, publishing leadership on `tx`. A leader that
 /// fails to renew for `renew_deadline` steps down (sends `false`) before its lease can expire.
 pub async fn run(
@@ -190,21 +197,21 @@ pub async fn run(
                     tracing::info!(identity = %cfg.identity, lease = %cfg.name, "became leader");
                 }
                 last_renewed = Some(tokio::time::Instant::now());
-                tx.send_replace(true);
+                publish(&tx, true);
             }
             Ok(false) => {
                 if *tx.borrow() {
                     tracing::warn!(identity = %cfg.identity, "lost the lease to another replica");
                 }
                 last_renewed = None;
-                tx.send_replace(false);
+                publish(&tx, false);
             }
             Err(e) => {
                 tracing::warn!(error = %e, "leader election: cannot read or write the Lease");
                 if last_renewed.is_some_and(|t| t.elapsed() >= cfg.renew_deadline) {
                     tracing::warn!("could not renew the lease in time: stepping down");
                     last_renewed = None;
-                    tx.send_replace(false);
+                    publish(&tx, false);
                 }
             }
         }
@@ -214,7 +221,7 @@ pub async fn run(
         }
     }
     if *tx.borrow() {
-        tx.send_replace(false);
+        publish(&tx, false);
         if let Err(e) = release(&api, &cfg).await {
             tracing::warn!(error = %e, "could not release the lease");
         }
@@ -301,5 +308,22 @@ mod tests {
         let first = next_lease(None, &cfg, &Decision::Acquire, t(100));
         assert_eq!(first.spec.unwrap().lease_transitions, Some(0));
         assert_eq!(first.metadata.resource_version, None);
+    }
+
+    #[test]
+    fn renewals_are_not_news_only_changes_are() {
+        let (tx, mut rx) = watch::channel(false);
+        rx.borrow_and_update();
+        publish(&tx, false);
+        assert!(!rx.has_changed().unwrap());
+        publish(&tx, true);
+        assert!(rx.has_changed().unwrap());
+        assert!(*rx.borrow_and_update());
+        for _ in 0..3 {
+            publish(&tx, true);
+        }
+        assert!(!rx.has_changed().unwrap(), "a renewal woke the watchers");
+        publish(&tx, false);
+        assert!(rx.has_changed().unwrap());
     }
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::resources::{desired, BuildError, Params};
+use super::resources::{desired, BuildError, Params, PodDefaults};
 use crate::api::{Http3Listener, Http3ListenerSpec, SecretRef};
 
 #[derive(Debug, thiserror::Error)]
@@ -30,8 +30,9 @@ fn example(name: &str, spec: serde_json::Value) -> Http3Listener {
     l
 }
 
-/// The two example listeners, with the Secrets their hosts reference.
-pub fn examples() -> Vec<(Http3Listener, BTreeSet<SecretRef>)> {
+/// The two example listeners, with the Secrets their hosts reference and the operator's
+/// per-pod defaults (none, and pull secrets).
+pub fn examples() -> Vec<(Http3Listener, BTreeSet<SecretRef>, PodDefaults)> {
     let default = example(
         "default",
         serde_json::json!({
@@ -64,7 +65,19 @@ pub fn examples() -> Vec<(Http3Listener, BTreeSet<SecretRef>)> {
             "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ingress", "effect": "NoSchedule"}],
             "resources": {"requests": {"cpu": "250m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
             "image": "registry.example.com/h3-ingress:0.1.0",
-            "tuneNodeBufferLimits": true
+            "tuneNodeBufferLimits": true,
+            "tuneImage": "registry.example.com/busybox@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            "service": {
+                "type": "LoadBalancer",
+                "externalTrafficPolicy": "Cluster",
+                "annotations": {"metallb.universe.tf/allow-shared-ip": "ingress-443"},
+                "loadBalancerIP": "192.0.2.10",
+                "loadBalancerClass": "metallb",
+                "nodePort": 30443,
+                "includeTcp": true,
+                "ipFamilyPolicy": "PreferDualStack"
+            },
+            "rollout": {"maxUnavailable": "25%"}
         }),
     );
     let refs = |v: &[(&str, &str)]| {
@@ -75,8 +88,16 @@ pub fn examples() -> Vec<(Http3Listener, BTreeSet<SecretRef>)> {
             })
             .collect::<BTreeSet<_>>()
     };
+    let pull = PodDefaults {
+        image_pull_secrets: vec!["regcred".into()],
+        ..PodDefaults::default()
+    };
     vec![
-        (default, refs(&[("default", "web-tls")])),
+        (
+            default,
+            refs(&[("default", "web-tls")]),
+            PodDefaults::default(),
+        ),
         (
             everything,
             refs(&[
@@ -84,6 +105,7 @@ pub fn examples() -> Vec<(Http3Listener, BTreeSet<SecretRef>)> {
                 ("shop", "shop-tls"),
                 ("shop", "api-tls"),
             ]),
+            pull,
         ),
     ]
 }
@@ -101,9 +123,9 @@ fn write(dir: &Path, file: String, obj: &impl Serialize) -> Result<PathBuf, Rend
 pub fn write_all(dir: &Path, params: &Params) -> Result<Vec<PathBuf>, RenderError> {
     let mut out = Vec::new();
     std::fs::create_dir_all(dir).map_err(|e| RenderError::Io(dir.to_path_buf(), e))?;
-    for (listener, secrets) in examples() {
+    for (listener, secrets, pod) in examples() {
         let name = listener.metadata.name.clone().unwrap_or_default();
-        let d = desired(&listener, &secrets, params)
+        let d = desired(&listener, &secrets, params, &pod)
             .map_err(|e| RenderError::Build(name.clone(), e))?;
         let sub = dir.join(&name);
         std::fs::create_dir_all(&sub).map_err(|e| RenderError::Io(sub.clone(), e))?;
@@ -138,6 +160,13 @@ pub fn write_all(dir: &Path, params: &Params) -> Result<Vec<PathBuf>, RenderErro
             ),
             &d.cluster_role_binding,
         )?);
+        if let Some(svc) = &d.service {
+            out.push(write(
+                &sub,
+                format!("service-{}.yaml", ns(&svc.metadata)),
+                svc,
+            )?);
+        }
         for r in &d.roles {
             out.push(write(&sub, format!("role-{}.yaml", ns(&r.metadata)), r)?);
         }

@@ -1,9 +1,10 @@
 //! The objects the operator creates for one `Http3Listener`, built by pure functions.
 //!
-//! Per listener: a ServiceAccount and a hostNetwork DaemonSet in the operator's namespace, a
-//! ClusterRole + ClusterRoleBinding (read its own listener and Ingresses), and a Role +
-//! RoleBinding in each namespace holding a referenced Secret, naming only those Secrets. Every
-//! object carries an owner reference to the listener so deleting it removes them all.
+//! Per listener: a ServiceAccount and a hostNetwork DaemonSet in the operator's namespace (and
+//! a Service there when `spec.service` asks), a ClusterRole + ClusterRoleBinding (read its own
+//! listener, Ingresses and IngressClasses), and a Role + RoleBinding in each namespace holding a
+//! referenced Secret, naming only those Secrets. Every object carries an owner reference to the
+//! listener so deleting it removes them all.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -12,8 +13,9 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    HTTPGetAction, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccount, Volume, VolumeMount,
+    HTTPGetAction, LocalObjectReference, ObjectFieldSelector, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, Service,
+    ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
@@ -23,7 +25,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 
-use crate::api::{Http3Listener, SecretRef, RECOMMENDED_SYSCTL_BUFFER_MAX};
+use crate::api::{
+    check_max_unavailable, Http3Listener, ListenerService, SecretRef, ServiceType,
+    RECOMMENDED_SYSCTL_BUFFER_MAX,
+};
 use crate::config::{build, ConfigError, HostTable, ProxyConfig, Settings};
 
 use super::labels;
@@ -32,9 +37,14 @@ use super::labels;
 pub const MAX_LISTENER_NAME: usize = 63;
 /// Pod template annotation whose change rolls the DaemonSet: a hash of what needs new sockets.
 pub const SOCKET_HASH_ANNOTATION: &str = "h3-ingress.dev/socket-hash";
-/// Image of the opt-in init container that raises the node's buffer limits. It needs a shell
-/// and nothing else, which the (distroless) data plane image does not have.
+/// Default image of the opt-in init container that raises the node's buffer limits. It needs a
+/// shell and nothing else, which the (distroless) data plane image does not have. Overridden
+/// by the operator's `--tune-image` and a listener's `spec.tuneImage`.
 pub const TUNE_IMAGE: &str = "busybox:1.36.1";
+/// Node label every data plane pod selects, next to the listener's own selector: the binary
+/// is a Linux binary, and mixed clusters schedule by this label.
+pub const OS_LABEL: &str = "kubernetes.io/os";
+pub const OS_LINUX: &str = "linux";
 /// Name of the data plane container (also used by `kubectl logs -c`).
 pub const CONTAINER_NAME: &str = "h3-ingress";
 pub const TUNE_CONTAINER_NAME: &str = "tune-node-buffers";
@@ -52,6 +62,10 @@ pub enum BuildError {
     NoUid,
     #[error("{0}")]
     InvalidSpec(#[from] ConfigError),
+    /// A Kubernetes-only field (`spec.service`, `spec.rollout`) the CRD's rules should have
+    /// refused (a spec stored before they existed, or a cluster without CEL).
+    #[error("spec.{0}")]
+    InvalidField(String),
 }
 
 /// Operator-wide inputs of the builders.
@@ -61,6 +75,37 @@ pub struct Params {
     pub namespace: String,
     /// Data plane image when `spec.image` is empty (normally the operator's own image).
     pub default_image: String,
+}
+
+/// What the operator puts into every data plane pod whatever the listener says, from its
+/// command line: pull secrets for the images, and the tune container's default image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodDefaults {
+    /// Secrets (in the operator's namespace) the data plane's ServiceAccount and pods pull
+    /// their images with.
+    pub image_pull_secrets: Vec<String>,
+    /// Image of the opt-in init container when `spec.tuneImage` is empty.
+    pub tune_image: String,
+}
+
+impl Default for PodDefaults {
+    fn default() -> Self {
+        Self {
+            image_pull_secrets: Vec::new(),
+            tune_image: TUNE_IMAGE.to_string(),
+        }
+    }
+}
+
+impl PodDefaults {
+    fn pull_secrets(&self) -> Option<Vec<LocalObjectReference>> {
+        (!self.image_pull_secrets.is_empty()).then(|| {
+            self.image_pull_secrets
+                .iter()
+                .map(|n| LocalObjectReference { name: n.clone() })
+                .collect()
+        })
+    }
 }
 
 /// Everything the operator applies for one listener.
@@ -73,6 +118,8 @@ pub struct Desired {
     pub roles: Vec<Role>,
     pub role_bindings: Vec<RoleBinding>,
     pub daemon_set: DaemonSet,
+    /// The Service `spec.service` asks for, if it does.
+    pub service: Option<Service>,
     /// The pod template's [`SOCKET_HASH_ANNOTATION`] value.
     pub socket_hash: String,
 }
@@ -148,11 +195,28 @@ pub fn validate(listener: &Http3Listener) -> Result<ProxyConfig, BuildError> {
     if name.len() > MAX_LISTENER_NAME {
         return Err(BuildError::NameTooLong(name));
     }
+    check_max_unavailable(&listener.spec.rollout.max_unavailable)
+        .map_err(BuildError::InvalidField)?;
+    if let Some(svc) = &listener.spec.service {
+        check_service(svc)?;
+    }
     Ok(build(
         Settings::from(&listener.spec),
         HostTable::default(),
         "spec",
     )?)
+}
+
+/// The rule the CRD's CEL expression on `spec.service` states, for specs it did not check.
+fn check_service(svc: &ListenerService) -> Result<(), BuildError> {
+    let lb_only = svc.load_balancer_class.is_some() || svc.load_balancer_ip.is_some();
+    if svc.type_ != ServiceType::LoadBalancer && lb_only {
+        return Err(BuildError::InvalidField(
+            "service.loadBalancerClass and service.loadBalancerIP need service.type: LoadBalancer"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Hash of exactly the settings a running pod cannot apply (the fields
@@ -267,10 +331,10 @@ fn tune_script(c: &ProxyConfig) -> String {
     )
 }
 
-fn tune_container(c: &ProxyConfig) -> Container {
+fn tune_container(c: &ProxyConfig, image: String) -> Container {
     Container {
         name: TUNE_CONTAINER_NAME.into(),
-        image: Some(TUNE_IMAGE.into()),
+        image: Some(image),
         command: Some(vec!["sh".into(), "-c".into(), tune_script(c)]),
         security_context: Some(SecurityContext {
             // Writing /proc/sys/net/core needs a writable /proc/sys, which only privileged
@@ -354,10 +418,29 @@ fn data_plane_container(
     }
 }
 
+/// The listener's node selector with `kubernetes.io/os: linux` added (a value the user set
+/// for that key stays).
+pub fn node_selector(listener: &Http3Listener) -> BTreeMap<String, String> {
+    let mut sel = listener.spec.node_selector.clone();
+    sel.entry(OS_LABEL.to_string())
+        .or_insert_with(|| OS_LINUX.to_string());
+    sel
+}
+
 /// The pod: on the node's network, placed by the listener's selector and tolerations, with
 /// time to drain before the kubelet kills it.
-fn data_plane_pod(listener: &Http3Listener, config: &ProxyConfig, container: Container) -> PodSpec {
+fn data_plane_pod(
+    listener: &Http3Listener,
+    config: &ProxyConfig,
+    container: Container,
+    pod: &PodDefaults,
+) -> PodSpec {
     let spec = &listener.spec;
+    let tune_image = spec
+        .tune_image
+        .clone()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| pod.tune_image.clone());
     PodSpec {
         host_network: Some(true),
         // Without this a hostNetwork pod resolves with the node's resolv.conf and cannot
@@ -368,7 +451,8 @@ fn data_plane_pod(listener: &Http3Listener, config: &ProxyConfig, container: Con
         termination_grace_period_seconds: Some(
             i64::from(config.http.drain_timeout_seconds) + TERMINATION_GRACE_MARGIN_SECONDS,
         ),
-        node_selector: (!spec.node_selector.is_empty()).then(|| spec.node_selector.clone()),
+        node_selector: Some(node_selector(listener)),
+        image_pull_secrets: pod.pull_secrets(),
         tolerations: (!spec.tolerations.is_empty()).then(|| spec.tolerations.clone()),
         security_context: Some(PodSecurityContext {
             seccomp_profile: Some(SeccompProfile {
@@ -379,7 +463,7 @@ fn data_plane_pod(listener: &Http3Listener, config: &ProxyConfig, container: Con
         }),
         init_containers: spec
             .tune_node_buffer_limits
-            .then(|| vec![tune_container(config)]),
+            .then(|| vec![tune_container(config, tune_image)]),
         containers: vec![container],
         volumes: Some(vec![Volume {
             name: "tmp".into(),
@@ -399,6 +483,7 @@ pub fn daemon_set(
     listener: &Http3Listener,
     config: &ProxyConfig,
     params: &Params,
+    pod: &PodDefaults,
 ) -> Result<DaemonSet, BuildError> {
     let name = listener.name_any();
     let image = listener
@@ -424,7 +509,7 @@ pub fn daemon_set(
                 type_: Some("RollingUpdate".into()),
                 rolling_update: Some(RollingUpdateDaemonSet {
                     max_surge: Some(IntOrString::Int(0)),
-                    max_unavailable: Some(IntOrString::Int(1)),
+                    max_unavailable: Some(listener.spec.rollout.max_unavailable.clone()),
                 }),
             }),
             template: PodTemplateSpec {
@@ -433,7 +518,7 @@ pub fn daemon_set(
                     annotations: Some(template_annotations),
                     ..Default::default()
                 }),
-                spec: Some(data_plane_pod(listener, config, container)),
+                spec: Some(data_plane_pod(listener, config, container, pod)),
             },
             ..Default::default()
         },
@@ -463,11 +548,61 @@ fn subject(listener: &str, params: &Params) -> Subject {
     }
 }
 
+/// Name of the UDP port of the Service and of the pod (`quic`), and of the TCP one.
+pub const QUIC_PORT_NAME: &str = "quic";
+pub const TCP_PORT_NAME: &str = "https";
+
+/// The Service `spec.service` asks for: the UDP port (`spec.port` on the load balancer and on
+/// the pods, so `Alt-Svc: h3=":PORT"` names what clients reach), selecting this listener's pods.
+pub fn service(listener: &Http3Listener, params: &Params) -> Result<Option<Service>, BuildError> {
+    let Some(svc) = &listener.spec.service else {
+        return Ok(None);
+    };
+    let name = listener.name_any();
+    let port = i32::from(listener.spec.port);
+    let lb = svc.type_ == ServiceType::LoadBalancer;
+    let mut ports = vec![ServicePort {
+        name: Some(QUIC_PORT_NAME.into()),
+        protocol: Some("UDP".into()),
+        port,
+        target_port: Some(IntOrString::Int(port)),
+        node_port: svc.node_port.map(i32::from),
+        ..Default::default()
+    }];
+    if svc.include_tcp {
+        ports.push(ServicePort {
+            name: Some(TCP_PORT_NAME.into()),
+            protocol: Some("TCP".into()),
+            port,
+            target_port: Some(IntOrString::Int(port)),
+            ..Default::default()
+        });
+    }
+    let mut metadata = meta(listener, data_plane_name(&name), Some(&params.namespace))?;
+    metadata.annotations = (!svc.annotations.is_empty()).then(|| svc.annotations.clone());
+    Ok(Some(Service {
+        metadata,
+        spec: Some(ServiceSpec {
+            type_: Some(svc.type_.as_str().into()),
+            selector: Some(selector_labels(&name)),
+            ports: Some(ports),
+            external_traffic_policy: Some(svc.external_traffic_policy.as_str().into()),
+            ip_family_policy: svc.ip_family_policy.map(|p| p.as_str().to_string()),
+            load_balancer_class: svc.load_balancer_class.clone().filter(|_| lb),
+            load_balancer_ip: svc.load_balancer_ip.clone().filter(|_| lb),
+            allocate_load_balancer_node_ports: lb.then_some(svc.allocate_load_balancer_node_ports),
+            ..Default::default()
+        }),
+        status: None,
+    }))
+}
+
 /// Builds every object for a listener; `secrets` are the Secrets its hosts reference.
 pub fn desired(
     listener: &Http3Listener,
     secrets: &BTreeSet<SecretRef>,
     params: &Params,
+    pod: &PodDefaults,
 ) -> Result<Desired, BuildError> {
     let config = validate(listener)?;
     let name = listener.name_any();
@@ -475,6 +610,7 @@ pub fn desired(
     let service_account = ServiceAccount {
         metadata: meta(listener, data_plane_name(&name), Some(&params.namespace))?,
         automount_service_account_token: Some(true),
+        image_pull_secrets: pod.pull_secrets(),
         ..Default::default()
     };
     let cluster_role = ClusterRole {
@@ -484,6 +620,8 @@ pub fn desired(
         rules: Some(vec![
             rule("h3-ingress.dev", "http3listeners", Some(vec![name.clone()])),
             rule("networking.k8s.io", "ingresses", None),
+            // Which class is the cluster's default, for Ingresses that name none.
+            rule("networking.k8s.io", "ingressclasses", None),
         ]),
         aggregation_rule: None,
     };
@@ -525,7 +663,8 @@ pub fn desired(
         cluster_role_binding,
         roles,
         role_bindings,
-        daemon_set: daemon_set(listener, &config, params)?,
+        daemon_set: daemon_set(listener, &config, params, pod)?,
+        service: service(listener, params)?,
         socket_hash: socket_hash(&config),
     })
 }
@@ -570,7 +709,7 @@ pub(crate) mod tests {
     #[test]
     fn default_daemon_set_is_host_network_locked_down_and_runs_as_root_for_port_443() {
         let l = listener("public", base());
-        let d = desired(&l, &BTreeSet::new(), &params()).unwrap();
+        let d = desired(&l, &BTreeSet::new(), &params(), &PodDefaults::default()).unwrap();
         let ds = &d.daemon_set;
         assert_eq!(ds.metadata.name.as_deref(), Some("h3-ingress-public"));
         assert_eq!(ds.metadata.namespace.as_deref(), Some("h3-system"));
@@ -655,7 +794,13 @@ pub(crate) mod tests {
     fn high_port_runs_as_non_root_and_force_buffers_adds_net_admin_as_root() {
         let mut spec = base();
         spec["port"] = 8443.into();
-        let d = desired(&listener("alt", spec.clone()), &BTreeSet::new(), &params()).unwrap();
+        let d = desired(
+            &listener("alt", spec.clone()),
+            &BTreeSet::new(),
+            &params(),
+            &PodDefaults::default(),
+        )
+        .unwrap();
         let sc = pod(&d.daemon_set).containers[0]
             .security_context
             .clone()
@@ -664,7 +809,13 @@ pub(crate) mod tests {
         assert_eq!(sc.run_as_user, Some(NON_ROOT_UID));
 
         spec["socket"] = serde_json::json!({"forceBuffers": true});
-        let d = desired(&listener("alt", spec), &BTreeSet::new(), &params()).unwrap();
+        let d = desired(
+            &listener("alt", spec),
+            &BTreeSet::new(),
+            &params(),
+            &PodDefaults::default(),
+        )
+        .unwrap();
         let sc = pod(&d.daemon_set).containers[0]
             .security_context
             .clone()
@@ -688,13 +839,27 @@ pub(crate) mod tests {
         spec["socket"] = serde_json::json!({"receiveBufferBytes": 16777216});
         spec["metrics"] = serde_json::json!({"address": "127.0.0.1:9476"});
         spec["http"] = serde_json::json!({"drainTimeoutSeconds": 120});
-        let d = desired(&listener("all", spec), &BTreeSet::new(), &params()).unwrap();
+        let d = desired(
+            &listener("all", spec),
+            &BTreeSet::new(),
+            &params(),
+            &PodDefaults::default(),
+        )
+        .unwrap();
         let p = pod(&d.daemon_set);
         assert_eq!(
             p.containers[0].image.as_deref(),
             Some("registry.local/h3:dev")
         );
-        assert_eq!(p.node_selector.as_ref().unwrap().len(), 1);
+        assert_eq!(
+            p.node_selector.as_ref().unwrap(),
+            &[
+                ("kubernetes.io/os".to_string(), "linux".to_string()),
+                ("node-role.kubernetes.io/ingress".to_string(), String::new())
+            ]
+            .into_iter()
+            .collect::<BTreeMap<_, _>>()
+        );
         assert_eq!(
             p.tolerations.as_ref().unwrap()[0].key.as_deref(),
             Some("ingress")
@@ -798,7 +963,13 @@ pub(crate) mod tests {
             assert_eq!(restart, rolled, "{field}: {value}");
         }
         // And the hash lands in the pod template.
-        let d = desired(&base_l, &BTreeSet::new(), &params()).unwrap();
+        let d = desired(
+            &base_l,
+            &BTreeSet::new(),
+            &params(),
+            &PodDefaults::default(),
+        )
+        .unwrap();
         let ann = d
             .daemon_set
             .spec
@@ -817,6 +988,7 @@ pub(crate) mod tests {
             &l,
             &refs(&[("shop", "shop-tls"), ("blog", "b"), ("shop", "api-tls")]),
             &params(),
+            &PodDefaults::default(),
         )
         .unwrap();
         let cr_rules = d.cluster_role.rules.as_ref().unwrap();
@@ -860,18 +1032,29 @@ pub(crate) mod tests {
             d.cluster_role_binding.role_ref.name,
             "h3-ingress-data-plane-public"
         );
-        assert!(desired(&l, &BTreeSet::new(), &params())
-            .unwrap()
-            .roles
-            .is_empty());
+        assert!(
+            desired(&l, &BTreeSet::new(), &params(), &PodDefaults::default())
+                .unwrap()
+                .roles
+                .is_empty()
+        );
     }
 
     #[test]
     fn everything_is_owned_by_the_listener_and_labelled() {
-        let l = listener("public", base());
-        let d = desired(&l, &refs(&[("shop", "s")]), &params()).unwrap();
+        let mut spec = base();
+        spec["service"] = serde_json::json!({});
+        let l = listener("public", spec);
+        let d = desired(
+            &l,
+            &refs(&[("shop", "s")]),
+            &params(),
+            &PodDefaults::default(),
+        )
+        .unwrap();
         let metas = [
             &d.service_account.metadata,
+            &d.service.as_ref().unwrap().metadata,
             &d.cluster_role.metadata,
             &d.cluster_role_binding.metadata,
             &d.roles[0].metadata,
@@ -905,18 +1088,244 @@ pub(crate) mod tests {
     fn invalid_listeners_are_refused_with_the_reason() {
         let mut l = listener("public", base());
         l.spec.upstream.address = "nope".into();
-        let e = desired(&l, &BTreeSet::new(), &params()).unwrap_err();
+        let e = desired(&l, &BTreeSet::new(), &params(), &PodDefaults::default()).unwrap_err();
         assert!(e.to_string().starts_with("spec.upstream.address"), "{e}");
         let long = listener(&"x".repeat(64), base());
         assert!(matches!(
-            desired(&long, &BTreeSet::new(), &params()),
+            desired(&long, &BTreeSet::new(), &params(), &PodDefaults::default()),
             Err(BuildError::NameTooLong(_))
         ));
         let mut no_uid = listener("public", base());
         no_uid.metadata.uid = None;
         assert_eq!(
-            desired(&no_uid, &BTreeSet::new(), &params()).unwrap_err(),
+            desired(
+                &no_uid,
+                &BTreeSet::new(),
+                &params(),
+                &PodDefaults::default()
+            )
+            .unwrap_err(),
             BuildError::NoUid
+        );
+    }
+
+    #[test]
+    fn pods_select_linux_nodes_unless_the_user_chose_an_os() {
+        let d = desired(
+            &listener("l", base()),
+            &BTreeSet::new(),
+            &params(),
+            &PodDefaults::default(),
+        )
+        .unwrap();
+        let sel = pod(&d.daemon_set).node_selector.clone().unwrap();
+        assert_eq!(sel.len(), 1);
+        assert_eq!(sel["kubernetes.io/os"], "linux");
+        let mut spec = base();
+        spec["nodeSelector"] = serde_json::json!({"kubernetes.io/os": "other", "pool": "edge"});
+        let d = desired(
+            &listener("l", spec),
+            &BTreeSet::new(),
+            &params(),
+            &PodDefaults::default(),
+        )
+        .unwrap();
+        let sel = pod(&d.daemon_set).node_selector.clone().unwrap();
+        assert_eq!(
+            (sel["kubernetes.io/os"].as_str(), sel["pool"].as_str()),
+            ("other", "edge")
+        );
+    }
+
+    #[test]
+    fn pull_secrets_reach_the_service_account_and_the_pods_and_the_tune_image_is_chosen() {
+        let mut spec = base();
+        spec["tuneNodeBufferLimits"] = true.into();
+        let none = PodDefaults::default();
+        let d = desired(
+            &listener("l", spec.clone()),
+            &BTreeSet::new(),
+            &params(),
+            &none,
+        )
+        .unwrap();
+        assert!(d.service_account.image_pull_secrets.is_none());
+        assert!(pod(&d.daemon_set).image_pull_secrets.is_none());
+        let init = &pod(&d.daemon_set).init_containers.as_ref().unwrap()[0];
+        assert_eq!(init.image.as_deref(), Some(TUNE_IMAGE));
+
+        let pinned = "registry.local/busybox@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        let opts = PodDefaults {
+            image_pull_secrets: vec!["regcred".into(), "mirror".into()],
+            tune_image: pinned.into(),
+        };
+        let d = desired(
+            &listener("l", spec.clone()),
+            &BTreeSet::new(),
+            &params(),
+            &opts,
+        )
+        .unwrap();
+        let names = |v: &Option<Vec<LocalObjectReference>>| {
+            v.as_ref()
+                .unwrap()
+                .iter()
+                .map(|r| r.name.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            names(&d.service_account.image_pull_secrets),
+            ["regcred", "mirror"]
+        );
+        assert_eq!(
+            names(&pod(&d.daemon_set).image_pull_secrets),
+            ["regcred", "mirror"]
+        );
+        let init = &pod(&d.daemon_set).init_containers.as_ref().unwrap()[0];
+        assert_eq!(init.image.as_deref(), Some(pinned));
+
+        spec["tuneImage"] = "busybox:1.37.0".into();
+        let d = desired(&listener("l", spec), &BTreeSet::new(), &params(), &opts).unwrap();
+        let init = &pod(&d.daemon_set).init_containers.as_ref().unwrap()[0];
+        assert_eq!(init.image.as_deref(), Some("busybox:1.37.0"), "spec wins");
+    }
+
+    #[test]
+    fn rollouts_replace_a_tenth_of_the_nodes_by_default_and_follow_the_spec() {
+        let max = |spec: serde_json::Value| {
+            let d = desired(
+                &listener("l", spec),
+                &BTreeSet::new(),
+                &params(),
+                &PodDefaults::default(),
+            )?;
+            let ru = d
+                .daemon_set
+                .spec
+                .update_strategy
+                .unwrap()
+                .rolling_update
+                .unwrap();
+            assert_eq!(ru.max_surge, Some(IntOrString::Int(0)));
+            Ok::<_, BuildError>(ru.max_unavailable.unwrap())
+        };
+        assert_eq!(max(base()).unwrap(), IntOrString::String("10%".into()));
+        let mut spec = base();
+        spec["rollout"] = serde_json::json!({"maxUnavailable": 5});
+        assert_eq!(max(spec.clone()).unwrap(), IntOrString::Int(5));
+        spec["rollout"] = serde_json::json!({"maxUnavailable": "0%"});
+        let e = max(spec).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("spec.rollout.maxUnavailable: \"0%\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_service_carries_udp_on_the_listener_port_to_its_pods_only() {
+        let d = desired(
+            &listener("public", base()),
+            &BTreeSet::new(),
+            &params(),
+            &PodDefaults::default(),
+        )
+        .unwrap();
+        assert!(d.service.is_none(), "no Service unless asked");
+
+        let mut spec = base();
+        spec["service"] = serde_json::json!({
+            "annotations": {"metallb.universe.tf/allow-shared-ip": "ingress"},
+            "loadBalancerIP": "192.0.2.10",
+            "loadBalancerClass": "metallb",
+            "includeTcp": true,
+            "ipFamilyPolicy": "PreferDualStack"
+        });
+        let d = desired(
+            &listener("public", spec),
+            &BTreeSet::new(),
+            &params(),
+            &PodDefaults::default(),
+        )
+        .unwrap();
+        let svc = d.service.unwrap();
+        assert_eq!(svc.metadata.name.as_deref(), Some("h3-ingress-public"));
+        assert_eq!(svc.metadata.namespace.as_deref(), Some("h3-system"));
+        assert_eq!(
+            svc.metadata.owner_references.as_ref().unwrap()[0].name,
+            "public"
+        );
+        assert_eq!(
+            svc.metadata.annotations.as_ref().unwrap()["metallb.universe.tf/allow-shared-ip"],
+            "ingress"
+        );
+        let s = svc.spec.unwrap();
+        assert_eq!(s.type_.as_deref(), Some("LoadBalancer"));
+        assert_eq!(s.external_traffic_policy.as_deref(), Some("Local"));
+        assert_eq!(s.selector.unwrap(), selector_labels("public"));
+        assert_eq!(s.load_balancer_ip.as_deref(), Some("192.0.2.10"));
+        assert_eq!(s.load_balancer_class.as_deref(), Some("metallb"));
+        assert_eq!(s.ip_family_policy.as_deref(), Some("PreferDualStack"));
+        assert_eq!(s.allocate_load_balancer_node_ports, Some(true));
+        let ports: Vec<_> = s
+            .ports
+            .unwrap()
+            .into_iter()
+            .map(|p| {
+                (
+                    p.name.unwrap(),
+                    p.protocol.unwrap(),
+                    p.port,
+                    p.target_port.unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            ports,
+            [
+                (
+                    "quic".to_string(),
+                    "UDP".to_string(),
+                    443,
+                    IntOrString::Int(443)
+                ),
+                (
+                    "https".to_string(),
+                    "TCP".to_string(),
+                    443,
+                    IntOrString::Int(443)
+                ),
+            ]
+        );
+
+        let mut spec = base();
+        spec["port"] = 8443.into();
+        spec["service"] = serde_json::json!({"type": "NodePort", "nodePort": 30443, "externalTrafficPolicy": "Cluster"});
+        let d = desired(
+            &listener("np", spec.clone()),
+            &BTreeSet::new(),
+            &params(),
+            &PodDefaults::default(),
+        )
+        .unwrap();
+        let s = d.service.unwrap().spec.unwrap();
+        assert_eq!(s.type_.as_deref(), Some("NodePort"));
+        assert_eq!(s.external_traffic_policy.as_deref(), Some("Cluster"));
+        assert_eq!(s.allocate_load_balancer_node_ports, None);
+        let p = &s.ports.unwrap()[0];
+        assert_eq!((p.port, p.node_port), (8443, Some(30443)));
+
+        spec["service"]["loadBalancerIP"] = "192.0.2.10".into();
+        let e = desired(
+            &listener("np", spec),
+            &BTreeSet::new(),
+            &params(),
+            &PodDefaults::default(),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("need service.type: LoadBalancer"),
+            "{e}"
         );
     }
 }

@@ -22,6 +22,18 @@ use crate::api::{
 pub const DNS_RECORD_TTL: u32 = 3600;
 /// How many items a condition message lists before "and N more".
 const MESSAGE_ITEMS: usize = 5;
+/// Counters (`udp.drops`, `requests`) that changed alone are written at most this often
+/// (seconds): each status write is a watch event for every operator replica and every data
+/// plane pod, and a busy listener's counters change on every reconcile.
+pub const COUNTERS_REFRESH_SECONDS: i64 = 60;
+
+/// What stops the listener before any pod is asked: a reason from `api::reasons` and the
+/// message, e.g. `InvalidSpec`, `PortConflict`, or an API error while applying.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blocker {
+    pub reason: &'static str,
+    pub message: String,
+}
 
 /// What one data plane pod answered on `/status`.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,8 +58,11 @@ impl PodReport {
 pub struct Inputs<'a> {
     pub generation: Option<i64>,
     pub port: u16,
-    /// Why the listener's spec cannot be run, if it cannot.
-    pub spec_error: Option<String>,
+    /// Why the listener cannot be run or applied, if it cannot.
+    pub blocker: Option<Blocker>,
+    /// The message of the DaemonSet's latest `FailedCreate` event, read only while it has
+    /// fewer pods than nodes to run them.
+    pub failed_create: Option<String>,
     /// The operator's own view of every wanted host ([`crate::config::kube::resolve_hosts`]).
     pub hosts: &'a [HostReport],
     pub daemon_set: Option<&'a DaemonSetStatus>,
@@ -424,10 +439,26 @@ fn ready(f: &Facts) -> Condition {
     condition(conditions::READY, Some(ok), reason, message, inp)
 }
 
+/// Pods the DaemonSet should have but has not created, with the reason it gave.
+fn pods_not_created(inp: &Inputs) -> Option<String> {
+    let ds = inp.daemon_set?;
+    let missing = ds.desired_number_scheduled - ds.current_number_scheduled;
+    let why = inp.failed_create.as_deref()?;
+    (missing > 0).then(|| {
+        format!(
+            "{missing} of {} data plane pods not created: {why}",
+            ds.desired_number_scheduled
+        )
+    })
+}
+
 fn ready_verdict(f: &Facts) -> (bool, &'static str, String) {
     let NodesStatus { desired, ready, .. } = f.nodes;
-    if let Some(e) = &f.inp.spec_error {
-        return (false, reasons::INVALID_SPEC, e.clone());
+    if let Some(b) = &f.inp.blocker {
+        return (false, b.reason, b.message.clone());
+    }
+    if let Some(msg) = pods_not_created(f.inp) {
+        return (false, reasons::PODS_NOT_CREATED, msg);
     }
     if f.wanted.is_empty() {
         let msg = "no Ingress of this listener's class (or naming it in h3-ingress.dev/listener) \
@@ -549,6 +580,7 @@ pub fn aggregate(inp: &Inputs) -> Http3ListenerStatus {
     let hosts_summary = Some(format!("{}/{}", f.serving.len(), f.wanted.len()));
     let requests = requests(&f);
     let Facts { nodes, udp, .. } = f;
+    let counters_time = udp.is_some().then_some(Time(inp.now));
     let mut status = Http3ListenerStatus {
         observed_generation: inp.generation,
         conditions,
@@ -557,6 +589,7 @@ pub fn aggregate(inp: &Inputs) -> Http3ListenerStatus {
         nodes: Some(nodes),
         udp,
         requests,
+        counters_time,
     };
     carry_transition_times(inp.previous, &mut status);
     status
@@ -583,14 +616,39 @@ fn without_times(s: &Http3ListenerStatus) -> Http3ListenerStatus {
     for c in &mut s.conditions {
         c.last_transition_time = Time(Timestamp::UNIX_EPOCH);
     }
+    s.counters_time = None;
     s
 }
 
-/// Whether `next` differs from what is stored, ignoring timestamps: status is written only then.
+/// The status without its counters (and times): what must be written as soon as it changes.
+fn without_counters(s: &Http3ListenerStatus) -> Http3ListenerStatus {
+    let mut s = without_times(s);
+    if let Some(u) = &mut s.udp {
+        u.drops = 0;
+    }
+    for r in &mut s.requests {
+        r.total = 0;
+        r.last5m = 0;
+    }
+    s
+}
+
+/// Whether to write `next` over what is stored. Any change but the counters' is written at
+/// once; counters that changed alone wait until the stored ones are
+/// [`COUNTERS_REFRESH_SECONDS`] old, so steady traffic costs one status write a minute.
 pub fn needs_write(stored: Option<&Http3ListenerStatus>, next: &Http3ListenerStatus) -> bool {
-    match stored {
-        None => true,
-        Some(s) => without_times(s) != without_times(next),
+    let Some(s) = stored else { return true };
+    if without_counters(s) != without_counters(next) {
+        return true;
+    }
+    if without_times(s) == without_times(next) {
+        return false;
+    }
+    match (&s.counters_time, &next.counters_time) {
+        (Some(then), Some(now)) => {
+            now.0.as_second() - then.0.as_second() >= COUNTERS_REFRESH_SECONDS
+        }
+        _ => true,
     }
 }
 
@@ -688,7 +746,8 @@ mod tests {
         Inputs {
             generation: Some(3),
             port: 443,
-            spec_error: None,
+            blocker: None,
+            failed_create: None,
             hosts,
             daemon_set: d,
             pods,
@@ -844,7 +903,10 @@ mod tests {
         let d00 = ds(0, 0);
 
         let mut i = inputs(&hosts, Some(&d11), &ok_pod, None, 1);
-        i.spec_error = Some("spec.upstream.address: \"x\" is not host:port (no port)".into());
+        i.blocker = Some(Blocker {
+            reason: reasons::INVALID_SPEC,
+            message: "spec.upstream.address: \"x\" is not host:port (no port)".into(),
+        });
         assert_eq!(
             cond(&aggregate(&i), conditions::READY).reason,
             reasons::INVALID_SPEC
@@ -1076,5 +1138,90 @@ mod tests {
             t(1000)
         );
         assert!(needs_write(Some(&again), &msg));
+    }
+
+    #[test]
+    fn counters_alone_are_written_at_most_once_a_minute() {
+        let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
+        let d = ds(1, 1);
+        let busy = |requests: u64, drops: u64| {
+            [pod(
+                "p1",
+                vec![served("a.example.com", requests, None)],
+                vec![socket("ipv4", false)],
+                drops,
+            )]
+        };
+        let first = aggregate(&inputs(&hosts, Some(&d), &busy(10, 0), None, 1000));
+        assert_eq!(first.counters_time.as_ref().unwrap().0, t(1000));
+        // 59 s later with more requests: the counters wait.
+        let soon = aggregate(&inputs(&hosts, Some(&d), &busy(500, 0), Some(&first), 1059));
+        assert_ne!(soon.requests, first.requests);
+        assert!(!needs_write(Some(&first), &soon));
+        // A minute after the stored counters: written.
+        let later = aggregate(&inputs(&hosts, Some(&d), &busy(900, 0), Some(&first), 1060));
+        assert!(needs_write(Some(&first), &later));
+        // Anything else that changes is written at once, counters included.
+        let d2 = ds(2, 1);
+        let worse = aggregate(&inputs(
+            &hosts,
+            Some(&d2),
+            &busy(501, 0),
+            Some(&first),
+            1001,
+        ));
+        assert!(needs_write(Some(&first), &worse));
+        // Drops that grow flip Degraded, which is a condition change: written at once.
+        let dropping = aggregate(&inputs(&hosts, Some(&d), &busy(10, 7), Some(&first), 1001));
+        assert_eq!(
+            cond(&dropping, conditions::DEGRADED).reason,
+            reasons::UDP_DROPS
+        );
+        assert!(needs_write(Some(&first), &dropping));
+        // Without any report there are no counters and no counters time.
+        let none = aggregate(&inputs(&hosts, Some(&d), &[], None, 1000));
+        assert!(none.udp.is_none() && none.counters_time.is_none());
+    }
+
+    #[test]
+    fn blockers_and_pods_the_daemon_set_cannot_create_make_ready_false() {
+        let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
+        let mut i = inputs(&hosts, None, &[], None, 1);
+        i.blocker = Some(Blocker {
+            reason: reasons::FORBIDDEN,
+            message: "applying DaemonSet h3-ingress/h3-ingress-public: forbidden".into(),
+        });
+        let r = aggregate(&i);
+        assert_eq!(
+            (
+                cond(&r, conditions::READY).status.as_str(),
+                cond(&r, conditions::READY).reason.as_str()
+            ),
+            ("False", reasons::FORBIDDEN)
+        );
+
+        let mut d = ds(2, 0);
+        d.current_number_scheduled = 0;
+        let msg = "Error creating: pods \"h3-ingress-public-x\" is forbidden: violates PodSecurity \"restricted:latest\": host namespaces (hostNetwork=true)";
+        let mut i = inputs(&hosts, Some(&d), &[], None, 1);
+        i.failed_create = Some(msg.into());
+        let s = aggregate(&i);
+        let r = cond(&s, conditions::READY);
+        assert_eq!(
+            (r.status.as_str(), r.reason.as_str()),
+            ("False", reasons::PODS_NOT_CREATED)
+        );
+        assert_eq!(
+            r.message,
+            format!("2 of 2 data plane pods not created: {msg}")
+        );
+        // Once the pods exist an old FailedCreate event no longer counts.
+        d.current_number_scheduled = 2;
+        let mut i = inputs(&hosts, Some(&d), &[], None, 1);
+        i.failed_create = Some(msg.into());
+        assert_eq!(
+            cond(&aggregate(&i), conditions::READY).reason,
+            reasons::PODS_NOT_READY
+        );
     }
 }

@@ -35,24 +35,31 @@ def check(cond: bool, what: str) -> None:
         failures.append(what)
 
 
-# (apiGroup, resource, verb) the operator may use, plus finalizers; templates/rbac.yaml says why
-# each is needed. Anything more or less fails.
-CONTRACT = set()
-for group, resources, verbs in [
-    ("h3-ingress.dev", ["http3listeners"], ["get", "list", "watch", "patch"]),
-    ("h3-ingress.dev", ["http3listeners/status"], ["get", "patch", "update"]),
+def rules(*entries) -> set[tuple[str, str, str]]:
+    return {(group, r, v) for group, resources, verbs in entries for r in resources for v in verbs}
+
+
+# (apiGroup, resource, verb) the operator may use cluster-wide, plus finalizers;
+# templates/rbac.yaml says why each is needed. Anything more or less fails. No `bind`, no
+# `escalate`, no wildcard.
+CONTRACT = rules(
+    ("h3-ingress.dev", ["http3listeners"], ["get", "list", "watch"]),
+    ("h3-ingress.dev", ["http3listeners/status"], ["get", "patch"]),
     ("h3-ingress.dev", ["http3listeners/finalizers"], ["update"]),
-    ("networking.k8s.io", ["ingresses"], ["get", "list", "watch"]),
-    ("", ["secrets", "pods"], ["get", "list", "watch"]),
+    ("networking.k8s.io", ["ingresses", "ingressclasses"], ["get", "list", "watch"]),
+    ("", ["secrets"], ["get", "list", "watch"]),
     ("", ["events"], ["create", "patch"]),
     ("events.k8s.io", ["events"], ["create", "patch"]),
-    ("apps", ["daemonsets"], ["get", "list", "watch", "create", "patch", "update", "delete"]),
-    ("", ["serviceaccounts"], ["get", "list", "watch", "create", "patch", "delete"]),
-    ("rbac.authorization.k8s.io", ["clusterroles", "clusterrolebindings", "roles", "rolebindings"],
-     ["get", "list", "watch", "create", "patch", "delete"]),
-    ("rbac.authorization.k8s.io", ["clusterroles", "roles"], ["bind"]),
-]:
-    CONTRACT |= {(group, r, v) for r in resources for v in verbs}
+    ("rbac.authorization.k8s.io", ["clusterroles", "clusterrolebindings"], ["create", "patch"]),
+    ("rbac.authorization.k8s.io", ["roles", "rolebindings"], ["get", "list", "watch", "create", "patch", "delete"]),
+)
+# The same, in the release namespace only: the data plane objects it runs there.
+NAMESPACED = rules(
+    ("apps", ["daemonsets"], ["get", "list", "watch", "create", "patch"]),
+    ("", ["serviceaccounts"], ["create", "patch"]),
+    ("", ["services"], ["get", "list", "watch", "create", "patch", "delete"]),
+    ("", ["pods", "events"], ["list"]),
+)
 LEASES = {("coordination.k8s.io", "leases", v) for v in ["get", "list", "watch", "create", "update", "patch"]}
 
 
@@ -100,8 +107,17 @@ def properties(name: str, objs, notes: str, monitoring: bool, all_on: bool) -> N
     cluster = grants(cr)
     check(cluster == CONTRACT, f"{name}: ClusterRole differs from the expected rules: extra {sorted(cluster - CONTRACT)}, "
                                f"missing {sorted(CONTRACT - cluster)}")
-    (role,) = k["Role"]
-    check(grants(role) == LEASES, f"{name}: leader-election Role is not exactly the lease rules")
+    roles = {r["metadata"]["name"]: r for r in k["Role"]}
+    check(set(roles) == {"h3-ingress-operator", "h3-ingress-leader-election"}, f"{name}: Roles {sorted(roles)}")
+    if "h3-ingress-operator" in roles:
+        ns = grants(roles["h3-ingress-operator"])
+        check(ns == NAMESPACED, f"{name}: the operator's Role differs: extra {sorted(ns - NAMESPACED)}, "
+                                f"missing {sorted(NAMESPACED - ns)}")
+    if "h3-ingress-leader-election" in roles:
+        check(grants(roles["h3-ingress-leader-election"]) == LEASES,
+              f"{name}: leader-election Role is not exactly the lease rules")
+    for r in k["Role"]:
+        check(r["metadata"].get("namespace") == "h3-ingress", f"{name}: Role {r['metadata']['name']} not in the release namespace")
     sa = k["ServiceAccount"][0]["metadata"]["name"]
     for b in k["ClusterRoleBinding"] + k["RoleBinding"]:
         check(b["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": "h3-ingress"}],
@@ -230,9 +246,38 @@ def operator_flags(binary: Path, objs) -> None:
           f"{'all accepted' if not missing else 'MISSING ' + str(missing)} by {binary.name} operator")
 
 
+def operator_holds_what_it_grants(binary: Path, objs) -> None:
+    """The RBAC escalation rule without `bind`/`escalate`: the API server admits a Role or a
+    binding only for permissions its author holds at that scope. Every rule of every Role and
+    ClusterRole the operator makes for a data plane (`h3-ingress render`) must therefore be held
+    by the operator's ClusterRole (cluster-wide: the Roles live in any namespace)."""
+    import tempfile
+    (cr,) = [o for _, o in objs if o["kind"] == "ClusterRole"]
+    held = grants(cr)
+    check(not any(v in ("bind", "escalate") for _, _, v in held), "the operator holds bind or escalate")
+    with tempfile.TemporaryDirectory() as out:
+        p = subprocess.run([str(binary), "render", "--out", out, "--namespace", "h3-ingress"],
+                           capture_output=True, text=True)
+        check(p.returncode == 0, f"h3-ingress render failed: {p.stderr}")
+        granted = set()
+        made = 0
+        for f in Path(out).glob("*/*.yaml"):
+            obj = yaml.safe_load(f.read_text())
+            if obj.get("kind") in ("Role", "ClusterRole"):
+                made += 1
+                granted |= grants(obj)
+    missing = sorted(granted - held)
+    check(made > 0 and not missing, f"the operator grants rules it does not hold (needs bind/escalate): {missing}")
+    print(f"RBAC escalation: {made} data-plane Roles/ClusterRoles grant {len(granted)} (group, resource, verb); "
+          f"the operator holds {'all of them' if not missing else 'NOT ' + str(missing)} without bind/escalate")
+
+
 def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "--operator-flags":
-        operator_flags(Path(sys.argv[2]), helmlib.objects(helmlib.render(helmlib.ALL_ON)))
+        objs = helmlib.objects(helmlib.render(helmlib.ALL_ON))
+        operator_flags(Path(sys.argv[2]), objs)
+        if Path(sys.argv[2]).exists():
+            operator_holds_what_it_grants(Path(sys.argv[2]), objs)
         if failures:
             print("FAIL chart_check --operator-flags:\n  " + "\n  ".join(failures))
             return 1

@@ -1,0 +1,129 @@
+//! The command line of `h3-ingress operator`: flags, their environment variables (which the
+//! chart sets) and their defaults, turned into [`Options`].
+
+use std::net::SocketAddr;
+
+use super::controller::Options;
+use super::resources::{PodDefaults, TUNE_IMAGE};
+
+/// Port of the operator's `/healthz`, `/readyz` and `/metrics` (the chart's
+/// `operator.adminPort`).
+pub const ADMIN_PORT: u16 = 9477;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct OperatorArgs {
+    /// Namespace of the data-plane DaemonSets, ServiceAccounts, Services and the leader Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "h3-ingress")]
+    pub namespace: String,
+    /// Elect a leader through a Lease so several replicas are safe (the default).
+    #[arg(long, overrides_with = "no_leader_election")]
+    pub leader_election: bool,
+    /// Act as leader unconditionally (one replica only).
+    #[arg(long)]
+    pub no_leader_election: bool,
+    #[arg(long, default_value = "h3-ingress-operator")]
+    pub lease_name: String,
+    /// Data plane image for listeners without spec.image.
+    #[arg(long, env = "H3_INGRESS_IMAGE", default_value = super::DEFAULT_IMAGE)]
+    pub data_plane_image: String,
+    /// Image pull Secrets (in --namespace) for the data plane's ServiceAccount and pods,
+    /// comma-separated.
+    #[arg(
+        long,
+        env = "H3_INGRESS_IMAGE_PULL_SECRETS",
+        value_delimiter = ',',
+        default_value = ""
+    )]
+    pub image_pull_secrets: Vec<String>,
+    /// Image of the privileged init container of listeners with tuneNodeBufferLimits and
+    /// without spec.tuneImage (needs sh; pin it by digest where tags may move).
+    #[arg(long, env = "H3_INGRESS_TUNE_IMAGE", default_value = TUNE_IMAGE)]
+    pub tune_image: String,
+    /// Serves /healthz, /readyz and /metrics. `[::]` answers on IPv4 and IPv6, and falls back
+    /// to 0.0.0.0 on a host without IPv6.
+    #[arg(long, default_value_t = crate::config::bind::any_address(ADMIN_PORT))]
+    pub admin_address: SocketAddr,
+}
+
+impl OperatorArgs {
+    /// What goes into every data plane pod besides the listener's spec.
+    pub fn pod_defaults(&self) -> PodDefaults {
+        PodDefaults {
+            image_pull_secrets: self
+                .image_pull_secrets
+                .iter()
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect(),
+            tune_image: self.tune_image.clone(),
+        }
+    }
+
+    pub fn options(&self) -> Options {
+        Options {
+            namespace: self.namespace.clone(),
+            leader_election: !self.no_leader_election,
+            lease_name: self.lease_name.clone(),
+            data_plane_image: self.data_plane_image.clone(),
+            admin_address: self.admin_address,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: OperatorArgs,
+    }
+
+    fn parse(args: &[&str]) -> OperatorArgs {
+        Cli::try_parse_from(std::iter::once("operator").chain(args.iter().copied()))
+            .unwrap()
+            .args
+    }
+
+    #[test]
+    fn defaults_and_flags() {
+        // The chart sets these through the environment; none is set in tests.
+        for var in [
+            "POD_NAMESPACE",
+            "H3_INGRESS_IMAGE",
+            "H3_INGRESS_IMAGE_PULL_SECRETS",
+            "H3_INGRESS_TUNE_IMAGE",
+        ] {
+            assert!(
+                std::env::var_os(var).is_none(),
+                "{var} set in the test environment"
+            );
+        }
+        let a = parse(&[]);
+        assert_eq!(a.admin_address.to_string(), "[::]:9477");
+        assert_eq!(a.pod_defaults(), PodDefaults::default());
+        assert_eq!(a.options().data_plane_image, super::super::DEFAULT_IMAGE);
+        assert!(a.options().leader_election);
+
+        let a = parse(&[
+            "--image-pull-secrets",
+            "regcred, mirror",
+            "--tune-image",
+            "busybox@sha256:0123",
+            "--no-leader-election",
+            "--admin-address",
+            "0.0.0.0:9000",
+        ]);
+        assert_eq!(
+            a.pod_defaults(),
+            PodDefaults {
+                image_pull_secrets: vec!["regcred".into(), "mirror".into()],
+                tune_image: "busybox@sha256:0123".into(),
+            }
+        );
+        assert!(!a.options().leader_election);
+        assert_eq!(a.options().admin_address.to_string(), "0.0.0.0:9000");
+    }
+}

@@ -1,0 +1,541 @@
+//! The operator's watches and which of their events are worth a reconcile.
+//!
+//! A reconcile writes the listener's status and applies its objects; the watch events those
+//! writes cause must not start another reconcile, or a listener under traffic reconciles
+//! itself in a loop. So every trigger passes an object only when what the reconcile reads from
+//! it changed ([`ChangeFilter`], with one key function per kind): the listener's spec
+//! (`metadata.generation`), a DaemonSet's scheduling and readiness counts, an Ingress's spec
+//! and annotations. Deletions always pass.
+//!
+//! The objects the operator prunes (Roles, RoleBindings, Services) are kept in metadata-only
+//! caches ([`OwnedStores`]), so a reconcile lists nothing cluster-wide.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use futures_util::{future, Stream, StreamExt};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::networking::v1::Ingress;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, PartialObjectMeta};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Client, Resource, ResourceExt};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::controller::{ingress_is_relevant, Context};
+use super::labels;
+use crate::api::Http3Listener;
+
+/// Identity of a watched object: a recreated object (new uid) is a new object.
+type ObjKey = (Option<String>, String, Option<String>);
+
+fn obj_key<K: Resource>(o: &K) -> ObjKey {
+    let m = o.meta();
+    (
+        m.namespace.clone(),
+        m.name.clone().unwrap_or_default(),
+        m.uid.clone(),
+    )
+}
+
+fn hash_of(v: &impl Hash) -> u64 {
+    let mut h = DefaultHasher::new();
+    v.hash(&mut h);
+    h.finish()
+}
+
+/// Passes a watched object only when its key (what a reconcile reads from it) changed since
+/// the last event for it; deletions always pass. After a relist, objects not seen again are
+/// forgotten. Pure, so the filtering is tested without a watch.
+pub struct ChangeFilter<K> {
+    key: fn(&K) -> u64,
+    seen: HashMap<ObjKey, u64>,
+    relisting: Option<HashSet<ObjKey>>,
+}
+
+impl<K: Resource> ChangeFilter<K> {
+    pub fn new(key: fn(&K) -> u64) -> Self {
+        Self {
+            key,
+            seen: HashMap::new(),
+            relisting: None,
+        }
+    }
+
+    /// The object the event carries, when it should trigger.
+    pub fn accept(&mut self, ev: watcher::Event<K>) -> Option<K> {
+        match ev {
+            watcher::Event::Init => {
+                self.relisting = Some(HashSet::new());
+                None
+            }
+            watcher::Event::InitDone => {
+                if let Some(listed) = self.relisting.take() {
+                    self.seen.retain(|k, _| listed.contains(k));
+                }
+                None
+            }
+            watcher::Event::InitApply(o) | watcher::Event::Apply(o) => {
+                let k = obj_key(&o);
+                if let Some(listed) = &mut self.relisting {
+                    listed.insert(k.clone());
+                }
+                let value = (self.key)(&o);
+                (self.seen.insert(k, value) != Some(value)).then_some(o)
+            }
+            watcher::Event::Delete(o) => {
+                self.seen.remove(&obj_key(&o));
+                Some(o)
+            }
+        }
+    }
+}
+
+/// A watch event stream reduced to the objects [`ChangeFilter`] passes (errors pass through,
+/// for the controller to log and back off).
+pub fn changes<K, S>(stream: S, key: fn(&K) -> u64) -> impl Stream<Item = Result<K, watcher::Error>>
+where
+    K: Resource,
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+{
+    stream
+        .scan(ChangeFilter::new(key), |f, ev| {
+            future::ready(Some(match ev {
+                Ok(e) => f.accept(e).map(Ok),
+                Err(e) => Some(Err(e)),
+            }))
+        })
+        .filter_map(future::ready)
+}
+
+/// What a reconcile reads from a listener: its spec, and whether it is being deleted. Status,
+/// labels and annotations (and so every status write of ours) do not count.
+pub fn listener_key(l: &Http3Listener) -> u64 {
+    hash_of(&(
+        l.metadata.generation,
+        l.metadata.deletion_timestamp.is_some(),
+    ))
+}
+
+/// What a reconcile reads from its DaemonSet: whether the spec was seen, and how many pods
+/// are scheduled, ready, updated and unavailable. Heartbeat-like status rewrites do not count.
+pub fn daemon_set_key(ds: &DaemonSet) -> u64 {
+    let s = ds.status.as_ref();
+    hash_of(&(
+        ds.metadata.generation,
+        s.and_then(|s| s.observed_generation),
+        s.map(|s| {
+            (
+                s.desired_number_scheduled,
+                s.current_number_scheduled,
+                s.number_ready,
+                s.number_misscheduled,
+                s.updated_number_scheduled,
+                s.number_unavailable,
+            )
+        }),
+    ))
+}
+
+/// What a reconcile reads from an Ingress: its spec (`generation`) and its annotations (our
+/// switch, the legacy class, the TCP ingress's own). Its status (load balancer addresses,
+/// which the TCP ingress controller rewrites) does not count.
+pub fn ingress_key(i: &Ingress) -> u64 {
+    hash_of(&(
+        i.metadata.generation,
+        i.metadata.annotations.as_ref(),
+        i.metadata.deletion_timestamp.is_some(),
+    ))
+}
+
+/// Labels on every data plane object the operator makes, for its owned-object watches.
+pub fn owned_selector() -> String {
+    format!(
+        "{}={},{}={}",
+        labels::MANAGED_BY,
+        labels::MANAGED_BY_VALUE,
+        labels::COMPONENT,
+        labels::COMPONENT_DATA_PLANE
+    )
+}
+
+/// Listener spec changes and deletions, kept in `writer`'s store on the way. Each one also
+/// sends on `any_changed`: another listener may now win or lose a port (see `conflicts`).
+pub fn listener_changes(
+    client: &Client,
+    writer: reflector::store::Writer<Http3Listener>,
+    any_changed: mpsc::UnboundedSender<()>,
+) -> impl Stream<Item = Result<Http3Listener, watcher::Error>> + Send + 'static {
+    let events = watcher(
+        Api::<Http3Listener>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(writer);
+    changes(events, listener_key).inspect(move |r| {
+        if r.is_ok() {
+            let _ = any_changed.send(());
+        }
+    })
+}
+
+/// The operator's DaemonSets (in its namespace), when their scheduling or readiness changes.
+pub fn daemon_set_changes(
+    client: &Client,
+    namespace: &str,
+) -> impl Stream<Item = Result<DaemonSet, watcher::Error>> + Send + 'static {
+    let events = watcher(
+        Api::<DaemonSet>::namespaced(client.clone(), namespace),
+        watcher::Config::default().labels(&owned_selector()),
+    )
+    .default_backoff();
+    changes(events, daemon_set_key)
+}
+
+/// The listeners that own a DaemonSet. `Controller::owns` cannot be used: it looks a
+/// cluster-scoped owner up in the child's namespace, finds nothing, and never reconciles.
+pub fn owning_listeners(ds: DaemonSet) -> Vec<ObjectRef<Http3Listener>> {
+    let (api_version, kind) = (Http3Listener::api_version(&()), Http3Listener::kind(&()));
+    ds.metadata
+        .owner_references
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|o| o.api_version == api_version && o.kind == kind)
+        .map(|o| ObjectRef::new(&o.name))
+        .collect()
+}
+
+/// Fills the Ingress cache and fires when an Ingress that matters to some listener
+/// ([`ingress_is_relevant`]) changes in a way a reconcile would see.
+pub fn ingress_trigger(
+    client: &Client,
+    writer: reflector::store::Writer<Ingress>,
+    listeners: Store<Http3Listener>,
+) -> impl Stream<Item = ()> + Send + 'static {
+    let events = watcher(
+        Api::<Ingress>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(writer);
+    changes(events, ingress_key).filter_map(move |r| {
+        let relevant = match r {
+            Ok(ing) => ingress_is_relevant(&ing, &listeners.state()),
+            Err(e) => {
+                tracing::warn!(error = %e, "Ingress watch");
+                false
+            }
+        };
+        future::ready(relevant.then_some(()))
+    })
+}
+
+/// Fires when a Secret some listener references changes. Only metadata is watched: the
+/// operator never needs the key material of Secrets it does not use.
+pub fn secret_trigger(
+    client: &Client,
+    ctx: Arc<Context>,
+) -> impl Stream<Item = ()> + Send + 'static {
+    watcher(
+        Api::<PartialObjectMeta<Secret>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .touched_objects()
+    .filter_map(move |r| {
+        let relevant = match r {
+            Ok(s) => ctx.wants_secret(
+                s.metadata.namespace.as_deref().unwrap_or_default(),
+                s.metadata.name.as_deref().unwrap_or_default(),
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "Secret watch");
+                false
+            }
+        };
+        future::ready(relevant.then_some(()))
+    })
+}
+
+/// Metadata of the objects the operator may have to delete, cached by label-selected watches:
+/// Roles and RoleBindings (in the namespaces of referenced Secrets) and Services (its own
+/// namespace). Pruning reads these instead of listing on every reconcile.
+#[derive(Clone)]
+pub struct OwnedStores {
+    pub roles: Store<PartialObjectMeta<Role>>,
+    pub role_bindings: Store<PartialObjectMeta<RoleBinding>>,
+    pub services: Store<PartialObjectMeta<Service>>,
+}
+
+/// Aborts the cache watches when the operator stops.
+pub struct Tasks(Vec<JoinHandle<()>>);
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
+}
+
+fn cache<K>(api: Api<PartialObjectMeta<K>>) -> (Store<PartialObjectMeta<K>>, JoinHandle<()>)
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K: Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    let kind = K::kind(&()).into_owned();
+    let events = watcher(api, watcher::Config::default().labels(&owned_selector()))
+        .default_backoff()
+        .reflect(writer);
+    let task = tokio::spawn(async move {
+        let mut events = Box::pin(events);
+        while let Some(ev) = events.next().await {
+            if let Err(e) = ev {
+                tracing::warn!(kind = %kind, error = %e, "owned-object watch (retrying)");
+            }
+        }
+    });
+    (store, task)
+}
+
+impl OwnedStores {
+    /// Starts the three watches; they stop when the returned [`Tasks`] is dropped.
+    pub fn start(client: &Client, namespace: &str) -> (Self, Tasks) {
+        let (roles, t1) = cache(Api::<PartialObjectMeta<Role>>::all(client.clone()));
+        let (role_bindings, t2) = cache(Api::<PartialObjectMeta<RoleBinding>>::all(client.clone()));
+        let (services, t3) = cache(Api::<PartialObjectMeta<Service>>::namespaced(
+            client.clone(),
+            namespace,
+        ));
+        (
+            Self {
+                roles,
+                role_bindings,
+                services,
+            },
+            Tasks(vec![t1, t2, t3]),
+        )
+    }
+
+    /// Waits until every cache has listed once.
+    pub async fn wait_until_ready(&self) -> bool {
+        self.roles.wait_until_ready().await.is_ok()
+            && self.role_bindings.wait_until_ready().await.is_ok()
+            && self.services.wait_until_ready().await.is_ok()
+    }
+}
+
+/// `(namespace, name)` of the cached objects made for `listener`.
+pub fn owned_by<K>(store: &Store<PartialObjectMeta<K>>, listener: &str) -> Vec<(String, String)>
+where
+    K: Resource<DynamicType = ()> + Clone,
+{
+    let mut out: Vec<(String, String)> = store
+        .state()
+        .iter()
+        .filter(|o| {
+            o.labels().get(labels::INSTANCE).map(String::as_str) == Some(listener)
+                && o.metadata.deletion_timestamp.is_none()
+        })
+        .map(|o| (o.namespace().unwrap_or_default(), o.name_any()))
+        .collect();
+    out.sort();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::apps::v1::DaemonSetStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn listener(generation: i64, status_hosts: &str) -> Http3Listener {
+        let spec =
+            serde_json::from_value(serde_json::json!({"upstream": {"address": "a:1"}})).unwrap();
+        let mut l = Http3Listener::new("public", spec);
+        l.metadata.uid = Some("u1".into());
+        l.metadata.generation = Some(generation);
+        l.status = Some(crate::api::Http3ListenerStatus {
+            hosts_summary: Some(status_hosts.into()),
+            ..Default::default()
+        });
+        l
+    }
+
+    fn names(out: Vec<Option<Http3Listener>>) -> Vec<Option<i64>> {
+        out.into_iter()
+            .map(|o| o.and_then(|l| l.metadata.generation))
+            .collect()
+    }
+
+    #[test]
+    fn our_own_status_writes_do_not_trigger_and_spec_changes_and_deletes_do() {
+        let mut f = ChangeFilter::new(listener_key);
+        let out = vec![
+            f.accept(watcher::Event::Init),
+            f.accept(watcher::Event::InitApply(listener(1, "0/0"))),
+            f.accept(watcher::Event::InitDone),
+            // Status writes (ours): same generation.
+            f.accept(watcher::Event::Apply(listener(1, "1/1"))),
+            f.accept(watcher::Event::Apply(listener(1, "1/2"))),
+            // A spec edit.
+            f.accept(watcher::Event::Apply(listener(2, "1/2"))),
+            // Deleted: passes although nothing we hash changed.
+            f.accept(watcher::Event::Delete(listener(2, "1/2"))),
+            // Recreated with the same generation: new object, passes.
+            f.accept(watcher::Event::Apply(listener(2, "0/0"))),
+        ];
+        assert_eq!(
+            names(out),
+            [None, Some(1), None, None, None, Some(2), Some(2), Some(2)]
+        );
+    }
+
+    #[test]
+    fn a_relist_passes_only_what_changed_and_forgets_what_is_gone() {
+        let mut f = ChangeFilter::new(listener_key);
+        let mut other = listener(1, "");
+        other.metadata.name = Some("other".into());
+        other.metadata.uid = Some("u2".into());
+        assert!(f.accept(watcher::Event::Apply(listener(1, ""))).is_some());
+        assert!(f.accept(watcher::Event::Apply(other.clone())).is_some());
+        // The watch restarts; "other" was deleted meanwhile, "public" is unchanged.
+        f.accept(watcher::Event::Init);
+        assert!(f
+            .accept(watcher::Event::InitApply(listener(1, "x")))
+            .is_none());
+        f.accept(watcher::Event::InitDone);
+        assert_eq!(f.seen.len(), 1, "the vanished object is forgotten");
+        // If it comes back it is new again.
+        assert!(f.accept(watcher::Event::Apply(other)).is_some());
+    }
+
+    fn ds(generation: i64, desired: i32, ready: i32, rv: &str) -> DaemonSet {
+        DaemonSet {
+            metadata: ObjectMeta {
+                name: Some("h3-ingress-public".into()),
+                namespace: Some("h3-ingress".into()),
+                uid: Some("d1".into()),
+                generation: Some(generation),
+                resource_version: Some(rv.into()),
+                ..Default::default()
+            },
+            status: Some(DaemonSetStatus {
+                desired_number_scheduled: desired,
+                current_number_scheduled: desired,
+                number_ready: ready,
+                observed_generation: Some(generation),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn daemon_sets_trigger_on_readiness_and_spec_not_on_rewrites() {
+        let mut f = ChangeFilter::new(daemon_set_key);
+        assert!(f.accept(watcher::Event::Apply(ds(1, 2, 1, "1"))).is_some());
+        // Our own apply of an unchanged spec, or a status rewrite with the same counts.
+        assert!(f.accept(watcher::Event::Apply(ds(1, 2, 1, "2"))).is_none());
+        assert!(f.accept(watcher::Event::Apply(ds(1, 2, 2, "3"))).is_some());
+        assert!(f.accept(watcher::Event::Apply(ds(2, 2, 2, "4"))).is_some());
+        assert!(f.accept(watcher::Event::Delete(ds(2, 2, 2, "5"))).is_some());
+    }
+
+    #[test]
+    fn a_daemon_set_maps_to_its_cluster_scoped_listener() {
+        let mut d = ds(1, 1, 1, "1");
+        d.metadata.owner_references = Some(
+            serde_json::from_value(serde_json::json!([
+                {"apiVersion": "h3-ingress.dev/v1alpha1", "kind": "Http3Listener", "name": "public", "uid": "u1"},
+                {"apiVersion": "apps/v1", "kind": "Deployment", "name": "other", "uid": "u2"}
+            ]))
+            .unwrap(),
+        );
+        let refs = owning_listeners(d);
+        assert_eq!(refs, [ObjectRef::<Http3Listener>::new("public")]);
+        assert_eq!(refs[0].namespace, None, "the listener is cluster-scoped");
+    }
+
+    #[test]
+    fn ingresses_trigger_on_spec_and_annotations_not_on_status() {
+        let ing = |generation: i64, ann: &str, lb: &str| Ingress {
+            metadata: ObjectMeta {
+                name: Some("web".into()),
+                namespace: Some("shop".into()),
+                uid: Some("i1".into()),
+                generation: Some(generation),
+                annotations: Some(
+                    [("h3-ingress.dev/enabled".to_string(), ann.to_string())]
+                        .into_iter()
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            status: Some(
+                serde_json::from_value(
+                    serde_json::json!({"loadBalancer": {"ingress": [{"ip": lb}]}}),
+                )
+                .unwrap(),
+            ),
+            ..Default::default()
+        };
+        let mut f = ChangeFilter::new(ingress_key);
+        assert!(f
+            .accept(watcher::Event::Apply(ing(1, "true", "192.0.2.1")))
+            .is_some());
+        assert!(f
+            .accept(watcher::Event::Apply(ing(1, "true", "192.0.2.2")))
+            .is_none());
+        assert!(f
+            .accept(watcher::Event::Apply(ing(1, "false", "192.0.2.2")))
+            .is_some());
+        assert!(f
+            .accept(watcher::Event::Apply(ing(2, "false", "192.0.2.2")))
+            .is_some());
+    }
+
+    #[test]
+    fn owned_objects_are_found_by_listener_label() {
+        let (store, mut writer) = reflector::store::<PartialObjectMeta<Role>>();
+        let role = |ns: &str, listener: &str| PartialObjectMeta::<Role> {
+            metadata: ObjectMeta {
+                name: Some(format!("h3-ingress-data-plane-{listener}")),
+                namespace: Some(ns.into()),
+                labels: Some(
+                    [(labels::INSTANCE.to_string(), listener.to_string())]
+                        .into_iter()
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        for r in [
+            role("shop", "public"),
+            role("old", "public"),
+            role("shop", "other"),
+        ] {
+            writer.apply_watcher_event(&watcher::Event::Apply(r));
+        }
+        assert_eq!(
+            owned_by(&store, "public"),
+            [
+                (
+                    "old".to_string(),
+                    "h3-ingress-data-plane-public".to_string()
+                ),
+                (
+                    "shop".to_string(),
+                    "h3-ingress-data-plane-public".to_string()
+                )
+            ]
+        );
+    }
+}
