@@ -200,6 +200,16 @@ fn host_status(inp: &Inputs, wanted: &HostReport) -> HostStatus {
     h
 }
 
+/// Whether pods answer /status but have not loaded a host the operator resolved yet
+/// ([`reasons::CONFIG_PENDING`] while some pod reports): a state they leave within seconds.
+pub fn hosts_loading(inp: &Inputs, status: &Http3ListenerStatus) -> bool {
+    !reports(inp).is_empty()
+        && status
+            .hosts
+            .iter()
+            .any(|h| h.reason == reasons::CONFIG_PENDING)
+}
+
 /// A host the operator can serve but no pod serves: a pod's reason, or pending.
 fn not_served_by_pods(inp: &Inputs, h: &mut HostStatus, seen: &[PodHost], reporting: usize) {
     h.state = host_states::NOT_SERVING.to_string();
@@ -756,6 +766,37 @@ mod tests {
             alt_svc_max_age: 86_400,
             now: t(now),
         }
+    }
+
+    #[test]
+    fn hosts_are_loading_only_while_reporting_pods_have_not_loaded_one() {
+        let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
+        let sockets = || vec![socket("ipv4", false)];
+        let d = ds(1, 1);
+        let loading = |pods: &[PodReport]| {
+            let inp = inputs(&hosts, Some(&d), pods, None, 1000);
+            hosts_loading(&inp, &aggregate(&inp))
+        };
+        assert!(
+            loading(&[pod("p1", vec![], sockets(), 0)]),
+            "a pod without the host yet"
+        );
+        let served_pods = [pod(
+            "p1",
+            vec![served("a.example.com", 0, None)],
+            sockets(),
+            0,
+        )];
+        assert!(!loading(&served_pods), "loaded");
+        let silent = PodReport {
+            pod: "p1".into(),
+            node: None,
+            report: Err("connection refused".into()),
+        };
+        assert!(
+            !loading(&[silent]),
+            "no pod answers: pending, but not a state pods leave by themselves"
+        );
     }
 
     #[test]
