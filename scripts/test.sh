@@ -38,4 +38,31 @@ for extra in tests/manifests/validate.sh tests/observe/run.sh; do
     fi
 done
 
+# The user's journey on a real Kubernetes control plane (root): scripts/cluster.sh builds it
+# once per version into /var/cache/h3-ingress (cold: 10-15 min of an idle 2-core machine, up to
+# 28 min under load; warm: seconds) and runs target/debug/h3-ingress, which cargo test built,
+# for the project's image. The smoke proves the cluster itself, the journey the product on it;
+# the cluster goes down afterwards whatever happened.
+if [[ $(id -u) -eq 0 ]]; then
+    step "cluster: build the control plane, helm and the node agent (cached)"
+    t0=$(date +%s)
+    scripts/cluster.sh build
+    echo "cluster build: $(($(date +%s) - t0)) s"
+    step "trixie chroot with curl 8.14 (HTTP/3), the journey's second HTTP/3 client"
+    scripts/trixie-chroot.sh "${H3I_TRIXIE_ROOT:-/work/trixie-root}" | tail -n 3
+    cluster_rc=0
+    step "tests/cluster/smoke.sh"
+    H3I_SMOKE_KEEP=1 tests/cluster/smoke.sh || cluster_rc=$?
+    if [[ $cluster_rc -eq 0 ]]; then
+        step "tests/cluster/journey.sh"
+        tests/cluster/journey.sh || cluster_rc=$?
+    fi
+    step "cluster: down"
+    scripts/cluster.sh down
+    [[ $cluster_rc -eq 0 ]] || exit "$cluster_rc"
+else
+    tests/cluster/smoke.sh
+    tests/cluster/journey.sh
+fi
+
 step "all checks passed"
