@@ -41,6 +41,15 @@ fn text(status: StatusCode, content_type: &'static str, body: String) -> Respons
         .expect("static response parts are valid")
 }
 
+/// Binds the admin endpoint at `addr`: `[::]` is one dual-stack socket (IPv4 and IPv6 probes
+/// both reach it) that falls back to `0.0.0.0` on a host without IPv6
+/// ([`crate::config::bind`]); any other address binds as given. Returns the listener and
+/// the address really bound.
+pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<(TcpListener, std::net::SocketAddr)> {
+    let (std_listener, bound) = crate::config::bind::bind_admin(addr)?;
+    Ok((TcpListener::from_std(std_listener)?, bound))
+}
+
 /// The answer to one admin request. Pure apart from what `source` computes.
 pub fn route(source: &dyn AdminSource, method: &Method, path: &str) -> Response<Full<Bytes>> {
     if method != Method::GET && method != Method::HEAD {

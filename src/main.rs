@@ -36,7 +36,7 @@ enum Command {
     /// Print the Http3Listener CustomResourceDefinition as YAML.
     Crd,
     /// Run the Kubernetes operator (Http3Listener controller).
-    Operator(OperatorArgs),
+    Operator(h3_ingress::operator::cli::OperatorArgs),
     /// Write every object the operator creates for two example listeners as YAML.
     Render {
         #[arg(long, default_value = "target/rendered/operator")]
@@ -53,39 +53,6 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
-}
-
-#[derive(clap::Args)]
-struct OperatorArgs {
-    /// Namespace of the data-plane DaemonSets, ServiceAccounts and the leader Lease.
-    #[arg(long, env = "POD_NAMESPACE", default_value = "h3-ingress")]
-    namespace: String,
-    /// Elect a leader through a Lease so several replicas are safe (the default).
-    #[arg(long, overrides_with = "no_leader_election")]
-    leader_election: bool,
-    /// Act as leader unconditionally (one replica only).
-    #[arg(long)]
-    no_leader_election: bool,
-    #[arg(long, default_value = "h3-ingress-operator")]
-    lease_name: String,
-    /// Data plane image for listeners without spec.image.
-    #[arg(long, env = "H3_INGRESS_IMAGE", default_value = h3_ingress::operator::DEFAULT_IMAGE)]
-    data_plane_image: String,
-    /// Serves /healthz, /readyz and /metrics.
-    #[arg(long, default_value = "0.0.0.0:9477")]
-    admin_address: std::net::SocketAddr,
-}
-
-impl From<OperatorArgs> for h3_ingress::operator::controller::Options {
-    fn from(a: OperatorArgs) -> Self {
-        Self {
-            namespace: a.namespace,
-            leader_election: !a.no_leader_election,
-            lease_name: a.lease_name,
-            data_plane_image: a.data_plane_image,
-            admin_address: a.admin_address,
-        }
-    }
 }
 
 fn main() -> ExitCode {
@@ -114,7 +81,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Operator(a) => {
             logging::init(logging::SERVER);
-            h3_ingress::operator::controller::run(a.into()).await?;
+            h3_ingress::operator::controller::run(a.options()).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Render {

@@ -275,6 +275,7 @@ struct Harness {
 struct Writers {
     _ingresses: reflector::store::Writer<Ingress>,
     _listeners: reflector::store::Writer<Http3Listener>,
+    _classes: reflector::store::Writer<k8s_openapi::api::networking::v1::IngressClass>,
     _roles: reflector::store::Writer<PartialObjectMeta<Role>>,
     _role_bindings: reflector::store::Writer<PartialObjectMeta<RoleBinding>>,
     _services: reflector::store::Writer<PartialObjectMeta<Service>>,
@@ -327,6 +328,8 @@ struct World {
     service: bool,
     /// What the pod answers on /status instead of `pod_report()`.
     report: Option<StatusReport>,
+    /// IngressClasses in the cache.
+    classes: Vec<k8s_openapi::api::networking::v1::IngressClass>,
 }
 
 /// The usual world: the Role of a namespace no longer referenced ("old") is still there.
@@ -348,6 +351,7 @@ fn harness_in(is_leader: bool, ingresses: Vec<Ingress>, w: World) -> Harness {
     let rbac = "h3-ingress-data-plane-public";
     let (ingress_store, i) = filled(ingresses);
     let (listener_store, l) = filled(w.listeners);
+    let (classes, c) = filled(w.classes);
     let (roles, r) = filled(w.roles.iter().map(|ns| owned_meta(ns, rbac)).collect());
     let (role_bindings, rb) = filled(
         w.role_bindings
@@ -378,6 +382,7 @@ fn harness_in(is_leader: bool, ingresses: Vec<Ingress>, w: World) -> Harness {
         Caches {
             ingresses: ingress_store,
             listeners: listener_store,
+            classes,
             owned: OwnedStores {
                 roles,
                 role_bindings,
@@ -399,6 +404,7 @@ fn harness_in(is_leader: bool, ingresses: Vec<Ingress>, w: World) -> Harness {
         _writers: Writers {
             _ingresses: i,
             _listeners: l,
+            _classes: c,
             _roles: r,
             _role_bindings: rb,
             _services: sv,
@@ -753,6 +759,31 @@ async fn busy_counters_are_written_at_most_once_a_minute() {
         (9_000, 700)
     );
     assert_eq!(written.conditions, old.conditions, "no event-worthy change");
+}
+
+#[tokio::test]
+async fn an_ingress_without_a_class_counts_for_the_default_class() {
+    let mut classless = ingress();
+    classless.spec.as_mut().unwrap().ingress_class_name = None;
+    let nginx: k8s_openapi::api::networking::v1::IngressClass = serde_json::from_value(json!({
+        "metadata": {"name": "nginx",
+                     "annotations": {"ingressclass.kubernetes.io/is-default-class": "true"}}
+    }))
+    .unwrap();
+    let w = World {
+        classes: vec![nginx],
+        ..world()
+    };
+    let h = harness_in(true, vec![classless], w);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    // The same reads, applies (a Role for the Ingress's Secrets) and status as for an Ingress
+    // of class nginx.
+    let mut script = apply_script();
+    script.extend(first_status(log.clone()));
+    run(h, listener(), script).await;
+    let s = status_of(&log.lock().unwrap()[0]);
+    assert_eq!(s.hosts_summary.as_deref(), Some("1/2"));
+    assert_eq!(s.hosts[0].ingress.as_deref(), Some("shop/web"));
 }
 
 #[tokio::test]

@@ -113,6 +113,8 @@ struct World {
     down: bool,
     /// The listener to list (the default one when unset).
     listener: Option<Value>,
+    /// IngressClasses to list.
+    classes: Vec<Value>,
 }
 
 async fn api_server(mut handle: Handle, world: Arc<Mutex<World>>) {
@@ -150,6 +152,7 @@ async fn api_server(mut handle: Handle, world: Arc<Mutex<World>>) {
             "/apis/networking.k8s.io/v1/ingresses" => {
                 (path.clone(), w.ingress.clone().into_iter().collect())
             }
+            "/apis/networking.k8s.io/v1/ingressclasses" => (path.clone(), w.classes.clone()),
             p if p.starts_with("/api/v1/namespaces/") && p.ends_with("/secrets") => {
                 w.secret_requests.push(format!("{path}?{query}"));
                 let name = selected_name.unwrap_or_else(|| {
@@ -603,4 +606,48 @@ mod live {
         assert_eq!(h3.get("a.example.com").await.0, 200);
         r.stop().await;
     }
+}
+
+fn ingress_class(name: &str, default: bool, rv: &str) -> Value {
+    json!({"apiVersion": "networking.k8s.io/v1", "kind": "IngressClass",
+           "metadata": {"name": name, "resourceVersion": rv,
+                        "annotations": {"ingressclass.kubernetes.io/is-default-class": default.to_string()}},
+           "spec": {"controller": "k8s.io/ingress-nginx"}})
+}
+
+/// An Ingress without a class belongs to the cluster's default IngressClass, as the TCP
+/// ingress controller of that class serves it: the listener of that class serves it too, and
+/// stops when the class is no longer the default.
+#[tokio::test]
+async fn an_ingress_without_a_class_is_served_while_the_listeners_class_is_the_default() {
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<RespBody>>();
+    let client = Client::new(svc, "default");
+    let world = Arc::new(Mutex::new(World::default()));
+    let (s1, sha1) = secret("web-tls", "a.example.com", "10");
+    {
+        let mut w = world.lock().unwrap();
+        let mut ing = ingress(&[("a.example.com", "web-tls")], "5");
+        ing["spec"]
+            .as_object_mut()
+            .unwrap()
+            .remove("ingressClassName");
+        w.ingress = Some(ing);
+        w.secrets
+            .insert("/api/v1/namespaces/shop/secrets/web-tls".into(), s1);
+        w.classes = vec![ingress_class("nginx", true, "3")];
+    }
+    tokio::spawn(api_server(handle, world.clone()));
+    let (tx, mut rx) = mpsc::channel(4);
+    let _source = tokio::spawn(watch_listener(client, "public".into(), tx));
+
+    let c = next(&mut rx, "class-less Ingress, nginx is the default").await;
+    assert_eq!(leaf(&c, "a.example.com"), sha1);
+
+    wait_for_watch(&world, "/apis/networking.k8s.io/v1/ingressclasses")
+        .await
+        .send(event("MODIFIED", &ingress_class("nginx", false, "4")))
+        .unwrap();
+    let c = next(&mut rx, "nginx is no longer the default").await;
+    assert!(c.hosts.lookup("a.example.com").is_none());
+    assert!(c.host_reports.is_empty(), "{:?}", c.host_reports);
 }

@@ -111,6 +111,8 @@ struct World {
     status_patches: Vec<Value>,
     events: Vec<Value>,
     applied: Vec<String>,
+    /// The last DaemonSet applied.
+    daemon_set: Option<Value>,
     watches: BTreeMap<String, mpsc::UnboundedSender<Bytes>>,
     unexpected: Vec<String>,
 }
@@ -148,6 +150,7 @@ fn respond(w: &mut World, method: &str, path: &str, query: &str, body: Value) ->
             (200, list(vec![listener(status.as_ref())]))
         }
         ("GET", "/apis/networking.k8s.io/v1/ingresses") => (200, list(vec![ingress()])),
+        ("GET", "/apis/networking.k8s.io/v1/ingressclasses") => (200, list(vec![])),
         ("GET", "/api/v1/secrets") => (200, list(vec![])),
         ("GET", "/api/v1/namespaces/shop/secrets/web-tls") => (200, secret()),
         ("GET", p)
@@ -197,6 +200,7 @@ fn respond(w: &mut World, method: &str, path: &str, query: &str, body: Value) ->
                 .push(format!("{} {}", body["kind"].as_str().unwrap_or("?"), p));
             let mut obj = body;
             if obj["kind"] == "DaemonSet" {
+                w.daemon_set = Some(obj.clone());
                 obj["status"] = json!({"currentNumberScheduled": 1, "desiredNumberScheduled": 1,
                                        "numberMisscheduled": 0, "numberReady": 1});
             }
@@ -389,6 +393,11 @@ async fn the_operator_elects_itself_reconciles_writes_status_once_and_releases_t
         lease_name: "h3-ingress-operator".into(),
         data_plane_image: "ghcr.io/h3-ingress/h3-ingress:test".into(),
         admin_address: admin_addr,
+        // What the operator's --image-pull-secrets and --tune-image give every data plane pod.
+        pod_defaults: h3_ingress::operator::resources::PodDefaults {
+            image_pull_secrets: vec!["regcred".into()],
+            tune_image: "busybox@sha256:test".into(),
+        },
     };
     let op = tokio::spawn(run_with(
         client,
@@ -454,6 +463,9 @@ async fn the_operator_elects_itself_reconciles_writes_status_once_and_releases_t
         "{:?}",
         w.applied
     );
+    let pod = &w.daemon_set.as_ref().unwrap()["spec"]["template"]["spec"];
+    assert_eq!(pod["imagePullSecrets"], json!([{"name": "regcred"}]));
+    assert_eq!(pod["nodeSelector"], json!({"kubernetes.io/os": "linux"}));
     assert!(
         w.events.iter().any(|e| e["reason"] == "Http3Enabled"),
         "{:?}",

@@ -21,8 +21,10 @@ pub const RECOMMENDED_SYSCTL_BUFFER_MAX: u32 = 7_500_000;
 pub const DEFAULT_ALT_SVC_MAX_AGE: u32 = 86_400;
 /// Metrics and health port. Chosen to stay clear of the ports hostNetwork daemons commonly
 /// hold on a node: node-exporter 9100, Prometheus 9090, ingress-nginx 10254, kubelet
-/// 10248/10250/10255, kube-proxy 10249/10256, Calico 9091, Cilium 9962-9965.
-pub const DEFAULT_METRICS_ADDRESS: &str = "0.0.0.0:9476";
+/// 10248/10250/10255, kube-proxy 10249/10256, Calico 9091, Cilium 9962-9965. `[::]` is one
+/// dual-stack socket, so the kubelet's probes reach it on an IPv6-only cluster too; it falls
+/// back to `0.0.0.0` on a host without IPv6 (`config::bind`).
+pub const DEFAULT_METRICS_ADDRESS: &str = "[::]:9476";
 
 fn default_port() -> u16 {
     DEFAULT_PORT

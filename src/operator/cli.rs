@@ -66,6 +66,7 @@ impl OperatorArgs {
             lease_name: self.lease_name.clone(),
             data_plane_image: self.data_plane_image.clone(),
             admin_address: self.admin_address,
+            pod_defaults: self.pod_defaults(),
         }
     }
 }
@@ -124,6 +125,7 @@ mod tests {
             }
         );
         assert!(!a.options().leader_election);
+        assert_eq!(a.options().pod_defaults, a.pod_defaults());
         assert_eq!(a.options().admin_address.to_string(), "0.0.0.0:9000");
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures_util::{future, StreamExt};
 use k8s_openapi::api::apps::v1::DaemonSetStatus;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use k8s_openapi::api::networking::v1::Ingress;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
@@ -34,7 +34,8 @@ use super::{conflicts, leader, FIELD_MANAGER};
 use crate::api::altsvc::{controller_of, IngressController};
 use crate::api::{reasons, Http3Listener, Http3ListenerStatus, SecretRef};
 use crate::config::kube::{
-    ingress_key, referenced_secrets, resolve_hosts, ResolvedHosts, SecretMap,
+    default_class, ingress_key, referenced_secrets, resolve_hosts, with_default_class,
+    ResolvedHosts, SecretMap,
 };
 
 /// How often a listener is reconciled without any change, to refresh the pods' reports.
@@ -80,6 +81,8 @@ pub struct Caches {
     pub ingresses: Store<Ingress>,
     /// All listeners (the controller's own store), for port conflicts between them.
     pub listeners: Store<Http3Listener>,
+    /// All IngressClasses: which one is the default.
+    pub classes: Store<IngressClass>,
     /// The Roles, RoleBindings and Services the operator made, for pruning.
     pub owned: OwnedStores,
 }
@@ -91,6 +94,7 @@ pub struct Context {
     pub pod_defaults: PodDefaults,
     pub ingresses: Store<Ingress>,
     pub listeners: Store<Http3Listener>,
+    pub classes: Store<IngressClass>,
     pub owned: OwnedStores,
     pub leader: watch::Receiver<bool>,
     pub reports: Arc<dyn ReportFetcher>,
@@ -119,6 +123,7 @@ impl Context {
             pod_defaults: PodDefaults::default(),
             ingresses: caches.ingresses,
             listeners: caches.listeners,
+            classes: caches.classes,
             owned: caches.owned,
             leader,
             reports,
@@ -132,6 +137,14 @@ impl Context {
     pub fn with_pod_defaults(mut self, pod: PodDefaults) -> Self {
         self.pod_defaults = pod;
         self
+    }
+
+    /// Every Ingress as the listeners see it: one without a class belongs to the default
+    /// IngressClass (the data plane counts them the same way).
+    pub fn ingresses(&self) -> Vec<Arc<Ingress>> {
+        let classes = self.classes.state();
+        let default = default_class(classes.iter().map(|c| c.as_ref()));
+        with_default_class(&self.ingresses.state(), default.as_deref())
     }
 
     /// Whether some listener references this Secret.
@@ -350,7 +363,7 @@ async fn observe_data_plane(
 /// The leader's reconciliation: apply the data plane, read its pods, write the status.
 async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<Action, Error> {
     let name = listener.name_any();
-    let ingresses = ctx.ingresses.state();
+    let ingresses = ctx.ingresses();
     let refs = referenced_secrets(listener, ingresses.iter().map(|i| i.as_ref()));
     ctx.secret_interest
         .lock()
@@ -493,6 +506,8 @@ pub struct Options {
     pub lease_name: String,
     pub data_plane_image: String,
     pub admin_address: SocketAddr,
+    /// Image pull secrets and the tune container's image for every data plane pod.
+    pub pod_defaults: PodDefaults,
 }
 
 fn identity() -> String {
@@ -511,9 +526,8 @@ fn identity() -> String {
 
 /// Runs the operator until SIGTERM/SIGINT.
 pub async fn run(opts: Options) -> Result<(), Error> {
-    let admin = tokio::net::TcpListener::bind(opts.admin_address)
-        .await
-        .map_err(|e| Error::Admin(opts.admin_address, e))?;
+    let (admin, _) =
+        crate::admin::bind(opts.admin_address).map_err(|e| Error::Admin(opts.admin_address, e))?;
     let client = Client::try_default().await.map_err(Error::Client)?;
     let shutdown = tokio_util::sync::CancellationToken::new();
     crate::lifecycle::cancel_on_shutdown_signals(shutdown.clone()).map_err(Error::Signals)?;
@@ -560,6 +574,7 @@ pub async fn run_with(
     tokio::spawn(export_leadership(leader_rx.clone(), metrics.clone()));
     let (ingress_store, ingress_writer) = reflector::store::<Ingress>();
     let (listener_store, listener_writer) = reflector::store::<Http3Listener>();
+    let (class_store, class_writer) = reflector::store::<IngressClass>();
     let (owned, _owned_watches) = OwnedStores::start(&client, &opts.namespace);
     tokio::spawn(ready_once_filled(
         ingress_store.clone(),
@@ -567,25 +582,29 @@ pub async fn run_with(
         ready,
     ));
 
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        Params {
-            namespace: opts.namespace.clone(),
-            default_image: opts.data_plane_image.clone(),
-        },
-        Caches {
-            ingresses: ingress_store,
-            listeners: listener_store.clone(),
-            owned,
-        },
-        leader_rx.clone(),
-        reports,
-        Reporter {
-            controller: FIELD_MANAGER.to_string(),
-            instance: Some(id.clone()),
-        },
-        metrics,
-    ));
+    let ctx = Arc::new(
+        Context::new(
+            client.clone(),
+            Params {
+                namespace: opts.namespace.clone(),
+                default_image: opts.data_plane_image.clone(),
+            },
+            Caches {
+                ingresses: ingress_store,
+                listeners: listener_store.clone(),
+                classes: class_store,
+                owned,
+            },
+            leader_rx.clone(),
+            reports,
+            Reporter {
+                controller: FIELD_MANAGER.to_string(),
+                instance: Some(id.clone()),
+            },
+            metrics,
+        )
+        .with_pod_defaults(opts.pod_defaults.clone()),
+    );
 
     tracing::info!(
         namespace = %opts.namespace,
@@ -608,6 +627,7 @@ pub async fn run_with(
         listener_store,
     ))
     .reconcile_all_on(watches::secret_trigger(&client, ctx.clone()))
+    .reconcile_all_on(watches::class_trigger(&client, class_writer))
     .reconcile_all_on(stream_from_channel(any_listener_rx))
     .reconcile_all_on(
         tokio_stream_from_watch(leader_rx)

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use futures_util::{future, Stream, StreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Secret, Service};
-use k8s_openapi::api::networking::v1::Ingress;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -153,6 +153,11 @@ pub fn ingress_key(i: &Ingress) -> u64 {
     ))
 }
 
+/// What a reconcile reads from an IngressClass: whether it is the default (an annotation).
+pub fn class_key(c: &IngressClass) -> u64 {
+    hash_of(&c.metadata.annotations.as_ref())
+}
+
 /// Labels on every data plane object the operator makes, for its owned-object watches.
 pub fn owned_selector() -> String {
     format!(
@@ -232,6 +237,26 @@ pub fn ingress_trigger(
             }
         };
         future::ready(relevant.then_some(()))
+    })
+}
+
+/// Fills the IngressClass cache and fires when a class is added, removed, or its annotations
+/// (the default-class mark) change: Ingresses without a class may change hands.
+pub fn class_trigger(
+    client: &Client,
+    writer: reflector::store::Writer<IngressClass>,
+) -> impl Stream<Item = ()> + Send + 'static {
+    let events = watcher(
+        Api::<IngressClass>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(writer);
+    changes(events, class_key).filter_map(|r| {
+        if let Err(e) = &r {
+            tracing::warn!(error = %e, "IngressClass watch");
+        }
+        future::ready(r.is_ok().then_some(()))
     })
 }
 

@@ -26,6 +26,8 @@ pub mod upstream_error {
     pub const TIMEOUT: &str = "timeout";
     pub const RESET: &str = "reset";
     pub const PROTOCOL: &str = "protocol";
+    /// Every kind, exported as 0 from the start so dashboards and alerts see the series.
+    pub const ALL: [&str; 5] = [CONNECT, TLS, TIMEOUT, RESET, PROTOCOL];
 }
 
 /// Handshake results (`result` label).
@@ -42,6 +44,17 @@ pub mod rejected {
     pub const MISDIRECTED: &str = "misdirected";
     pub const HEADERS_TOO_LARGE: &str = "headers_too_large";
     pub const CONTENT_LENGTH: &str = "content_length_mismatch";
+    /// Every reason, exported as 0 from the start.
+    pub const ALL: [&str; 4] = [MALFORMED, MISDIRECTED, HEADERS_TOO_LARGE, CONTENT_LENGTH];
+}
+
+/// What became of a configuration update (`result` label of `config_reloads_total`).
+pub mod reload {
+    pub const APPLIED: &str = "applied";
+    pub const INVALID: &str = "invalid";
+    pub const RESTART_REQUIRED: &str = "restart_required";
+    /// Every result, exported as 0 from the start.
+    pub const ALL: [&str; 3] = [APPLIED, INVALID, RESTART_REQUIRED];
 }
 
 pub struct Metrics {
@@ -372,6 +385,17 @@ impl Metrics {
             udp_sockets,
             registry,
         };
+        // Known label values start at 0: a series that appears only with its first event
+        // leaves rate() and the dashboard empty until then, and absent() alerts guessing.
+        for kind in upstream_error::ALL {
+            m.upstream_errors.with_label_values(&[kind]);
+        }
+        for reason in rejected::ALL {
+            m.rejected_requests.with_label_values(&[reason]);
+        }
+        for result in reload::ALL {
+            m.config_reloads.with_label_values(&[result]);
+        }
         Arc::new(m)
     }
 
@@ -505,6 +529,27 @@ mod tests {
         );
         assert!(v >= snmp.receive_buffer_errors);
         assert!(text.contains("h3_ingress_build_info{version="));
+    }
+
+    #[test]
+    fn the_dashboard_series_exist_at_zero_before_their_first_event() {
+        let text = Metrics::new().render();
+        let series = upstream_error::ALL
+            .iter()
+            .map(|k| format!("h3_ingress_upstream_errors_total{{kind=\"{k}\"}} 0"))
+            .chain(
+                rejected::ALL
+                    .iter()
+                    .map(|r| format!("h3_ingress_rejected_requests_total{{reason=\"{r}\"}} 0")),
+            )
+            .chain(
+                reload::ALL
+                    .iter()
+                    .map(|r| format!("h3_ingress_config_reloads_total{{result=\"{r}\"}} 0")),
+            );
+        for line in series {
+            assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
+        }
     }
 
     #[test]

@@ -16,7 +16,7 @@ use tracing::{error, info, warn};
 use super::admin::ProxyAdmin;
 use super::cc::CcStats;
 use super::endpoint::{self, Family};
-use super::metrics::Metrics;
+use super::metrics::{reload, Metrics};
 use super::source::ConfigUpdate;
 use super::state::{Generation, Shared};
 use super::upstream::Upstream;
@@ -102,10 +102,9 @@ async fn start_admin(
     shutdown: &CancellationToken,
 ) -> Result<SocketAddr, ProxyError> {
     let addr = shared.current.load().config.metrics_address;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| ProxyError::Admin { addr, source })?;
-    let admin_addr = listener.local_addr().unwrap_or(addr);
+    let (listener, bound) =
+        crate::admin::bind(addr).map_err(|source| ProxyError::Admin { addr, source })?;
+    let admin_addr = listener.local_addr().unwrap_or(bound);
     info!(%admin_addr, "metrics and health endpoint: /metrics /healthz /readyz /status");
     let source = Arc::new(ProxyAdmin(shared.clone()));
     tokio::spawn(crate::admin::serve(listener, source, shutdown.clone()));
@@ -137,7 +136,7 @@ async fn follow_updates(
 /// Counts and logs an update that cannot be applied; the running configuration stays.
 fn reject(shared: &Shared, why: &str) {
     let m = &shared.metrics;
-    m.config_reloads.with_label_values(&["invalid"]).inc();
+    m.config_reloads.with_label_values(&[reload::INVALID]).inc();
     error!("configuration update rejected, still serving the previous one: {why}");
 }
 
@@ -172,7 +171,7 @@ pub fn apply(shared: &Arc<Shared>, families: &[Family], mut next: ProxyConfig) -
             refused.join(", ")
         );
         m.config_reloads
-            .with_label_values(&["restart_required"])
+            .with_label_values(&[reload::RESTART_REQUIRED])
             .inc();
         shared.require_restart(refused.clone());
         next.listen = old.config.listen.clone();
@@ -195,7 +194,7 @@ pub fn apply(shared: &Arc<Shared>, families: &[Family], mut next: ProxyConfig) -
     let id = gen.id;
     info!(generation = id, ?hosts, "configuration applied live");
     shared.current.store(gen);
-    m.config_reloads.with_label_values(&["applied"]).inc();
+    m.config_reloads.with_label_values(&[reload::APPLIED]).inc();
     altsvc::probe_soon(shared);
     Applied::Live {
         id,

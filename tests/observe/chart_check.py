@@ -97,6 +97,18 @@ def properties(name: str, objs, notes: str, monitoring: bool, all_on: bool) -> N
     check(env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace",
           f"{name}: POD_NAMESPACE not from the downward API")
     check("H3_INGRESS_IMAGE" in env, f"{name}: no data plane image")
+    check(any(a.startswith("--admin-address=[::]:") for a in c["args"]),
+          f"{name}: the admin endpoint is not [::] (IPv6-only clusters): {c['args']}")
+    if all_on:
+        check(env.get("H3_INGRESS_IMAGE_PULL_SECRETS", {}).get("value") == "regcred,mirror",
+              f"{name}: imagePullSecrets not passed to the operator for the data plane")
+        check(pod.get("imagePullSecrets") == [{"name": "regcred"}, {"name": "mirror"}],
+              f"{name}: imagePullSecrets not on the operator's pods")
+        check(env.get("H3_INGRESS_TUNE_IMAGE", {}).get("value", "").startswith("registry.example.com/busybox@sha256:"),
+              f"{name}: dataPlane.tuneImage not passed to the operator")
+    else:
+        check("H3_INGRESS_IMAGE_PULL_SECRETS" not in env and "H3_INGRESS_TUNE_IMAGE" not in env,
+              f"{name}: pull secrets or tune image passed without values")
     check(c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["readinessProbe"]["httpGet"]["path"] == "/readyz",
           f"{name}: probes")
     for o in (o for _, o in objs):
@@ -240,9 +252,10 @@ def operator_flags(binary: Path, objs) -> None:
     flags = [a.split("=")[0] for a in c["args"][1:] if a.startswith("--")]
     missing = [f for f in flags if not re.search(rf"(^|\s){re.escape(f)}[\s=,]", p.stdout)]
     check(not missing, f"`h3-ingress operator` does not accept {missing}")
-    for env in ("POD_NAMESPACE", "H3_INGRESS_IMAGE"):
+    envs = [e["name"] for e in c["env"] if e["name"].startswith(("POD_NAMESPACE", "H3_INGRESS_"))]
+    for env in envs:
         check(f"env: {env}" in p.stdout, f"`h3-ingress operator` does not read ${env}")
-    print(f"operator flags the chart passes {flags}, env POD_NAMESPACE and H3_INGRESS_IMAGE: "
+    print(f"operator flags the chart passes {flags}, env {', '.join(envs)}: "
           f"{'all accepted' if not missing else 'MISSING ' + str(missing)} by {binary.name} operator")
 
 

@@ -31,7 +31,8 @@ ALL_ON: dict[str, Any] = {
         "podDisruptionBudget": {"enabled": True},
         "extraEnv": [{"name": "RUST_BACKTRACE", "value": "1"}],
     },
-    "imagePullSecrets": [{"name": "regcred"}],
+    "imagePullSecrets": [{"name": "regcred"}, {"name": "mirror"}],
+    "dataPlane": {"tuneImage": "registry.example.com/busybox@sha256:" + "0" * 64},
     "commonLabels": {"team": "edge"},
     "metrics": {
         "service": {"annotations": {"prometheus.io/scrape": "true"}},

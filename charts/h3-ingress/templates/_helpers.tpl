@@ -63,6 +63,15 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end -}}
 
+{{/* The names of imagePullSecrets, comma-separated, for the operator's --image-pull-secrets. */}}
+{{- define "h3-ingress.pullSecretNames" -}}
+{{- $names := list -}}
+{{- range .Values.imagePullSecrets -}}
+{{- $names = append $names .name -}}
+{{- end -}}
+{{- join "," $names -}}
+{{- end -}}
+
 {{/* The Prometheus Operator's API is served: monitors and rules would be rejected otherwise. */}}
 {{- define "h3-ingress.hasMonitoringAPI" -}}
 {{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" -}}true{{- end -}}

@@ -1,6 +1,6 @@
-//! Kubernetes mode (`proxy --listener NAME`): watch the `Http3Listener`, the Ingresses, and
-//! only the Secrets they reference, and send a new [`ProxyConfig`] whenever they change. A
-//! spec that cannot be used is sent as [`ConfigUpdate::Invalid`], once per version, exactly as
+//! Kubernetes mode (`proxy --listener NAME`): watch the `Http3Listener`, the Ingresses (and
+//! which IngressClass is the default), and only the Secrets they reference, and send a new
+//! [`ProxyConfig`] whenever they change. A spec that cannot be used is sent as [`ConfigUpdate::Invalid`], once per version, exactly as
 //! the file source does with a bad file. If the API server goes away nothing is sent, so the
 //! proxy keeps serving the last good configuration.
 //!
@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::api::networking::v1::Ingress;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -25,7 +25,9 @@ use tracing::{info, warn};
 
 use super::ConfigUpdate;
 use crate::api::{Http3Listener, SecretRef};
-use crate::config::kube::{from_objects, referenced_secrets, SecretMap};
+use crate::config::kube::{
+    default_class, from_objects, referenced_secrets, with_default_class, SecretMap,
+};
 use crate::config::ProxyConfig;
 
 /// Certificates expire without any watch event: re-evaluate this often regardless.
@@ -229,15 +231,17 @@ where
     })
 }
 
-/// The watches of one listener: its object, every Ingress, and the Secrets they reference.
-/// Dropping it stops them all.
+/// The watches of one listener: its object, every Ingress, the IngressClasses (which one is
+/// the default), and the Secrets they reference. Dropping it stops them all.
 struct Watches {
     client: Client,
     key: ObjectRef<Http3Listener>,
     listeners: Store<Http3Listener>,
     ingresses: Store<Ingress>,
+    classes: Store<IngressClass>,
     listener_synced: Arc<AtomicBool>,
     ingress_synced: Arc<AtomicBool>,
+    class_synced: Arc<AtomicBool>,
     /// Notified on every change of any watched object.
     changed: Arc<Notify>,
     slots: Slots,
@@ -259,8 +263,10 @@ impl Watches {
         let changed = Arc::new(Notify::new());
         let listener_synced = Arc::new(AtomicBool::new(false));
         let ingress_synced = Arc::new(AtomicBool::new(false));
+        let class_synced = Arc::new(AtomicBool::new(false));
         let (listeners, lw) = reflector::store::<Http3Listener>();
         let (ingresses, iw) = reflector::store::<Ingress>();
+        let (classes, cw) = reflector::store::<IngressClass>();
         let by_name = watcher::Config::default().fields(&format!("metadata.name={listener}"));
         let lstream = reflector::reflector(
             lw,
@@ -275,6 +281,14 @@ impl Watches {
             ),
         )
         .default_backoff();
+        let cstream = reflector::reflector(
+            cw,
+            watcher(
+                Api::<IngressClass>::all(client.clone()),
+                watcher::Config::default(),
+            ),
+        )
+        .default_backoff();
         let tasks = vec![
             drive(
                 lstream,
@@ -283,14 +297,22 @@ impl Watches {
                 changed.clone(),
             ),
             drive(istream, "Ingress", ingress_synced.clone(), changed.clone()),
+            drive(
+                cstream,
+                "IngressClass",
+                class_synced.clone(),
+                changed.clone(),
+            ),
         ];
         Self {
             client,
             key: ObjectRef::new(listener),
             listeners,
             ingresses,
+            classes,
             listener_synced,
             ingress_synced,
+            class_synced,
             changed,
             slots: Arc::default(),
             tasks,
@@ -299,7 +321,21 @@ impl Watches {
     }
 
     fn synced(&self) -> bool {
-        self.listener_synced.load(Ordering::Acquire) && self.ingress_synced.load(Ordering::Acquire)
+        [
+            &self.listener_synced,
+            &self.ingress_synced,
+            &self.class_synced,
+        ]
+        .iter()
+        .all(|f| f.load(Ordering::Acquire))
+    }
+
+    /// Every Ingress, those without a class counted as the default class's (as the operator
+    /// counts them).
+    fn ingresses(&self) -> Vec<Arc<Ingress>> {
+        let classes = self.classes.state();
+        let default = default_class(classes.iter().map(|c| c.as_ref()));
+        with_default_class(&self.ingresses.state(), default.as_deref())
     }
 
     /// Follows the set of referenced Secrets: starts watches for new ones, stops old ones.
@@ -347,7 +383,7 @@ impl Watches {
     fn evaluate(&mut self, reported: &mut Reported) -> Option<ConfigUpdate> {
         let synced = self.synced();
         let current = self.listeners.get(&self.key);
-        let all_ingresses = self.ingresses.state();
+        let all_ingresses = self.ingresses();
         if let (true, Some(l)) = (synced, current.as_deref()) {
             self.follow_secrets(l, &all_ingresses);
         }
