@@ -476,7 +476,17 @@ fn ready_verdict(f: &Facts) -> (bool, &'static str, String) {
         return (false, reasons::NO_HOSTS, msg.to_string());
     }
     if desired == 0 {
-        let msg = "no node runs the data plane yet (check spec.nodeSelector and spec.tolerations)";
+        // A DaemonSet its controller has not seen yet also says 0: right after every
+        // `kubectl apply` of a listener, when the hint below would send users astray.
+        let counted = f
+            .inp
+            .daemon_set
+            .is_some_and(|d| d.observed_generation.is_some());
+        let msg = if counted {
+            "no node runs the data plane (check spec.nodeSelector and spec.tolerations)"
+        } else {
+            "the DaemonSet controller has not scheduled the data plane yet"
+        };
         return (false, reasons::PODS_NOT_READY, msg.to_string());
     }
     if ready < desired {
@@ -769,6 +779,30 @@ mod tests {
     }
 
     #[test]
+    fn no_scheduled_pods_blame_the_node_selector_only_once_the_daemon_set_was_counted() {
+        let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
+        let ready_message = |d: Option<&DaemonSetStatus>| {
+            cond(
+                &aggregate(&inputs(&hosts, d, &[], None, 1000)),
+                conditions::READY,
+            )
+            .message
+            .clone()
+        };
+        let fresh = ds(0, 0);
+        assert_eq!(
+            ready_message(Some(&fresh)),
+            "the DaemonSet controller has not scheduled the data plane yet"
+        );
+        assert_eq!(ready_message(None), ready_message(Some(&fresh)));
+        let counted = DaemonSetStatus {
+            observed_generation: Some(1),
+            ..ds(0, 0)
+        };
+        assert!(ready_message(Some(&counted)).contains("check spec.nodeSelector"));
+    }
+
+    #[test]
     fn hosts_are_loading_only_while_reporting_pods_have_not_loaded_one() {
         let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
         let sockets = || vec![socket("ipv4", false)];
@@ -964,6 +998,10 @@ mod tests {
             (r.reason.as_str(), r.message.as_str()),
             (reasons::PODS_NOT_READY, "1 of 2 data plane pods ready")
         );
+        let d00 = DaemonSetStatus {
+            observed_generation: Some(1),
+            ..d00
+        };
         let s = aggregate(&inputs(&hosts, Some(&d00), &ok_pod, None, 1));
         assert!(cond(&s, conditions::READY).message.contains("nodeSelector"));
         let s = aggregate(&inputs(&hosts, None, &ok_pod, None, 1));

@@ -427,6 +427,11 @@ while read -r pod uid restarts node; do
     ok "$pod on $node: pid $pid ($(tr '\0' ' ' <"/proc/$pid/cmdline" | cut -d' ' -f2-)), token of $who"
 done < <(pods_state)
 [[ ${#DP_PID[@]} -eq 2 ]] || fail "want 2 data plane pods, have ${#DP_PID[@]}"
+early=$(kubectl get events -A --field-selector "involvedObject.kind=Http3Listener,involvedObject.name=$LISTENER" \
+    -o jsonpath='{range .items[*]}{.type} {.reason}: {.message}{"\n"}{end}')
+indent <<<"$early"
+grep -q nodeSelector <<<"$early" && fail "an event blamed spec.nodeSelector while the DaemonSet was merely new"
+ok "the listener's events so far do not send the user to spec.nodeSelector"
 
 step "HTTP/3 to $HOST on each node address: aioquic and trixie curl (status, certificate, body, Alt-Svc)"
 wait_ok 60 "$HOST answers over HTTP/3 on ${IPS[*]}" h3_all_nodes "$HOST" "$CERT_V1"
