@@ -276,24 +276,23 @@ ${4:-}
 EOF
 }
 
-ingress_yaml() { # HOSTS... : the Ingress with the h3 annotation and a TLS entry per host
+ingress_yaml() { # NAME CLASS HOST: an Ingress with the h3 annotation for HOST (Secret <first label>-tls)
+    local class=""
+    [[ -n $2 ]] && class="ingressClassName: $2"
     cat <<EOF
 apiVersion: networking.k8s.io/v1
 kind: Ingress
 metadata:
-  name: shop
+  name: $1
   namespace: $NS_APP
   annotations: {h3-ingress.dev/enabled: "true"}
 spec:
-  ingressClassName: nginx
-  tls:
+  $class
+  tls: [{hosts: [$3], secretName: ${3%%.*}-tls}]
+  rules:
+    - host: $3
+      http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: shop, port: {number: 80}}}}]}
 EOF
-    local h
-    for h in "$@"; do printf '    - {hosts: [%s], secretName: %s-tls}\n' "$h" "${h%%.*}"; done
-    echo "  rules:"
-    for h in "$@"; do
-        printf '    - host: %s\n      http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: shop, port: {number: 80}}}}]}\n' "$h"
-    done
 }
 
 # =============================================================================================
@@ -315,6 +314,7 @@ if kubectl get ns "$NS_OP" "$NS_APP" >/dev/null 2>&1 || kubectl get crd http3lis
     kubectl delete namespace "$NS_APP" "$NS_OP" --ignore-not-found --wait=true --timeout=90s >/dev/null
     kubectl delete crd http3listeners.h3-ingress.dev --ignore-not-found >/dev/null
 fi
+kubectl delete ingressclass nginx --ignore-not-found >/dev/null
 for node in "${NODES[@]}"; do
     for pid in $(ip netns pids "$node"); do
         # A kept journey's nginx (its master's command line names its /tmp/h3i-journey.* prefix).
@@ -380,7 +380,7 @@ kind: IngressClass
 metadata: {name: nginx}
 spec: {controller: k8s.io/ingress-nginx}
 EOF
-ingress_yaml "$HOST" | kubectl apply -f - >/dev/null
+ingress_yaml shop nginx "$HOST" | kubectl apply -f - >/dev/null
 ok "secret/shop-tls (cert sha256 ${CERT_V1:0:12}), secret/other-secret, ingressclass/nginx, ingress/shop for $HOST"
 
 # =============================================================================================
@@ -427,7 +427,7 @@ while read -r pod uid restarts node; do
     ok "$pod on $node: pid $pid ($(tr '\0' ' ' <"/proc/$pid/cmdline" | cut -d' ' -f2-)), token of $who"
 done < <(pods_state)
 [[ ${#DP_PID[@]} -eq 2 ]] || fail "want 2 data plane pods, have ${#DP_PID[@]}"
-early=$(kubectl get events -A --field-selector "involvedObject.kind=Http3Listener,involvedObject.name=$LISTENER" \
+early=$(kubectl get events -A --field-selector "involvedObject.kind=Http3Listener,involvedObject.uid=$LISTENER_UID" \
     -o jsonpath='{range .items[*]}{.type} {.reason}: {.message}{"\n"}{end}')
 indent <<<"$early"
 grep -q nodeSelector <<<"$early" && fail "an event blamed spec.nodeSelector while the DaemonSet was merely new"
@@ -625,9 +625,13 @@ ok "both nodes served $HOST while the API server was still down"
 wait "$restart_pid" || fail "restart-apiserver: $(cat "$tmp/restart.log")"
 indent <"$tmp/restart.log"
 ok "kube-apiserver back after $(($(date +%s) - t0))s"
-info "after the restart: a second host ($HOST2) with its own Secret, added to the Ingress"
+info "after the restart: a second Ingress for $HOST2 with its own Secret and no ingressClassName,"
+info "then IngressClass nginx marked default (the DefaultIngressClass admission plugin fills in the"
+info "class only for Ingresses created after that, so this one relies on our default-class rule)"
 tls_secret "$NS_APP" shop2-tls "$HOST2"
-ingress_yaml "$HOST" "$HOST2" | kubectl apply -f - >/dev/null
+ingress_yaml shop2 "" "$HOST2" | kubectl apply -f - >/dev/null
+[[ -z $(jp ingress -n "$NS_APP" shop2 -o jsonpath='{.spec.ingressClassName}') ]] || fail "ingress shop2 got a class at creation"
+kubectl annotate ingressclass nginx ingressclass.kubernetes.io/is-default-class=true >/dev/null
 # Watches back off (up to 30 s, as client-go's reflectors do) while the API server is away,
 # and the data plane may read the new Secret only once the operator has updated its Role.
 wait_ok 90 "$HOST2 served on both nodes (the data plane's watches and the operator caught up)" h3_all_nodes "$HOST2" "$CERT_HOST2"
@@ -698,7 +702,7 @@ not_created() { [[ $(cond "$LISTENER-restricted" Ready status) == False && $(con
 wait_ok 60 "h3l/$LISTENER-restricted Ready=False reason PodsNotCreated" not_created
 ok "message: $(cond "$LISTENER-restricted" Ready message)"
 warning() {
-    kubectl get events -A --field-selector "involvedObject.kind=Http3Listener,involvedObject.name=$LISTENER-restricted,type=Warning,reason=PodsNotCreated" \
+    kubectl get events -A --field-selector "involvedObject.kind=Http3Listener,involvedObject.uid=$(listener_uid "$LISTENER-restricted"),type=Warning,reason=PodsNotCreated" \
         -o jsonpath='{range .items[*]}{.type} {.reason}: {.message}{"\n"}{end}' | grep .
 }
 wait_ok 30 "a Warning event PodsNotCreated on the listener" warning
