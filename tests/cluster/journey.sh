@@ -676,12 +676,20 @@ grep -q 'forbidden' <<<"$out" || fail "binding cluster-admin as the operator fai
 ok "the operator cannot bind itself cluster-admin: $(grep -o 'forbidden: [^(]*' <<<"$out" | head -1)"
 
 # =============================================================================================
-step "delete the listener: the garbage collector removes everything it owned"
+step "delete the listener (operator stopped): the garbage collector removes everything it owned"
 unset DP_PID
 declare -A DP_PID
 while read -r pod _; do DP_PID[$pod]=$(cat "$H3I_POD_LOGS/$NS_OP/$pod/h3-ingress.pid"); done < <(pods_state)
+# With the operator scaled to 0 nothing but the garbage collector can remove them.
+kubectl -n "$NS_OP" scale deploy "$RELEASE-operator" --replicas=0 >/dev/null
+wait_ok 60 "operator scaled to 0 (no operator pod left)" eval '[[ -z $(kubectl -n "$NS_OP" get pods -l app.kubernetes.io/component=operator -o name) ]]'
 kubectl delete h3l "$LISTENER" --wait=false >/dev/null
+# By name (a label selector would pass on objects that lost their labels), then by label.
 owned_gone() {
+    local o
+    for o in "ds/$DP" "sa/$DP" "svc/$DP"; do kubectl -n "$NS_OP" get "$o" >/dev/null 2>&1 && return 1; done
+    for o in "role/$DP_RBAC" "rolebinding/$DP_RBAC"; do kubectl -n "$NS_APP" get "$o" >/dev/null 2>&1 && return 1; done
+    for o in "clusterrole/$DP_RBAC" "clusterrolebinding/$DP_RBAC"; do kubectl get "$o" >/dev/null 2>&1 && return 1; done
     [[ -z $(kubectl get ds,sa,svc,pods -n "$NS_OP" -l "app.kubernetes.io/instance=$LISTENER" -o name) &&
         -z $(kubectl get role,rolebinding -n "$NS_APP" -l "app.kubernetes.io/instance=$LISTENER" -o name) &&
         -z $(kubectl get clusterrole,clusterrolebinding -l "app.kubernetes.io/instance=$LISTENER" -o name) ]]
@@ -692,6 +700,9 @@ for pod in "${!DP_PID[@]}"; do
 done
 wait_ok 15 "UDP 443 no longer answers on ${IPS[*]}" refused_all_nodes "$HOST" silent
 ok "processes ${DP_PID[*]} stopped"
+kubectl -n "$NS_OP" scale deploy "$RELEASE-operator" --replicas=1 >/dev/null
+leader_running() { local p; p=$(operator_leader_pod) && kubectl -n "$NS_OP" get pod "$p" >/dev/null 2>&1; }
+wait_ok 60 "operator back (a running replica holds the Lease)" leader_running
 
 # =============================================================================================
 step "Pod Security admission: the operator's namespace labelled 'restricted' -> Ready=False with a reason and a Warning event"
