@@ -344,6 +344,9 @@ step "the CRD is established, the operator pod runs the binary and holds the Lea
 kubectl wait --for=condition=Established crd/http3listeners.h3-ingress.dev --timeout=30s >/dev/null ||
     fail "CRD http3listeners.h3-ingress.dev not Established"
 ok "crd/http3listeners.h3-ingress.dev Established; $(kubectl api-resources --api-group=h3-ingress.dev --no-headers | awk '{print "kind", $NF, "short name", $2}')"
+list_type=$(jp crd http3listeners.h3-ingress.dev -o jsonpath='{.spec.versions[0].schema.openAPIV3Schema.properties.status.properties.conditions.x-kubernetes-list-type}/{.spec.versions[0].schema.openAPIV3Schema.properties.status.properties.conditions.x-kubernetes-list-map-keys}')
+[[ $list_type == 'map/["type"]' ]] || fail "status.conditions should be a list map keyed by type: $list_type"
+ok "status.conditions: x-kubernetes-list-type map keyed by type (as served by the API server)"
 OP_POD=$(kubectl -n "$NS_OP" get pods -l app.kubernetes.io/component=operator -o jsonpath='{.items[0].metadata.name}')
 [[ -n $OP_POD ]] || fail "no operator pod"
 IFS='|' read -r phase ready image pullsecret <<<"$(jp pod -n "$NS_OP" "$OP_POD" -o jsonpath='{.status.phase}|{.status.conditions[?(@.type=="Ready")].status}|{.spec.containers[0].image}|{.spec.imagePullSecrets[0].name}')"
@@ -411,6 +414,9 @@ IFS='|' read -r sel ips_ds ips_sa img <<<"$(jp ds -n "$NS_OP" "$DP" -o jsonpath=
 [[ $(jp sa -n "$NS_OP" "$DP" -o jsonpath='{.imagePullSecrets[0].name}') == regcred ]] || fail "ServiceAccount $DP lacks imagePullSecrets regcred"
 [[ $ips_sa == "$DP" && $img == "$IMAGE_REPO:$app_version" ]] || fail "DaemonSet: serviceAccountName $ips_sa image $img"
 ok "pod template: serviceAccountName $DP, image $img, nodeSelector kubernetes.io/os=linux, imagePullSecrets regcred (also on the ServiceAccount)"
+max_unavailable=$(jp ds -n "$NS_OP" "$DP" -o jsonpath='{.spec.updateStrategy.rollingUpdate.maxUnavailable}')
+[[ $max_unavailable == 10% ]] || fail "DaemonSet maxUnavailable '$max_unavailable', want the default 10%"
+ok "rolling update maxUnavailable $max_unavailable"
 
 # =============================================================================================
 step "the data plane runs on both nodes with its own ServiceAccount's token"
@@ -472,6 +478,10 @@ for i in 0 1; do
     [[ $code == 200 ]] || fail "data plane /healthz on [${IPS6[$i]}]:9476: $code"
     ok "http://[${IPS6[$i]}]:9476/healthz -> 200 (and /readyz $(curl -s -g -o /dev/null -w '%{http_code}' "http://[${IPS6[$i]}]:9476/readyz"))"
 done
+for m in h3_ingress_config_reloads_total h3_ingress_rejected_requests_total h3_ingress_upstream_errors_total; do
+    python3 "$JPY" metric --url "http://[${IPS6[0]}]:9476/metrics" --name "$m" >/dev/null || fail "the dashboard's $m is absent from a real scrape"
+done
+ok "a scrape of [${IPS6[0]}]:9476/metrics has the dashboard's config_reloads_total, rejected_requests_total and upstream_errors_total series (known label values start at 0)"
 op_ip6=$(jp pod -n "$NS_OP" "$OP_POD" -o jsonpath='{.status.podIPs[1].ip}')
 [[ $op_ip6 == *:* ]] || fail "operator pod has no IPv6 address: $(jp pod -n "$NS_OP" "$OP_POD" -o jsonpath='{.status.podIPs}')"
 code=$(curl -sS -g -o /dev/null -w '%{http_code}' "http://[$op_ip6]:9477/healthz") || true
