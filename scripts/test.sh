@@ -38,6 +38,11 @@ for extra in tests/manifests/validate.sh tests/observe/run.sh; do
     fi
 done
 
+# Attacks on the static release binary (built by tests/observe/run.sh above; built here when
+# missing) with default settings: each attack bounded, one table printed.
+step "tests/adversarial/run.sh (attacks on the release binary, default settings)"
+tests/adversarial/run.sh
+
 # The user's journey on a real Kubernetes control plane (root): scripts/cluster.sh builds it
 # once per version into /var/cache/h3-ingress (cold: 10-15 min of an idle 2-core machine, up to
 # 28 min under load; warm: seconds) and runs target/debug/h3-ingress, which cargo test built,

@@ -96,6 +96,9 @@ async fn serve_ingress(
         let Ok((tcp, _)) = listener.accept().await else {
             continue;
         };
+        // Without it Nagle holds the tail of a response until the client's delayed ACK
+        // (40 ms on Linux): a stall that would be blamed on whichever protocol hit it.
+        let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
         let blob = blob.clone();
         tokio::spawn(async move {

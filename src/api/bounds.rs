@@ -30,6 +30,8 @@ pub const PORT: Bound = Bound::new("port", 1, 65_535);
 
 pub const CONNECT_TIMEOUT_SECONDS: Bound = Bound::new("upstream.connectTimeoutSeconds", 1, 300);
 pub const RESPONSE_TIMEOUT_SECONDS: Bound = Bound::new("upstream.responseTimeoutSeconds", 1, 3600);
+pub const RESPONSE_BODY_IDLE_TIMEOUT_SECONDS: Bound =
+    Bound::new("upstream.responseBodyIdleTimeoutSeconds", 1, 3600);
 
 pub const RECEIVE_BUFFER_BYTES: Bound = Bound::new("socket.receiveBufferBytes", 65_536, 1 << 30);
 pub const SEND_BUFFER_BYTES: Bound = Bound {
@@ -56,12 +58,33 @@ pub const MAX_CONCURRENT_STREAMS: Bound = Bound::new("transport.maxConcurrentStr
 pub const MAX_FIELD_SECTION_SIZE_BYTES: Bound =
     Bound::new("http.maxFieldSectionSizeBytes", 4096, 1 << 20);
 pub const DRAIN_TIMEOUT_SECONDS: Bound = Bound::new("http.drainTimeoutSeconds", 0, 3600);
+pub const REQUEST_HEADERS_TIMEOUT_SECONDS: Bound =
+    Bound::new("http.requestHeadersTimeoutSeconds", 1, 300);
+pub const REQUEST_BODY_IDLE_TIMEOUT_SECONDS: Bound =
+    Bound::new("http.requestBodyIdleTimeoutSeconds", 1, 3600);
+/// Frames other than DATA and HEADERS (SETTINGS, GOAWAY, ...) are a few bytes from any real
+/// client; 1 KiB is the least that leaves room for extensions.
+pub const MAX_CONTROL_FRAME_BYTES: Bound = Bound::new("http.maxControlFrameBytes", 1024, 1 << 20);
+
+/// The process-wide budget for buffered request bytes (header sections, read-ahead bodies).
+pub const BUFFERED_REQUEST_BYTES: Bound =
+    Bound::new("limits.bufferedRequestBytes", 1 << 20, 1 << 36);
+pub const BUFFERED_REQUEST_BYTES_PER_CONNECTION: Bound = Bound::new(
+    "limits.bufferedRequestBytesPerConnection",
+    64 << 10,
+    1 << 32,
+);
+/// At least one maximal header section (`http.maxFieldSectionSizeBytes` is at least 4096)
+/// plus a small body.
+pub const BUFFERED_REQUEST_BYTES_PER_STREAM: Bound =
+    Bound::new("limits.bufferedRequestBytesPerStream", 16 << 10, 1 << 30);
 
 /// Every bound, for tests that hold the schema and the check to them.
-pub const ALL: [Bound; 14] = [
+pub const ALL: [Bound; 21] = [
     PORT,
     CONNECT_TIMEOUT_SECONDS,
     RESPONSE_TIMEOUT_SECONDS,
+    RESPONSE_BODY_IDLE_TIMEOUT_SECONDS,
     RECEIVE_BUFFER_BYTES,
     SEND_BUFFER_BYTES,
     INITIAL_WINDOW_PACKETS,
@@ -73,4 +96,10 @@ pub const ALL: [Bound; 14] = [
     MAX_CONCURRENT_STREAMS,
     MAX_FIELD_SECTION_SIZE_BYTES,
     DRAIN_TIMEOUT_SECONDS,
+    REQUEST_HEADERS_TIMEOUT_SECONDS,
+    REQUEST_BODY_IDLE_TIMEOUT_SECONDS,
+    MAX_CONTROL_FRAME_BYTES,
+    BUFFERED_REQUEST_BYTES,
+    BUFFERED_REQUEST_BYTES_PER_CONNECTION,
+    BUFFERED_REQUEST_BYTES_PER_STREAM,
 ];

@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use super::service::{ListenerService, Rollout};
 use super::settings::{
-    AltSvcSettings, HttpSettings, MetricsSettings, SocketSettings, TransportSettings, Upstream,
+    AltSvcSettings, HttpSettings, LimitsSettings, MetricsSettings, SocketSettings,
+    TransportSettings, Upstream,
 };
 use super::{bounds, Addresses};
 
@@ -94,6 +95,8 @@ pub struct Http3ListenerSpec {
     pub metrics: MetricsSettings,
     #[serde(default)]
     pub http: HttpSettings,
+    #[serde(default)]
+    pub limits: LimitsSettings,
     /// Hosts not defined by an Ingress, each with its TLS Secret.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<ListenerHost>,

@@ -90,6 +90,10 @@ fn default_connect_timeout() -> u32 {
 fn default_response_timeout() -> u32 {
     60
 }
+pub const DEFAULT_RESPONSE_BODY_IDLE_TIMEOUT_SECONDS: u32 = 60;
+fn default_response_body_idle_timeout() -> u32 {
+    DEFAULT_RESPONSE_BODY_IDLE_TIMEOUT_SECONDS
+}
 
 /// The existing TCP ingress every request is forwarded to.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
@@ -115,10 +119,16 @@ pub struct Upstream {
     #[serde(default = "default_connect_timeout")]
     #[schemars(range(min = bounds::CONNECT_TIMEOUT_SECONDS.min, max = bounds::CONNECT_TIMEOUT_SECONDS.max))]
     pub connect_timeout_seconds: u32,
-    /// Seconds to wait for the upstream's response headers; answered with 504 when exceeded.
+    /// Seconds to wait for the upstream's response headers, counted from the end of the
+    /// request body (an upload may take longer); answered with 504 when exceeded.
     #[serde(default = "default_response_timeout")]
     #[schemars(range(min = bounds::RESPONSE_TIMEOUT_SECONDS.min, max = bounds::RESPONSE_TIMEOUT_SECONDS.max))]
     pub response_timeout_seconds: u32,
+    /// Seconds the upstream may send no response body bytes before the client's stream is
+    /// reset and the upstream request dropped.
+    #[serde(default = "default_response_body_idle_timeout")]
+    #[schemars(range(min = bounds::RESPONSE_BODY_IDLE_TIMEOUT_SECONDS.min, max = bounds::RESPONSE_BODY_IDLE_TIMEOUT_SECONDS.max))]
+    pub response_body_idle_timeout_seconds: u32,
 }
 
 /// UDP socket buffers. The usual kernel default of 208 KB drops datagrams on fast uploads.
@@ -307,6 +317,9 @@ impl Default for MetricsSettings {
 
 pub const DEFAULT_MAX_FIELD_SECTION_SIZE: u32 = 64 * 1024;
 pub const DEFAULT_DRAIN_TIMEOUT_SECONDS: u32 = 30;
+pub const DEFAULT_REQUEST_HEADERS_TIMEOUT_SECONDS: u32 = 10;
+pub const DEFAULT_REQUEST_BODY_IDLE_TIMEOUT_SECONDS: u32 = 30;
+pub const DEFAULT_MAX_CONTROL_FRAME_BYTES: u32 = 16 * 1024;
 
 fn default_field_section() -> u32 {
     DEFAULT_MAX_FIELD_SECTION_SIZE
@@ -314,12 +327,22 @@ fn default_field_section() -> u32 {
 fn default_drain() -> u32 {
     DEFAULT_DRAIN_TIMEOUT_SECONDS
 }
+fn default_headers_timeout() -> u32 {
+    DEFAULT_REQUEST_HEADERS_TIMEOUT_SECONDS
+}
+fn default_body_idle_timeout() -> u32 {
+    DEFAULT_REQUEST_BODY_IDLE_TIMEOUT_SECONDS
+}
+fn default_control_frame() -> u32 {
+    DEFAULT_MAX_CONTROL_FRAME_BYTES
+}
 
 /// HTTP/3 request handling.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HttpSettings {
-    /// SETTINGS_MAX_FIELD_SECTION_SIZE advertised to clients and enforced on requests.
+    /// SETTINGS_MAX_FIELD_SECTION_SIZE advertised to clients and enforced on requests. A
+    /// HEADERS frame longer than this is refused before it is read (H3_EXCESSIVE_LOAD).
     #[serde(default = "default_field_section")]
     #[schemars(range(min = bounds::MAX_FIELD_SECTION_SIZE_BYTES.min, max = bounds::MAX_FIELD_SECTION_SIZE_BYTES.max))]
     pub max_field_section_size_bytes: u32,
@@ -327,6 +350,21 @@ pub struct HttpSettings {
     #[serde(default = "default_drain")]
     #[schemars(range(min = bounds::DRAIN_TIMEOUT_SECONDS.min, max = bounds::DRAIN_TIMEOUT_SECONDS.max))]
     pub drain_timeout_seconds: u32,
+    /// A request stream must deliver its complete header section within this many seconds
+    /// of opening, else it is reset with H3_REQUEST_REJECTED.
+    #[serde(default = "default_headers_timeout")]
+    #[schemars(range(min = bounds::REQUEST_HEADERS_TIMEOUT_SECONDS.min, max = bounds::REQUEST_HEADERS_TIMEOUT_SECONDS.max))]
+    pub request_headers_timeout_seconds: u32,
+    /// A request body that makes no progress for this many seconds is cut: 408 when no
+    /// response has started, else the stream is reset.
+    #[serde(default = "default_body_idle_timeout")]
+    #[schemars(range(min = bounds::REQUEST_BODY_IDLE_TIMEOUT_SECONDS.min, max = bounds::REQUEST_BODY_IDLE_TIMEOUT_SECONDS.max))]
+    pub request_body_idle_timeout_seconds: u32,
+    /// Longest frame other than DATA and HEADERS (SETTINGS, GOAWAY, ...) read from a client;
+    /// a longer one on the control stream closes the connection with H3_EXCESSIVE_LOAD.
+    #[serde(default = "default_control_frame")]
+    #[schemars(range(min = bounds::MAX_CONTROL_FRAME_BYTES.min, max = bounds::MAX_CONTROL_FRAME_BYTES.max))]
+    pub max_control_frame_bytes: u32,
 }
 
 impl Default for HttpSettings {
@@ -334,6 +372,57 @@ impl Default for HttpSettings {
         Self {
             max_field_section_size_bytes: DEFAULT_MAX_FIELD_SECTION_SIZE,
             drain_timeout_seconds: DEFAULT_DRAIN_TIMEOUT_SECONDS,
+            request_headers_timeout_seconds: DEFAULT_REQUEST_HEADERS_TIMEOUT_SECONDS,
+            request_body_idle_timeout_seconds: DEFAULT_REQUEST_BODY_IDLE_TIMEOUT_SECONDS,
+            max_control_frame_bytes: DEFAULT_MAX_CONTROL_FRAME_BYTES,
+        }
+    }
+}
+
+pub const DEFAULT_BUFFERED_REQUEST_BYTES: u64 = 64 * 1024 * 1024;
+pub const DEFAULT_BUFFERED_REQUEST_BYTES_PER_CONNECTION: u64 = 4 * 1024 * 1024;
+/// One maximal header section (64 KiB) plus one read-ahead body (64 KiB).
+pub const DEFAULT_BUFFERED_REQUEST_BYTES_PER_STREAM: u64 = 128 * 1024;
+
+fn default_buffered() -> u64 {
+    DEFAULT_BUFFERED_REQUEST_BYTES
+}
+fn default_buffered_per_connection() -> u64 {
+    DEFAULT_BUFFERED_REQUEST_BYTES_PER_CONNECTION
+}
+fn default_buffered_per_stream() -> u64 {
+    DEFAULT_BUFFERED_REQUEST_BYTES_PER_STREAM
+}
+
+/// Resource limits that protect the process from hostile clients.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "self.bufferedRequestBytesPerConnection <= self.bufferedRequestBytes && self.bufferedRequestBytesPerStream <= self.bufferedRequestBytesPerConnection",
+    "message": "limits: bufferedRequestBytesPerStream <= bufferedRequestBytesPerConnection <= bufferedRequestBytes"
+}]))]
+pub struct LimitsSettings {
+    /// Bytes of request data (header sections, read-ahead bodies) the whole process may hold;
+    /// when exhausted, new requests get 503 and their stream is refused.
+    #[serde(default = "default_buffered")]
+    #[schemars(range(min = bounds::BUFFERED_REQUEST_BYTES.min, max = bounds::BUFFERED_REQUEST_BYTES.max))]
+    pub buffered_request_bytes: u64,
+    /// The share of one QUIC connection.
+    #[serde(default = "default_buffered_per_connection")]
+    #[schemars(range(min = bounds::BUFFERED_REQUEST_BYTES_PER_CONNECTION.min, max = bounds::BUFFERED_REQUEST_BYTES_PER_CONNECTION.max))]
+    pub buffered_request_bytes_per_connection: u64,
+    /// The share of one request; at least `http.maxFieldSectionSizeBytes`.
+    #[serde(default = "default_buffered_per_stream")]
+    #[schemars(range(min = bounds::BUFFERED_REQUEST_BYTES_PER_STREAM.min, max = bounds::BUFFERED_REQUEST_BYTES_PER_STREAM.max))]
+    pub buffered_request_bytes_per_stream: u64,
+}
+
+impl Default for LimitsSettings {
+    fn default() -> Self {
+        Self {
+            buffered_request_bytes: DEFAULT_BUFFERED_REQUEST_BYTES,
+            buffered_request_bytes_per_connection: DEFAULT_BUFFERED_REQUEST_BYTES_PER_CONNECTION,
+            buffered_request_bytes_per_stream: DEFAULT_BUFFERED_REQUEST_BYTES_PER_STREAM,
         }
     }
 }
@@ -370,6 +459,8 @@ pub struct FileConfig {
     pub metrics: MetricsSettings,
     #[serde(default)]
     pub http: HttpSettings,
+    #[serde(default)]
+    pub limits: LimitsSettings,
     #[serde(default)]
     pub hosts: Vec<FileHost>,
 }

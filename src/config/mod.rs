@@ -18,7 +18,8 @@ pub use hosts::{host_matches, HostEntry, HostError, HostTable};
 use crate::api::bounds::{self, Bound};
 use crate::api::{
     host_states, reasons, Addresses, AltSvcSettings, FileConfig, HostReport, Http3ListenerSpec,
-    HttpSettings, MetricsSettings, SocketSettings, TransportSettings, Upstream, UpstreamVerify,
+    HttpSettings, LimitsSettings, MetricsSettings, SocketSettings, TransportSettings, Upstream,
+    UpstreamVerify,
 };
 
 /// One validation problem: the field path (`upstream.address`) and what is wrong with it.
@@ -97,7 +98,9 @@ pub struct UpstreamConfig {
     pub verify: UpstreamVerify,
     pub proxy_protocol: bool,
     pub connect_timeout: Duration,
+    /// Counted from the end of the request body.
     pub response_timeout: Duration,
+    pub response_body_idle_timeout: Duration,
 }
 
 /// The validated configuration the data plane runs.
@@ -108,6 +111,7 @@ pub struct ProxyConfig {
     pub upstream: UpstreamConfig,
     pub transport: TransportSettings,
     pub http: HttpSettings,
+    pub limits: LimitsSettings,
     pub alt_svc_max_age: u32,
     pub hosts: HostTable,
     /// Per-host state for `/status`: one `Serving` entry per host in `hosts`, plus (in
@@ -170,6 +174,7 @@ pub struct Settings<'a> {
     pub alt_svc: &'a AltSvcSettings,
     pub metrics: &'a MetricsSettings,
     pub http: &'a HttpSettings,
+    pub limits: &'a LimitsSettings,
 }
 
 impl<'a> From<&'a FileConfig> for Settings<'a> {
@@ -183,6 +188,7 @@ impl<'a> From<&'a FileConfig> for Settings<'a> {
             alt_svc: &c.alt_svc,
             metrics: &c.metrics,
             http: &c.http,
+            limits: &c.limits,
         }
     }
 }
@@ -198,6 +204,7 @@ impl<'a> From<&'a Http3ListenerSpec> for Settings<'a> {
             alt_svc: &c.alt_svc,
             metrics: &c.metrics,
             http: &c.http,
+            limits: &c.limits,
         }
     }
 }
@@ -253,6 +260,7 @@ pub fn build(
     socket(settings.socket, &mut errs);
     transport(settings.transport, &mut errs);
     http(settings.http, &mut errs);
+    limits(settings.limits, settings.http, &mut errs);
     let metrics_address = metrics_address(settings.metrics, &mut errs);
 
     if !errs.list.is_empty() {
@@ -275,6 +283,7 @@ pub fn build(
         upstream,
         transport: settings.transport.clone(),
         http: settings.http.clone(),
+        limits: settings.limits.clone(),
         alt_svc_max_age: settings.alt_svc.max_age_seconds,
         host_reports: serving_reports(&hosts),
         hosts,
@@ -349,6 +358,10 @@ fn upstream(u: &Upstream, errs: &mut Errors) -> Option<UpstreamConfig> {
     }
     errs.check(bounds::CONNECT_TIMEOUT_SECONDS, u.connect_timeout_seconds);
     errs.check(bounds::RESPONSE_TIMEOUT_SECONDS, u.response_timeout_seconds);
+    errs.check(
+        bounds::RESPONSE_BODY_IDLE_TIMEOUT_SECONDS,
+        u.response_body_idle_timeout_seconds,
+    );
     Some(UpstreamConfig {
         address: address?,
         tls: u.tls,
@@ -356,6 +369,9 @@ fn upstream(u: &Upstream, errs: &mut Errors) -> Option<UpstreamConfig> {
         proxy_protocol: u.proxy_protocol,
         connect_timeout: Duration::from_secs(u.connect_timeout_seconds.into()),
         response_timeout: Duration::from_secs(u.response_timeout_seconds.into()),
+        response_body_idle_timeout: Duration::from_secs(
+            u.response_body_idle_timeout_seconds.into(),
+        ),
     })
 }
 
@@ -394,6 +410,56 @@ fn http(h: &HttpSettings, errs: &mut Errors) {
         h.max_field_section_size_bytes,
     );
     errs.check(bounds::DRAIN_TIMEOUT_SECONDS, h.drain_timeout_seconds);
+    errs.check(
+        bounds::REQUEST_HEADERS_TIMEOUT_SECONDS,
+        h.request_headers_timeout_seconds,
+    );
+    errs.check(
+        bounds::REQUEST_BODY_IDLE_TIMEOUT_SECONDS,
+        h.request_body_idle_timeout_seconds,
+    );
+    errs.check(bounds::MAX_CONTROL_FRAME_BYTES, h.max_control_frame_bytes);
+}
+
+/// `limits`: the buffered-request budget and its shares, which must nest.
+fn limits(l: &LimitsSettings, h: &HttpSettings, errs: &mut Errors) {
+    errs.check(bounds::BUFFERED_REQUEST_BYTES, l.buffered_request_bytes);
+    errs.check(
+        bounds::BUFFERED_REQUEST_BYTES_PER_CONNECTION,
+        l.buffered_request_bytes_per_connection,
+    );
+    errs.check(
+        bounds::BUFFERED_REQUEST_BYTES_PER_STREAM,
+        l.buffered_request_bytes_per_stream,
+    );
+    if l.buffered_request_bytes_per_connection > l.buffered_request_bytes {
+        errs.push(
+            bounds::BUFFERED_REQUEST_BYTES_PER_CONNECTION.field,
+            format!(
+                "{} is larger than limits.bufferedRequestBytes ({})",
+                l.buffered_request_bytes_per_connection, l.buffered_request_bytes
+            ),
+        );
+    }
+    if l.buffered_request_bytes_per_stream > l.buffered_request_bytes_per_connection {
+        errs.push(
+            bounds::BUFFERED_REQUEST_BYTES_PER_STREAM.field,
+            format!(
+                "{} is larger than limits.bufferedRequestBytesPerConnection ({})",
+                l.buffered_request_bytes_per_stream, l.buffered_request_bytes_per_connection
+            ),
+        );
+    }
+    // A header section the proxy advertises it accepts must fit the share of its stream.
+    if l.buffered_request_bytes_per_stream < u64::from(h.max_field_section_size_bytes) {
+        errs.push(
+            bounds::BUFFERED_REQUEST_BYTES_PER_STREAM.field,
+            format!(
+                "{} is smaller than http.maxFieldSectionSizeBytes ({})",
+                l.buffered_request_bytes_per_stream, h.max_field_section_size_bytes
+            ),
+        );
+    }
 }
 
 /// `metrics.address`: where metrics, health and `/status` are served.

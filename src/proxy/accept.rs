@@ -6,6 +6,7 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::task::JoinSet;
@@ -14,9 +15,11 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info_span, Instrument};
 
 use super::cc;
+use super::frames;
 use super::handler::{self, ConnCtx};
 use super::metrics::{handshake, Metrics};
 use super::state::Shared;
+use super::streams::{self, ConnStreams, StreamLimits};
 
 /// Accepts connections on `endpoint` until it closes or `drain` is cancelled; each one runs
 /// on `tracker` so the drain can wait for them.
@@ -90,6 +93,21 @@ async fn handshake(incoming: quinn::Incoming, m: &Metrics) -> Option<quinn::Conn
     Some(conn)
 }
 
+/// The streams of `conn` under the limits of the configuration current when it started.
+fn conn_streams(conn: &quinn::Connection, shared: &Shared) -> Arc<ConnStreams> {
+    let gen = shared.current.load();
+    let http = &gen.config.http;
+    let limits = StreamLimits {
+        frames: frames::Limits {
+            headers: http.max_field_section_size_bytes.into(),
+            control: http.max_control_frame_bytes.into(),
+        },
+        headers_timeout: Duration::from_secs(http.request_headers_timeout_seconds.into()),
+    };
+    let budget = shared.budget.connection(&gen.config.limits);
+    ConnStreams::new(conn.clone(), shared.metrics.clone(), budget, limits)
+}
+
 fn conn_ctx(
     conn: &quinn::Connection,
     remote: SocketAddr,
@@ -111,6 +129,7 @@ fn conn_ctx(
         local: SocketAddr::new(local_ip, shared.port),
         sni,
         upstream_cache: Mutex::new(None),
+        streams: conn_streams(conn, shared),
     }
 }
 
@@ -139,7 +158,7 @@ async fn connection(
         .max_field_section_size_bytes as u64;
     let built = h3::server::builder()
         .max_field_section_size(max_field)
-        .build::<_, Bytes>(h3_quinn::Connection::new(conn.clone()))
+        .build::<_, Bytes>(streams::Connection::new(ctx.streams.clone()))
         .await;
     match built {
         Ok(h3conn) => serve_requests(h3conn, &conn, ctx, drain).await,
@@ -148,7 +167,7 @@ async fn connection(
     record_stats(&conn, &m);
 }
 
-type H3Conn = h3::server::Connection<h3_quinn::Connection, Bytes>;
+type H3Conn = h3::server::Connection<streams::Connection, Bytes>;
 
 /// Runs every request of one connection; on drain sends GOAWAY and lets them finish.
 async fn serve_requests(
@@ -181,7 +200,12 @@ async fn serve_requests(
             }
             r = h3conn.accept() => match r {
                 Ok(Some(resolver)) => {
-                    requests.spawn(handler::handle(resolver, ctx.clone()).in_current_span());
+                    let Some(handle) = ctx.streams.take(resolver.frame_stream.id()) else {
+                        // Every accepted request stream registers one; never reached.
+                        continue;
+                    };
+                    let request = handler::handle(resolver, handle, ctx.clone());
+                    requests.spawn(request.in_current_span());
                 }
                 Ok(None) => break,
                 Err(e) => {

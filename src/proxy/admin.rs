@@ -49,6 +49,10 @@ fn sync_cc_counters(shared: &Shared) {
             stats.random_losses_tolerated(),
             &metrics.random_losses_tolerated,
         ),
+        (
+            stats.slow_start_delay_exits(),
+            &metrics.slow_start_delay_exits,
+        ),
     ] {
         let seen = counter.get();
         if total > seen {

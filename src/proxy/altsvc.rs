@@ -65,7 +65,10 @@ async fn probe_all(shared: &Arc<Shared>) {
             .header(header::USER_AGENT, "h3-ingress-alt-svc-probe")
             .body(Empty::new().map_err(|never| match never {}).boxed())
             .expect("probe request is valid");
-        let probe = match gen.upstream.send(req).await {
+        // The probe has no body: the response timeout runs from the start.
+        let sent = tokio_util::sync::CancellationToken::new();
+        sent.cancel();
+        let probe = match gen.upstream.send(req, sent).await {
             Ok(resp) => {
                 let values: Vec<String> = resp
                     .headers()

@@ -26,7 +26,15 @@
 //! tolerated up to 20 %). Like the handshake rule it only skips reductions, so it never grows
 //! the window beyond what the loss-free connection would have.
 //!
+//! Both leave the initial slow start with HyStart++ (RFC 9406, in `hystart.rs`) when the
+//! round trip time rises, instead of by overrunning the bottleneck queue. The rules combine:
+//! a forgiven first-flight loss and a tolerated random loss change nothing, so HyStart++ goes
+//! on as on the loss-free connection; but once HyStart++ has seen the RTT rise (conservative
+//! slow start), a queue is building and `cubic-hs-lt` no longer reads a loss as random.
+//!
 //! quinn never reports lost MTU probes to the controller, so PLPMTUD probing costs no window.
+
+mod hystart;
 
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,6 +47,7 @@ use quinn::congestion::{
 use quinn_proto::RttEstimator;
 
 use crate::api::CongestionControl;
+use hystart::{HyStart, Transition};
 
 /// RFC 9438 section 4.6: multiplicative decrease factor.
 const BETA: f64 = 0.7;
@@ -68,6 +77,7 @@ pub struct CcStats {
     handshake_losses_forgiven: AtomicU64,
     random_losses_tolerated: AtomicU64,
     congestion_events: AtomicU64,
+    slow_start_delay_exits: AtomicU64,
 }
 
 impl CcStats {
@@ -89,6 +99,11 @@ impl CcStats {
     pub fn congestion_events(&self) -> u64 {
         self.congestion_events.load(Ordering::Relaxed)
     }
+
+    /// Initial slow starts that HyStart++ ended on a rising RTT, without a loss.
+    pub fn slow_start_delay_exits(&self) -> u64 {
+        self.slow_start_delay_exits.load(Ordering::Relaxed)
+    }
 }
 
 /// Per-connection counters, read from a controller at connection close.
@@ -97,6 +112,10 @@ pub struct CcCounters {
     pub handshake_losses_forgiven: u64,
     pub random_losses_tolerated: u64,
     pub congestion_events: u64,
+    /// Times HyStart++ saw the RTT rise and began conservative slow start.
+    pub css_entries: u64,
+    /// 1 when HyStart++ ended the initial slow start (no loss did).
+    pub slow_start_delay_exits: u64,
 }
 
 /// The counters of a connection's controller if it is a `cubic-hs` or `cubic-hs-lt` one. quinn
@@ -145,6 +164,7 @@ pub fn factory(
 pub struct CubicHsConfig {
     initial_window: u64,
     tolerate_random_loss: bool,
+    hystart: bool,
     stats: Arc<CcStats>,
 }
 
@@ -153,8 +173,16 @@ impl CubicHsConfig {
         Self {
             initial_window,
             tolerate_random_loss: false,
+            hystart: true,
             stats,
         }
+    }
+
+    /// Plain slow start until the first loss, as before HyStart++: what the comparisons in
+    /// the tests and the lab measure against. No listener setting selects it.
+    pub fn without_hystart(mut self) -> Self {
+        self.hystart = false;
+        self
     }
 
     /// `cubic-hs-lt`: losses without queueing delay at a low loss rate are not congestion.
@@ -281,6 +309,8 @@ pub struct CubicHs {
     forgiveness_used: bool,
     /// `cubic-hs-lt`'s view of the last two round trips; not kept by plain `cubic-hs`.
     recent: Recent,
+    /// HyStart++ of the initial slow start; idle once the threshold is set.
+    hystart: HyStart,
     /// Start of the current run of app-limited ACKs; that time is cut out of the epoch so an
     /// idle connection does not come back with a window jump (RFC 9438 section 5.8).
     app_limited_since: Option<Instant>,
@@ -299,6 +329,7 @@ impl CubicHs {
             first_ack_at: None,
             forgiveness_used: false,
             recent: Recent::default(),
+            hystart: HyStart::default(),
             app_limited_since: None,
             epoch: Epoch::default(),
             counters: CcCounters::default(),
@@ -348,9 +379,23 @@ impl CubicHs {
         self.first_ack_at.is_none_or(|first| sent < first)
     }
 
+    /// HyStart++ runs in the initial slow start only (RFC 9406 section 4.3): from the first
+    /// reduction or its own exit on, the threshold is set and slow start is the standard one.
+    fn hystart_active(&self) -> bool {
+        self.config.hystart && self.ssthresh == u64::MAX
+    }
+
+    pub fn in_css(&self) -> bool {
+        self.hystart_active() && self.hystart.in_css()
+    }
+
     /// `cubic-hs-lt`: the path shows no queue and recent losses are rare, so this loss is
-    /// most likely random (radio, a flaky link), not a full buffer.
+    /// most likely random (radio, a flaky link), not a full buffer. In conservative slow
+    /// start HyStart++ has just seen the RTT rise round over round: a queue, so never random.
     fn loss_looks_random(&self) -> bool {
+        if self.in_css() {
+            return false;
+        }
         let (Some(queue_delay), Some(path_min)) =
             (self.recent.queue_delay(), self.recent.path_min_rtt)
         else {
@@ -375,6 +420,9 @@ impl CubicHs {
         if self.config.tolerate_random_loss {
             self.recent.on_ack(now, sent, bytes);
         }
+        if self.hystart_active() {
+            self.hystart.on_ack(now, sent);
+        }
 
         if self.sent_in_recovery(sent) {
             return;
@@ -393,10 +441,42 @@ impl CubicHs {
         }
 
         if self.in_slow_start() {
-            self.window = self.window.saturating_add(bytes);
+            let growth = if self.hystart_active() {
+                self.hystart.growth(bytes)
+            } else {
+                bytes
+            };
+            self.window = self.window.saturating_add(growth);
             return;
         }
         self.congestion_avoidance(now, bytes, rtt);
+    }
+
+    /// The end of one ACK frame: HyStart++ takes its RTT sample and may change the phase.
+    fn end_of_ack_frame(&mut self, now: Instant) {
+        if !self.hystart_active() {
+            return;
+        }
+        match self.hystart.on_end_acks(now) {
+            Transition::None => {}
+            Transition::EnteredCss => {
+                self.counters.css_entries += 1;
+                tracing::debug!(window = self.window, "RTT rose: conservative slow start");
+            }
+            Transition::ResumedSlowStart => {
+                tracing::debug!(window = self.window, "RTT fell back: slow start resumed");
+            }
+            Transition::ExitToCongestionAvoidance => {
+                // RFC 9406: congestion avoidance from the current window, no reduction.
+                self.ssthresh = self.window;
+                self.counters.slow_start_delay_exits += 1;
+                self.config
+                    .stats
+                    .slow_start_delay_exits
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(window = self.window, "slow start ended by HyStart++");
+            }
+        }
     }
 
     fn start_epoch(&mut self, now: Instant) {
@@ -494,6 +574,16 @@ impl Controller for CubicHs {
         rtt: &RttEstimator,
     ) {
         self.ack(now, sent, bytes, app_limited, rtt.get());
+    }
+
+    fn on_end_acks(
+        &mut self,
+        now: Instant,
+        _in_flight: u64,
+        _app_limited: bool,
+        _largest_packet_num_acked: Option<u64>,
+    ) {
+        self.end_of_ack_frame(now);
     }
 
     fn on_congestion_event(
@@ -1283,5 +1373,161 @@ mod tests {
         assert_eq!(connection_counters(hs), Some(CcCounters::default()));
         let stock = factory(CongestionControl::Cubic, iw, stats).build(now, MTU);
         assert_eq!(connection_counters(stock), None);
+    }
+
+    /// One ACK frame of `packets` packets, all sent at `sent`, as quinn reports it: one
+    /// `on_ack` per packet, then the end of the frame.
+    fn ack_frame(cc: &mut CubicHs, now: Instant, sent: Instant, packets: u64, rtt: Duration) {
+        for _ in 0..packets {
+            cc.ack(now, sent, PKT, false, rtt);
+        }
+        cc.on_end_acks(now, 0, false, None);
+    }
+
+    /// One round trip of slow start at a steady `rtt`: `frames` ACK frames of two packets; all
+    /// but the last acknowledge packets sent before the round began, the last one a packet
+    /// sent at its start, which ends the round. Returns the round's end.
+    fn slow_start_round(cc: &mut CubicHs, start: Instant, rtt: Duration, frames: u64) -> Instant {
+        for i in 0..frames {
+            let sent = start - Duration::from_micros(frames - 1 - i);
+            ack_frame(cc, sent + rtt, sent, 2, rtt);
+        }
+        start + rtt
+    }
+
+    fn without_hystart(config: CubicHsConfig) -> CubicHs {
+        CubicHs::new(Arc::new(config.without_hystart()), MTU)
+    }
+
+    #[test]
+    fn hystart_ends_slow_start_on_an_rtt_rise_without_a_loss() {
+        let t0 = Instant::now();
+        let (mut hs, stats) = cubic_hs();
+        let mut plain = without_hystart(CubicHsConfig::new(IW, CcStats::new()));
+        let mut end = t0;
+        // Round zero, then two rounds at 40 ms: the baseline.
+        for (rtt, frames) in [(40, 1), (40, 10), (40, 10)] {
+            slow_start_round(&mut hs, end, ms(rtt), frames);
+            end = slow_start_round(&mut plain, end, ms(rtt), frames);
+        }
+        assert_eq!(hs.window(), IW + 42 * PKT);
+        assert_eq!(plain.window(), hs.window());
+        // 46 ms is more than 40 + 40/8: at the eighth ACK of the round a queue is building.
+        // Growth is full up to that ACK and a quarter after it.
+        let before = hs.window();
+        slow_start_round(&mut hs, end, ms(46), 10);
+        end = slow_start_round(&mut plain, end, ms(46), 10);
+        assert!(hs.in_css());
+        assert_eq!(hs.window(), before + 16 * PKT + 4 * PKT / 4);
+        assert_eq!(plain.window(), before + 20 * PKT);
+        // Four more CSS rounds grow a quarter each, then congestion avoidance at that window.
+        for round in 1..=4 {
+            let before = hs.window();
+            assert!(hs.in_slow_start(), "CSS round {round}");
+            slow_start_round(&mut hs, end, ms(46), 10);
+            end = slow_start_round(&mut plain, end, ms(46), 10);
+            assert_eq!(hs.window(), before + 20 * PKT / 4, "CSS round {round}");
+        }
+        assert!(!hs.in_slow_start());
+        assert_eq!(hs.ssthresh(), hs.window());
+        assert_eq!(hs.congestion_events(), 0);
+        assert_eq!(hs.counters().css_entries, 1);
+        assert_eq!(hs.counters().slow_start_delay_exits, 1);
+        assert_eq!(stats.slow_start_delay_exits(), 1);
+        assert!(plain.in_slow_start());
+        assert_eq!(plain.window(), IW + 142 * PKT);
+        assert_eq!(plain.counters().css_entries, 0);
+        // Congestion avoidance now: well under a packet per ACK frame.
+        let before = hs.window();
+        slow_start_round(&mut hs, end, ms(46), 10);
+        assert!(
+            hs.window() - before <= 2 * PKT,
+            "grew {}",
+            hs.window() - before
+        );
+    }
+
+    #[test]
+    fn hystart_runs_in_the_initial_slow_start_only() {
+        let t0 = Instant::now();
+        let (mut cc, _) = cubic_hs();
+        let mut end = t0;
+        for (rtt, frames) in [(40, 1), (40, 10), (40, 40)] {
+            end = slow_start_round(&mut cc, end, ms(rtt), frames);
+        }
+        // A persistent-congestion collapse: slow start again from two packets, below the
+        // threshold the reduction set. That slow start is the standard one.
+        cc.on_congestion_event(end + ms(1), end, true, 10 * PKT);
+        assert_eq!(cc.window(), 2 * PKT);
+        assert_eq!(cc.ssthresh(), ((IW + 102 * PKT) as f64 * BETA) as u64);
+        assert!(cc.in_slow_start());
+        let later = end + ms(2);
+        let mut end = later;
+        for (rtt, frames) in [(40, 10), (40, 10)] {
+            end = slow_start_round(&mut cc, end, ms(rtt), frames);
+        }
+        let before = cc.window();
+        slow_start_round(&mut cc, end, ms(60), 10);
+        assert!(!cc.in_css());
+        assert!(cc.in_slow_start());
+        assert_eq!(cc.window(), before + 20 * PKT);
+        assert_eq!(cc.counters().css_entries, 0);
+    }
+
+    #[test]
+    fn forgiven_first_flight_loss_leaves_hystart_as_on_the_loss_free_connection() {
+        let t0 = Instant::now();
+        let (mut loss_free, _) = cubic_hs();
+        let (mut forgiven, _) = cubic_hs();
+        let mut end = t0;
+        let rounds = [(40, 1), (40, 10), (40, 10), (46, 10), (46, 10), (46, 10)];
+        for (i, (rtt, frames)) in rounds.into_iter().enumerate() {
+            if i == 1 {
+                // A first-flight packet (sent at t0, before the first ACK) found lost.
+                forgiven.on_congestion_event(end, t0 - ms(1), false, PKT);
+                assert_eq!(forgiven.losses_forgiven(), 1);
+            }
+            slow_start_round(&mut loss_free, end, ms(rtt), frames);
+            end = slow_start_round(&mut forgiven, end, ms(rtt), frames);
+            assert_eq!(forgiven.window(), loss_free.window(), "round {i}");
+            assert_eq!(forgiven.in_css(), loss_free.in_css(), "round {i}");
+        }
+        assert!(forgiven.in_css());
+        assert_eq!(forgiven.counters().css_entries, 1);
+    }
+
+    #[test]
+    fn cubic_hs_lt_tolerates_random_loss_in_slow_start_but_not_in_css() {
+        let t0 = Instant::now();
+        let rtt = ms(200);
+        let (mut lt, _) = cubic_hs_lt();
+        let mut plain_lt =
+            without_hystart(CubicHsConfig::new(IW, CcStats::new()).tolerating_random_loss());
+        let mut end = t0;
+        for frames in [1, 10, 10] {
+            slow_start_round(&mut lt, end, rtt, frames);
+            end = slow_start_round(&mut plain_lt, end, rtt, frames);
+        }
+        // No queue: a loss is random for both, slow start goes on.
+        for cc in [&mut lt, &mut plain_lt] {
+            cc.on_congestion_event(end + ms(1), end - ms(1), false, PKT);
+            assert_eq!(cc.random_losses_tolerated(), 1);
+            assert!(cc.in_slow_start());
+        }
+        // 18 ms up on a 200 ms path: HyStart++ sees a queue (threshold capped at 16 ms), the
+        // tolerant rule alone would not (it allows 200 / 8 = 25 ms).
+        slow_start_round(&mut lt, end, rtt + ms(18), 10);
+        end = slow_start_round(&mut plain_lt, end, rtt + ms(18), 10);
+        assert!(lt.in_css());
+        let window = lt.window();
+        for cc in [&mut lt, &mut plain_lt] {
+            cc.on_congestion_event(end + ms(1), end - ms(1), false, PKT);
+        }
+        assert_eq!(plain_lt.random_losses_tolerated(), 2);
+        assert_eq!(plain_lt.congestion_events(), 0);
+        assert_eq!(lt.random_losses_tolerated(), 1);
+        assert_eq!(lt.congestion_events(), 1);
+        assert_eq!(lt.window(), (window as f64 * BETA) as u64);
+        assert!(!lt.in_slow_start());
     }
 }

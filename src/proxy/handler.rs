@@ -5,18 +5,20 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use h3::error::Code;
 use http::{header, Response, StatusCode};
-use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, Level};
 
-use super::body::{self, BodyError, RecvHalf, ResponseEnd, SendHalf};
-use super::metrics::{self, rejected, status_class, OTHER_HOST};
+use super::body::{self, Abort, AbortReason, BodyCtx, BodyError, RecvHalf, ResponseEnd, SendHalf};
+use super::budget::{Reservation, StreamShare};
+use super::logs::{limited, Reason};
+use super::metrics::{self, limit, rejected, status_class, OTHER_HOST};
 use super::request::{self, Reject, Validated};
 use super::state::{Generation, Shared};
+use super::streams::{self, ConnStreams, StreamHandle};
 use super::upstream::{Upstream, UpstreamBody};
 
 /// Per QUIC connection facts every request on it shares.
@@ -29,6 +31,8 @@ pub struct ConnCtx {
     pub sni: Option<String>,
     /// PROXY protocol needs one upstream client per QUIC connection; cached per generation.
     pub upstream_cache: Mutex<Option<(u64, Upstream)>>,
+    /// The connection's streams under h3, and what each request takes over from them.
+    pub streams: Arc<ConnStreams>,
 }
 
 impl ConnCtx {
@@ -54,17 +58,28 @@ struct Refusal {
     reason: &'static str,
     status: StatusCode,
     msg: String,
+    /// The STOP_SENDING code for the rest of the request body.
+    stop: Code,
 }
 
 impl Refusal {
-    fn malformed(msg: String) -> Self {
+    fn new(reason: &'static str, status: StatusCode, msg: String) -> Self {
         Refusal {
-            reason: rejected::MALFORMED,
-            status: StatusCode::BAD_REQUEST,
+            reason,
+            status,
             msg,
+            // RFC 9114 4.1.2: H3_NO_ERROR once a complete response is sent.
+            stop: Code::H3_NO_ERROR,
         }
     }
+
+    fn malformed(msg: String) -> Self {
+        Self::new(rejected::MALFORMED, StatusCode::BAD_REQUEST, msg)
+    }
 }
+
+type Stream = h3::server::RequestStream<streams::RequestStream, Bytes>;
+type Resolver = h3::server::RequestResolver<streams::Connection, Bytes>;
 
 /// What one request has established so far, passed through its phases.
 struct RequestCtx {
@@ -79,19 +94,21 @@ struct RequestCtx {
     send: SendHalf,
     /// The request body's half of the stream, until a streaming body pump takes it.
     recv: Option<RecvHalf>,
-    /// Fired when the client resets the request or its body fails.
-    cancel: CancellationToken,
+    /// Fired, with a reason, when a streamed request body fails.
+    abort: Arc<Abort>,
+    /// Resolves when the client stops reading the response or its connection ends.
+    stopped: streams::Stopped,
+    share: Arc<StreamShare>,
+    /// The read-ahead body's bytes, held until the request ends.
+    reserved: Option<Reservation>,
 }
 
 /// Handles one request stream from `resolve_request` to the last byte.
-pub async fn handle(
-    resolver: h3::server::RequestResolver<h3_quinn::Connection, Bytes>,
-    conn: Arc<ConnCtx>,
-) {
-    let Some((req, stream)) = resolve(resolver, &conn).await else {
+pub async fn handle(resolver: Resolver, handle: StreamHandle, conn: Arc<ConnCtx>) {
+    let Some((req, stream)) = resolve(resolver, &handle, &conn).await else {
         return;
     };
-    let mut ctx = RequestCtx::new(conn, stream);
+    let mut ctx = RequestCtx::new(conn, stream, handle);
     if let Err(r) = ctx.route(&req) {
         return ctx.refuse(r).await;
     }
@@ -100,33 +117,35 @@ pub async fn handle(
         Ok(p) => p,
         Err(r) => return ctx.refuse(r).await,
     };
-    let Some(body) = ctx.body().await else {
+    let Some((body, sent)) = ctx.body().await else {
         return;
     };
-    let Some(resp) = ctx
-        .forward(&upstream, http::Request::from_parts(parts, body))
-        .await
-    else {
+    let req = http::Request::from_parts(parts, body);
+    let Some(resp) = ctx.forward(&upstream, req, sent).await else {
         return;
     };
     let (head, mut body) = resp.into_parts();
     if ctx.send_head(head).await {
-        ctx.relay(&mut body).await;
+        ctx.relay(&mut body, upstream.body_idle_timeout()).await;
     }
 }
 
 /// Phase 1: the request headers. h3 has already answered when they are unusable (431 for an
-/// oversized field section, H3_MESSAGE_ERROR for a malformed one); only this stream fails.
+/// oversized field section, H3_MESSAGE_ERROR for a malformed one), and the stream layer has
+/// reset streams it refused (too long a frame, too slow a header section, no budget, each
+/// counted there); only this stream fails.
 async fn resolve(
-    resolver: h3::server::RequestResolver<h3_quinn::Connection, Bytes>,
+    resolver: Resolver,
+    handle: &StreamHandle,
     conn: &ConnCtx,
-) -> Option<(
-    http::Request<()>,
-    h3::server::RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>,
-)> {
+) -> Option<(http::Request<()>, Stream)> {
     match resolver.resolve_request().await {
         Ok(r) => Some(r),
         Err(e) => {
+            if let Some(why) = handle.refused.get() {
+                debug!(client = %conn.remote, %why, "request stream refused");
+                return None;
+            }
             let reason = if matches!(e, h3::error::StreamError::HeaderTooBig { .. }) {
                 rejected::HEADERS_TOO_LARGE
             } else {
@@ -141,10 +160,7 @@ async fn resolve(
 }
 
 impl RequestCtx {
-    fn new(
-        conn: Arc<ConnCtx>,
-        stream: h3::server::RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>,
-    ) -> Self {
+    fn new(conn: Arc<ConnCtx>, stream: Stream, handle: StreamHandle) -> Self {
         let (send, recv) = stream.split();
         RequestCtx {
             gen: conn.shared.current.load_full(),
@@ -154,7 +170,10 @@ impl RequestCtx {
             validated: None,
             send,
             recv: Some(recv),
-            cancel: CancellationToken::new(),
+            abort: Arc::new(Abort::default()),
+            stopped: handle.stopped,
+            share: handle.share,
+            reserved: None,
         }
     }
 
@@ -176,11 +195,11 @@ impl RequestCtx {
         match (entry, conn_entry) {
             (Some(e), Some(c)) if Arc::ptr_eq(e, c) => self.host = e.name.clone(),
             _ => {
-                return Err(Refusal {
-                    reason: rejected::MISDIRECTED,
-                    status: StatusCode::MISDIRECTED_REQUEST,
-                    msg: format!("{} is not served on this connection", v.host),
-                })
+                return Err(Refusal::new(
+                    rejected::MISDIRECTED,
+                    StatusCode::MISDIRECTED_REQUEST,
+                    format!("{} is not served on this connection", v.host),
+                ))
             }
         }
         self.validated = Some(v);
@@ -201,39 +220,84 @@ impl RequestCtx {
             .map_err(|Reject::Malformed(msg)| Refusal::malformed(msg))
     }
 
-    /// Phase 3b: the upstream request's body; `None` when the request ended here.
-    async fn body(&mut self) -> Option<UpstreamBody> {
+    /// Phase 3b: the upstream request's body, and the token that says it was all sent;
+    /// `None` when the request ended here. A body read ahead is reserved against the
+    /// buffered-request budget first: when that is exhausted, 503 and H3_REQUEST_REJECTED.
+    async fn body(&mut self) -> Option<(UpstreamBody, tokio_util::sync::CancellationToken)> {
         let declared = self.validated().content_length;
-        let m = self.conn.shared.metrics.clone();
-        let client = self.conn.remote;
-        match body::request_body(&mut self.recv, declared, &self.cancel, &m, client).await {
+        if let Some(n) = body::reads_ahead(declared) {
+            match self.share.reserve(n) {
+                Ok(r) => self.reserved = Some(r),
+                Err(e) => {
+                    self.metrics().limit(e.limit());
+                    limited!(Level::WARN, Reason::RequestBudget, host = %self.host, "refusing a request: {e}");
+                    let mut r = Refusal::new(
+                        rejected::OVERLOADED,
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("{e}; retry later"),
+                    );
+                    r.stop = Code::H3_REQUEST_REJECTED;
+                    self.refuse(r).await;
+                    return None;
+                }
+            }
+        }
+        let c = BodyCtx {
+            declared,
+            idle: self.body_idle_timeout(),
+            abort: self.abort.clone(),
+            metrics: self.conn.shared.metrics.clone(),
+            client: self.conn.remote,
+        };
+        match body::request_body(&mut self.recv, c).await {
             Ok(b) => Some(b),
             Err(BodyError::LengthMismatch(msg)) => {
-                let r = Refusal {
-                    reason: rejected::CONTENT_LENGTH,
-                    status: StatusCode::BAD_REQUEST,
-                    msg,
-                };
+                let r = Refusal::new(rejected::CONTENT_LENGTH, StatusCode::BAD_REQUEST, msg);
                 self.refuse(r).await;
                 None
             }
+            Err(BodyError::Idle(idle)) => {
+                self.metrics().limit(limit::REQUEST_BODY_IDLE_TIMEOUT);
+                let msg = format!("the request body made no progress for {idle:?}");
+                self.stop_body(Code::H3_NO_ERROR);
+                self.finish_local(StatusCode::REQUEST_TIMEOUT, &msg).await;
+                None
+            }
             Err(BodyError::Client(e)) => {
-                debug!(%client, error = %e, "client abandoned the request body");
+                debug!(client = %self.conn.remote, error = %e, "client abandoned the request body");
                 None
             }
         }
     }
 
-    /// Phase 4: the request to the TCP ingress; its failures are answered here (502, 504).
+    fn body_idle_timeout(&self) -> Duration {
+        Duration::from_secs(
+            self.gen
+                .config
+                .http
+                .request_body_idle_timeout_seconds
+                .into(),
+        )
+    }
+
+    /// Phase 4: the request to the TCP ingress; its failures are answered here (502, 504),
+    /// and so is a streamed body that failed before the response (408, 400). When the client
+    /// resets, stops reading or leaves, the upstream request is dropped at once.
     async fn forward(
         &mut self,
         upstream: &Upstream,
         req: http::Request<UpstreamBody>,
+        sent: tokio_util::sync::CancellationToken,
     ) -> Option<http::Response<hyper::body::Incoming>> {
+        let abort = self.abort.clone();
         let result = tokio::select! {
-            r = upstream.send(req) => r,
-            _ = self.cancel.cancelled() => {
-                debug!(client = %self.conn.remote, "client reset the request before the response");
+            r = upstream.send(req, sent) => r,
+            why = abort.aborted() => {
+                self.aborted_before_response(why).await;
+                return None;
+            }
+            _ = self.stopped.as_mut() => {
+                debug!(client = %self.conn.remote, "client left before the response; dropping the upstream request");
                 return None;
             }
         };
@@ -244,11 +308,43 @@ impl RequestCtx {
                 m.upstream_errors
                     .with_label_values(&[e.metric_kind()])
                     .inc();
-                warn!(host = %self.host, error = %e, "upstream request failed");
+                if matches!(e, super::upstream::UpstreamError::Timeout(_)) {
+                    m.limit(limit::RESPONSE_TIMEOUT);
+                }
+                limited!(Level::WARN, Reason::UpstreamFailed, host = %self.host, error = %e, "upstream request failed");
                 self.finish_local(e.status(), &e.to_string()).await;
                 None
             }
         }
+    }
+
+    /// A streamed request body failed before the upstream answered.
+    async fn aborted_before_response(&mut self, why: AbortReason) {
+        let status = match &why {
+            AbortReason::ClientReset => {
+                debug!(client = %self.conn.remote, "client reset the request before the response");
+                self.send.stop_stream(why.reset_code());
+                return;
+            }
+            AbortReason::Idle(_) => StatusCode::REQUEST_TIMEOUT,
+            AbortReason::LengthMismatch(_) => StatusCode::BAD_REQUEST,
+            AbortReason::UpstreamStalled(_) => {
+                self.metrics()
+                    .upstream_errors
+                    .with_label_values(&[metrics::upstream_error::TIMEOUT])
+                    .inc();
+                StatusCode::GATEWAY_TIMEOUT
+            }
+        };
+        let msg = match why {
+            AbortReason::Idle(d) => format!("the request body made no progress for {d:?}"),
+            AbortReason::UpstreamStalled(d) => {
+                format!("the upstream took no request body for {d:?}")
+            }
+            AbortReason::LengthMismatch(m) => m,
+            AbortReason::ClientReset => unreachable!("returned above"),
+        };
+        self.finish_local(status, &msg).await;
     }
 
     /// Phase 5: the response head, cleaned of hop-by-hop fields and advertising HTTP/3.
@@ -267,31 +363,35 @@ impl RequestCtx {
             .await
         {
             debug!(client = %self.conn.remote, error = %e, "client went away before the response");
-            self.cancel.cancel();
             return false;
         }
         self.count(status);
         true
     }
 
-    /// Phase 6: the response body, then the request's duration.
-    async fn relay(&mut self, body: &mut hyper::body::Incoming) {
-        let (end, sent) = body::relay_response(&mut self.send, body, &self.cancel).await;
+    /// Phase 6: the response body, then the request's duration. Returning drops the
+    /// upstream body, and with it the upstream request.
+    async fn relay(&mut self, body: &mut hyper::body::Incoming, idle: Duration) {
+        let abort = self.abort.clone();
+        let (end, sent) =
+            body::relay_response(&mut self.send, body, &abort, &mut self.stopped, idle).await;
         let client = self.conn.remote;
+        self.downloaded(sent);
         match end {
             ResponseEnd::Complete => {
-                self.downloaded(sent);
                 let _ = self.send.finish().await;
                 self.observe_duration();
             }
-            ResponseEnd::Cancelled => {
-                debug!(%client, "client reset the stream; dropping the upstream response");
+            ResponseEnd::Aborted(why) => {
+                debug!(%client, ?why, "request body failed during the response; resetting the stream");
+                self.send.stop_stream(why.reset_code());
+            }
+            ResponseEnd::ClientStopped => {
+                debug!(%client, "client stopped reading the response; dropping the upstream response");
+                self.send.stop_stream(Code::H3_REQUEST_CANCELLED);
             }
             ResponseEnd::ClientGone(e) => {
-                // Returning drops the body, and with it the upstream request.
                 debug!(%client, error = %e, "client stopped reading the response");
-                self.cancel.cancel();
-                self.downloaded(sent);
             }
             ResponseEnd::TrailersFailed(e) => {
                 debug!(%client, error = %e, "sending trailers failed");
@@ -301,9 +401,13 @@ impl RequestCtx {
                     .upstream_errors
                     .with_label_values(&[metrics::upstream_error::RESET])
                     .inc();
-                warn!(host = %self.host, error = %e, "upstream failed mid-response; resetting the stream");
+                limited!(Level::WARN, Reason::UpstreamMidResponse, host = %self.host, error = %e, "upstream failed mid-response; resetting the stream");
                 self.send.stop_stream(Code::H3_INTERNAL_ERROR);
-                self.downloaded(sent);
+            }
+            ResponseEnd::Idle(idle) => {
+                self.metrics().limit(limit::RESPONSE_BODY_IDLE_TIMEOUT);
+                limited!(Level::WARN, Reason::UpstreamMidResponse, host = %self.host, ?idle, "response body made no progress; resetting the stream");
+                self.send.stop_stream(Code::H3_INTERNAL_ERROR);
             }
         }
     }
@@ -339,10 +443,14 @@ impl RequestCtx {
             .rejected_requests
             .with_label_values(&[r.reason])
             .inc();
-        if let Some(recv) = self.recv.as_mut() {
-            recv.stop_sending(Code::H3_NO_ERROR);
-        }
+        self.stop_body(r.stop);
         self.finish_local(r.status, &r.msg).await;
+    }
+
+    fn stop_body(&mut self, code: Code) {
+        if let Some(recv) = self.recv.as_mut() {
+            recv.stop_sending(code);
+        }
     }
 
     /// Answers locally (errors, 421) with a short text body naming the problem.

@@ -44,8 +44,16 @@ pub mod rejected {
     pub const MISDIRECTED: &str = "misdirected";
     pub const HEADERS_TOO_LARGE: &str = "headers_too_large";
     pub const CONTENT_LENGTH: &str = "content_length_mismatch";
+    /// Refused with 503 because the buffered-request budget was exhausted.
+    pub const OVERLOADED: &str = "overloaded";
     /// Every reason, exported as 0 from the start.
-    pub const ALL: [&str; 4] = [MALFORMED, MISDIRECTED, HEADERS_TOO_LARGE, CONTENT_LENGTH];
+    pub const ALL: [&str; 5] = [
+        MALFORMED,
+        MISDIRECTED,
+        HEADERS_TOO_LARGE,
+        CONTENT_LENGTH,
+        OVERLOADED,
+    ];
 }
 
 /// What became of a configuration update (`result` label of `config_reloads_total`).
@@ -57,8 +65,39 @@ pub mod reload {
     pub const ALL: [&str; 3] = [APPLIED, INVALID, RESTART_REQUIRED];
 }
 
+/// Which limit acted (`limit` label of `h3_ingress_limits_total`): one value per limit, each
+/// initialised to 0. docs/reliability.md lists the setting behind each.
+pub mod limit {
+    /// A HEADERS frame (or trailers) declared longer than `http.maxFieldSectionSizeBytes`.
+    pub const HEADERS_FRAME: &str = "headers_frame";
+    /// Another frame (SETTINGS, GOAWAY, ...) longer than `http.maxControlFrameBytes`.
+    pub const CONTROL_FRAME: &str = "control_frame";
+    pub const REQUEST_HEADERS_TIMEOUT: &str = "request_headers_timeout";
+    pub const REQUEST_BODY_IDLE_TIMEOUT: &str = "request_body_idle_timeout";
+    pub const RESPONSE_TIMEOUT: &str = "response_timeout";
+    pub const RESPONSE_BODY_IDLE_TIMEOUT: &str = "response_body_idle_timeout";
+    /// `limits.bufferedRequestBytes`, the process-wide budget, was exhausted.
+    pub const BUFFERED_REQUEST_BYTES: &str = "buffered_request_bytes";
+    pub const BUFFERED_REQUEST_BYTES_PER_CONNECTION: &str = "buffered_request_bytes_per_connection";
+    pub const BUFFERED_REQUEST_BYTES_PER_STREAM: &str = "buffered_request_bytes_per_stream";
+
+    pub const ALL: &[&str] = &[
+        HEADERS_FRAME,
+        CONTROL_FRAME,
+        REQUEST_HEADERS_TIMEOUT,
+        REQUEST_BODY_IDLE_TIMEOUT,
+        RESPONSE_TIMEOUT,
+        RESPONSE_BODY_IDLE_TIMEOUT,
+        BUFFERED_REQUEST_BYTES,
+        BUFFERED_REQUEST_BYTES_PER_CONNECTION,
+        BUFFERED_REQUEST_BYTES_PER_STREAM,
+    ];
+}
+
 pub struct Metrics {
     registry: Registry,
+    pub limits: IntCounterVec,
+    pub buffered_request_bytes: IntGauge,
     pub requests: IntCounterVec,
     pub request_duration: HistogramVec,
     pub upstream_errors: IntCounterVec,
@@ -74,6 +113,7 @@ pub struct Metrics {
     pub connection_black_holes: IntCounter,
     pub handshake_losses_forgiven: IntCounter,
     pub random_losses_tolerated: IntCounter,
+    pub slow_start_delay_exits: IntCounter,
     pub socket_receive_buffer: IntGaugeVec,
     pub socket_receive_buffer_requested: IntGaugeVec,
     pub socket_send_buffer: IntGaugeVec,
@@ -157,6 +197,16 @@ pub mod specs {
         "Requests answered without reaching the upstream, by reason.",
         &["reason"],
     );
+    pub const LIMITS: Spec = spec(
+        "h3_ingress_limits_total",
+        "Times a protective limit acted (a frame refused, a timeout fired, the request budget was exhausted), by limit.",
+        &["limit"],
+    );
+    pub const BUFFERED_REQUEST_BYTES: Spec = spec(
+        "h3_ingress_buffered_request_bytes",
+        "Request bytes (header sections, read-ahead bodies) currently held against limits.bufferedRequestBytes.",
+        &[],
+    );
     pub const BODY_BYTES: Spec = spec(
         "h3_ingress_body_bytes_total",
         "Request (upload) and response (download) body bytes proxied.",
@@ -217,6 +267,11 @@ pub mod specs {
     pub const RANDOM_LOSSES_TOLERATED: Spec = spec(
         "h3_ingress_congestion_random_losses_tolerated_total",
         "Losses that cubic-hs-lt read as random (no queueing delay, low loss rate), not as congestion.",
+        &[],
+    );
+    pub const SLOW_START_DELAY_EXITS: Spec = spec(
+        "h3_ingress_congestion_slow_start_delay_exits_total",
+        "Initial slow starts that HyStart++ ended on a rising round-trip time, before any loss.",
         &[],
     );
     // Sockets.
@@ -355,7 +410,13 @@ impl Metrics {
         r.gauge_vec(&BUILD_INFO)
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
+        let limits = r.counter_vec(&LIMITS);
+        for l in limit::ALL {
+            limits.with_label_values(&[l]);
+        }
         let m = Metrics {
+            limits,
+            buffered_request_bytes: r.gauge(&BUFFERED_REQUEST_BYTES),
             requests: r.counter_vec(&REQUESTS),
             request_duration: r.histogram_vec(&REQUEST_DURATION),
             upstream_errors: r.counter_vec(&UPSTREAM_ERRORS),
@@ -371,6 +432,7 @@ impl Metrics {
             connection_black_holes: r.counter(&BLACK_HOLES),
             handshake_losses_forgiven: r.counter(&HANDSHAKE_LOSSES_FORGIVEN),
             random_losses_tolerated: r.counter(&RANDOM_LOSSES_TOLERATED),
+            slow_start_delay_exits: r.counter(&SLOW_START_DELAY_EXITS),
             socket_receive_buffer: r.gauge_vec(&RECEIVE_BUFFER),
             socket_receive_buffer_requested: r.gauge_vec(&RECEIVE_BUFFER_REQUESTED),
             socket_send_buffer: r.gauge_vec(&SEND_BUFFER),
@@ -397,6 +459,11 @@ impl Metrics {
             m.config_reloads.with_label_values(&[result]);
         }
         Arc::new(m)
+    }
+
+    /// Counts one action of the limit `l` (a [`limit`] value).
+    pub fn limit(&self, l: &str) {
+        self.limits.with_label_values(&[l]).inc();
     }
 
     /// The text exposition of every registered metric.

@@ -6,16 +6,22 @@
 //! - [`state`]: what the running proxy's tasks share (a leaf: it uses none of them)
 //! - [`endpoint`], [`socket`], [`transport`], [`cc`], [`tls`]: sockets to QUIC endpoints
 //! - [`accept`]: the accept loop and each connection's task
+//! - [`streams`], [`frames`], [`budget`]: the QUIC streams under h3, frame limits, the
+//!   buffered-request budget
 //! - [`handler`], [`request`], [`body`], [`upstream`]: one request, phase by phase
+//! - [`logs`]: the rate limiter of every log line a client or the upstream can cause
 //! - [`admin`], [`metrics`], [`procnet`], [`altsvc`], [`window`]: what the proxy reports
 
 pub mod accept;
 pub mod admin;
 pub mod altsvc;
 pub mod body;
+pub mod budget;
 pub mod cc;
 pub mod endpoint;
+pub mod frames;
 pub mod handler;
+pub mod logs;
 pub mod metrics;
 pub mod procnet;
 pub mod request;
@@ -24,6 +30,7 @@ pub mod server;
 pub mod socket;
 pub mod source;
 pub mod state;
+pub mod streams;
 pub mod tls;
 pub mod transport;
 pub mod upstream;

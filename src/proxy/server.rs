@@ -20,7 +20,7 @@ use super::metrics::{reload, Metrics};
 use super::source::ConfigUpdate;
 use super::state::{Generation, Shared};
 use super::upstream::Upstream;
-use super::{accept, altsvc, ProxyError};
+use super::{accept, altsvc, logs, ProxyError};
 use crate::config::ProxyConfig;
 
 /// Handles a caller gets once the proxy is serving (tests, demo).
@@ -71,6 +71,7 @@ pub async fn serve(
     ));
     let admin_addr = start_admin(&shared, &shutdown).await?;
     tokio::spawn(altsvc::probe_loop(shared.clone(), shutdown.clone()));
+    tokio::spawn(logs::report_suppressed(shutdown.clone()));
 
     let tracker = TaskTracker::new();
     let drain = CancellationToken::new();
@@ -190,6 +191,9 @@ pub fn apply(shared: &Arc<Shared>, families: &[Family], mut next: ProxyConfig) -
         return rejected(shared, e);
     }
     export_host_metrics(m, &gen.config);
+    shared
+        .budget
+        .resize(gen.config.limits.buffered_request_bytes);
     let hosts: Vec<&str> = gen.config.hosts.names().collect();
     let id = gen.id;
     info!(generation = id, ?hosts, "configuration applied live");

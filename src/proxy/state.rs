@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use http::HeaderValue;
 
+use super::budget::Budget;
 use super::cc::CcStats;
 use super::metrics::Metrics;
 use super::request;
@@ -61,6 +62,8 @@ pub struct Shared {
     pub current: ArcSwap<Generation>,
     pub metrics: Arc<Metrics>,
     pub cc_stats: Arc<CcStats>,
+    /// The buffered-request budget of the process (`limits.bufferedRequestBytes`).
+    pub budget: Arc<Budget>,
     /// The UDP port actually bound (differs from the config only when it asked for 0).
     pub port: u16,
     sockets: Vec<SocketEntry>,
@@ -83,10 +86,15 @@ impl Shared {
         sockets: Vec<SocketEntry>,
     ) -> Self {
         let id = first.id;
+        let budget = Budget::new(
+            first.config.limits.buffered_request_bytes,
+            metrics.buffered_request_bytes.clone(),
+        );
         Self {
             current: ArcSwap::from_pointee(first),
             metrics,
             cc_stats,
+            budget,
             port,
             sockets,
             restart_required: Mutex::new(Vec::new()),

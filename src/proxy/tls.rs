@@ -1,9 +1,7 @@
 //! Server TLS for QUIC: TLS 1.3 only, ALPN h3, one certificate per host chosen by SNI,
 //! certificate compression on, 0-RTT off.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
@@ -11,6 +9,9 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::{DigitallySignedStruct, SignatureScheme};
 
+use tracing::Level;
+
+use super::logs::{limited, Reason};
 use super::metrics::{handshake, Metrics};
 use crate::config::HostTable;
 
@@ -20,7 +21,6 @@ use crate::config::HostTable;
 pub struct SniResolver {
     hosts: HostTable,
     metrics: Arc<Metrics>,
-    log_limit: LogLimiter,
 }
 
 impl std::fmt::Debug for SniResolver {
@@ -33,11 +33,7 @@ impl std::fmt::Debug for SniResolver {
 
 impl SniResolver {
     pub fn new(hosts: HostTable, metrics: Arc<Metrics>) -> Self {
-        Self {
-            hosts,
-            metrics,
-            log_limit: LogLimiter::default(),
-        }
+        Self { hosts, metrics }
     }
 }
 
@@ -51,46 +47,20 @@ impl ResolvesServerCert for SniResolver {
             .handshakes
             .with_label_values(&[handshake::UNKNOWN_SNI])
             .inc();
-        if let Some(suppressed) = self.log_limit.allow() {
-            match sni {
-                Some(name) => tracing::warn!(
-                    sni = name,
-                    suppressed,
-                    "refusing QUIC handshake: SNI {name:?} is not a configured host"
-                ),
-                None => tracing::warn!(suppressed, "refusing QUIC handshake: client sent no SNI"),
-            }
+        match sni {
+            Some(name) => limited!(
+                Level::WARN,
+                Reason::UnknownSni,
+                sni = name,
+                "refusing QUIC handshake: SNI {name:?} is not a configured host"
+            ),
+            None => limited!(
+                Level::WARN,
+                Reason::UnknownSni,
+                "refusing QUIC handshake: client sent no SNI"
+            ),
         }
         None
-    }
-}
-
-/// At most a few log lines per second: scanners probe with random SNI.
-#[derive(Default)]
-struct LogLimiter {
-    second: AtomicU64,
-    count: AtomicU64,
-    suppressed: AtomicU64,
-}
-
-impl LogLimiter {
-    const PER_SECOND: u64 = 5;
-
-    /// `Some(suppressed since last line)` when a line may be logged.
-    fn allow(&self) -> Option<u64> {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        if self.second.swap(now, Ordering::Relaxed) != now {
-            self.count.store(0, Ordering::Relaxed);
-        }
-        if self.count.fetch_add(1, Ordering::Relaxed) < Self::PER_SECOND {
-            Some(self.suppressed.swap(0, Ordering::Relaxed))
-        } else {
-            self.suppressed.fetch_add(1, Ordering::Relaxed);
-            None
-        }
     }
 }
 
@@ -179,8 +149,6 @@ pub fn server_crypto(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
     #[test]
     fn compression_is_available() {
         let c = rustls::compress::default_cert_compressors();
@@ -193,12 +161,5 @@ mod tests {
             algs.contains(&rustls::CertificateCompressionAlgorithm::Zlib),
             "{algs:?}"
         );
-    }
-
-    #[test]
-    fn limiter_caps_lines_per_second() {
-        let l = LogLimiter::default();
-        let allowed = (0..100).filter(|_| l.allow().is_some()).count();
-        assert!((1..=10).contains(&allowed), "{allowed}");
     }
 }

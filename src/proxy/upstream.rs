@@ -26,6 +26,9 @@ use rustls::{DigitallySignedStruct, SignatureScheme};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
+use tokio_util::sync::CancellationToken;
+
+use super::logs::{limited, Reason};
 
 use crate::api::UpstreamVerify;
 use crate::config::{HostTable, UpstreamConfig};
@@ -299,7 +302,9 @@ impl ServerCertVerifier for ServedCertificateVerifier {
         if entry.leaf().as_ref() == end_entity.as_ref() {
             Ok(ServerCertVerified::assertion())
         } else {
-            tracing::warn!(
+            limited!(
+                tracing::Level::WARN,
+                Reason::UpstreamCertificate,
                 host = name,
                 "upstream presented a different certificate than the one we serve for {name} \
                  (upstream.verify: servedCertificate)"
@@ -398,9 +403,11 @@ fn build_client(connector: Connector) -> Client<Connector, UpstreamBody> {
         .pool_idle_timeout(Duration::from_secs(60))
         .pool_max_idle_per_host(64)
         // Large h2 windows: a loopback or LAN hop to the ingress must never be the brake.
+        // Not adaptive: hyper's adaptive window replaces these with the 64 KiB default and
+        // grows from there, which made every new upstream connection stall for window
+        // updates at loopback speed.
         .http2_initial_stream_window_size(4 * 1024 * 1024)
         .http2_initial_connection_window_size(16 * 1024 * 1024)
-        .http2_adaptive_window(true)
         .build(connector)
 }
 
@@ -454,16 +461,28 @@ impl Upstream {
         }
     }
 
-    /// Sends a request; the error says which status the client should get.
+    /// Sends a request; the error says which status the client should get. The response
+    /// timeout runs from `body_sent` (the upstream has read the whole request body), so an
+    /// upload of any length gets its full time for the answer.
     pub async fn send(
         &self,
         req: http::Request<UpstreamBody>,
+        body_sent: CancellationToken,
     ) -> Result<http::Response<hyper::body::Incoming>, UpstreamError> {
-        match tokio::time::timeout(self.config.response_timeout, self.client.request(req)).await {
-            Err(_) => Err(UpstreamError::Timeout(self.config.response_timeout)),
-            Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(e)) => Err(classify(e)),
+        let limit = self.config.response_timeout;
+        let deadline = async {
+            body_sent.cancelled().await;
+            tokio::time::sleep(limit).await;
+        };
+        tokio::select! {
+            r = self.client.request(req) => r.map_err(classify),
+            _ = deadline => Err(UpstreamError::Timeout(limit)),
         }
+    }
+
+    /// How long the response body may make no progress.
+    pub fn body_idle_timeout(&self) -> Duration {
+        self.config.response_body_idle_timeout
     }
 }
 

@@ -1,0 +1,201 @@
+//! The one rate limiter for log lines that clients or the upstream can cause.
+//!
+//! Every such line names a [`Reason`] from a fixed set; each reason may log
+//! [`RateLimitedLog::LINES_PER_WINDOW`] lines per [`WINDOW`], and what it suppresses is said by
+//! one periodic line per reason ("N similar lines suppressed"), so an attacker (or an upstream
+//! that is down) costs a bounded number of lines whatever the request rate. Lines at debug
+//! level are for diagnosis, off by default, and not limited.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio_util::sync::CancellationToken;
+
+/// How often suppressed lines are reported, and the window the per-reason allowance refills.
+pub const WINDOW: Duration = Duration::from_secs(10);
+
+/// Why a line is logged; the `reason` field of the line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// A handshake named a host we do not serve.
+    UnknownSni,
+    /// A request could not be forwarded (upstream refused, timed out, TLS failed).
+    UpstreamFailed,
+    /// The upstream failed or stalled in the middle of a response.
+    UpstreamMidResponse,
+    /// The upstream presented another certificate than the one we serve.
+    UpstreamCertificate,
+    /// The buffered-request budget refused a request.
+    RequestBudget,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 5] = [
+        Reason::UnknownSni,
+        Reason::UpstreamFailed,
+        Reason::UpstreamMidResponse,
+        Reason::UpstreamCertificate,
+        Reason::RequestBudget,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::UnknownSni => "unknown_sni",
+            Reason::UpstreamFailed => "upstream_failed",
+            Reason::UpstreamMidResponse => "upstream_mid_response",
+            Reason::UpstreamCertificate => "upstream_certificate",
+            Reason::RequestBudget => "request_budget",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+struct Slot {
+    window: AtomicU64,
+    lines: AtomicU64,
+    suppressed: AtomicU64,
+}
+
+impl Slot {
+    const fn new() -> Self {
+        Slot {
+            window: AtomicU64::new(0),
+            lines: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Per-reason line allowances; one instance, [`LOG`], for the process.
+pub struct RateLimitedLog {
+    slots: [Slot; Reason::ALL.len()],
+}
+
+/// The process's limiter: log lines are a process-wide resource, whichever proxy generation,
+/// connection or task writes them.
+pub static LOG: RateLimitedLog = RateLimitedLog::new();
+
+fn window_now() -> u64 {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    secs / WINDOW.as_secs()
+}
+
+impl RateLimitedLog {
+    pub const LINES_PER_WINDOW: u64 = 5;
+
+    pub const fn new() -> Self {
+        RateLimitedLog {
+            slots: [
+                Slot::new(),
+                Slot::new(),
+                Slot::new(),
+                Slot::new(),
+                Slot::new(),
+            ],
+        }
+    }
+
+    /// Whether a line for `reason` may be written now; counts it as suppressed if not.
+    pub fn allow(&self, reason: Reason) -> bool {
+        self.allow_at(reason, window_now())
+    }
+
+    fn allow_at(&self, reason: Reason, window: u64) -> bool {
+        let slot = &self.slots[reason.index()];
+        if slot.window.swap(window, Ordering::AcqRel) != window {
+            slot.lines.store(0, Ordering::Release);
+        }
+        if slot.lines.fetch_add(1, Ordering::AcqRel) < Self::LINES_PER_WINDOW {
+            true
+        } else {
+            slot.suppressed.fetch_add(1, Ordering::AcqRel);
+            false
+        }
+    }
+
+    /// Lines suppressed since the last call, per reason (zeros left out).
+    pub fn take_suppressed(&self) -> Vec<(Reason, u64)> {
+        Reason::ALL
+            .iter()
+            .map(|r| {
+                (
+                    *r,
+                    self.slots[r.index()].suppressed.swap(0, Ordering::AcqRel),
+                )
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+}
+
+impl Default for RateLimitedLog {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Writes the periodic "N similar lines suppressed" lines until `shutdown`.
+pub async fn report_suppressed(shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(WINDOW);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.cancelled() => break,
+        }
+        for (reason, n) in LOG.take_suppressed() {
+            tracing::warn!(
+                reason = reason.as_str(),
+                suppressed = n,
+                "{n} similar log lines suppressed in the last {}s",
+                WINDOW.as_secs()
+            );
+        }
+    }
+}
+
+/// `limited!(Level::WARN, Reason::X, fields..., "message")`: a `tracing` event that goes
+/// through [`LOG`] first.
+macro_rules! limited {
+    ($level:expr, $reason:expr, $($arg:tt)+) => {
+        if $crate::proxy::logs::LOG.allow($reason) {
+            tracing::event!($level, reason = $reason.as_str(), $($arg)+);
+        }
+    };
+}
+pub(crate) use limited;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_reason_has_its_own_allowance_per_window() {
+        let l = RateLimitedLog::new();
+        let allowed = (0..400)
+            .filter(|_| l.allow_at(Reason::UpstreamFailed, 7))
+            .count() as u64;
+        assert_eq!(allowed, RateLimitedLog::LINES_PER_WINDOW);
+        assert!(l.allow_at(Reason::UnknownSni, 7));
+        assert_eq!(
+            l.take_suppressed(),
+            vec![(Reason::UpstreamFailed, 400 - allowed)]
+        );
+        assert!(l.take_suppressed().is_empty());
+        // A new window refills the allowance.
+        assert!(l.allow_at(Reason::UpstreamFailed, 8));
+    }
+
+    #[test]
+    fn every_reason_has_a_slot() {
+        for (i, r) in Reason::ALL.iter().enumerate() {
+            assert_eq!(r.index(), i);
+        }
+    }
+}
