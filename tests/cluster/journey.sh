@@ -33,16 +33,40 @@ LISTENER=journey
 DP=h3-ingress-$LISTENER          # DaemonSet and ServiceAccount of the listener
 DP_RBAC=h3-ingress-data-plane-$LISTENER
 OP_SA=h3-ingress                 # the chart's operator ServiceAccount (release name)
+DP_USER=system:serviceaccount:$NS_OP:$DP
+OP_USER=system:serviceaccount:$NS_OP:$OP_SA
 IMAGE_REPO=registry.h3i.test/h3-ingress
 ALT_SVC='h3=":443"; ma=3600'     # what nginx advertises (the proxy's own default differs)
+# The privileged init container's image, pinned by digest as a mirror would (never pulled:
+# only the Pod Security step's listener, whose pods admission refuses, uses it).
+TUNE_IMAGE=registry.h3i.test/mirror/busybox@sha256:$(printf 'h3i-journey' | sha256sum | cut -c1-64)
+OP_ROLE=$RELEASE-operator        # the chart's namespaced Role of the operator
 T_START=$(date +%s)
 
-step() { printf '\n--- [%3ss] %s\n' "$(($(date +%s) - T_START))" "$*"; }
+STEP_NAMES=()
+STEP_AT=()
+step() {
+    STEP_NAMES+=("$*")
+    STEP_AT+=("$(($(date +%s) - T_START))")
+    printf '\n--- [%3ss] %s\n' "${STEP_AT[-1]}" "$*"
+}
+# The step list with each step's own duration (the last one runs until now).
+step_table() {
+    local i n=${#STEP_NAMES[@]} end now=$(($(date +%s) - T_START))
+    ((n > 0)) || return 0
+    printf '\n%-4s %6s %6s  %s\n' step start took name
+    for ((i = 0; i < n; i++)); do
+        end=$now
+        ((i + 1 < n)) && end=${STEP_AT[i + 1]}
+        printf '%-4s %5ss %5ss  %.110s\n' "$((i + 1))" "${STEP_AT[i]}" "$((end - STEP_AT[i]))" "${STEP_NAMES[i]}"
+    done
+}
 ok() { printf '    ok: %s\n' "$*"; }
 info() { printf '    %s\n' "$*"; }
 indent() { sed 's/^/    | /'; }
 fail() {
     printf '\nJOURNEY FAILED at %ss: %s\n' "$(($(date +%s) - T_START))" "$*" >&2
+    step_table >&2
     if [[ -n ${KUBECONFIG:-} && -f ${KUBECONFIG:-/nonexistent} ]]; then
         {
             echo "--- pods:"
@@ -80,6 +104,7 @@ wait_ok() {
     ok "$2 (after $(($(date +%s) - t0))s)"
 }
 jp() { kubectl get "$@" 2>/dev/null; } # kubectl get ... -o jsonpath=..., quiet on NotFound
+can() { kubectl auth can-i "$@" 2>/dev/null || true; } # yes / no, as the API server judges
 
 if [[ $(id -u) -ne 0 ]]; then
     echo "JOURNEY SKIPPED (needs root): tests/cluster/journey.sh needs network namespaces and the cluster's processes"
@@ -106,6 +131,8 @@ cleanup() {
     return $rc
 }
 trap cleanup EXIT
+# A command failing outside a check (set -e) still says where and what.
+trap 'fail "line $LINENO: \`$BASH_COMMAND\` failed unexpectedly"' ERR
 
 # ---- the TCP ingress: Debian nginx in a node's network namespace ---------------------------
 # One nginx per node on TCP 443 (v4 and v6) serving $HOST and $HOST2 with the certificates
@@ -247,6 +274,12 @@ operator_leader_pod() {
     local holder
     holder=$(jp lease -n "$NS_OP" h3-ingress-operator -o jsonpath='{.spec.holderIdentity}')
     [[ -n $holder ]] && echo "${holder%_*}"
+}
+# A replica that still exists holds the Lease (not empty after a release, not a deleted pod).
+leader_running() {
+    local p
+    p=$(operator_leader_pod) && [[ -z $(jp pod -n "$NS_OP" "$p" -o jsonpath='{.metadata.deletionTimestamp}') ]] &&
+        [[ $(jp pod -n "$NS_OP" "$p" -o jsonpath='{.status.phase}') == Running ]]
 }
 operator_metric() { # NAME: summed over labels, from the leader's admin endpoint
     local pod ip
@@ -571,9 +604,13 @@ kubectl delete h3l "$LISTENER-twin" >/dev/null
 
 # =============================================================================================
 step "leader hand-over: a second operator replica takes the Lease when the first stops"
+# Also pins the init container's image (checked on the Pod Security step's listener).
 helm upgrade "$RELEASE" "$REPO/charts/h3-ingress" -n "$NS_OP" --reuse-values --set operator.replicas=2 \
+    --set dataPlane.tuneImage="$TUNE_IMAGE" \
     --wait --timeout 120s >"$tmp/helm-upgrade.log" 2>&1 || fail "helm upgrade: $(cat "$tmp/helm-upgrade.log")"
-ok "helm upgrade --set operator.replicas=2: $(jp deploy -n "$NS_OP" "$RELEASE-operator" -o jsonpath='{.status.readyReplicas}') replicas ready"
+ok "helm upgrade --set operator.replicas=2 --set dataPlane.tuneImage=${TUNE_IMAGE%@*}@...: $(jp deploy -n "$NS_OP" "$RELEASE-operator" -o jsonpath='{.status.readyReplicas}') replicas ready"
+# The upgrade replaced the replicas: the old leader released the Lease on SIGTERM.
+wait_ok 30 "a running replica of the new ReplicaSet holds the Lease" leader_running
 leader=$(operator_leader_pod)
 pid=$(cat "$H3I_POD_LOGS/$NS_OP/$leader/operator.pid")
 info "leader $leader (pid $pid); freezing it with SIGSTOP (a hung or partitioned leader does not release the Lease)"
@@ -589,15 +626,51 @@ until_ok 30 "the new leader exports h3_ingress_operator_leader 1" eval '[[ $(ope
 ok "the frozen pod deleted; $NEW_LEADER reports h3_ingress_operator_leader 1"
 wait_ok 60 "operator Deployment back to 2 ready replicas" eval '[[ $(jp deploy -n "$NS_OP" "$RELEASE-operator" -o jsonpath="{.status.readyReplicas}") == 2 ]]'
 
-step "the optional Service (spec.service NodePort), applied by the new leader"
-kubectl patch h3l "$LISTENER" --type merge -p '{"spec":{"service":{"type":"NodePort"}}}' >/dev/null
-wait_ok 30 "Service $NS_OP/$DP created" kubectl -n "$NS_OP" get svc "$DP"
+step "the optional Service (spec.service), applied by the new leader: a 403 becomes Ready=False Forbidden; LoadBalancer, then NodePort"
+# The operator's Role loses create/patch on Services (as a cluster admin trimming RBAC
+# would): the listener says why in its status and a Warning event, the data plane serves on.
+rules0=$(jp role -n "$NS_OP" "$OP_ROLE" -o jsonpath='{.rules}')
+rules_ro=$(python3 -c '
+import json, sys
+rules = json.loads(sys.argv[1])
+for r in rules:
+    if "services" in r["resources"]:
+        r["verbs"] = [v for v in r["verbs"] if v not in ("create", "patch")]
+print(json.dumps(rules))' "$rules0")
+kubectl -n "$NS_OP" patch role "$OP_ROLE" --type merge -p "{\"rules\":$rules_ro}" >/dev/null
+wait_ok 10 "the operator may no longer create Services" eval '[[ $(can create services -n "$NS_OP" --as "$OP_USER") == no ]]'
+kubectl patch h3l "$LISTENER" --type merge -p '{"spec":{"service":{"type":"LoadBalancer","includeTcp":true,"annotations":{"metallb.universe.tf/allow-shared-ip":"h3i-journey"}}}}' >/dev/null
+forbidden() { [[ $(cond "$LISTENER" Ready status) == False && $(cond "$LISTENER" Ready reason) == Forbidden ]]; }
+wait_ok 30 "h3l/$LISTENER Ready=False reason Forbidden" forbidden
+msg=$(cond "$LISTENER" Ready message)
+grep -q services <<<"$msg" || fail "the Forbidden message should name the Service: $msg"
+ok "message: ${msg:0:220}"
+forbidden_event() {
+    kubectl get events -A --field-selector "involvedObject.kind=Http3Listener,involvedObject.uid=$LISTENER_UID,type=Warning,reason=Forbidden" \
+        -o jsonpath='{range .items[*]}{.type} {.reason}: {.message}{"\n"}{end}' | grep .
+}
+wait_ok 30 "a Warning event Forbidden on the listener" forbidden_event
+h3_all_nodes "$HOST" "$CERT_V2" || fail "the data plane stopped serving $HOST while the Service was forbidden"
+ok "$HOST still served on both nodes"
+kubectl -n "$NS_OP" patch role "$OP_ROLE" --type merge -p "{\"rules\":$rules0}" >/dev/null
+# Retried on the operator's error schedule (15 s).
+wait_ok 45 "Role restored: Service $NS_OP/$DP created" kubectl -n "$NS_OP" get svc "$DP"
 owned_by_listener svc "$DP" "$NS_OP"
+svc=$(jp svc -n "$NS_OP" "$DP" -o jsonpath='{.spec.type} {.spec.externalTrafficPolicy} {.metadata.annotations.metallb\.universe\.tf/allow-shared-ip} {range .spec.ports[*]}{.protocol}/{.port} {end}')
+info "$svc"
+[[ $svc == "LoadBalancer Local h3i-journey "*"UDP/443"* && $svc == *"TCP/443"* ]] ||
+    fail "Service: '$svc', want LoadBalancer, externalTrafficPolicy Local, the allow-shared-ip annotation, UDP and TCP 443"
+ok "mixed-protocol LoadBalancer Service (UDP and TCP 443), externalTrafficPolicy Local, annotation passed through, owned by the listener"
+wait_ok 30 "h3l/$LISTENER Ready=True again" h3l_ready
+kubectl patch h3l "$LISTENER" --type json -p '[{"op":"replace","path":"/spec/service","value":{"type":"NodePort"}}]' >/dev/null
+nodeport() { [[ $(jp svc -n "$NS_OP" "$DP" -o jsonpath='{.spec.type}') == NodePort ]]; }
+wait_ok 30 "Service $NS_OP/$DP changed to NodePort" nodeport
 svc=$(jp svc -n "$NS_OP" "$DP" -o jsonpath='{.spec.type} {.spec.externalTrafficPolicy} {range .spec.ports[*]}{.protocol}/{.port}->{.nodePort} {end}')
 info "$svc"
-[[ $svc == "NodePort Local "*"UDP/443->"[0-9]* ]] || fail "Service: '$svc', want NodePort, externalTrafficPolicy Local, UDP 443"
+[[ $svc == "NodePort Local UDP/443->"[0-9]* && $svc != *TCP* ]] || fail "Service: '$svc', want NodePort, externalTrafficPolicy Local, UDP 443 only"
 sel=$(jp svc -n "$NS_OP" "$DP" -o jsonpath='{.spec.selector}')
-ok "NodePort Service with UDP 443 and externalTrafficPolicy Local, selector $sel, owned by the listener (only the object is checked: the test cluster runs no kube-proxy)"
+ok "NodePort Service with UDP 443 and externalTrafficPolicy Local, selector $sel (only the objects are checked: the test cluster runs no kube-proxy and no load balancer)"
+[[ $(cond "$LISTENER" Ready status) == True ]] || fail "h3l/$LISTENER not Ready after the change to NodePort: $(cond "$LISTENER" Ready reason)"
 kubectl patch h3l "$LISTENER" --type json -p '[{"op":"remove","path":"/spec/service"}]' >/dev/null
 wait_ok 30 "spec.service removed: Service $DP pruned" eval '! kubectl -n "$NS_OP" get svc "$DP"'
 
@@ -656,9 +729,6 @@ ok "no data plane restarts"
 
 # =============================================================================================
 step "RBAC as the API server judges it (kubectl auth can-i --as)"
-DP_USER=system:serviceaccount:$NS_OP:$DP
-OP_USER=system:serviceaccount:$NS_OP:$OP_SA
-can() { kubectl auth can-i "$@" 2>/dev/null || true; }
 expect_can() { # WANT DESCRIPTION ARGS...
     local want=$1 what=$2 got; shift 2
     got=$(can "$@")
@@ -711,17 +781,19 @@ done
 wait_ok 15 "UDP 443 no longer answers on ${IPS[*]}" refused_all_nodes "$HOST" silent
 ok "processes ${DP_PID[*]} stopped"
 kubectl -n "$NS_OP" scale deploy "$RELEASE-operator" --replicas=1 >/dev/null
-leader_running() { local p; p=$(operator_leader_pod) && kubectl -n "$NS_OP" get pod "$p" >/dev/null 2>&1; }
 wait_ok 60 "operator back (a running replica holds the Lease)" leader_running
 
 # =============================================================================================
 step "Pod Security admission: the operator's namespace labelled 'restricted' -> Ready=False with a reason and a Warning event"
 kubectl label namespace "$NS_OP" pod-security.kubernetes.io/enforce=restricted --overwrite >/dev/null 2>&1 ||
     fail "cannot label $NS_OP restricted"
-apply_listener "$LISTENER-restricted" 443 9476 | indent
+apply_listener "$LISTENER-restricted" 443 9476 '  tuneNodeBufferLimits: true' | indent
 not_created() { [[ $(cond "$LISTENER-restricted" Ready status) == False && $(cond "$LISTENER-restricted" Ready reason) == PodsNotCreated ]]; }
 wait_ok 60 "h3l/$LISTENER-restricted Ready=False reason PodsNotCreated" not_created
 ok "message: $(cond "$LISTENER-restricted" Ready message)"
+init_image=$(jp ds -n "$NS_OP" "$DP-restricted" -o jsonpath='{.spec.template.spec.initContainers[0].image}')
+[[ $init_image == "$TUNE_IMAGE" ]] || fail "init container image '$init_image', want the chart's dataPlane.tuneImage $TUNE_IMAGE"
+ok "tuneNodeBufferLimits: the privileged init container runs the chart's pinned dataPlane.tuneImage ${TUNE_IMAGE:0:60}.."
 warning() {
     kubectl get events -A --field-selector "involvedObject.kind=Http3Listener,involvedObject.uid=$(listener_uid "$LISTENER-restricted"),type=Warning,reason=PodsNotCreated" \
         -o jsonpath='{range .items[*]}{.type} {.reason}: {.message}{"\n"}{end}' | grep .
@@ -731,5 +803,5 @@ warning | head -1 | cut -c1-200 | indent
 kubectl delete h3l "$LISTENER-restricted" >/dev/null
 kubectl label namespace "$NS_OP" pod-security.kubernetes.io/enforce=privileged --overwrite >/dev/null
 
-step "done"
+step_table
 echo "JOURNEY PASSED in $(($(date +%s) - T_START))s"
