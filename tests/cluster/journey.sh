@@ -603,7 +603,7 @@ ok "$LISTENER stays Ready=True"
 kubectl delete h3l "$LISTENER-twin" >/dev/null
 
 # =============================================================================================
-step "leader hand-over: a second operator replica takes the Lease when the first stops"
+step "leader hand-over: a second operator replica takes the Lease when the leader hangs, and when it is deleted"
 # Also pins the init container's image (checked on the Pod Security step's listener).
 helm upgrade "$RELEASE" "$REPO/charts/h3-ingress" -n "$NS_OP" --reuse-values --set operator.replicas=2 \
     --set dataPlane.tuneImage="$TUNE_IMAGE" \
@@ -625,6 +625,16 @@ kill -CONT "$pid" 2>/dev/null || true
 until_ok 30 "the new leader exports h3_ingress_operator_leader 1" eval '[[ $(operator_metric h3_ingress_operator_leader) == 1 ]]'
 ok "the frozen pod deleted; $NEW_LEADER reports h3_ingress_operator_leader 1"
 wait_ok 60 "operator Deployment back to 2 ready replicas" eval '[[ $(jp deploy -n "$NS_OP" "$RELEASE-operator" -o jsonpath="{.status.readyReplicas}") == 2 ]]'
+# The everyday hand-over (rollout, drain, kubectl delete): the leader gets SIGTERM and gives
+# the Lease up, so the standby takes it within its retry period, not after the lease expires.
+wait_ok 30 "both replicas running, one holding the Lease" leader_running
+leader=$(operator_leader_pod)
+t0=$(date +%s)
+kubectl -n "$NS_OP" delete pod "$leader" --wait=false >/dev/null
+handed() { local l; l=$(operator_leader_pod) && [[ $l != "$leader" ]] && leader_running; }
+until_ok 8 "the standby takes the Lease that the deleted $leader released (before it could expire)" handed
+NEW_LEADER=$(operator_leader_pod)
+ok "leader $leader deleted (SIGTERM): $NEW_LEADER holds the Lease $(($(date +%s) - t0))s later"
 
 step "the optional Service (spec.service), applied by the new leader: a 403 becomes Ready=False Forbidden; LoadBalancer, then NodePort"
 # The operator's Role loses create/patch on Services (as a cluster admin trimming RBAC
