@@ -38,7 +38,10 @@ finish() {
     trap - EXIT INT TERM
     step "cluster: down (always)"
     timed down scripts/cluster.sh down || { [[ $rc -ne 0 ]] || rc=1; }
-    printf '\ncluster tests: %s; total %ss\n' "$(IFS=,; echo "${PHASES[*]}" | sed 's/,/, /g')" "$(($(date +%s) - T_ALL))"
+    local p
+    printf '\ncluster tests:'
+    for p in "${PHASES[@]}"; do printf ' %s;' "$p"; done
+    printf ' total %ss\n' "$(($(date +%s) - T_ALL))"
     [[ $rc -eq 0 ]] && echo "CLUSTER TESTS PASSED" || echo "CLUSTER TESTS FAILED (exit $rc)"
     exit "$rc"
 }
