@@ -592,15 +592,23 @@ ok "both new pods request a 2 MiB receive buffer (h3_ingress_udp_socket_receive_
 wait_ok 60 "$HOST served on both nodes by the new pods" h3_all_nodes "$HOST" "$CERT_V2"
 
 # =============================================================================================
-step "a second listener on the same nodes and port gets the PortConflict reason"
+step "a second listener on the same nodes and UDP port, then one on the same metrics port, get the PortConflict reason"
 apply_listener "$LISTENER-twin" 443 9476 | indent
 conflict() { [[ $(cond "$LISTENER-twin" Ready reason) == PortConflict ]]; }
 wait_ok 30 "h3l/$LISTENER-twin Ready=False reason PortConflict" conflict
 [[ $(cond "$LISTENER-twin" Ready status) == False ]] || fail "$LISTENER-twin Ready should be False"
 ok "message: $(cond "$LISTENER-twin" Ready message)"
-[[ $(cond "$LISTENER" Ready status) == True ]] || fail "the first listener lost Ready=True to the conflict"
-ok "$LISTENER stays Ready=True"
+[[ -z $(jp ds -n "$NS_OP" "$DP-twin" -o name) ]] || fail "the conflicting listener's DaemonSet was applied"
 kubectl delete h3l "$LISTENER-twin" >/dev/null
+# Another UDP port but the same metrics port: the clash is on the TCP hostPort alone.
+apply_listener "$LISTENER-twin2" 8443 9476 | indent
+metrics_conflict() { [[ $(cond "$LISTENER-twin2" Ready reason) == PortConflict && $(cond "$LISTENER-twin2" Ready message) == *"TCP port 9476 (spec.metrics.address)"* ]]; }
+wait_ok 30 "h3l/$LISTENER-twin2 (UDP 8443, metrics 9476) Ready=False reason PortConflict on TCP 9476" metrics_conflict
+[[ -z $(jp ds -n "$NS_OP" "$DP-twin2" -o name) ]] || fail "the conflicting listener's DaemonSet was applied"
+ok "message: $(cond "$LISTENER-twin2" Ready message | cut -c1-120)..; no DaemonSet for it"
+[[ $(cond "$LISTENER" Ready status) == True ]] || fail "the first listener lost Ready=True to the conflicts"
+ok "$LISTENER stays Ready=True"
+kubectl delete h3l "$LISTENER-twin2" >/dev/null
 
 # =============================================================================================
 step "leader hand-over: a second operator replica takes the Lease when the leader hangs, and when it is deleted"
