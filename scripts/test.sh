@@ -20,6 +20,7 @@ if [[ $(id -u) -eq 0 ]]; then export H3I_TESTS_REQUIRE_ROOT=1; fi
 # tests/observe/run.sh below.
 step "format and lints (workspace: product and lab)"
 cargo fmt --all --check
+cargo fmt --manifest-path fuzz/Cargo.toml --check  # fuzz/ is its own workspace
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # No function longer than 120 lines, tests included, in the product or the lab.
 python3 scripts/fn-length.py src lab/src
@@ -28,6 +29,11 @@ python3 scripts/check-links.py
 
 step "cargo test (workspace: unit, end-to-end against nginx/aioquic/promtool, operator mocks, lab smoke)"
 cargo test --workspace --locked
+
+# Coverage-guided fuzz targets (nightly toolchain, cargo-fuzz: installed by setup above),
+# 20 s each (FUZZ_SECONDS) from the committed corpus; any crash fails the run.
+step "scripts/fuzz.sh ci (request validation, header translation, frame scanner, config file)"
+scripts/fuzz.sh ci
 
 # Manifests rendered by the operator; then chart, deploy/, rules, dashboard, Dockerfile and
 # the static release binary its build stage produces (tests/observe/run.sh).
