@@ -42,6 +42,14 @@ use crate::config::kube::{
 pub const REQUEUE: Duration = Duration::from_secs(60);
 /// Retry delay after a failed reconciliation.
 pub const ERROR_REQUEUE: Duration = Duration::from_secs(15);
+/// Delay while running pods have not loaded a host the operator resolved yet. Nothing tells
+/// the operator when they have (they load it from their own watches within seconds), so
+/// without a prompt look `kubectl get h3l` would show the host pending for a whole
+/// [`REQUEUE`] after an Ingress was annotated.
+pub const SETTLE_REQUEUE: Duration = Duration::from_secs(3);
+/// Prompt looks in a row per listener, so a pod that never loads a host does not keep the
+/// operator busy (it then shows the host pending, and looks every [`REQUEUE`]).
+pub const SETTLE_ATTEMPTS: u32 = 20;
 /// Kubernetes limits an event note to 1 kB.
 const MAX_NOTE: usize = 1000;
 
@@ -94,6 +102,8 @@ pub struct Context {
     pub metrics: Arc<OperatorMetrics>,
     /// Secrets each listener references, so a Secret change re-reconciles only when it matters.
     pub secret_interest: Mutex<BTreeMap<String, BTreeSet<SecretRef>>>,
+    /// Prompt looks in a row per listener whose pods are still loading a host.
+    pub settling: Mutex<BTreeMap<String, u32>>,
 }
 
 impl Context {
@@ -119,6 +129,7 @@ impl Context {
             reports,
             metrics,
             secret_interest: Mutex::new(BTreeMap::new()),
+            settling: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -369,7 +380,7 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
     let observed = observe_data_plane(listener, &refs, ctx).await?;
 
     let controllers = ingress_controllers(&ingresses, &resolved);
-    let next = status::aggregate(&status::Inputs {
+    let inputs = status::Inputs {
         controllers: &controllers,
         alt_svc_max_age: listener.spec.alt_svc.max_age_seconds,
         generation: listener.metadata.generation,
@@ -381,12 +392,31 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         pods: &observed.pods,
         previous: listener.status.as_ref(),
         now,
-    });
+    };
+    let next = status::aggregate(&inputs);
+    let loading = status::hosts_loading(&inputs, &next);
     write_status(ctx, listener, next).await?;
     match observed.failure {
         // Said in the status; retried on the error policy's schedule.
         Some(e) => Err(e.into()),
-        None => Ok(Action::requeue(REQUEUE)),
+        None => Ok(Action::requeue(next_look(ctx, &name, loading))),
+    }
+}
+
+/// When to look at a listener again: promptly while its pods load a host, up to
+/// [`SETTLE_ATTEMPTS`] times in a row, else after [`REQUEUE`].
+fn next_look(ctx: &Context, listener: &str, loading: bool) -> Duration {
+    let mut settling = ctx.settling.lock().expect("not poisoned");
+    if !loading {
+        settling.remove(listener);
+        return REQUEUE;
+    }
+    let looks = settling.entry(listener.to_string()).or_insert(0);
+    *looks += 1;
+    if *looks <= SETTLE_ATTEMPTS {
+        SETTLE_REQUEUE
+    } else {
+        REQUEUE
     }
 }
 
