@@ -209,6 +209,26 @@ pub struct HostStatus {
     pub dns_https_record: String,
 }
 
+impl HostStatus {
+    /// Where the host came from, as people read it: `Ingress ns/name`, `HTTPRoute ns/name,
+    /// Gateway ns/name listener L`, `Gateway ns/name listener L`, or `spec.hosts`.
+    pub fn source(&self) -> String {
+        let gateway = || {
+            format!(
+                "Gateway {} listener {}",
+                self.gateway.as_deref().unwrap_or("-"),
+                self.gateway_listener.as_deref().unwrap_or("-")
+            )
+        };
+        match (&self.ingress, &self.http_route, &self.gateway) {
+            (Some(i), _, _) => format!("Ingress {i}"),
+            (None, Some(r), _) => format!("HTTPRoute {r}, {}", gateway()),
+            (None, None, Some(_)) => gateway(),
+            (None, None, None) => "spec.hosts".to_string(),
+        }
+    }
+}
+
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct NodesStatus {

@@ -219,6 +219,45 @@ mod tests {
     }
 
     #[test]
+    fn gateway_api_hosts_are_announced_on_their_httproute_or_annotated_gateway() {
+        let routed = HostStatus {
+            http_route: Some("apps/web".into()),
+            gateway: Some("infra/gw".into()),
+            gateway_listener: Some("https".into()),
+            ..host(
+                "a.example.com",
+                None,
+                "NotServing",
+                reasons::REF_NOT_PERMITTED,
+                "no grant",
+            )
+        };
+        let from_gateway = HostStatus {
+            gateway: Some("infra/gw".into()),
+            gateway_listener: Some("https".into()),
+            ..host("b.example.com", None, "Serving", reasons::SERVING, "")
+        };
+        let new = status(vec![routed.clone(), from_gateway], vec![]);
+        assert_eq!(
+            summary(&plan(None, &new)),
+            [
+                "listener W RefNotPermitted: HTTP/3 not served for a.example.com: no grant",
+                "httproute apps/web W RefNotPermitted: HTTP/3 not served for a.example.com: no grant",
+                "listener N Http3Enabled: HTTP/3 enabled for b.example.com",
+                "gateway infra/gw N Http3Enabled: HTTP/3 enabled for b.example.com",
+            ]
+        );
+        // The same host through another listener section is another entry.
+        let moved = HostStatus {
+            gateway_listener: Some("https-2".into()),
+            ..routed
+        };
+        let after = status(vec![moved], vec![]);
+        let events = summary(&plan(Some(&new), &after));
+        assert!(events.contains(&"httproute apps/web W RefNotPermitted: HTTP/3 not served for a.example.com: no grant".to_string()), "{events:?}");
+    }
+
+    #[test]
     fn host_transitions_are_announced_on_the_listener_and_the_ingress() {
         let old = status(
             vec![

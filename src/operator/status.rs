@@ -468,8 +468,9 @@ fn ready_verdict(f: &Facts) -> (bool, &'static str, String) {
         return (false, reasons::PODS_NOT_CREATED, msg);
     }
     if f.wanted.is_empty() {
-        let msg = "no Ingress of this listener's class (or naming it in h3-ingress.dev/listener) \
-                   has h3-ingress.dev/enabled: \"true\", and spec.hosts is empty";
+        let msg = "no Ingress of this listener's class, and no HTTPRoute or Gateway of its \
+                   gatewayClassName (or naming it in h3-ingress.dev/listener), has \
+                   h3-ingress.dev/enabled: \"true\", and spec.hosts is empty";
         return (false, reasons::NO_HOSTS, msg.to_string());
     }
     if desired == 0 {
