@@ -43,4 +43,10 @@ done
 step "tests/adversarial/run.sh (attacks on the release binary, default settings)"
 tests/adversarial/run.sh
 
+# Gateway API on the real control plane (root; SKIPPED otherwise): the pinned standard-channel
+# CRDs, a Gateway and an annotated HTTPRoute served over HTTP/3 on both nodes, ReferenceGrant,
+# the annotation switch. Brings the cluster up (warm: cached binaries) and down afterwards.
+step "tests/cluster/gateway.sh (Gateway API on the test cluster, down afterwards)"
+H3I_GATEWAY_DOWN=1 tests/cluster/gateway.sh
+
 step "all checks passed"
