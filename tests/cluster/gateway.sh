@@ -48,6 +48,7 @@ OP_USER=system:serviceaccount:$NS_OP:$RELEASE
 IMAGE_REPO=registry.h3i.test/h3-ingress
 ALT_SVC='h3=":443"; ma=3600'
 TEST_MANAGER=h3i-gateway-test # the field manager the test writes route status with
+DOC_NS=() # namespaces the documented example names, made for its dry run
 T_START=$(date +%s)
 
 step() { printf '\n--- [%3ss] %s\n' "$(($(date +%s) - T_START))" "$*"; }
@@ -458,6 +459,25 @@ gone() { [[ -z $(host_field "$HOST" name) ]]; }
 wait_ok 30 "$HOST gone from status.hosts" gone
 served_everywhere "$HOST_X" "$CERT_X" >/dev/null || fail "$HOST_X should still be served"
 ok "$HOST_X (httproute/cross) still served on every node"
+
+step "the Gateway API example of docs/configuration.md is accepted by the API server (server-side dry run)"
+# The YAML blocks of its "Gateway API" section; the namespaces their objects live in.
+python3 - "$REPO/docs/configuration.md" "$tmp/doc-example.yaml" >"$tmp/doc-ns" <<'PY'
+import re, sys, yaml
+section = open(sys.argv[1]).read().split("### Gateway API", 1)[1]
+docs = "\n---\n".join(re.findall(r"```yaml\n(.*?)```", section, re.S))
+open(sys.argv[2], "w").write(docs)
+print(" ".join(sorted({o["metadata"]["namespace"] for o in yaml.safe_load_all(docs) if o and "namespace" in o["metadata"]})))
+PY
+kinds=$(grep -c '^kind:' "$tmp/doc-example.yaml")
+for ns in $(cat "$tmp/doc-ns"); do
+    kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+    DOC_NS+=("$ns")
+done
+kubectl apply --dry-run=server -f "$tmp/doc-example.yaml" >"$tmp/doc-apply.log" 2>&1 || fail "docs/configuration.md's Gateway API example: $(cat "$tmp/doc-apply.log")"
+indent <"$tmp/doc-apply.log"
+kubectl delete namespace "${DOC_NS[@]}" --wait=false >/dev/null
+ok "$kinds objects of the documented example pass the API server's validation (CRD schemas and CEL rules)"
 
 step "done: Gateway API hosts on the real control plane"
 kubectl get h3l "$LISTENER" | indent
