@@ -263,8 +263,8 @@ fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1_000_000.0).round() / 1000.0
 }
 
-/// The client's UDP socket: the target's family only, never dual-stack (seed 000), with the
-/// receive buffer the proxy asks for its own sockets. With the kernel default (208 KB) a
+/// The client's UDP socket: the target's family only, never dual-stack (field report 000 in
+/// docs/field-reports.md), with the receive buffer the proxy asks for its own sockets. With the kernel default (208 KB) a
 /// server's window on a fast path (loopback, LAN) outruns this client's reading, the kernel
 /// drops whole GSO batches (about 20 % of the packets of 1 MiB on loopback) and a lost tail
 /// costs a probe timeout of 25 ms or more: the check would time its own socket, not the
