@@ -28,6 +28,9 @@ use crate::api::gateway::{
 };
 use crate::api::{annotations, reasons, Http3Listener, SecretRef};
 
+/// The `name` of the status entry of a route that attaches without naming any host.
+pub const NO_HOSTNAME: &str = "(no hostname)";
+
 /// The Gateway API objects the watches have seen; empty where the CRDs are not installed.
 #[derive(Debug, Clone, Default)]
 pub struct GatewayObjects {
@@ -493,7 +496,12 @@ fn through_gateway(
         }
     }
     if out.is_empty() {
-        let why = if any_listener {
+        let why = if any_listener && route.spec.hostnames.is_empty() {
+            format!(
+                "neither HTTPRoute {route_key} nor the listeners of Gateway {gw_key} it attaches \
+                 to name a hostname, so there is no host to serve a certificate for"
+            )
+        } else if any_listener {
             format!("no hostname of HTTPRoute {route_key} matches a listener of Gateway {gw_key}")
         } else {
             format!(
@@ -529,7 +537,8 @@ fn unattached(
         .filter(|h| !h.is_empty())
         .collect();
     if names.is_empty() {
-        names.push(format!("(HTTPRoute {route_key})"));
+        // Nothing to name the entry by: the route names no host, the listener neither.
+        names.push(NO_HOSTNAME.to_string());
     }
     names
         .into_iter()
@@ -1483,6 +1492,14 @@ mod tests {
         let r = resolve(&objs(vec![g], vec![route], vec![]), &s);
         assert!(r.table.is_empty());
         assert_eq!(r.reports.len(), 1);
+        assert_eq!(r.reports[0].name, NO_HOSTNAME);
+        assert!(
+            r.reports[0]
+                .message
+                .starts_with("neither HTTPRoute apps/web nor"),
+            "{}",
+            r.reports[0].message
+        );
         assert_eq!(r.reports[0].reason, reasons::ROUTE_NOT_ACCEPTED);
         assert_eq!(r.reports[0].state, host_states::NOT_SERVING);
     }
