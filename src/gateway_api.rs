@@ -5,6 +5,11 @@
 //! read them) the kinds count as empty, so Ingresses keep working, and this is logged once per
 //! kind. The watches keep retrying with kube's backoff (at most 30 s apart), so CRDs installed
 //! later are picked up without a restart.
+//!
+//! kube's backoff starts over after every successful item, and a watcher announces each new
+//! list attempt with an `Init` event before the list fails, so on a 404 the default backoff
+//! would retry about once a second forever (three kinds, every data plane pod). The watches
+//! here keep `Init` away from the backoff, so it grows to its 30 s ceiling.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -172,8 +177,9 @@ where
         + 'static,
 {
     let (store, writer) = reflector::store::<K>();
-    let stream =
-        reflector::reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
+    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+        .filter(|ev| futures_util::future::ready(!matches!(ev, Ok(watcher::Event::Init))))
+        .backoff(watcher::DefaultBackoff::default());
     let task = tokio::spawn(async move {
         let mut stream = Box::pin(stream);
         let mut filter = ChangeFilter::new(key);
@@ -181,10 +187,10 @@ where
         while let Some(ev) = stream.next().await {
             match ev {
                 Ok(ev) => {
-                    if std::mem::take(&mut unavailable) {
+                    let done = matches!(ev, watcher::Event::InitDone);
+                    if done && std::mem::take(&mut unavailable) {
                         info!(kind = what, "Gateway API kind is served now; reading it");
                     }
-                    let done = matches!(ev, watcher::Event::InitDone);
                     let fire = filter.accept(ev).is_some() || done;
                     if done {
                         synced.store(true, Ordering::Release);
