@@ -448,7 +448,9 @@ served_everywhere "$HOST_X" "$CERT_X" | indent
 [[ ${PIPESTATUS[0]} -eq 0 ]] || fail "HTTP/3 checks for $HOST_X"
 role=$(jp role -n "$NS_CERTS" "$DP_RBAC" -o jsonpath='{range .rules[*]}{.resourceNames}{end}')
 [[ $role == '["cross-tls"]' ]] || fail "Role $NS_CERTS/$DP_RBAC should name only cross-tls: $role"
-wait_ok 30 "status.hosts $HOST_X Serving" host_reason_is "$HOST_X" Serving
+# The pods load the new host without telling the operator; its status catches up on the next
+# periodic reconcile (every 60 s).
+wait_ok 90 "status.hosts $HOST_X Serving" host_reason_is "$HOST_X" Serving
 ok "Role in $NS_CERTS now names $role; status $HOST_X Serving"
 
 step "remove the annotation from httproute/web: $HOST is no longer served"
