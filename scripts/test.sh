@@ -49,13 +49,13 @@ done
 step "tests/adversarial/run.sh (attacks on the release binary, default settings)"
 tests/adversarial/run.sh
 
-# The user's journey on a real Kubernetes control plane (root; tests/cluster/README.md): the
-# control plane, helm and the node agent built once per version into /var/cache/h3-ingress
-# (cold: 15-28 min on the shared 2-core machine; warm: seconds), the cluster smoke, then the
-# journey, which runs target/debug/h3-ingress (built by cargo test above) for the project's
-# image. `scripts/cluster.sh down` runs afterwards whatever happened. Without root it prints
-# CLUSTER TESTS SKIPPED (and fails where H3I_TESTS_REQUIRE_ROOT=1).
-step "tests/cluster/run.sh (cluster build, smoke, the user's journey, down)"
+# The real Kubernetes control plane (root; tests/cluster/README.md): the control plane, helm
+# and the node agent built once per version into /var/cache/h3-ingress (cold: 15-28 min on the
+# shared 2-core machine; warm: seconds), the cluster smoke, the user's journey, Gateway API
+# (tests/cluster/gateway.sh), then `scripts/cluster.sh down` whatever happened. They run
+# target/debug/h3-ingress (built by cargo test above) for the project's image. Without root it
+# prints CLUSTER TESTS SKIPPED (and fails where H3I_TESTS_REQUIRE_ROOT=1).
+step "tests/cluster/run.sh (cluster build, smoke, the user's journey, Gateway API, down)"
 tests/cluster/run.sh
 
 step "all checks passed"

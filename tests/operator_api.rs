@@ -388,6 +388,7 @@ fn harness_in(is_leader: bool, ingresses: Vec<Ingress>, w: World) -> Harness {
                 role_bindings,
                 services,
             },
+            gateway_api: None,
         },
         rx,
         Arc::new(fetcher),

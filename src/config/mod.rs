@@ -6,6 +6,7 @@
 
 pub mod bind;
 pub mod file;
+pub mod gateway;
 mod hosts;
 pub mod kube;
 

@@ -32,11 +32,14 @@ use super::status::{self, Blocker, PodReport};
 use super::watches::{self, OwnedStores};
 use super::{conflicts, leader, FIELD_MANAGER};
 use crate::api::altsvc::{controller_of, IngressController};
+use crate::api::gateway::{Gateway, HTTPRoute};
 use crate::api::{reasons, Http3Listener, Http3ListenerStatus, SecretRef};
+use crate::config::gateway::GatewayObjects;
 use crate::config::kube::{
     default_class, ingress_key, referenced_secrets, resolve_hosts, with_default_class,
     ResolvedHosts, SecretMap,
 };
+use crate::gateway_api::GatewayApiWatch;
 
 /// How often a listener is reconciled without any change, to refresh the pods' reports.
 pub const REQUEUE: Duration = Duration::from_secs(60);
@@ -85,6 +88,8 @@ pub struct Caches {
     pub classes: Store<IngressClass>,
     /// The Roles, RoleBindings and Services the operator made, for pruning.
     pub owned: OwnedStores,
+    /// Gateways, HTTPRoutes and ReferenceGrants; `None` leaves the Gateway API out entirely.
+    pub gateway_api: Option<Arc<GatewayApiWatch>>,
 }
 
 /// Everything a reconciliation needs; shared by all of them.
@@ -96,6 +101,7 @@ pub struct Context {
     pub listeners: Store<Http3Listener>,
     pub classes: Store<IngressClass>,
     pub owned: OwnedStores,
+    pub gateway_api: Option<Arc<GatewayApiWatch>>,
     pub leader: watch::Receiver<bool>,
     pub reports: Arc<dyn ReportFetcher>,
     pub recorder: Recorder,
@@ -125,6 +131,7 @@ impl Context {
             listeners: caches.listeners,
             classes: caches.classes,
             owned: caches.owned,
+            gateway_api: caches.gateway_api,
             leader,
             reports,
             metrics,
@@ -145,6 +152,20 @@ impl Context {
         let classes = self.classes.state();
         let default = default_class(classes.iter().map(|c| c.as_ref()));
         with_default_class(&self.ingresses.state(), default.as_deref())
+    }
+
+    /// The Gateway API objects seen so far (none without the Gateway API).
+    pub fn gateway_objects(&self) -> GatewayObjects {
+        self.gateway_api
+            .as_ref()
+            .map(|g| g.objects())
+            .unwrap_or_default()
+    }
+
+    /// Whether the Gateway API kinds have been listed (or found not served) once; before
+    /// that every route's host would look unwanted.
+    pub fn gateway_api_synced(&self) -> bool {
+        self.gateway_api.as_ref().is_none_or(|g| g.synced())
     }
 
     /// Whether some listener references this Secret.
@@ -257,6 +278,28 @@ async fn publish(ctx: &Context, listener: &Http3Listener, planned: Vec<PlannedEv
                     None => continue,
                 }
             }
+            Target::HttpRoute(key) => {
+                let (ns, name) = key.split_once('/').unwrap_or(("", key));
+                let found = ctx
+                    .gateway_api
+                    .as_ref()
+                    .and_then(|g| g.routes.get(&ObjectRef::<HTTPRoute>::new(name).within(ns)));
+                match found {
+                    Some(r) => r.object_ref(&()),
+                    None => continue,
+                }
+            }
+            Target::Gateway(key) => {
+                let (ns, name) = key.split_once('/').unwrap_or(("", key));
+                let found = ctx
+                    .gateway_api
+                    .as_ref()
+                    .and_then(|g| g.gateways.get(&ObjectRef::<Gateway>::new(name).within(ns)));
+                match found {
+                    Some(gw) => gw.object_ref(&()),
+                    None => continue,
+                }
+            }
         };
         let type_ = if ev.warning {
             EventType::Warning
@@ -363,8 +406,13 @@ async fn observe_data_plane(
 /// The leader's reconciliation: apply the data plane, read its pods, write the status.
 async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<Action, Error> {
     let name = listener.name_any();
+    if !ctx.gateway_api_synced() {
+        // Its first lists are on the way; the sync itself triggers every listener again.
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
     let ingresses = ctx.ingresses();
-    let refs = referenced_secrets(listener, ingresses.iter().map(|i| i.as_ref()));
+    let gateway_api = ctx.gateway_objects();
+    let refs = referenced_secrets(listener, ingresses.iter().map(|i| i.as_ref()), &gateway_api);
     ctx.secret_interest
         .lock()
         .expect("not poisoned")
@@ -374,6 +422,7 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
     let resolved = resolve_hosts(
         listener,
         ingresses.iter().map(|i| i.as_ref()),
+        &gateway_api,
         &secrets,
         now.as_second(),
     );
@@ -576,6 +625,13 @@ pub async fn run_with(
     let (listener_store, listener_writer) = reflector::store::<Http3Listener>();
     let (class_store, class_writer) = reflector::store::<IngressClass>();
     let (owned, _owned_watches) = OwnedStores::start(&client, &opts.namespace);
+    let (gateway_tx, gateway_rx) = mpsc::unbounded_channel();
+    let gateway_api = Arc::new(GatewayApiWatch::start(
+        &client,
+        Arc::new(move || {
+            let _ = gateway_tx.send(());
+        }),
+    ));
     tokio::spawn(ready_once_filled(
         ingress_store.clone(),
         owned.clone(),
@@ -594,6 +650,7 @@ pub async fn run_with(
                 listeners: listener_store.clone(),
                 classes: class_store,
                 owned,
+                gateway_api: Some(gateway_api),
             },
             leader_rx.clone(),
             reports,
@@ -629,6 +686,7 @@ pub async fn run_with(
     .reconcile_all_on(watches::secret_trigger(&client, ctx.clone()))
     .reconcile_all_on(watches::class_trigger(&client, class_writer))
     .reconcile_all_on(stream_from_channel(any_listener_rx))
+    .reconcile_all_on(stream_from_channel(gateway_rx))
     .reconcile_all_on(
         tokio_stream_from_watch(leader_rx)
             .filter_map(|is_leader| future::ready(is_leader.then_some(()))),

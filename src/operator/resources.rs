@@ -618,6 +618,8 @@ pub fn daemon_set(
     })
 }
 
+use crate::api::gateway::GROUP as GATEWAY_GROUP;
+
 fn rule(group: &str, resource: &str, names: Option<Vec<String>>) -> PolicyRule {
     PolicyRule {
         api_groups: Some(vec![group.to_string()]),
@@ -714,6 +716,10 @@ pub fn desired(
             rule("networking.k8s.io", "ingresses", None),
             // Which class is the cluster's default, for Ingresses that name none.
             rule("networking.k8s.io", "ingressclasses", None),
+            // Hosts from the Gateway API (read only; none of it exists without its CRDs).
+            rule(GATEWAY_GROUP, "gateways", None),
+            rule(GATEWAY_GROUP, "httproutes", None),
+            rule(GATEWAY_GROUP, "referencegrants", None),
         ]),
         aggregation_rule: None,
     };
@@ -1149,6 +1155,19 @@ pub(crate) mod tests {
         assert_eq!(cr_rules[0].resource_names.as_ref().unwrap(), &["public"]);
         assert_eq!(cr_rules[1].resources.as_ref().unwrap(), &["ingresses"]);
         assert!(cr_rules[1].resource_names.is_none());
+        let gateway_api: Vec<_> = cr_rules[3..]
+            .iter()
+            .map(|r| (r.api_groups.clone().unwrap(), r.resources.clone().unwrap()))
+            .collect();
+        let g = || vec!["gateway.networking.k8s.io".to_string()];
+        assert_eq!(
+            gateway_api,
+            [
+                (g(), vec!["gateways".to_string()]),
+                (g(), vec!["httproutes".to_string()]),
+                (g(), vec!["referencegrants".to_string()]),
+            ]
+        );
         let all_rules = cr_rules
             .iter()
             .chain(d.roles.iter().flat_map(|r| r.rules.as_ref().unwrap()));

@@ -10,7 +10,7 @@ use k8s_openapi::api::apps::v1::DaemonSetStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::altsvc::{advice, says_header_missing, IngressController};
+use crate::api::altsvc::{advice, gateway_advice, says_header_missing, IngressController};
 use crate::api::{
     conditions, host_states, reasons, HostReport, HostRequests, HostStatus, Http3ListenerStatus,
     NodesStatus, StatusReport, UdpStatus, RECOMMENDED_SYSCTL_BUFFER_MAX,
@@ -154,6 +154,9 @@ fn host_status(inp: &Inputs, wanted: &HostReport) -> HostStatus {
     let mut h = HostStatus {
         name: wanted.name.clone(),
         ingress: wanted.ingress.clone(),
+        http_route: wanted.http_route.clone(),
+        gateway: wanted.gateway.clone(),
+        gateway_listener: wanted.gateway_listener.clone(),
         secret: wanted.secret.clone(),
         state: wanted.state.clone(),
         reason: wanted.reason.clone(),
@@ -251,8 +254,12 @@ fn alt_svc_verdict(inp: &Inputs, h: &mut HostStatus, serving: &[PodHost]) {
     // A probe that failed outright keeps its own message; a missing header gets the advice
     // for the controller the Ingress is written for, when its annotations say.
     let why = if says_header_missing(&x.alt_svc_message) {
-        let controller = h.ingress.as_ref().and_then(|i| inp.controllers.get(i));
-        advice(controller.copied(), &h.name, inp.port, inp.alt_svc_max_age)
+        if h.gateway.is_some() {
+            gateway_advice(&h.name, inp.port, inp.alt_svc_max_age)
+        } else {
+            let controller = h.ingress.as_ref().and_then(|i| inp.controllers.get(i));
+            advice(controller.copied(), &h.name, inp.port, inp.alt_svc_max_age)
+        }
     } else {
         x.alt_svc_message.clone()
     };
@@ -471,8 +478,9 @@ fn ready_verdict(f: &Facts) -> (bool, &'static str, String) {
         return (false, reasons::PODS_NOT_CREATED, msg);
     }
     if f.wanted.is_empty() {
-        let msg = "no Ingress of this listener's class (or naming it in h3-ingress.dev/listener) \
-                   has h3-ingress.dev/enabled: \"true\", and spec.hosts is empty";
+        let msg = "no Ingress of this listener's class, and no HTTPRoute or Gateway of its \
+                   gatewayClassName (or naming it in h3-ingress.dev/listener), has \
+                   h3-ingress.dev/enabled: \"true\", and spec.hosts is empty";
         return (false, reasons::NO_HOSTS, msg.to_string());
     }
     if desired == 0 {

@@ -47,6 +47,7 @@ CONTRACT = rules(
     ("h3-ingress.dev", ["http3listeners/status"], ["get", "patch"]),
     ("h3-ingress.dev", ["http3listeners/finalizers"], ["update"]),
     ("networking.k8s.io", ["ingresses", "ingressclasses"], ["get", "list", "watch"]),
+    ("gateway.networking.k8s.io", ["gateways", "httproutes", "referencegrants"], ["get", "list", "watch"]),
     ("", ["secrets"], ["get", "list", "watch"]),
     ("", ["events"], ["create", "patch"]),
     ("events.k8s.io", ["events"], ["create", "patch"]),
