@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use super::service::{ListenerService, Rollout};
 use super::settings::{
-    AltSvcSettings, HttpSettings, LimitsSettings, MetricsSettings, SocketSettings,
-    TransportSettings, Upstream,
+    AddressValidationSettings, AltSvcSettings, HttpSettings, LimitsSettings, MetricsSettings,
+    SocketSettings, TransportSettings, Upstream,
 };
 use super::{bounds, Addresses};
 
@@ -74,6 +74,11 @@ fn default_port() -> u16 {
     )
 )]
 #[serde(rename_all = "camelCase")]
+// The API server checks this after defaulting, as `config::build` does for the file.
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "self.addressValidation.halfOpenThreshold < self.limits.halfOpenConnections",
+    "message": "addressValidation.halfOpenThreshold must be below limits.halfOpenConnections"
+}]))]
 pub struct Http3ListenerSpec {
     /// Ingresses of this class (with annotation `h3-ingress.dev/enabled: "true"`) are served.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -99,6 +104,8 @@ pub struct Http3ListenerSpec {
     pub metrics: MetricsSettings,
     #[serde(default)]
     pub http: HttpSettings,
+    #[serde(default)]
+    pub address_validation: AddressValidationSettings,
     #[serde(default)]
     pub limits: LimitsSettings,
     /// Hosts not defined by an Ingress, each with its TLS Secret.

@@ -60,6 +60,8 @@ NAMESPACED = rules(
     ("", ["serviceaccounts"], ["create", "patch"]),
     ("", ["services"], ["get", "list", "watch", "create", "patch", "delete"]),
     ("", ["pods", "events"], ["list"]),
+    # The listeners' QUIC keys Secrets (created once, never changed).
+    ("", ["secrets"], ["create"]),
 )
 LEASES = {("coordination.k8s.io", "leases", v) for v in ["get", "list", "watch", "create", "update", "patch"]}
 
