@@ -5,6 +5,9 @@
 #   scripts/setup.sh            install missing apt and pip packages
 #   PYTHON=/path/python3 scripts/setup.sh   use that interpreter for the pip packages
 #
+# Rust: rustup's default (stable) toolchain is assumed; the fuzz targets also need rustup's
+# nightly toolchain and cargo-fuzz, installed by `scripts/fuzz.sh install` below when missing.
+#
 # Services: the packages below ship daemons (nginx, caddy, prometheus, the exporter).
 # Tests start their own private instances on free ports, so a system instance is only in
 # the way (nginx would hold :80, caddy :80/:443). We block service starts during install
@@ -144,6 +147,11 @@ else
     [[ -z $still ]] || die "pip packages still not importable with $PY: $still"
     pip_target="$PY"
 fi
+
+# ---- rust: the fuzz targets' nightly toolchain and cargo-fuzz -------------------------------
+# scripts/fuzz.sh owns the pins and installs each only when missing (rustup, crates.io); it
+# fails, and so does this script, when it cannot: the fuzz step never skips.
+"$REPO/scripts/fuzz.sh" install
 
 # ---- summary -----------------------------------------------------------------------------
 log "apt installed now:   ${installed_apt[*]:-(none)}"

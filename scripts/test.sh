@@ -20,6 +20,7 @@ if [[ $(id -u) -eq 0 ]]; then export H3I_TESTS_REQUIRE_ROOT=1; fi
 # tests/observe/run.sh below.
 step "format and lints (workspace: product and lab)"
 cargo fmt --all --check
+cargo fmt --manifest-path fuzz/Cargo.toml --check  # fuzz/ is its own workspace
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # No function longer than 120 lines, tests included, in the product or the lab.
 python3 scripts/fn-length.py src lab/src
@@ -28,6 +29,11 @@ python3 scripts/check-links.py
 
 step "cargo test (workspace: unit, end-to-end against nginx/aioquic/promtool, operator mocks, lab smoke)"
 cargo test --workspace --locked
+
+# Coverage-guided fuzz targets (nightly toolchain, cargo-fuzz: installed by setup above),
+# 20 s each (FUZZ_SECONDS) from the committed corpus; any crash fails the run.
+step "scripts/fuzz.sh ci (request validation, header translation, frame scanner, config file)"
+scripts/fuzz.sh ci
 
 # Manifests rendered by the operator; then chart, deploy/, rules, dashboard, Dockerfile and
 # the static release binary its build stage produces (tests/observe/run.sh).
@@ -42,5 +48,14 @@ done
 # missing) with default settings: each attack bounded, one table printed.
 step "tests/adversarial/run.sh (attacks on the release binary, default settings)"
 tests/adversarial/run.sh
+
+# The real Kubernetes control plane (root; tests/cluster/README.md): the control plane, helm
+# and the node agent built once per version into /var/cache/h3-ingress (cold: 15-28 min on the
+# shared 2-core machine; warm: seconds), the cluster smoke, the user's journey, Gateway API
+# (tests/cluster/gateway.sh), then `scripts/cluster.sh down` whatever happened. They run
+# target/debug/h3-ingress (built by cargo test above) for the project's image. Without root it
+# prints CLUSTER TESTS SKIPPED (and fails where H3I_TESTS_REQUIRE_ROOT=1).
+step "tests/cluster/run.sh (cluster build, smoke, the user's journey, Gateway API, down)"
+tests/cluster/run.sh
 
 step "all checks passed"

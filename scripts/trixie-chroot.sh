@@ -2,7 +2,8 @@
 # Builds (idempotently) a Debian trixie chroot holding curl 8.14 (HTTP/3 via OpenSSL 3.5 QUIC) and
 # nginx 1.26 (http_v3 module) for the lab benchmark. Bookworm's curl and nginx have no
 # HTTP/3, and the lab compares against stock nginx QUIC, so we need newer userland without
-# touching the host's packages. Not used by CI.
+# touching the host's packages. CI builds it too (tests/cluster/run.sh): its curl is the
+# cluster journey's second HTTP/3 client.
 #
 # Usage: scripts/trixie-chroot.sh DIR        (root; DIR e.g. /work/trixie-root)
 # Env:   MIRROR=http://...   override the mirror (default: the host's first non-security

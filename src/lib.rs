@@ -7,6 +7,7 @@
 //! - [`config`]: the one validated configuration, built from a file or from Kubernetes objects
 //! - [`proxy`]: the data plane (sockets, TLS, QUIC, HTTP/3 -> TCP ingress, metrics)
 //! - [`operator`]: the Kubernetes controller
+//! - [`gateway_api`]: the optional watches of Gateways, HTTPRoutes and ReferenceGrants
 //! - [`check`]: an HTTP/3 + HTTP/2 client that proves h3 really runs
 //! - [`demo`]: everything on localhost with no cluster and no files
 //! - [`plugin`]: `kubectl h3-ingress` (this binary installed as `kubectl-h3_ingress`)
@@ -16,6 +17,7 @@ pub mod api;
 pub mod check;
 pub mod config;
 pub mod demo;
+pub mod gateway_api;
 pub mod lifecycle;
 pub mod logging;
 pub mod operator;

@@ -492,7 +492,8 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 }
 
 /// The human view of listener statuses: one block per listener with its conditions and a
-/// per-host table (state, reason, Alt-Svc, h3 requests, Ingress, Secret).
+/// per-host table (state, reason, Alt-Svc, h3 requests, Secret, and the Ingress, HTTPRoute or
+/// Gateway the host came from).
 pub fn render_status(listeners: &[Http3Listener]) -> String {
     if listeners.is_empty() {
         return "No Http3Listener found. Create one (deploy/examples/) and annotate an Ingress with h3-ingress.dev/enabled=true.\n".to_string();
@@ -506,7 +507,7 @@ fn render_listener(l: &Http3Listener) -> String {
     let mut out = summary_line(l, &status);
     out.push_str(&conditions_block(l, &status));
     if status.hosts.is_empty() {
-        out.push_str("  No hosts: annotate an Ingress of this listener's class with h3-ingress.dev/enabled=true.\n");
+        out.push_str("  No hosts: annotate an Ingress of this listener's class, or an HTTPRoute attached to a Gateway of its gatewayClassName, with h3-ingress.dev/enabled=true.\n");
         return out;
     }
     out.push_str(&hosts_block(&status));
@@ -593,8 +594,8 @@ fn hosts_block(status: &Http3ListenerStatus) -> String {
                 yes_no(h.alt_svc_advertised).to_string(),
                 count(&h.name, |n| n.0),
                 count(&h.name, |n| n.1),
-                h.ingress.clone().unwrap_or_else(|| "-".into()),
                 h.secret.clone().unwrap_or_else(|| "-".into()),
+                h.source(),
             ]
         })
         .collect();
@@ -605,8 +606,8 @@ fn hosts_block(status: &Http3ListenerStatus) -> String {
         "ALT-SVC",
         "H3-REQUESTS",
         "LAST-5M",
-        "INGRESS",
         "SECRET",
+        "SOURCE",
     ];
     let mut out = String::new();
     for line in table(&header, &rows).lines() {
@@ -690,8 +691,10 @@ status:
       reason: SecretNotFound
       message: Secret web/api-tls not found
     - name: "*.apps.example.com"
-      ingress: web/apps
-      secret: web/apps-tls
+      httpRoute: apps/web
+      gateway: infra/gw
+      gatewayListener: https
+      secret: infra/apps-tls
       state: Serving
       reason: Serving
       altSvcAdvertised: false
@@ -723,10 +726,10 @@ Listener nginx: UDP port 8443, pods ready 2/3, hosts serving 1/3, UDP drops 17, 
   Ready=False (SomeHostsNotServing)  BuffersApplied=False (Clamped)  Degraded=False (AsExpected)
   Ready: 2 of 3 hosts are not served
   BuffersApplied: net.core.rmem_max 212992 is below the requested 4194304
-  HOST                 STATE        REASON           ALT-SVC   H3-REQUESTS   LAST-5M   INGRESS    SECRET
-  shop.example.com     Serving      Serving          yes       1234          56        web/shop   web/shop-tls
-  api.example.com      NotServing   SecretNotFound   unknown   -             -         web/shop   web/api-tls
-  *.apps.example.com   Serving      Serving          NO        -             -         web/apps   web/apps-tls
+  HOST                 STATE        REASON           ALT-SVC   H3-REQUESTS   LAST-5M   SECRET           SOURCE
+  shop.example.com     Serving      Serving          yes       1234          56        web/shop-tls     Ingress web/shop
+  api.example.com      NotServing   SecretNotFound   unknown   -             -         web/api-tls      Ingress web/shop
+  *.apps.example.com   Serving      Serving          NO        -             -         infra/apps-tls   HTTPRoute apps/web, Gateway infra/gw listener https
   api.example.com: Secret web/api-tls not found
   DNS HTTPS records to publish (first visits can use HTTP/3):
     shop.example.com. 3600 IN HTTPS 1 . alpn=\"h3,h2\"

@@ -388,6 +388,7 @@ fn harness_in(is_leader: bool, ingresses: Vec<Ingress>, w: World) -> Harness {
                 role_bindings,
                 services,
             },
+            gateway_api: None,
         },
         rx,
         Arc::new(fetcher),
@@ -422,16 +423,62 @@ async fn run(h: Harness, l: Http3Listener, script: Vec<Expect>) -> Action {
         .expect("reconcile succeeded")
 }
 
+/// The listener's QUIC keys Secret: read, and created with 64 random bytes (immutable, owned
+/// by the listener) only when it does not exist; an existing one is never written.
+fn keys_secret(exists: bool) -> Vec<Expect> {
+    let path = format!("/api/v1/namespaces/{NS}/secrets/h3-ingress-keys-public");
+    if exists {
+        return vec![expect("GET", path, |_, _| {
+            (
+                200,
+                json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "h3-ingress-keys-public", "namespace": NS},
+                "immutable": true, "data": {"key": "c2VjcmV0"}}),
+            )
+        })];
+    }
+    vec![
+        expect("GET", path, |_, _| {
+            not_found("secrets \"h3-ingress-keys-public\"")
+        }),
+        expect(
+            "POST",
+            format!("/api/v1/namespaces/{NS}/secrets"),
+            |_, body| {
+                assert_eq!(body["metadata"]["name"], "h3-ingress-keys-public");
+                assert_eq!(body["immutable"], true);
+                assert_eq!(body["metadata"]["ownerReferences"][0]["name"], "public");
+                let key = body["data"]["key"].as_str().unwrap();
+                let bytes: ByteString = serde_json::from_value(json!(key)).unwrap();
+                assert_eq!(bytes.0.len(), 64, "{key}");
+                (201, body)
+            },
+        ),
+    ]
+}
+
+/// How many requests of [`apply_script`] come before the DaemonSet's: two TLS Secrets read,
+/// the keys Secret read and created, ServiceAccount, ClusterRole(Binding), Role(Binding).
+const BEFORE_DAEMON_SET: usize = 9;
+
 /// Requests every leader reconcile of `listener()` makes before the status patch.
 fn apply_script() -> Vec<Expect> {
+    apply_script_with(false)
+}
+
+/// [`apply_script`], with the keys Secret already there (`keys_exist`) or created.
+fn apply_script_with(keys_exist: bool) -> Vec<Expect> {
     let rbac = "/apis/rbac.authorization.k8s.io/v1";
-    vec![
+    let mut script = vec![
         expect("GET", "/api/v1/namespaces/shop/secrets/missing", |_, _| {
             not_found("secrets \"missing\"")
         }),
         expect("GET", "/api/v1/namespaces/shop/secrets/web-tls", |_, _| {
             (200, serde_json::to_value(tls_secret()).unwrap())
         }),
+    ];
+    script.extend(keys_secret(keys_exist));
+    script.extend([
         ssa(
             format!("/api/v1/namespaces/{NS}/serviceaccounts/h3-ingress-public"),
             "ServiceAccount",
@@ -475,7 +522,11 @@ fn apply_script() -> Vec<Expect> {
                 assert_eq!(pod["hostNetwork"], true);
                 assert_eq!(
                     pod["containers"][0]["args"],
-                    json!(["proxy", "--listener", "public"])
+                    json!(["proxy", "--listener", "public", "--keys-file", "/etc/h3-ingress/keys/key"])
+                );
+                assert_eq!(
+                    pod["volumes"][1]["secret"]["secretName"],
+                    "h3-ingress-keys-public"
                 );
                 assert_eq!(
                     pod["containers"][0]["image"],
@@ -513,7 +564,8 @@ fn apply_script() -> Vec<Expect> {
                 "status": {"podIP": "10.0.0.7", "phase": "Running"}})],
             )
         }),
-    ]
+    ]);
+    script
 }
 
 fn event(
@@ -690,7 +742,7 @@ async fn an_unchanged_status_is_not_written_again() {
     let metrics = h.metrics.clone();
     let mut l = listener();
     l.status = Some(stored);
-    run(h, l, apply_script()).await;
+    run(h, l, apply_script_with(true)).await;
     assert_eq!(metrics.status_writes.get(), 0);
     assert_eq!(metrics.events.with_label_values(&["Normal"]).get(), 0);
     assert_eq!(metrics.events.with_label_values(&["Warning"]).get(), 0);
@@ -972,17 +1024,27 @@ async fn refused_daemon_set(
     message: &'static str,
     ready_reason: &'static str,
 ) -> (Http3ListenerStatus, String, Arc<OperatorMetrics>) {
+    // Everything up to the DaemonSet is applied; the DaemonSet is refused.
+    let refusal = expect(
+        "PATCH",
+        format!("/apis/apps/v1/namespaces/{NS}/daemonsets/h3-ingress-public"),
+        move |_, _| api_status(code, "Forbidden", message),
+    );
+    refused_at(BEFORE_DAEMON_SET, refusal, ready_reason).await
+}
+
+/// One reconcile whose request number `at` of [`apply_script`] gets `refusal`'s answer.
+async fn refused_at(
+    at: usize,
+    refusal: Expect,
+    ready_reason: &'static str,
+) -> (Http3ListenerStatus, String, Arc<OperatorMetrics>) {
     let h = harness(true, vec![ingress()]);
     let metrics = h.metrics.clone();
     let log = Arc::new(Mutex::new(Vec::new()));
     let mut script = apply_script();
-    // Everything up to the DaemonSet is applied; the DaemonSet is refused.
-    script.truncate(7);
-    script.push(expect(
-        "PATCH",
-        format!("/apis/apps/v1/namespaces/{NS}/daemonsets/h3-ingress-public"),
-        move |_, _| api_status(code, "Forbidden", message),
-    ));
+    script.truncate(at);
+    script.push(refusal);
     script.push(status_patch(log.clone()));
     let mut evs = SECRET_NOT_FOUND_EVENTS.to_vec();
     evs.push(("default", "Http3Listener", "Warning", ready_reason));
@@ -1011,6 +1073,31 @@ async fn an_rbac_refusal_reaches_the_status_with_a_warning_and_counts_as_an_erro
     assert_eq!(metrics.status_writes.get(), 1);
 }
 
+/// Without `create` on Secrets in its namespace (the chart's Role grants exactly that), the
+/// keys Secret cannot be made: nothing else is applied and the status says why.
+#[tokio::test]
+async fn a_refused_keys_secret_reaches_the_status_and_applies_nothing_else() {
+    let msg = "secrets is forbidden: User \"system:serviceaccount:h3-ingress:h3-ingress\" cannot create resource \"secrets\" in API group \"\" in the namespace \"h3-ingress\"";
+    let refusal = expect(
+        "POST",
+        format!("/api/v1/namespaces/{NS}/secrets"),
+        move |_, _| api_status(403, "Forbidden", msg),
+    );
+    // The two TLS Secrets and the keys Secret's read come first.
+    let (s, err, metrics) = refused_at(3, refusal, "Forbidden").await;
+    let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "Forbidden")
+    );
+    assert_eq!(
+        ready.message,
+        format!("creating Secret {NS}/h3-ingress-keys-public: {msg} (HTTP 403)")
+    );
+    assert!(err.contains("cannot create resource"), "{err}");
+    assert_eq!(metrics.reconciles.with_label_values(&["error"]).get(), 1);
+}
+
 #[tokio::test]
 async fn an_admission_denial_reaches_the_status_with_the_webhook_message() {
     let msg = "admission webhook \"validation.gatekeeper.sh\" denied the request: [psp-host-network] hostNetwork is not allowed";
@@ -1032,7 +1119,7 @@ async fn pods_the_daemon_set_cannot_create_are_explained_from_its_failed_create_
     let h = harness(true, vec![ingress()]);
     let log = Arc::new(Mutex::new(Vec::new()));
     let mut script = apply_script();
-    script.truncate(7);
+    script.truncate(BEFORE_DAEMON_SET);
     script.push(expect(
         "PATCH",
         format!("/apis/apps/v1/namespaces/{NS}/daemonsets/h3-ingress-public"),
@@ -1043,7 +1130,7 @@ async fn pods_the_daemon_set_cannot_create_are_explained_from_its_failed_create_
             (200, body)
         },
     ));
-    let rest = apply_script().split_off(8);
+    let rest = apply_script().split_off(BEFORE_DAEMON_SET + 1);
     // The stale Role's deletion, then a pod list that finds no pod.
     let mut rest = rest.into_iter();
     script.push(rest.next().unwrap());
@@ -1124,7 +1211,7 @@ async fn the_service_is_applied_when_asked_and_deleted_when_no_longer_asked() {
         .unwrap(),
     );
     let mut script = apply_script();
-    let tail = script.split_off(7);
+    let tail = script.split_off(BEFORE_DAEMON_SET);
     script.push(expect(
         "PATCH",
         format!("/api/v1/namespaces/{NS}/services/h3-ingress-public"),

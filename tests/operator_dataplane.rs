@@ -2,8 +2,9 @@
 //! list + streaming watch protocol: objects in, `ProxyConfig`s out on the channel; a rotated
 //! certificate and a new Ingress host arrive live; only the referenced Secrets are ever
 //! requested (by name); when the API server goes away nothing is sent, so the proxy keeps its
-//! last good configuration. Then the same source driving the real proxy, as
-//! `proxy --listener` runs it: live certificate rotation, and an invalid spec counted as an
+//! last good configuration. Without the Gateway API's CRDs (404) all of that works; with them,
+//! an accepted annotated HTTPRoute is served with its Gateway listener's certificate. Then the
+//! same source driving the real proxy, as `proxy --listener` runs it: live certificate rotation, and an invalid spec counted as an
 //! invalid reload exactly like a bad file in standalone mode.
 
 use std::collections::BTreeMap;
@@ -115,6 +116,20 @@ struct World {
     listener: Option<Value>,
     /// IngressClasses to list.
     classes: Vec<Value>,
+    /// Gateways, HTTPRoutes and ReferenceGrants to list by collection path; without any, the
+    /// Gateway API is not installed (404, as an API server without its CRDs answers).
+    gateway_api: BTreeMap<String, Vec<Value>>,
+}
+
+fn not_found() -> Response<RespBody> {
+    Response::builder()
+        .status(404)
+        .body(full(
+            json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                          "status": "Failure", "reason": "NotFound", "code": 404,
+                          "message": "the server could not find the requested resource"}),
+        ))
+        .unwrap()
 }
 
 async fn api_server(mut handle: Handle, world: Arc<Mutex<World>>) {
@@ -137,6 +152,10 @@ async fn api_server(mut handle: Handle, world: Arc<Mutex<World>>) {
             .split('&')
             .find_map(|kv| kv.strip_prefix("fieldSelector=metadata.name%3D"))
             .map(str::to_string);
+        if path.starts_with("/apis/gateway.networking.k8s.io/") && w.gateway_api.is_empty() {
+            send.send_response(not_found());
+            continue;
+        }
         let (key, items): (String, Vec<Value>) = match path.as_str() {
             "/apis/h3-ingress.dev/v1alpha1/http3listeners" => {
                 assert_eq!(
@@ -153,6 +172,10 @@ async fn api_server(mut handle: Handle, world: Arc<Mutex<World>>) {
                 (path.clone(), w.ingress.clone().into_iter().collect())
             }
             "/apis/networking.k8s.io/v1/ingressclasses" => (path.clone(), w.classes.clone()),
+            p if p.starts_with("/apis/gateway.networking.k8s.io/") => (
+                path.clone(),
+                w.gateway_api.get(p).cloned().unwrap_or_default(),
+            ),
             p if p.starts_with("/api/v1/namespaces/") && p.ends_with("/secrets") => {
                 w.secret_requests.push(format!("{path}?{query}"));
                 let name = selected_name.unwrap_or_else(|| {
@@ -299,6 +322,88 @@ async fn objects_in_configs_out_live_updates_and_last_good_config_when_the_api_g
     drop(rx);
     let done = tokio::time::timeout(Duration::from_secs(5), source).await;
     assert!(matches!(done, Ok(Ok(Ok(())))), "{done:?}");
+}
+
+fn route(annotated: bool, rv: &str) -> Value {
+    let annotations = if annotated {
+        json!({"h3-ingress.dev/enabled": "true"})
+    } else {
+        json!({})
+    };
+    json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+           "metadata": {"name": "web", "namespace": "shop", "resourceVersion": rv, "uid": "r1",
+                        "generation": 1, "annotations": annotations},
+           "spec": {"parentRefs": [{"name": "gw"}], "hostnames": ["a.example.com"]},
+           "status": {"parents": [{"parentRef": {"name": "gw"}, "controllerName": "example.com/gw",
+               "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted",
+                   "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}]}})
+}
+
+#[tokio::test]
+async fn an_accepted_annotated_httproute_is_served_with_the_gateway_certificate_until_unannotated()
+{
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<RespBody>>();
+    let client = Client::new(svc, "default");
+    let world = Arc::new(Mutex::new(World::default()));
+    let secrets_path = "/api/v1/namespaces/shop/secrets";
+    let routes = "/apis/gateway.networking.k8s.io/v1/httproutes";
+    let (cert, sha) = secret("gw-tls", "a.example.com", "10");
+    {
+        let mut w = world.lock().unwrap();
+        let mut l = listener();
+        l["spec"]["gatewayClassName"] = json!("gw");
+        w.listener = Some(l);
+        w.secrets.insert(format!("{secrets_path}/gw-tls"), cert);
+        w.gateway_api.insert(
+            "/apis/gateway.networking.k8s.io/v1/gateways".into(),
+            vec![
+                json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+                "metadata": {"name": "gw", "namespace": "shop", "resourceVersion": "3"},
+                "spec": {"gatewayClassName": "gw", "listeners": [{"name": "https", "port": 443,
+                    "protocol": "HTTPS", "tls": {"certificateRefs": [{"name": "gw-tls"}]}}]}}),
+            ],
+        );
+        w.gateway_api.insert(routes.into(), vec![route(true, "5")]);
+        w.gateway_api.insert(
+            "/apis/gateway.networking.k8s.io/v1beta1/referencegrants".into(),
+            vec![],
+        );
+    }
+    tokio::spawn(api_server(handle, world.clone()));
+    let (tx, mut rx) = mpsc::channel(4);
+    let _source = tokio::spawn(watch_listener(client, "public".into(), tx));
+
+    let c1 = next(&mut rx, "route attached to an HTTPS Gateway listener").await;
+    assert_eq!(leaf(&c1, "a.example.com"), sha);
+    let h = &c1.host_reports[0];
+    assert_eq!(
+        (
+            h.http_route.as_deref(),
+            h.gateway.as_deref(),
+            h.gateway_listener.as_deref()
+        ),
+        (Some("shop/web"), Some("shop/gw"), Some("https"))
+    );
+    assert_eq!(h.secret.as_deref(), Some("shop/gw-tls"));
+    assert_eq!(
+        world
+            .lock()
+            .unwrap()
+            .secret_requests
+            .iter()
+            .filter(|r| !r.contains("metadata.name%3Dgw-tls"))
+            .count(),
+        0,
+        "only the Gateway listener's Secret is read"
+    );
+
+    wait_for_watch(&world, routes)
+        .await
+        .send(event("MODIFIED", &route(false, "6")))
+        .unwrap();
+    let c2 = next(&mut rx, "annotation removed").await;
+    assert!(c2.hosts.lookup("a.example.com").is_none());
+    assert!(c2.host_reports.is_empty(), "{:?}", c2.host_reports);
 }
 
 // ---------------------------------------------------------------------------------------------

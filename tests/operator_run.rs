@@ -111,6 +111,8 @@ struct World {
     status_patches: Vec<Value>,
     events: Vec<Value>,
     applied: Vec<String>,
+    /// The listener's QUIC keys Secret, once the operator created it.
+    keys: Option<Value>,
     /// The last DaemonSet applied.
     daemon_set: Option<Value>,
     watches: BTreeMap<String, mpsc::UnboundedSender<Bytes>>,
@@ -153,6 +155,17 @@ fn respond(w: &mut World, method: &str, path: &str, query: &str, body: Value) ->
         ("GET", "/apis/networking.k8s.io/v1/ingressclasses") => (200, list(vec![])),
         ("GET", "/api/v1/secrets") => (200, list(vec![])),
         ("GET", "/api/v1/namespaces/shop/secrets/web-tls") => (200, secret()),
+        ("GET", p) if p == format!("/api/v1/namespaces/{NS}/secrets/h3-ingress-keys-public") => {
+            match &w.keys {
+                Some(k) => (200, k.clone()),
+                None => not_found(),
+            }
+        }
+        ("POST", p) if p == format!("/api/v1/namespaces/{NS}/secrets") => {
+            assert!(w.keys.is_none(), "the keys Secret is created once");
+            w.keys = Some(body.clone());
+            (201, body)
+        }
         ("GET", p)
             if p == format!("/apis/apps/v1/namespaces/{NS}/daemonsets")
                 || p == format!("/api/v1/namespaces/{NS}/services") =>
@@ -210,6 +223,8 @@ fn respond(w: &mut World, method: &str, path: &str, query: &str, body: Value) ->
             w.events.push(body.clone());
             (201, body)
         }
+        // A cluster without the Gateway API's CRDs: the operator works without it.
+        ("GET", p) if p.starts_with("/apis/gateway.networking.k8s.io/") => not_found(),
         _ => {
             w.unexpected.push(format!("{method} {path}?{query}"));
             not_found()
@@ -445,6 +460,7 @@ async fn the_operator_elects_itself_reconciles_writes_status_once_and_releases_t
     );
     // (`status_writes_total 1` above: the unchanged status was not written again; the later
     // patches come from the readiness and spec changes `only_real_changes_trigger` made.)
+    assert_eq!(w.keys.as_ref().unwrap()["immutable"], true);
     let status = &w.status_patches[0]["status"];
     let ready = status["conditions"]
         .as_array()

@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use support::h3client::{exit, H3Client};
-use support::net::{free_udp_port, udp_port_bound, ClosedPort, Family, StalledUpstream};
+use support::net::{
+    free_udp_port, udp_port_bound, ClosedPort, Family, HeadersThenStall, StalledUpstream,
+    STALL_BODY_BYTES,
+};
 use support::proxy::{sample, ProxyProcess};
 use support::{sha256_of, NginxFixture, NginxOptions, TestPki};
 
@@ -1139,4 +1142,138 @@ fn alt_svc_probe_reports_whether_the_tcp_ingress_advertises_us() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(s.proxy.log().contains("does not send Alt-Svc"));
+}
+
+fn limit_count(proxy: &ProxyProcess, limit: &str) -> f64 {
+    sample(
+        &proxy.metrics(),
+        "h3_ingress_limits_total",
+        &[("limit", limit)],
+    )
+}
+
+/// The response timeout counts from the end of the request body: a 2 MiB upload streamed
+/// over 5 s (above the 64 KiB read-ahead, so nginx reads it as it arrives) with a 2 s
+/// response timeout is answered by nginx, not with 504.
+#[test]
+fn an_upload_longer_than_the_response_timeout_gets_the_upstream_answer() {
+    let s = Setup::start_with(NginxOptions::default(), |mut c| {
+        c["upstream"]["responseTimeoutSeconds"] = json!(2);
+        c
+    });
+    let size: u64 = 2 << 20;
+    let reqs = json!([{
+        "name": "slow-upload", "method": "PUT", "path": "/upload/slow.bin",
+        "body_size": size, "body_seconds": 5, "timeout": 20
+    }]);
+    let run = s
+        .h3("a.test", "/", Family::V4)
+        .requests(&reqs)
+        .run()
+        .unwrap();
+    let r = run.request(0);
+    assert!(
+        matches!(run.status(0), Some(201 | 204)),
+        "nginx must answer the upload: {r:#}"
+    );
+    let took = r["total_ms"].as_f64().unwrap();
+    assert!(
+        took > 4500.0,
+        "the upload must outlast the timeout: {took} ms"
+    );
+    let stored = std::fs::metadata(s.nginx.uploaded_path("a.test", "slow.bin")).unwrap();
+    assert_eq!(stored.len(), size);
+    assert_eq!(limit_count(&s.proxy, "response_timeout"), 0.0);
+    let m = s.proxy.metrics();
+    let timeouts = sample(
+        &m,
+        "h3_ingress_upstream_errors_total",
+        &[("kind", "timeout")],
+    );
+    assert_eq!(timeouts, 0.0, "{m}");
+}
+
+/// A backend behind nginx sends its response head and 100 bytes, then stalls: after
+/// `upstream.responseBodyIdleTimeoutSeconds` the client's stream is reset, the upstream
+/// request dropped (nginx lets go of the backend), the limit counted, and the connection
+/// keeps serving.
+#[test]
+fn a_response_body_that_stalls_is_reset_and_the_upstream_released() {
+    let stall = HeadersThenStall::start().unwrap();
+    let opts = NginxOptions {
+        extra_server: format!(
+            "location = /stall-headers {{ proxy_pass http://127.0.0.1:{}; proxy_buffering off; proxy_read_timeout 300s; }}",
+            stall.port()
+        ),
+        ..Default::default()
+    };
+    let s = Setup::start_with(opts, |mut c| {
+        c["upstream"]["responseBodyIdleTimeoutSeconds"] = json!(2);
+        c
+    });
+    let reqs = json!([
+        {"name": "stalled", "path": "/stall-headers", "timeout": 15},
+        {"name": "after", "path": "/whoami"}
+    ]);
+    let run = s
+        .h3("a.test", "/", Family::V4)
+        .requests(&reqs)
+        .run()
+        .unwrap();
+    let reset_at = Instant::now();
+    let r = run.request(0);
+    assert_eq!(run.status(0), Some(200), "{r:#}");
+    assert_eq!(r["body_length"].as_u64(), Some(STALL_BODY_BYTES), "{r:#}");
+    assert_eq!(r["reset"]["error_name"], "H3_INTERNAL_ERROR", "{r:#}");
+    let took = r["total_ms"].as_f64().unwrap();
+    assert!(
+        (1900.0..4500.0).contains(&took),
+        "reset after {took} ms, want the 2 s idle timeout"
+    );
+    assert_eq!(run.status(1), Some(200), "{:#}", run.json);
+    assert_eq!(stall.accepted(), 1);
+    while stall.open() > 0 {
+        assert!(
+            reset_at.elapsed() < Duration::from_secs(2),
+            "nginx still holds the stalled backend: the upstream request was not dropped"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(limit_count(&s.proxy, "response_body_idle_timeout"), 1.0);
+}
+
+/// A stream whose header section never completes is refused after
+/// `http.requestHeadersTimeoutSeconds`, counted from its opening, although the client keeps
+/// its connection busy the whole time (PINGs every 0.3 s, a request every 0.5 s); the
+/// connection and its other requests are unaffected.
+#[test]
+fn a_header_section_that_never_completes_is_refused_while_the_connection_is_busy() {
+    let s = Setup::start_with(NginxOptions::default(), |mut c| {
+        c["http"]["requestHeadersTimeoutSeconds"] = json!(2);
+        c
+    });
+    let mut reqs = vec![json!({"name": "unfinished", "partial_headers": 200, "timeout": 10})];
+    for i in 1..=9 {
+        reqs.push(json!({"name": format!("busy-{i}"), "path": "/whoami", "delay": 0.5 * i as f64}));
+    }
+    let run = s
+        .h3("a.test", "/", Family::V4)
+        .requests(&Value::Array(reqs))
+        .arg("--parallel")
+        .arg("--ping-interval")
+        .arg("0.3")
+        .run()
+        .unwrap();
+    assert_eq!(run.exit_code, exit::OK, "{:#}", run.json);
+    let r = run.request(0);
+    assert_eq!(r["reset"]["error_name"], "H3_REQUEST_REJECTED", "{r:#}");
+    let took = r["total_ms"].as_f64().unwrap();
+    assert!(
+        (1900.0..4000.0).contains(&took),
+        "refused after {took} ms, want the 2 s header timeout"
+    );
+    for i in 1..=9 {
+        assert_eq!(run.status(i), Some(200), "{:#}", run.request(i));
+    }
+    assert_eq!(limit_count(&s.proxy, "request_headers_timeout"), 1.0);
 }

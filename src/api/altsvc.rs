@@ -72,6 +72,26 @@ impl IngressController {
     }
 }
 
+/// What to add to an HTTPRoute (Gateway API, any implementation) so responses carry
+/// `Alt-Svc: {value}`: a `ResponseHeaderModifier` filter, written as flow-style YAML.
+fn route_filter(value: &str) -> String {
+    let quoted = value.replace('\\', "\\\\").replace('"', "\\\"");
+    format!(
+        "filters: [{{type: ResponseHeaderModifier, responseHeaderModifier: \
+         {{set: [{{name: Alt-Svc, value: \"{quoted}\"}}]}}}}]"
+    )
+}
+
+/// How to make a Gateway API gateway advertise HTTP/3 for `host`: a ResponseHeaderModifier
+/// filter in each rule of the HTTPRoute (the same for every conformant implementation).
+pub fn gateway_advice(host: &str, port: u16, max_age: u32) -> String {
+    let value = header_value(port, max_age);
+    format!(
+        "{MISSING}\":{port}\" for {host}; add to each rule of the HTTPRoute (Gateway API): {}",
+        route_filter(&value)
+    )
+}
+
 /// `key: "value"` with the value as a YAML double-quoted string.
 fn annotation(key: &str, value: &str) -> String {
     let quoted = value.replace('\\', "\\\\").replace('"', "\\\"");
@@ -133,8 +153,10 @@ pub fn advice(
                 .collect();
             format!(
                 "{missing}, so browsers will not try HTTP/3; add it to that host's responses, \
-                 e.g. {}; any other server: the response header Alt-Svc: {value}",
-                each.join("; ")
+                 e.g. {}; Gateway API: an HTTPRoute rule with {}; any other server: the \
+                 response header Alt-Svc: {value}",
+                each.join("; "),
+                route_filter(&value)
             )
         }
     }
@@ -226,6 +248,24 @@ mod tests {
             a.ends_with("any other server: the response header Alt-Svc: h3=\":443\"; ma=86400"),
             "{a}"
         );
+    }
+
+    #[test]
+    fn gateway_advice_is_a_response_header_modifier_filter_in_yaml() {
+        let a = gateway_advice("a.example.com", 443, 86400);
+        assert!(a.starts_with("the TCP ingress does not send Alt-Svc: h3=\":443\" for a.example.com; add to each rule of the HTTPRoute"), "{a}");
+        assert!(says_header_missing(&a));
+        let yaml = a.split_once("(Gateway API): ").unwrap().1;
+        let v: serde_json::Value =
+            serde_norway::from_str(yaml).unwrap_or_else(|e| panic!("{yaml}: {e}"));
+        assert_eq!(
+            v,
+            serde_json::json!({"filters": [{"type": "ResponseHeaderModifier",
+                "responseHeaderModifier": {"set": [{"name": "Alt-Svc", "value": "h3=\":443\"; ma=86400"}]}}]})
+        );
+        assert!(advice(None, "a.example.com", 443, 86400).contains(
+            "Gateway API: an HTTPRoute rule with filters: [{type: ResponseHeaderModifier"
+        ));
     }
 
     #[test]

@@ -54,6 +54,8 @@ pub const SEND_WINDOW_BYTES: Bound = Bound {
 pub const MAX_UDP_PAYLOAD_BYTES: Bound = Bound::new("transport.maxUdpPayloadBytes", 1200, 65_527);
 pub const IDLE_TIMEOUT_SECONDS: Bound = Bound::new("transport.idleTimeoutSeconds", 1, 600);
 pub const MAX_CONCURRENT_STREAMS: Bound = Bound::new("transport.maxConcurrentStreams", 1, 10_000);
+pub const HANDSHAKE_TIMEOUT_SECONDS: Bound =
+    Bound::new("transport.handshakeTimeoutSeconds", 1, 120);
 
 pub const MAX_FIELD_SECTION_SIZE_BYTES: Bound =
     Bound::new("http.maxFieldSectionSizeBytes", 4096, 1 << 20);
@@ -79,8 +81,29 @@ pub const BUFFERED_REQUEST_BYTES_PER_CONNECTION: Bound = Bound::new(
 pub const BUFFERED_REQUEST_BYTES_PER_STREAM: Bound =
     Bound::new("limits.bufferedRequestBytesPerStream", 16 << 10, 1 << 30);
 
+/// 0 is off; at most 30 days.
+pub const MAX_CONNECTION_AGE_SECONDS: Bound =
+    Bound::new("http.maxConnectionAgeSeconds", 0, 30 * 86_400);
+
+pub const HALF_OPEN_THRESHOLD: Bound =
+    Bound::new("addressValidation.halfOpenThreshold", 1, 1_000_000);
+pub const HALF_OPEN_CONNECTIONS: Bound = Bound::new("limits.halfOpenConnections", 1, 1_000_000);
+pub const HALF_OPEN_CONNECTIONS_PER_SOURCE: Bound = Bound {
+    field: "limits.halfOpenConnectionsPerSource",
+    ..HALF_OPEN_CONNECTIONS
+};
+pub const CONNECTIONS: Bound = Bound::new("limits.connections", 1, 10_000_000);
+pub const CONNECTIONS_PER_SOURCE: Bound = Bound {
+    field: "limits.connectionsPerSource",
+    ..CONNECTIONS
+};
+pub const HANDSHAKES_PER_SECOND: Bound = Bound::new("limits.handshakesPerSecond", 1, 1_000_000);
+/// A /8 still separates networks; longer than the address is meaningless.
+pub const SOURCE_PREFIX_LENGTH_IPV4: Bound = Bound::new("limits.sourcePrefixLengthIpv4", 8, 32);
+pub const SOURCE_PREFIX_LENGTH_IPV6: Bound = Bound::new("limits.sourcePrefixLengthIpv6", 16, 128);
+
 /// Every bound, for tests that hold the schema and the check to them.
-pub const ALL: [Bound; 21] = [
+pub const ALL: [Bound; 31] = [
     PORT,
     CONNECT_TIMEOUT_SECONDS,
     RESPONSE_TIMEOUT_SECONDS,
@@ -102,4 +125,14 @@ pub const ALL: [Bound; 21] = [
     BUFFERED_REQUEST_BYTES,
     BUFFERED_REQUEST_BYTES_PER_CONNECTION,
     BUFFERED_REQUEST_BYTES_PER_STREAM,
+    HANDSHAKE_TIMEOUT_SECONDS,
+    MAX_CONNECTION_AGE_SECONDS,
+    HALF_OPEN_THRESHOLD,
+    HALF_OPEN_CONNECTIONS,
+    HALF_OPEN_CONNECTIONS_PER_SOURCE,
+    CONNECTIONS,
+    CONNECTIONS_PER_SOURCE,
+    HANDSHAKES_PER_SECOND,
+    SOURCE_PREFIX_LENGTH_IPV4,
+    SOURCE_PREFIX_LENGTH_IPV6,
 ];

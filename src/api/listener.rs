@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use super::service::{ListenerService, Rollout};
 use super::settings::{
-    AltSvcSettings, HttpSettings, LimitsSettings, MetricsSettings, SocketSettings,
-    TransportSettings, Upstream,
+    AddressValidationSettings, AltSvcSettings, HttpSettings, LimitsSettings, MetricsSettings,
+    SocketSettings, TransportSettings, Upstream,
 };
 use super::{bounds, Addresses};
 
@@ -74,10 +74,19 @@ fn default_port() -> u16 {
     )
 )]
 #[serde(rename_all = "camelCase")]
+// The API server checks this after defaulting, as `config::build` does for the file.
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "self.addressValidation.halfOpenThreshold < self.limits.halfOpenConnections",
+    "message": "addressValidation.halfOpenThreshold must be below limits.halfOpenConnections"
+}]))]
 pub struct Http3ListenerSpec {
     /// Ingresses of this class (with annotation `h3-ingress.dev/enabled: "true"`) are served.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ingress_class_name: Option<String>,
+    /// HTTPRoutes (annotated `h3-ingress.dev/enabled: "true"`) attached to Gateways of this
+    /// class, and Gateways of this class annotated the same way, are served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_class_name: Option<String>,
     /// UDP port the QUIC sockets bind on every node.
     #[serde(default = "default_port")]
     #[schemars(range(min = bounds::PORT.min, max = bounds::PORT.max))]
@@ -95,6 +104,8 @@ pub struct Http3ListenerSpec {
     pub metrics: MetricsSettings,
     #[serde(default)]
     pub http: HttpSettings,
+    #[serde(default)]
+    pub address_validation: AddressValidationSettings,
     #[serde(default)]
     pub limits: LimitsSettings,
     /// Hosts not defined by an Ingress, each with its TLS Secret.
@@ -179,6 +190,15 @@ pub struct HostStatus {
     /// `namespace/name` of the Ingress that asked for this host, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ingress: Option<String>,
+    /// `namespace/name` of the HTTPRoute that asked for this host (Gateway API), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_route: Option<String>,
+    /// `namespace/name` of the Gateway whose listener this host comes through, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<String>,
+    /// The name of that Gateway listener (its `sectionName`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_listener: Option<String>,
     /// `namespace/name` of the TLS Secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
@@ -194,6 +214,26 @@ pub struct HostStatus {
     /// The DNS HTTPS record to publish so first visits can use HTTP/3 (RFC 9460).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub dns_https_record: String,
+}
+
+impl HostStatus {
+    /// Where the host came from, as people read it: `Ingress ns/name`, `HTTPRoute ns/name,
+    /// Gateway ns/name listener L`, `Gateway ns/name listener L`, or `spec.hosts`.
+    pub fn source(&self) -> String {
+        let gateway = || {
+            format!(
+                "Gateway {} listener {}",
+                self.gateway.as_deref().unwrap_or("-"),
+                self.gateway_listener.as_deref().unwrap_or("-")
+            )
+        };
+        match (&self.ingress, &self.http_route, &self.gateway) {
+            (Some(i), _, _) => format!("Ingress {i}"),
+            (None, Some(r), _) => format!("HTTPRoute {r}, {}", gateway()),
+            (None, None, Some(_)) => gateway(),
+            (None, None, None) => "spec.hosts".to_string(),
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]

@@ -4,6 +4,7 @@
 
 pub mod altsvc;
 pub mod bounds;
+pub mod gateway;
 mod listener;
 mod report;
 mod service;
@@ -17,13 +18,13 @@ pub use settings::*;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-/// Annotations on an Ingress that switch HTTP/3 on per host.
+/// Annotations on an Ingress, an HTTPRoute or a Gateway that switch HTTP/3 on per host.
 pub mod annotations {
     /// `"true"` turns HTTP/3 on for the Ingress's TLS hosts. Off by default.
     pub const ENABLED: &str = "h3-ingress.dev/enabled";
     /// Name of the `Http3Listener` to use instead of the one matching the ingress class.
     pub const LISTENER: &str = "h3-ingress.dev/listener";
-    /// Comma-separated subset of the Ingress's hosts to serve.
+    /// Comma-separated subset of the object's hosts to serve.
     pub const HOSTS: &str = "h3-ingress.dev/hosts";
 }
 
@@ -78,6 +79,15 @@ pub mod reasons {
     pub const CERTIFICATE_INVALID: &str = "CertificateInvalid";
     pub const CERTIFICATE_DOES_NOT_MATCH_HOST: &str = "CertificateDoesNotMatchHost";
     pub const HOST_CONFLICT: &str = "HostConflict";
+    /// Gateway API: the route's parent Gateway has not accepted it (`status.parents`), or no
+    /// listener of the Gateway takes it (sectionName, port, allowedRoutes, hostname).
+    pub const ROUTE_NOT_ACCEPTED: &str = "RouteNotAccepted";
+    /// Gateway API: the Gateway listener is not `protocol: HTTPS` with `tls.mode: Terminate`,
+    /// so there is no certificate h3-ingress could serve.
+    pub const LISTENER_NOT_HTTPS: &str = "ListenerNotHTTPS";
+    /// Gateway API: the listener's certificate is in another namespace and no ReferenceGrant
+    /// there lets Gateways of the listener's namespace refer to it.
+    pub const REF_NOT_PERMITTED: &str = "RefNotPermitted";
     /// The host can be served but no data plane pod reports serving it (yet).
     pub const CONFIG_PENDING: &str = "ConfigPending";
 }

@@ -202,6 +202,9 @@ pub const DEFAULT_SEND_WINDOW: u64 = 16 * 1024 * 1024;
 pub const DEFAULT_INITIAL_WINDOW_PACKETS: u32 = 32;
 pub const DEFAULT_IDLE_TIMEOUT_SECONDS: u32 = 30;
 pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 100;
+/// A handshake takes one or two round trips; ten seconds covers the slowest real path (and a
+/// lost flight or two) while a client that never finishes holds its state no longer.
+pub const DEFAULT_HANDSHAKE_TIMEOUT_SECONDS: u32 = 10;
 
 fn default_stream_window() -> u64 {
     DEFAULT_STREAM_RECEIVE_WINDOW
@@ -220,6 +223,9 @@ fn default_idle_timeout() -> u32 {
 }
 fn default_max_streams() -> u32 {
     DEFAULT_MAX_CONCURRENT_STREAMS
+}
+fn default_handshake_timeout() -> u32 {
+    DEFAULT_HANDSHAKE_TIMEOUT_SECONDS
 }
 
 /// QUIC transport parameters. The default windows allow megabytes in flight per stream; a
@@ -264,6 +270,10 @@ pub struct TransportSettings {
     #[serde(default = "default_max_streams")]
     #[schemars(range(min = bounds::MAX_CONCURRENT_STREAMS.min, max = bounds::MAX_CONCURRENT_STREAMS.max))]
     pub max_concurrent_streams: u32,
+    /// Close a connection whose handshake has not completed after this many seconds.
+    #[serde(default = "default_handshake_timeout")]
+    #[schemars(range(min = bounds::HANDSHAKE_TIMEOUT_SECONDS.min, max = bounds::HANDSHAKE_TIMEOUT_SECONDS.max))]
+    pub handshake_timeout_seconds: u32,
 }
 
 impl Default for TransportSettings {
@@ -277,6 +287,7 @@ impl Default for TransportSettings {
             max_udp_payload_bytes: None,
             idle_timeout_seconds: DEFAULT_IDLE_TIMEOUT_SECONDS,
             max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
+            handshake_timeout_seconds: DEFAULT_HANDSHAKE_TIMEOUT_SECONDS,
         }
     }
 }
@@ -365,6 +376,11 @@ pub struct HttpSettings {
     #[serde(default = "default_control_frame")]
     #[schemars(range(min = bounds::MAX_CONTROL_FRAME_BYTES.min, max = bounds::MAX_CONTROL_FRAME_BYTES.max))]
     pub max_control_frame_bytes: u32,
+    /// After this many seconds (minus up to 10 % jitter) a connection gets GOAWAY; its
+    /// requests in flight get `drainTimeoutSeconds` to finish, then it closes. 0: no limit.
+    #[serde(default)]
+    #[schemars(range(min = bounds::MAX_CONNECTION_AGE_SECONDS.min, max = bounds::MAX_CONNECTION_AGE_SECONDS.max))]
+    pub max_connection_age_seconds: u32,
 }
 
 impl Default for HttpSettings {
@@ -372,6 +388,7 @@ impl Default for HttpSettings {
         Self {
             max_field_section_size_bytes: DEFAULT_MAX_FIELD_SECTION_SIZE,
             drain_timeout_seconds: DEFAULT_DRAIN_TIMEOUT_SECONDS,
+            max_connection_age_seconds: 0,
             request_headers_timeout_seconds: DEFAULT_REQUEST_HEADERS_TIMEOUT_SECONDS,
             request_body_idle_timeout_seconds: DEFAULT_REQUEST_BODY_IDLE_TIMEOUT_SECONDS,
             max_control_frame_bytes: DEFAULT_MAX_CONTROL_FRAME_BYTES,
@@ -415,6 +432,38 @@ pub struct LimitsSettings {
     #[serde(default = "default_buffered_per_stream")]
     #[schemars(range(min = bounds::BUFFERED_REQUEST_BYTES_PER_STREAM.min, max = bounds::BUFFERED_REQUEST_BYTES_PER_STREAM.max))]
     pub buffered_request_bytes_per_stream: u64,
+    // Connections: an attempt above one of these caps is refused at once (CONNECTION_REFUSED)
+    // instead of queued; one from an address not yet validated gets a Retry instead, so a
+    // spoofer cannot get someone else's address refused (unless addressValidation.mode is
+    // never).
+    /// Handshakes in progress, all sources together.
+    #[serde(default = "default_half_open")]
+    #[schemars(range(min = bounds::HALF_OPEN_CONNECTIONS.min, max = bounds::HALF_OPEN_CONNECTIONS.max))]
+    pub half_open_connections: u32,
+    /// Handshakes in progress from one source (an IPv4 address or IPv6 prefix).
+    #[serde(default = "default_half_open_per_source")]
+    #[schemars(range(min = bounds::HALF_OPEN_CONNECTIONS_PER_SOURCE.min, max = bounds::HALF_OPEN_CONNECTIONS_PER_SOURCE.max))]
+    pub half_open_connections_per_source: u32,
+    /// Connections (established and in handshake), all sources together.
+    #[serde(default = "default_connections")]
+    #[schemars(range(min = bounds::CONNECTIONS.min, max = bounds::CONNECTIONS.max))]
+    pub connections: u32,
+    /// Connections from one source.
+    #[serde(default = "default_connections_per_source")]
+    #[schemars(range(min = bounds::CONNECTIONS_PER_SOURCE.min, max = bounds::CONNECTIONS_PER_SOURCE.max))]
+    pub connections_per_source: u32,
+    /// Handshakes started per second (a token bucket holding one second's worth).
+    #[serde(default = "default_handshakes_per_second")]
+    #[schemars(range(min = bounds::HANDSHAKES_PER_SECOND.min, max = bounds::HANDSHAKES_PER_SECOND.max))]
+    pub handshakes_per_second: u32,
+    /// An IPv4 source is its address masked to this many bits.
+    #[serde(default = "default_prefix_ipv4")]
+    #[schemars(range(min = bounds::SOURCE_PREFIX_LENGTH_IPV4.min, max = bounds::SOURCE_PREFIX_LENGTH_IPV4.max))]
+    pub source_prefix_length_ipv4: u8,
+    /// An IPv6 source is its address masked to this many bits.
+    #[serde(default = "default_prefix_ipv6")]
+    #[schemars(range(min = bounds::SOURCE_PREFIX_LENGTH_IPV6.min, max = bounds::SOURCE_PREFIX_LENGTH_IPV6.max))]
+    pub source_prefix_length_ipv6: u8,
 }
 
 impl Default for LimitsSettings {
@@ -423,8 +472,116 @@ impl Default for LimitsSettings {
             buffered_request_bytes: DEFAULT_BUFFERED_REQUEST_BYTES,
             buffered_request_bytes_per_connection: DEFAULT_BUFFERED_REQUEST_BYTES_PER_CONNECTION,
             buffered_request_bytes_per_stream: DEFAULT_BUFFERED_REQUEST_BYTES_PER_STREAM,
+            half_open_connections: DEFAULT_HALF_OPEN_CONNECTIONS,
+            half_open_connections_per_source: DEFAULT_HALF_OPEN_CONNECTIONS_PER_SOURCE,
+            connections: DEFAULT_CONNECTIONS,
+            connections_per_source: DEFAULT_CONNECTIONS_PER_SOURCE,
+            handshakes_per_second: DEFAULT_HANDSHAKES_PER_SECOND,
+            source_prefix_length_ipv4: DEFAULT_SOURCE_PREFIX_LENGTH_IPV4,
+            source_prefix_length_ipv6: DEFAULT_SOURCE_PREFIX_LENGTH_IPV6,
         }
     }
+}
+
+/// When a connection attempt must first prove it owns its source address (a QUIC Retry,
+/// one extra round trip) before the proxy spends a handshake on it.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum AddressValidationMode {
+    /// Retry unvalidated addresses while more than `halfOpenThreshold` handshakes are in
+    /// progress: no extra round trip normally, no state for spoofed sources under a flood.
+    #[default]
+    Auto,
+    /// Retry every unvalidated address.
+    Always,
+    /// Never Retry; the `limits` still refuse attempts above their caps.
+    Never,
+}
+
+impl AddressValidationMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AddressValidationMode::Auto => "auto",
+            AddressValidationMode::Always => "always",
+            AddressValidationMode::Never => "never",
+        }
+    }
+}
+
+/// picoquic's default; quic-go uses 128. Below it a handshake costs no extra round trip.
+pub const DEFAULT_HALF_OPEN_THRESHOLD: u32 = 64;
+
+fn default_half_open_threshold() -> u32 {
+    DEFAULT_HALF_OPEN_THRESHOLD
+}
+
+/// Address validation (QUIC Retry) of new connections.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AddressValidationSettings {
+    /// `auto` (default), `always` or `never`.
+    #[serde(default)]
+    pub mode: AddressValidationMode,
+    /// In `auto` mode, unvalidated addresses get a Retry while at least this many handshakes
+    /// are in progress. Must be below `limits.halfOpenConnections`.
+    #[serde(default = "default_half_open_threshold")]
+    #[schemars(range(min = bounds::HALF_OPEN_THRESHOLD.min, max = bounds::HALF_OPEN_THRESHOLD.max))]
+    pub half_open_threshold: u32,
+}
+
+impl Default for AddressValidationSettings {
+    fn default() -> Self {
+        Self {
+            mode: AddressValidationMode::default(),
+            half_open_threshold: DEFAULT_HALF_OPEN_THRESHOLD,
+        }
+    }
+}
+
+pub const DEFAULT_HALF_OPEN_CONNECTIONS: u32 = 1000;
+pub const DEFAULT_HALF_OPEN_CONNECTIONS_PER_SOURCE: u32 = 32;
+/// An idle connection holds about 60 KB (1000 held from one client took the proxy from 14 to
+/// 71 MB RSS); 4096 of them fit the operator's default memory limit, which counts them.
+pub const DEFAULT_CONNECTIONS: u32 = 4096;
+/// Generous for carrier-grade NAT, where thousands of users share one IPv4 address.
+pub const DEFAULT_CONNECTIONS_PER_SOURCE: u32 = 1000;
+pub const DEFAULT_HANDSHAKES_PER_SECOND: u32 = 500;
+pub const DEFAULT_SOURCE_PREFIX_LENGTH_IPV4: u8 = 32;
+/// One subscriber usually gets a whole /64 (or more), so a /128 cap would be no cap.
+pub const DEFAULT_SOURCE_PREFIX_LENGTH_IPV6: u8 = 64;
+
+fn default_half_open() -> u32 {
+    DEFAULT_HALF_OPEN_CONNECTIONS
+}
+fn default_half_open_per_source() -> u32 {
+    DEFAULT_HALF_OPEN_CONNECTIONS_PER_SOURCE
+}
+fn default_connections() -> u32 {
+    DEFAULT_CONNECTIONS
+}
+fn default_connections_per_source() -> u32 {
+    DEFAULT_CONNECTIONS_PER_SOURCE
+}
+fn default_handshakes_per_second() -> u32 {
+    DEFAULT_HANDSHAKES_PER_SECOND
+}
+fn default_prefix_ipv4() -> u8 {
+    DEFAULT_SOURCE_PREFIX_LENGTH_IPV4
+}
+fn default_prefix_ipv6() -> u8 {
+    DEFAULT_SOURCE_PREFIX_LENGTH_IPV6
+}
+
+/// Where the proxy's QUIC keys come from (standalone file only; in Kubernetes the operator
+/// mounts a per-listener Secret and passes `--keys-file`).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KeysSettings {
+    /// File with at least 32 secret bytes from which the stateless-reset, connection-ID and
+    /// Retry-token keys are derived; created with 64 random bytes (mode 0600) if missing.
+    /// Every process of one listener should read the same file. Unset: random keys per process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
 }
 
 /// A host served from certificate files (standalone mode).
@@ -460,7 +617,11 @@ pub struct FileConfig {
     #[serde(default)]
     pub http: HttpSettings,
     #[serde(default)]
+    pub address_validation: AddressValidationSettings,
+    #[serde(default)]
     pub limits: LimitsSettings,
+    #[serde(default)]
+    pub keys: KeysSettings,
     #[serde(default)]
     pub hosts: Vec<FileHost>,
 }

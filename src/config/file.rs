@@ -74,6 +74,17 @@ pub fn from_parts(
             }),
         }
     }
+    if file
+        .keys
+        .file
+        .as_deref()
+        .is_some_and(|f| f.trim().is_empty())
+    {
+        errors.push(FieldError {
+            path: "keys.file".into(),
+            message: "is empty; give a path or leave keys.file out".into(),
+        });
+    }
     let built = build(Settings::from(file), table, "");
     match built {
         Ok(c) if errors.is_empty() => Ok(c),
@@ -112,7 +123,9 @@ pub fn load(path: &Path) -> Result<ProxyConfig, ConfigError> {
             }
         })
         .collect();
-    from_parts(&file, host_files, unix_now())
+    let mut config = from_parts(&file, host_files, unix_now())?;
+    config.keys_file = file.keys.file.as_ref().map(|f| base.join(f));
+    Ok(config)
 }
 
 pub fn unix_now() -> i64 {

@@ -1,5 +1,6 @@
 //! Builds the same [`super::ProxyConfig`] from Kubernetes objects (an `Http3Listener`, the
-//! annotated Ingresses and the TLS Secrets they reference). Pure: the caller owns the watches.
+//! annotated Ingresses, the annotated HTTPRoutes and Gateways of [`super::gateway`], and the
+//! TLS Secrets they reference). Pure: the caller owns the watches.
 //!
 //! The operator uses [`resolve_hosts`] for per-host status (it works even when the listener's
 //! settings are invalid); the data plane uses [`from_objects`], which is `resolve_hosts` plus
@@ -12,6 +13,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass, IngressSpec, IngressTLS};
 
+use super::gateway::{wanted_from_gateway_api, GatewayObjects, GatewayOrigin};
 use super::{
     build, host_matches, ConfigError, HostEntry, HostError, HostTable, ProxyConfig, Settings,
 };
@@ -123,15 +125,25 @@ pub enum CertSource {
     Secret(SecretRef),
     /// No usable `spec.tls` entry; the text says why (it becomes the status message).
     NoTls(String),
+    /// Not servable for another reason (a Gateway API rule); the Secret, when one is named
+    /// but may not be used, is reported too. h3-ingress never reads a refused Secret.
+    Refused {
+        reason: &'static str,
+        message: String,
+        secret: Option<SecretRef>,
+    },
 }
 
-/// One host that an Ingress or the listener's own `spec.hosts` asks to serve over HTTP/3.
+/// One host that an Ingress, an HTTPRoute, a Gateway or the listener's own `spec.hosts` asks
+/// to serve over HTTP/3.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WantedHost {
     /// As written (normalised later, so a bad name is reported, not dropped).
     pub name: String,
-    /// `namespace/name` of the Ingress, `None` for `spec.hosts`.
+    /// `namespace/name` of the Ingress, `None` for `spec.hosts` and the Gateway API.
     pub ingress: Option<String>,
+    /// The HTTPRoute, Gateway and Gateway listener, for Gateway API hosts.
+    pub gateway: Option<GatewayOrigin>,
     pub cert: CertSource,
 }
 
@@ -162,6 +174,7 @@ pub fn wanted_hosts(ing: &Ingress) -> Vec<WantedHost> {
             WantedHost {
                 name,
                 ingress: Some(key.clone()),
+                gateway: None,
                 cert,
             }
         })
@@ -264,10 +277,12 @@ pub fn selected_ingresses<'a>(
 }
 
 /// Everything a listener wants to serve: its own `spec.hosts` first, then the selected
-/// Ingresses' hosts.
+/// Ingresses' hosts, then the Gateway API's (an Ingress keeps a host it had before a route
+/// asked for it, which is what a user migrating one object at a time expects).
 pub fn wanted_for_listener<'a>(
     listener: &Http3Listener,
     ingresses: impl IntoIterator<Item = &'a Ingress>,
+    gateway_api: &GatewayObjects,
 ) -> Vec<WantedHost> {
     let mut out: Vec<WantedHost> = listener
         .spec
@@ -276,12 +291,14 @@ pub fn wanted_for_listener<'a>(
         .map(|h| WantedHost {
             name: h.name.clone(),
             ingress: None,
+            gateway: None,
             cert: CertSource::Secret(h.secret_ref.clone()),
         })
         .collect();
     for ing in selected_ingresses(listener, ingresses) {
         out.extend(wanted_hosts(ing));
     }
+    out.extend(wanted_from_gateway_api(listener, gateway_api));
     out
 }
 
@@ -289,12 +306,13 @@ pub fn wanted_for_listener<'a>(
 pub fn referenced_secrets<'a>(
     listener: &Http3Listener,
     ingresses: impl IntoIterator<Item = &'a Ingress>,
+    gateway_api: &GatewayObjects,
 ) -> BTreeSet<SecretRef> {
-    wanted_for_listener(listener, ingresses)
+    wanted_for_listener(listener, ingresses, gateway_api)
         .into_iter()
         .filter_map(|w| match w.cert {
             CertSource::Secret(s) => Some(s),
-            CertSource::NoTls(_) => None,
+            CertSource::NoTls(_) | CertSource::Refused { .. } => None,
         })
         .collect()
 }
@@ -314,12 +332,23 @@ fn not_serving(
     msg: String,
 ) -> HostReport {
     HostReport {
-        name: w.name.to_ascii_lowercase(),
         state: host_states::NOT_SERVING.to_string(),
         reason: reason.to_string(),
         message: msg,
-        ingress: w.ingress.clone(),
         secret: secret.map(secret_key),
+        ..report_of(w)
+    }
+}
+
+/// A report naming the host and where it came from; state and reason still empty.
+fn report_of(w: &WantedHost) -> HostReport {
+    let g = w.gateway.as_ref();
+    HostReport {
+        name: w.name.trim_end_matches('.').to_ascii_lowercase(),
+        ingress: w.ingress.clone(),
+        http_route: g.and_then(|g| g.http_route.clone()),
+        gateway: g.map(|g| g.gateway.clone()),
+        gateway_listener: g.map(|g| g.listener.clone()),
         ..Default::default()
     }
 }
@@ -329,9 +358,10 @@ fn secret_key(s: &SecretRef) -> String {
 }
 
 fn source_text(w: &WantedHost) -> String {
-    match &w.ingress {
-        Some(i) => format!("Ingress {i}"),
-        None => "spec.hosts".to_string(),
+    match (&w.ingress, &w.gateway) {
+        (Some(i), _) => format!("Ingress {i}"),
+        (None, Some(g)) => g.text(),
+        (None, None) => "spec.hosts".to_string(),
     }
 }
 
@@ -368,6 +398,7 @@ fn secret_entry(
 pub fn resolve_hosts<'a>(
     listener: &Http3Listener,
     ingresses: impl IntoIterator<Item = &'a Ingress>,
+    gateway_api: &GatewayObjects,
     secrets: &SecretMap,
     now_unix: i64,
 ) -> ResolvedHosts {
@@ -376,11 +407,19 @@ pub fn resolve_hosts<'a>(
     // name -> (source text, secret) of the entry that won the name.
     let mut owners: BTreeMap<String, (String, Option<SecretRef>)> = BTreeMap::new();
 
-    for w in wanted_for_listener(listener, ingresses) {
+    for w in wanted_for_listener(listener, ingresses, gateway_api) {
         let lower = w.name.trim_end_matches('.').to_ascii_lowercase();
         let sref = match &w.cert {
             CertSource::NoTls(msg) => {
                 reports.push(not_serving(&w, None, reasons::NO_TLS, msg.clone()));
+                continue;
+            }
+            CertSource::Refused {
+                reason,
+                message,
+                secret,
+            } => {
+                reports.push(not_serving(&w, secret.as_ref(), reason, message.clone()));
                 continue;
             }
             CertSource::Secret(s) => s,
@@ -411,9 +450,8 @@ pub fn resolve_hosts<'a>(
                     name: entry.name.clone(),
                     state: host_states::SERVING.to_string(),
                     reason: reasons::SERVING.to_string(),
-                    ingress: w.ingress.clone(),
                     secret: Some(secret_key(sref)),
-                    ..Default::default()
+                    ..report_of(&w)
                 });
                 let inserted = table.insert(entry);
                 debug_assert!(inserted, "owners and table agree");
@@ -426,8 +464,26 @@ pub fn resolve_hosts<'a>(
             }
         }
     }
-    reports.sort_by(|a, b| (&a.name, &a.ingress).cmp(&(&b.name, &b.ingress)));
+    reports.sort_by(|a, b| report_order(a).cmp(&report_order(b)));
     ResolvedHosts { table, reports }
+}
+
+type ReportOrder<'a> = (
+    &'a str,
+    &'a Option<String>,
+    &'a Option<String>,
+    &'a Option<String>,
+    &'a Option<String>,
+);
+
+fn report_order(h: &HostReport) -> ReportOrder<'_> {
+    (
+        &h.name,
+        &h.ingress,
+        &h.http_route,
+        &h.gateway,
+        &h.gateway_listener,
+    )
 }
 
 /// The data plane's configuration from Kubernetes objects: the listener's settings validated
@@ -436,28 +492,33 @@ pub fn resolve_hosts<'a>(
 pub fn from_objects<'a>(
     listener: &Http3Listener,
     ingresses: impl IntoIterator<Item = &'a Ingress>,
+    gateway_api: &GatewayObjects,
     secrets: &SecretMap,
     now_unix: i64,
 ) -> Result<ProxyConfig, ConfigError> {
-    let resolved = resolve_hosts(listener, ingresses, secrets, now_unix);
+    let resolved = resolve_hosts(listener, ingresses, gateway_api, secrets, now_unix);
     let mut config = build(Settings::from(&listener.spec), resolved.table, "spec")?;
     config.host_reports = resolved.reports;
     Ok(config)
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::api::{Http3ListenerSpec, ListenerHost};
     use k8s_openapi::api::networking::v1::{IngressRule, IngressSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
     use k8s_openapi::ByteString;
 
-    fn now() -> i64 {
+    fn none() -> GatewayObjects {
+        GatewayObjects::default()
+    }
+
+    pub(crate) fn now() -> i64 {
         super::super::file::unix_now()
     }
 
-    fn listener(name: &str, class: Option<&str>) -> Http3Listener {
+    pub(crate) fn listener(name: &str, class: Option<&str>) -> Http3Listener {
         let spec: Http3ListenerSpec = serde_json::from_value(serde_json::json!({
             "upstream": {"address": "ingress-nginx.ingress:443"}
         }))
@@ -535,7 +596,7 @@ mod tests {
         }
     }
 
-    fn tls_secret(ns: &str, name: &str, hosts: &[&str]) -> ((String, String), Secret) {
+    pub(crate) fn tls_secret(ns: &str, name: &str, hosts: &[&str]) -> ((String, String), Secret) {
         let (c, k) = crate::config::hosts::tests::self_signed(hosts);
         let mut data = BTreeMap::new();
         data.insert(TLS_CERT_KEY.to_string(), ByteString(c.into_bytes()));
@@ -555,7 +616,7 @@ mod tests {
         )
     }
 
-    fn by_name(r: &ResolvedHosts, name: &str) -> Vec<(String, String)> {
+    pub(crate) fn by_name(r: &ResolvedHosts, name: &str) -> Vec<(String, String)> {
         r.reports
             .iter()
             .filter(|h| h.name == name)
@@ -721,7 +782,7 @@ mod tests {
         broken.data.as_mut().unwrap().remove(TLS_KEY_KEY);
         secrets.insert(k, broken);
 
-        let r = resolve_hosts(&l, [&ing], &secrets, now());
+        let r = resolve_hosts(&l, [&ing], &none(), &secrets, now());
         assert_eq!(r.table.names().collect::<Vec<_>>(), ["ok.example.com"]);
         let s = |st: &str, re: &str| vec![(st.to_string(), re.to_string())];
         assert_eq!(
@@ -818,7 +879,7 @@ mod tests {
         .into_iter()
         .collect();
         // Input order must not matter: newest first here.
-        let r = resolve_hosts(&l, [&same, &new, &old], &secrets, now());
+        let r = resolve_hosts(&l, [&same, &new, &old], &none(), &secrets, now());
         let shared: Vec<_> = r
             .reports
             .iter()
@@ -884,7 +945,7 @@ mod tests {
         let secrets: SecretMap = [tls_secret("default", "a", &["a.example.com"])]
             .into_iter()
             .collect();
-        let c = from_objects(&l, [&ing, &other_class], &secrets, now()).unwrap();
+        let c = from_objects(&l, [&ing, &other_class], &none(), &secrets, now()).unwrap();
         assert_eq!(c.listen.port, 443);
         assert_eq!(c.upstream.address.host, "ingress-nginx.ingress");
         assert!(c.hosts.lookup("a.example.com").is_some());
@@ -896,7 +957,7 @@ mod tests {
 
         let mut bad = l.clone();
         bad.spec.upstream.address = "nope".into();
-        let e = from_objects(&bad, [&ing], &secrets, now()).unwrap_err();
+        let e = from_objects(&bad, [&ing], &none(), &secrets, now()).unwrap_err();
         assert!(e.errors[0].path == "spec.upstream.address", "{e}");
     }
 
@@ -930,7 +991,7 @@ mod tests {
         }
         .build();
         deleting.metadata.deletion_timestamp = deleting.metadata.creation_timestamp.clone();
-        let refs: Vec<String> = referenced_secrets(&l, [&a, &off, &deleting])
+        let refs: Vec<String> = referenced_secrets(&l, [&a, &off, &deleting], &none())
             .iter()
             .map(secret_key)
             .collect();
@@ -1002,7 +1063,7 @@ mod tests {
         assert_eq!(picked.len(), 1);
         assert_eq!(ingress_key(picked[0]), "default/web");
         assert_eq!(
-            referenced_secrets(&nginx, seen.iter().map(|i| i.as_ref()))
+            referenced_secrets(&nginx, seen.iter().map(|i| i.as_ref()), &none())
                 .into_iter()
                 .map(|s| s.name)
                 .collect::<Vec<_>>(),

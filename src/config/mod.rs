@@ -6,20 +6,22 @@
 
 pub mod bind;
 pub mod file;
+pub mod gateway;
 mod hosts;
 pub mod kube;
 
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::PathBuf;
 use std::time::Duration;
 
 pub use hosts::{host_matches, HostEntry, HostError, HostTable};
 
 use crate::api::bounds::{self, Bound};
 use crate::api::{
-    host_states, reasons, Addresses, AltSvcSettings, FileConfig, HostReport, Http3ListenerSpec,
-    HttpSettings, LimitsSettings, MetricsSettings, SocketSettings, TransportSettings, Upstream,
-    UpstreamVerify,
+    host_states, reasons, AddressValidationSettings, Addresses, AltSvcSettings, FileConfig,
+    HostReport, Http3ListenerSpec, HttpSettings, LimitsSettings, MetricsSettings, SocketSettings,
+    TransportSettings, Upstream, UpstreamVerify,
 };
 
 /// One validation problem: the field path (`upstream.address`) and what is wrong with it.
@@ -111,7 +113,11 @@ pub struct ProxyConfig {
     pub upstream: UpstreamConfig,
     pub transport: TransportSettings,
     pub http: HttpSettings,
+    pub address_validation: AddressValidationSettings,
     pub limits: LimitsSettings,
+    /// `keys.file` of the standalone file, resolved against the file's directory (Kubernetes
+    /// mode gets its key file from `proxy --keys-file` instead).
+    pub keys_file: Option<PathBuf>,
     pub alt_svc_max_age: u32,
     pub hosts: HostTable,
     /// Per-host state for `/status`: one `Serving` entry per host in `hosts`, plus (in
@@ -153,6 +159,14 @@ impl ProxyConfig {
                 a.force_buffers, b.force_buffers
             ));
         }
+        if self.keys_file != next.keys_file {
+            // The keys are the endpoint's identity (reset tokens, connection IDs): a new key
+            // needs a new endpoint.
+            changed.push(format!(
+                "keys.file {:?} -> {:?}",
+                self.keys_file, next.keys_file
+            ));
+        }
         if self.metrics_address != next.metrics_address {
             changed.push(format!(
                 "metrics.address {} -> {}",
@@ -174,6 +188,7 @@ pub struct Settings<'a> {
     pub alt_svc: &'a AltSvcSettings,
     pub metrics: &'a MetricsSettings,
     pub http: &'a HttpSettings,
+    pub address_validation: &'a AddressValidationSettings,
     pub limits: &'a LimitsSettings,
 }
 
@@ -188,6 +203,7 @@ impl<'a> From<&'a FileConfig> for Settings<'a> {
             alt_svc: &c.alt_svc,
             metrics: &c.metrics,
             http: &c.http,
+            address_validation: &c.address_validation,
             limits: &c.limits,
         }
     }
@@ -204,6 +220,7 @@ impl<'a> From<&'a Http3ListenerSpec> for Settings<'a> {
             alt_svc: &c.alt_svc,
             metrics: &c.metrics,
             http: &c.http,
+            address_validation: &c.address_validation,
             limits: &c.limits,
         }
     }
@@ -260,6 +277,7 @@ pub fn build(
     socket(settings.socket, &mut errs);
     transport(settings.transport, &mut errs);
     http(settings.http, &mut errs);
+    connections(settings.address_validation, settings.limits, &mut errs);
     limits(settings.limits, settings.http, &mut errs);
     let metrics_address = metrics_address(settings.metrics, &mut errs);
 
@@ -283,7 +301,9 @@ pub fn build(
         upstream,
         transport: settings.transport.clone(),
         http: settings.http.clone(),
+        address_validation: settings.address_validation.clone(),
         limits: settings.limits.clone(),
+        keys_file: None,
         alt_svc_max_age: settings.alt_svc.max_age_seconds,
         host_reports: serving_reports(&hosts),
         hosts,
@@ -401,6 +421,10 @@ fn transport(t: &TransportSettings, errs: &mut Errors) {
     }
     errs.check(bounds::IDLE_TIMEOUT_SECONDS, t.idle_timeout_seconds);
     errs.check(bounds::MAX_CONCURRENT_STREAMS, t.max_concurrent_streams);
+    errs.check(
+        bounds::HANDSHAKE_TIMEOUT_SECONDS,
+        t.handshake_timeout_seconds,
+    );
 }
 
 /// `http`: request handling limits.
@@ -419,6 +443,10 @@ fn http(h: &HttpSettings, errs: &mut Errors) {
         h.request_body_idle_timeout_seconds,
     );
     errs.check(bounds::MAX_CONTROL_FRAME_BYTES, h.max_control_frame_bytes);
+    errs.check(
+        bounds::MAX_CONNECTION_AGE_SECONDS,
+        h.max_connection_age_seconds,
+    );
 }
 
 /// `limits`: the buffered-request budget and its shares, which must nest.
@@ -457,6 +485,39 @@ fn limits(l: &LimitsSettings, h: &HttpSettings, errs: &mut Errors) {
             format!(
                 "{} is smaller than http.maxFieldSectionSizeBytes ({})",
                 l.buffered_request_bytes_per_stream, h.max_field_section_size_bytes
+            ),
+        );
+    }
+}
+
+/// `addressValidation` and the connection caps of `limits`: who may start a handshake, and
+/// how many may run.
+fn connections(v: &AddressValidationSettings, l: &LimitsSettings, errs: &mut Errors) {
+    errs.check(bounds::HALF_OPEN_THRESHOLD, v.half_open_threshold);
+    errs.check(bounds::HALF_OPEN_CONNECTIONS, l.half_open_connections);
+    errs.check(
+        bounds::HALF_OPEN_CONNECTIONS_PER_SOURCE,
+        l.half_open_connections_per_source,
+    );
+    errs.check(bounds::CONNECTIONS, l.connections);
+    errs.check(bounds::CONNECTIONS_PER_SOURCE, l.connections_per_source);
+    errs.check(bounds::HANDSHAKES_PER_SECOND, l.handshakes_per_second);
+    errs.check(
+        bounds::SOURCE_PREFIX_LENGTH_IPV4,
+        l.source_prefix_length_ipv4,
+    );
+    errs.check(
+        bounds::SOURCE_PREFIX_LENGTH_IPV6,
+        l.source_prefix_length_ipv6,
+    );
+    // At or above the cap, spoofed sources would fill every half-open slot before a Retry
+    // is ever sent, and validated clients would be refused.
+    if v.half_open_threshold >= l.half_open_connections {
+        errs.push(
+            "addressValidation.halfOpenThreshold",
+            format!(
+                "{} must be below limits.halfOpenConnections ({})",
+                v.half_open_threshold, l.half_open_connections
             ),
         );
     }

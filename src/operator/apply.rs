@@ -6,15 +6,16 @@ use std::collections::BTreeSet;
 use std::fmt::Debug;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Event, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{Event, Secret, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use k8s_openapi::ByteString;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::controller::Context;
-use super::resources::Desired;
+use super::resources::{self, Desired};
 use super::status::Blocker;
 use super::watches::owned_by;
 use super::FIELD_MANAGER;
@@ -24,7 +25,7 @@ use crate::api::reasons;
 #[derive(Debug, thiserror::Error)]
 #[error("{action} {kind} {object}: {source}")]
 pub struct ApplyError {
-    /// `applying` or `deleting`.
+    /// `applying`, `creating` or `deleting`.
     pub action: &'static str,
     pub kind: String,
     /// `namespace/name`, or `name` for cluster-scoped objects.
@@ -98,6 +99,7 @@ where
 /// Applies every desired object; returns the DaemonSet as the API server has it (with status).
 pub async fn apply_all(ctx: &Context, d: &Desired) -> Result<DaemonSet, ApplyError> {
     let c = &ctx.client;
+    ensure_keys_secret(ctx, &d.keys_secret).await?;
     apply(
         namespaced::<ServiceAccount>(ctx, &d.service_account),
         &d.service_account,
@@ -119,6 +121,46 @@ pub async fn apply_all(ctx: &Context, d: &Desired) -> Result<DaemonSet, ApplyErr
         apply(namespaced::<Service>(ctx, svc), svc).await?;
     }
     apply(namespaced::<DaemonSet>(ctx, &d.daemon_set), &d.daemon_set).await
+}
+
+/// Creates the listener's keys Secret with fresh random bytes unless it exists; an existing
+/// one is never changed (a new key would strand every client of the old one). First, as the
+/// DaemonSet's pods cannot start without it.
+async fn ensure_keys_secret(ctx: &Context, keys: &Secret) -> Result<(), ApplyError> {
+    let api = namespaced::<Secret>(ctx, keys);
+    let name = keys.name_any();
+    let failed = |source| ApplyError {
+        action: "creating",
+        kind: "Secret".into(),
+        object: object_name(keys),
+        source,
+    };
+    if api.get_opt(&name).await.map_err(failed)?.is_some() {
+        return Ok(());
+    }
+    let random = crate::proxy::keys::random_secret().map_err(|e| {
+        failed(kube::Error::Service(Box::new(std::io::Error::other(
+            e.to_string(),
+        ))))
+    })?;
+    let mut secret = keys.clone();
+    secret.data = Some(
+        [(
+            resources::KEYS_SECRET_KEY.to_string(),
+            ByteString(random.to_vec()),
+        )]
+        .into_iter()
+        .collect(),
+    );
+    match api.create(&PostParams::default(), &secret).await {
+        Ok(_) => {
+            tracing::info!(secret = %name, "created the listener's QUIC keys Secret");
+            Ok(())
+        }
+        // Another operator (a leader change) created it first.
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(failed(e)),
+    }
 }
 
 async fn delete<K>(ctx: &Context, ns: &str, name: &str) -> Result<(), ApplyError>

@@ -32,16 +32,27 @@ use super::status::{self, Blocker, PodReport};
 use super::watches::{self, OwnedStores};
 use super::{conflicts, leader, FIELD_MANAGER};
 use crate::api::altsvc::{controller_of, IngressController};
+use crate::api::gateway::{Gateway, HTTPRoute};
 use crate::api::{reasons, Http3Listener, Http3ListenerStatus, SecretRef};
+use crate::config::gateway::GatewayObjects;
 use crate::config::kube::{
     default_class, ingress_key, referenced_secrets, resolve_hosts, with_default_class,
     ResolvedHosts, SecretMap,
 };
+use crate::gateway_api::GatewayApiWatch;
 
 /// How often a listener is reconciled without any change, to refresh the pods' reports.
 pub const REQUEUE: Duration = Duration::from_secs(60);
 /// Retry delay after a failed reconciliation.
 pub const ERROR_REQUEUE: Duration = Duration::from_secs(15);
+/// Delay while running pods have not loaded a host the operator resolved yet. Nothing tells
+/// the operator when they have (they load it from their own watches within seconds), so
+/// without a prompt look `kubectl get h3l` would show the host pending for a whole
+/// [`REQUEUE`] after an Ingress was annotated.
+pub const SETTLE_REQUEUE: Duration = Duration::from_secs(3);
+/// Prompt looks in a row per listener, so a pod that never loads a host does not keep the
+/// operator busy (it then shows the host pending, and looks every [`REQUEUE`]).
+pub const SETTLE_ATTEMPTS: u32 = 20;
 /// Kubernetes limits an event note to 1 kB.
 const MAX_NOTE: usize = 1000;
 
@@ -77,6 +88,8 @@ pub struct Caches {
     pub classes: Store<IngressClass>,
     /// The Roles, RoleBindings and Services the operator made, for pruning.
     pub owned: OwnedStores,
+    /// Gateways, HTTPRoutes and ReferenceGrants; `None` leaves the Gateway API out entirely.
+    pub gateway_api: Option<Arc<GatewayApiWatch>>,
 }
 
 /// Everything a reconciliation needs; shared by all of them.
@@ -88,12 +101,15 @@ pub struct Context {
     pub listeners: Store<Http3Listener>,
     pub classes: Store<IngressClass>,
     pub owned: OwnedStores,
+    pub gateway_api: Option<Arc<GatewayApiWatch>>,
     pub leader: watch::Receiver<bool>,
     pub reports: Arc<dyn ReportFetcher>,
     pub recorder: Recorder,
     pub metrics: Arc<OperatorMetrics>,
     /// Secrets each listener references, so a Secret change re-reconciles only when it matters.
     pub secret_interest: Mutex<BTreeMap<String, BTreeSet<SecretRef>>>,
+    /// Prompt looks in a row per listener whose pods are still loading a host.
+    pub settling: Mutex<BTreeMap<String, u32>>,
 }
 
 impl Context {
@@ -115,10 +131,12 @@ impl Context {
             listeners: caches.listeners,
             classes: caches.classes,
             owned: caches.owned,
+            gateway_api: caches.gateway_api,
             leader,
             reports,
             metrics,
             secret_interest: Mutex::new(BTreeMap::new()),
+            settling: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -134,6 +152,20 @@ impl Context {
         let classes = self.classes.state();
         let default = default_class(classes.iter().map(|c| c.as_ref()));
         with_default_class(&self.ingresses.state(), default.as_deref())
+    }
+
+    /// The Gateway API objects seen so far (none without the Gateway API).
+    pub fn gateway_objects(&self) -> GatewayObjects {
+        self.gateway_api
+            .as_ref()
+            .map(|g| g.objects())
+            .unwrap_or_default()
+    }
+
+    /// Whether the Gateway API kinds have been listed (or found not served) once; before
+    /// that every route's host would look unwanted.
+    pub fn gateway_api_synced(&self) -> bool {
+        self.gateway_api.as_ref().is_none_or(|g| g.synced())
     }
 
     /// Whether some listener references this Secret.
@@ -246,6 +278,28 @@ async fn publish(ctx: &Context, listener: &Http3Listener, planned: Vec<PlannedEv
                     None => continue,
                 }
             }
+            Target::HttpRoute(key) => {
+                let (ns, name) = key.split_once('/').unwrap_or(("", key));
+                let found = ctx
+                    .gateway_api
+                    .as_ref()
+                    .and_then(|g| g.routes.get(&ObjectRef::<HTTPRoute>::new(name).within(ns)));
+                match found {
+                    Some(r) => r.object_ref(&()),
+                    None => continue,
+                }
+            }
+            Target::Gateway(key) => {
+                let (ns, name) = key.split_once('/').unwrap_or(("", key));
+                let found = ctx
+                    .gateway_api
+                    .as_ref()
+                    .and_then(|g| g.gateways.get(&ObjectRef::<Gateway>::new(name).within(ns)));
+                match found {
+                    Some(gw) => gw.object_ref(&()),
+                    None => continue,
+                }
+            }
         };
         let type_ = if ev.warning {
             EventType::Warning
@@ -352,8 +406,13 @@ async fn observe_data_plane(
 /// The leader's reconciliation: apply the data plane, read its pods, write the status.
 async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<Action, Error> {
     let name = listener.name_any();
+    if !ctx.gateway_api_synced() {
+        // Its first lists are on the way; the sync itself triggers every listener again.
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
     let ingresses = ctx.ingresses();
-    let refs = referenced_secrets(listener, ingresses.iter().map(|i| i.as_ref()));
+    let gateway_api = ctx.gateway_objects();
+    let refs = referenced_secrets(listener, ingresses.iter().map(|i| i.as_ref()), &gateway_api);
     ctx.secret_interest
         .lock()
         .expect("not poisoned")
@@ -363,13 +422,14 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
     let resolved = resolve_hosts(
         listener,
         ingresses.iter().map(|i| i.as_ref()),
+        &gateway_api,
         &secrets,
         now.as_second(),
     );
     let observed = observe_data_plane(listener, &refs, ctx).await?;
 
     let controllers = ingress_controllers(&ingresses, &resolved);
-    let next = status::aggregate(&status::Inputs {
+    let inputs = status::Inputs {
         controllers: &controllers,
         alt_svc_max_age: listener.spec.alt_svc.max_age_seconds,
         generation: listener.metadata.generation,
@@ -381,12 +441,31 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         pods: &observed.pods,
         previous: listener.status.as_ref(),
         now,
-    });
+    };
+    let next = status::aggregate(&inputs);
+    let loading = status::hosts_loading(&inputs, &next);
     write_status(ctx, listener, next).await?;
     match observed.failure {
         // Said in the status; retried on the error policy's schedule.
         Some(e) => Err(e.into()),
-        None => Ok(Action::requeue(REQUEUE)),
+        None => Ok(Action::requeue(next_look(ctx, &name, loading))),
+    }
+}
+
+/// When to look at a listener again: promptly while its pods load a host, up to
+/// [`SETTLE_ATTEMPTS`] times in a row, else after [`REQUEUE`].
+fn next_look(ctx: &Context, listener: &str, loading: bool) -> Duration {
+    let mut settling = ctx.settling.lock().expect("not poisoned");
+    if !loading {
+        settling.remove(listener);
+        return REQUEUE;
+    }
+    let looks = settling.entry(listener.to_string()).or_insert(0);
+    *looks += 1;
+    if *looks <= SETTLE_ATTEMPTS {
+        SETTLE_REQUEUE
+    } else {
+        REQUEUE
     }
 }
 
@@ -546,6 +625,13 @@ pub async fn run_with(
     let (listener_store, listener_writer) = reflector::store::<Http3Listener>();
     let (class_store, class_writer) = reflector::store::<IngressClass>();
     let (owned, _owned_watches) = OwnedStores::start(&client, &opts.namespace);
+    let (gateway_tx, gateway_rx) = mpsc::unbounded_channel();
+    let gateway_api = Arc::new(GatewayApiWatch::start(
+        &client,
+        Arc::new(move || {
+            let _ = gateway_tx.send(());
+        }),
+    ));
     tokio::spawn(ready_once_filled(
         ingress_store.clone(),
         owned.clone(),
@@ -564,6 +650,7 @@ pub async fn run_with(
                 listeners: listener_store.clone(),
                 classes: class_store,
                 owned,
+                gateway_api: Some(gateway_api),
             },
             leader_rx.clone(),
             reports,
@@ -599,6 +686,7 @@ pub async fn run_with(
     .reconcile_all_on(watches::secret_trigger(&client, ctx.clone()))
     .reconcile_all_on(watches::class_trigger(&client, class_writer))
     .reconcile_all_on(stream_from_channel(any_listener_rx))
+    .reconcile_all_on(stream_from_channel(gateway_rx))
     .reconcile_all_on(
         tokio_stream_from_watch(leader_rx)
             .filter_map(|is_leader| future::ready(is_leader.then_some(()))),

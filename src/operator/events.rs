@@ -1,5 +1,6 @@
 //! Which Kubernetes Events a status change deserves. Pure: compares the stored status with the
-//! next one; the controller publishes the result on the listener and on the Ingresses.
+//! next one; the controller publishes the result on the listener and on the Ingress,
+//! HTTPRoute or annotated Gateway the host came from.
 
 use std::collections::BTreeMap;
 
@@ -19,6 +20,10 @@ pub enum Target {
     Listener,
     /// `namespace/name` of an Ingress.
     Ingress(String),
+    /// `namespace/name` of an HTTPRoute.
+    HttpRoute(String),
+    /// `namespace/name` of a Gateway (for hosts of an annotated Gateway, not of its routes).
+    Gateway(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,34 +34,55 @@ pub struct PlannedEvent {
     pub note: String,
 }
 
-type HostKey = (String, Option<String>);
+/// A host entry's identity: its name and where it came from.
+type HostKey = (
+    String,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
 
 fn by_key(s: Option<&Http3ListenerStatus>) -> BTreeMap<HostKey, &HostStatus> {
     s.map(|s| {
         s.hosts
             .iter()
-            .map(|h| ((h.name.clone(), h.ingress.clone()), h))
+            .map(|h| {
+                let key = (
+                    h.name.clone(),
+                    h.ingress.clone(),
+                    h.http_route.clone(),
+                    h.gateway.clone(),
+                    h.gateway_listener.clone(),
+                );
+                (key, h)
+            })
             .collect()
     })
     .unwrap_or_default()
 }
 
-fn both(
-    out: &mut Vec<PlannedEvent>,
-    ingress: &Option<String>,
-    warning: bool,
-    reason: &str,
-    note: String,
-) {
+/// The object the host came from, if any: its Ingress, HTTPRoute, or annotated Gateway.
+fn source_target(h: &HostStatus) -> Option<Target> {
+    match (&h.ingress, &h.http_route, &h.gateway) {
+        (Some(i), _, _) => Some(Target::Ingress(i.clone())),
+        (None, Some(r), _) => Some(Target::HttpRoute(r.clone())),
+        (None, None, Some(g)) => Some(Target::Gateway(g.clone())),
+        (None, None, None) => None,
+    }
+}
+
+/// The event on the listener and on the object the host came from.
+fn both(out: &mut Vec<PlannedEvent>, h: &HostStatus, warning: bool, reason: &str, note: String) {
     out.push(PlannedEvent {
         target: Target::Listener,
         warning,
         reason: reason.to_string(),
         note: note.clone(),
     });
-    if let Some(i) = ingress {
+    if let Some(target) = source_target(h) {
         out.push(PlannedEvent {
-            target: Target::Ingress(i.clone()),
+            target,
             warning,
             reason: reason.to_string(),
             note,
@@ -80,7 +106,7 @@ pub fn plan(old: Option<&Http3ListenerStatus>, new: &Http3ListenerStatus) -> Vec
             if !was_serving {
                 both(
                     &mut out,
-                    &h.ingress,
+                    h,
                     false,
                     event_reasons::HTTP3_ENABLED,
                     format!("HTTP/3 enabled for {}", h.name),
@@ -92,14 +118,14 @@ pub fn plan(old: Option<&Http3ListenerStatus>, new: &Http3ListenerStatus) -> Vec
             } else {
                 format!("HTTP/3 not served for {}: {}", h.name, h.message)
             };
-            both(&mut out, &h.ingress, true, &h.reason, note);
+            both(&mut out, h, true, &h.reason, note);
         }
     }
     for (key, h) in &before {
         if !after.contains_key(key) && h.state == host_states::SERVING {
             both(
                 &mut out,
-                &h.ingress,
+                h,
                 false,
                 event_reasons::HTTP3_DISABLED,
                 format!("HTTP/3 disabled for {}", h.name),
@@ -179,6 +205,8 @@ mod tests {
                 let t = match &e.target {
                     Target::Listener => "listener".to_string(),
                     Target::Ingress(i) => i.clone(),
+                    Target::HttpRoute(r) => format!("httproute {r}"),
+                    Target::Gateway(g) => format!("gateway {g}"),
                 };
                 format!(
                     "{t} {} {}: {}",
@@ -188,6 +216,45 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    #[test]
+    fn gateway_api_hosts_are_announced_on_their_httproute_or_annotated_gateway() {
+        let routed = HostStatus {
+            http_route: Some("apps/web".into()),
+            gateway: Some("infra/gw".into()),
+            gateway_listener: Some("https".into()),
+            ..host(
+                "a.example.com",
+                None,
+                "NotServing",
+                reasons::REF_NOT_PERMITTED,
+                "no grant",
+            )
+        };
+        let from_gateway = HostStatus {
+            gateway: Some("infra/gw".into()),
+            gateway_listener: Some("https".into()),
+            ..host("b.example.com", None, "Serving", reasons::SERVING, "")
+        };
+        let new = status(vec![routed.clone(), from_gateway], vec![]);
+        assert_eq!(
+            summary(&plan(None, &new)),
+            [
+                "listener W RefNotPermitted: HTTP/3 not served for a.example.com: no grant",
+                "httproute apps/web W RefNotPermitted: HTTP/3 not served for a.example.com: no grant",
+                "listener N Http3Enabled: HTTP/3 enabled for b.example.com",
+                "gateway infra/gw N Http3Enabled: HTTP/3 enabled for b.example.com",
+            ]
+        );
+        // The same host through another listener section is another entry.
+        let moved = HostStatus {
+            gateway_listener: Some("https-2".into()),
+            ..routed
+        };
+        let after = status(vec![moved], vec![]);
+        let events = summary(&plan(Some(&new), &after));
+        assert!(events.contains(&"httproute apps/web W RefNotPermitted: HTTP/3 not served for a.example.com: no grant".to_string()), "{events:?}");
     }
 
     #[test]

@@ -5,6 +5,11 @@
 //! listener, Ingresses and IngressClasses), and a Role + RoleBinding in each namespace holding a
 //! referenced Secret, naming only those Secrets. Every object carries an owner reference to the
 //! listener so deleting it removes them all.
+//!
+//! Plus the listener's QUIC keys Secret ([`keys_secret`]): random bytes, created once and
+//! never changed (immutable), mounted into every data plane pod, so a restarted pod and its
+//! neighbours answer the listener's old connections with stateless resets and accept each
+//! other's Retry tokens.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -14,8 +19,8 @@ use k8s_openapi::api::apps::v1::{
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
     HTTPGetAction, LocalObjectReference, ObjectFieldSelector, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, Service,
-    ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource,
+    SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
@@ -23,6 +28,7 @@ use k8s_openapi::api::rbac::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use k8s_openapi::ByteString;
 use kube::{Resource, ResourceExt};
 
 use crate::api::{
@@ -50,6 +56,10 @@ pub const CONTAINER_NAME: &str = "h3-ingress";
 pub const TUNE_CONTAINER_NAME: &str = "tune-node-buffers";
 /// Non-root user of the data plane when the port allows (the distroless "nonroot" user).
 pub const NON_ROOT_UID: i64 = 65532;
+/// Where the keys Secret is mounted in the data plane container, and its one data key.
+pub const KEYS_MOUNT_PATH: &str = "/etc/h3-ingress/keys";
+pub const KEYS_SECRET_KEY: &str = "key";
+const KEYS_VOLUME: &str = "quic-keys";
 /// Added to `http.drainTimeoutSeconds` so the kubelet does not kill a pod still draining.
 pub const TERMINATION_GRACE_MARGIN_SECONDS: i64 = 15;
 
@@ -122,11 +132,40 @@ pub struct Desired {
     pub service: Option<Service>,
     /// The pod template's [`SOCKET_HASH_ANNOTATION`] value.
     pub socket_hash: String,
+    /// The keys Secret without its data: the operator creates it with random bytes when it
+    /// does not exist, and never touches an existing one.
+    pub keys_secret: Secret,
 }
 
 /// Name of the DaemonSet and ServiceAccount of a listener.
 pub fn data_plane_name(listener: &str) -> String {
     format!("h3-ingress-{listener}")
+}
+
+/// Name of the Secret holding a listener's QUIC keys (in the operator's namespace).
+pub fn keys_secret_name(listener: &str) -> String {
+    format!("h3-ingress-keys-{listener}")
+}
+
+/// The listener's keys Secret with `secret` (random bytes the caller made), immutable so that
+/// nothing rotates it by accident: a new key strands every client of the old one.
+pub fn keys_secret(
+    listener: &Http3Listener,
+    params: &Params,
+    secret: Vec<u8>,
+) -> Result<Secret, BuildError> {
+    let name = keys_secret_name(&listener.name_any());
+    Ok(Secret {
+        metadata: meta(listener, name, Some(&params.namespace))?,
+        type_: Some("Opaque".into()),
+        immutable: Some(true),
+        data: Some(
+            [(KEYS_SECRET_KEY.to_string(), ByteString(secret))]
+                .into_iter()
+                .collect(),
+        ),
+        ..Default::default()
+    })
 }
 
 /// Name of the ClusterRole(Binding) and of the per-namespace Role(Binding)s of a listener.
@@ -308,11 +347,16 @@ fn quantity(s: &str) -> Quantity {
 /// adversarial suite's pre-read attack), QUIC connection state and response bytes in flight.
 pub const DATA_PLANE_MEMORY_OVERHEAD_BYTES: u64 = 192 << 20;
 
-/// The data plane's memory limit: `limits.bufferedRequestBytes` plus the fixed overhead, so a
-/// flood is refused by the budget long before the kernel kills the pod, and a leak kills the
-/// pod, not the node.
+/// What one open QUIC connection holds, idle (about 57 KB measured: 1000 connections held by
+/// one client in the adversarial suite took the proxy from 14 to 71 MB RSS).
+pub const CONNECTION_MEMORY_BYTES: u64 = 64 << 10;
+
+/// The data plane's memory limit: `limits.bufferedRequestBytes`, `limits.connections` open
+/// connections and the fixed overhead, so a flood is refused by the budget and the connection
+/// cap long before the kernel kills the pod, and a leak kills the pod, not the node.
 pub fn memory_limit(c: &ProxyConfig) -> Quantity {
-    let bytes = c.limits.buffered_request_bytes + DATA_PLANE_MEMORY_OVERHEAD_BYTES;
+    let connections = u64::from(c.limits.connections) * CONNECTION_MEMORY_BYTES;
+    let bytes = c.limits.buffered_request_bytes + connections + DATA_PLANE_MEMORY_OVERHEAD_BYTES;
     quantity(&format!("{}Mi", bytes.div_ceil(1 << 20)))
 }
 
@@ -417,6 +461,8 @@ fn data_plane_container(
             "proxy".into(),
             "--listener".into(),
             listener.name_any(),
+            "--keys-file".into(),
+            format!("{KEYS_MOUNT_PATH}/{KEYS_SECRET_KEY}"),
         ]),
         env: Some(vec![
             env_from_field("NODE_NAME", "spec.nodeName"),
@@ -431,11 +477,19 @@ fn data_plane_container(
         readiness_probe: Some(probe(config, "/readyz", 5)),
         resources: Some(data_plane_resources(listener, config)),
         security_context: Some(container_security(config)),
-        volume_mounts: Some(vec![VolumeMount {
-            name: "tmp".into(),
-            mount_path: "/tmp".into(),
-            ..Default::default()
-        }]),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: "tmp".into(),
+                mount_path: "/tmp".into(),
+                ..Default::default()
+            },
+            VolumeMount {
+                name: KEYS_VOLUME.into(),
+                mount_path: KEYS_MOUNT_PATH.into(),
+                read_only: Some(true),
+                ..Default::default()
+            },
+        ]),
         ..Default::default()
     }
 }
@@ -481,21 +535,37 @@ fn data_plane_pod(
                 type_: "RuntimeDefault".into(),
                 localhost_profile: None,
             }),
+            // The keys Secret is mounted group-readable (0440) for this group, so the
+            // non-root user (whose group it is) can read it and nobody else.
+            fs_group: Some(NON_ROOT_UID),
             ..Default::default()
         }),
         init_containers: spec
             .tune_node_buffer_limits
             .then(|| vec![tune_container(config, tune_image)]),
         containers: vec![container],
-        volumes: Some(vec![Volume {
-            name: "tmp".into(),
-            empty_dir: Some(EmptyDirVolumeSource {
-                medium: Some("Memory".into()),
-                mode: None,
-                size_limit: Some(quantity("16Mi")),
-            }),
-            ..Default::default()
-        }]),
+        volumes: Some(vec![
+            Volume {
+                name: "tmp".into(),
+                empty_dir: Some(EmptyDirVolumeSource {
+                    medium: Some("Memory".into()),
+                    mode: None,
+                    size_limit: Some(quantity("16Mi")),
+                }),
+                ..Default::default()
+            },
+            // The kubelet mounts it (no API access needed); the pod waits until it exists.
+            Volume {
+                name: KEYS_VOLUME.into(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(keys_secret_name(&listener.name_any())),
+                    default_mode: Some(0o440),
+                    optional: Some(false),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        ]),
         ..Default::default()
     }
 }
@@ -547,6 +617,8 @@ pub fn daemon_set(
         status: None,
     })
 }
+
+use crate::api::gateway::GROUP as GATEWAY_GROUP;
 
 fn rule(group: &str, resource: &str, names: Option<Vec<String>>) -> PolicyRule {
     PolicyRule {
@@ -644,6 +716,10 @@ pub fn desired(
             rule("networking.k8s.io", "ingresses", None),
             // Which class is the cluster's default, for Ingresses that name none.
             rule("networking.k8s.io", "ingressclasses", None),
+            // Hosts from the Gateway API (read only; none of it exists without its CRDs).
+            rule(GATEWAY_GROUP, "gateways", None),
+            rule(GATEWAY_GROUP, "httproutes", None),
+            rule(GATEWAY_GROUP, "referencegrants", None),
         ]),
         aggregation_rule: None,
     };
@@ -688,6 +764,7 @@ pub fn desired(
         daemon_set: daemon_set(listener, &config, params, pod)?,
         service: service(listener, params)?,
         socket_hash: socket_hash(&config),
+        keys_secret: keys_secret(listener, params, Vec::new())?,
     })
 }
 
@@ -756,7 +833,10 @@ pub(crate) mod tests {
             c.image.as_deref(),
             Some("ghcr.io/h3-ingress/h3-ingress:0.1.0")
         );
-        assert_eq!(c.args.as_ref().unwrap(), &["proxy", "--listener", "public"]);
+        assert_eq!(
+            c.args.as_ref().unwrap()[..3],
+            ["proxy", "--listener", "public"]
+        );
         let ports = c.ports.as_ref().unwrap();
         assert_eq!(
             (
@@ -850,6 +930,36 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_keys_secret_is_immutable_owned_and_mounted_read_only() {
+        let l = listener("k", base());
+        let d = desired(&l, &BTreeSet::new(), &params(), &PodDefaults::default()).unwrap();
+        let s = &d.keys_secret;
+        assert_eq!(s.metadata.name.as_deref(), Some("h3-ingress-keys-k"));
+        assert_eq!(s.metadata.namespace.as_deref(), Some("h3-system"));
+        assert_eq!(s.immutable, Some(true));
+        assert_eq!(s.metadata.owner_references.as_ref().unwrap()[0].name, "k");
+        // Data comes from the controller, at creation only.
+        assert!(s.data.as_ref().unwrap()[KEYS_SECRET_KEY].0.is_empty());
+        let p = pod(&d.daemon_set);
+        let c = &p.containers[0];
+        let args = c.args.as_ref().unwrap();
+        assert_eq!(args[3..], ["--keys-file", "/etc/h3-ingress/keys/key"]);
+        let mount = &c.volume_mounts.as_ref().unwrap()[1];
+        assert_eq!(
+            (mount.mount_path.as_str(), mount.read_only),
+            (KEYS_MOUNT_PATH, Some(true))
+        );
+        let volume = &p.volumes.as_ref().unwrap()[1];
+        let secret = volume.secret.as_ref().unwrap();
+        assert_eq!(volume.name, mount.name);
+        assert_eq!(secret.secret_name.as_deref(), Some("h3-ingress-keys-k"));
+        assert_eq!(secret.default_mode, Some(0o440));
+        // Group-readable for the non-root user's group, which fsGroup gives the files.
+        let fs_group = p.security_context.as_ref().unwrap().fs_group;
+        assert_eq!(fs_group, Some(NON_ROOT_UID));
+    }
+
+    #[test]
     fn data_plane_memory_limit_follows_the_request_budget() {
         let memory = |spec: serde_json::Value| {
             let d = desired(
@@ -862,11 +972,13 @@ pub(crate) mod tests {
             let r = pod(&d.daemon_set).containers[0].resources.clone().unwrap();
             r.limits.unwrap()["memory"].0.clone()
         };
-        // 64 MiB default budget + 192 MiB overhead.
-        assert_eq!(memory(base()), "256Mi");
+        // 64 MiB default budget + 4096 connections x 64 KiB + 192 MiB overhead.
+        assert_eq!(memory(base()), "512Mi");
         let mut spec = base();
         spec["limits"] = serde_json::json!({"bufferedRequestBytes": 134217728});
-        assert_eq!(memory(spec), "320Mi");
+        assert_eq!(memory(spec.clone()), "576Mi");
+        spec["limits"]["connections"] = 1024.into();
+        assert_eq!(memory(spec), "384Mi");
         // The listener's own limit wins; its requests are kept.
         let mut spec = base();
         spec["resources"] =
@@ -1043,6 +1155,19 @@ pub(crate) mod tests {
         assert_eq!(cr_rules[0].resource_names.as_ref().unwrap(), &["public"]);
         assert_eq!(cr_rules[1].resources.as_ref().unwrap(), &["ingresses"]);
         assert!(cr_rules[1].resource_names.is_none());
+        let gateway_api: Vec<_> = cr_rules[3..]
+            .iter()
+            .map(|r| (r.api_groups.clone().unwrap(), r.resources.clone().unwrap()))
+            .collect();
+        let g = || vec!["gateway.networking.k8s.io".to_string()];
+        assert_eq!(
+            gateway_api,
+            [
+                (g(), vec!["gateways".to_string()]),
+                (g(), vec!["httproutes".to_string()]),
+                (g(), vec!["referencegrants".to_string()]),
+            ]
+        );
         let all_rules = cr_rules
             .iter()
             .chain(d.roles.iter().flat_map(|r| r.rules.as_ref().unwrap()));

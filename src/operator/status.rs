@@ -10,7 +10,7 @@ use k8s_openapi::api::apps::v1::DaemonSetStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::altsvc::{advice, says_header_missing, IngressController};
+use crate::api::altsvc::{advice, gateway_advice, says_header_missing, IngressController};
 use crate::api::{
     conditions, host_states, reasons, HostReport, HostRequests, HostStatus, Http3ListenerStatus,
     NodesStatus, StatusReport, UdpStatus, RECOMMENDED_SYSCTL_BUFFER_MAX,
@@ -154,6 +154,9 @@ fn host_status(inp: &Inputs, wanted: &HostReport) -> HostStatus {
     let mut h = HostStatus {
         name: wanted.name.clone(),
         ingress: wanted.ingress.clone(),
+        http_route: wanted.http_route.clone(),
+        gateway: wanted.gateway.clone(),
+        gateway_listener: wanted.gateway_listener.clone(),
         secret: wanted.secret.clone(),
         state: wanted.state.clone(),
         reason: wanted.reason.clone(),
@@ -200,6 +203,16 @@ fn host_status(inp: &Inputs, wanted: &HostReport) -> HostStatus {
     h
 }
 
+/// Whether pods answer /status but have not loaded a host the operator resolved yet
+/// ([`reasons::CONFIG_PENDING`] while some pod reports): a state they leave within seconds.
+pub fn hosts_loading(inp: &Inputs, status: &Http3ListenerStatus) -> bool {
+    !reports(inp).is_empty()
+        && status
+            .hosts
+            .iter()
+            .any(|h| h.reason == reasons::CONFIG_PENDING)
+}
+
 /// A host the operator can serve but no pod serves: a pod's reason, or pending.
 fn not_served_by_pods(inp: &Inputs, h: &mut HostStatus, seen: &[PodHost], reporting: usize) {
     h.state = host_states::NOT_SERVING.to_string();
@@ -241,8 +254,12 @@ fn alt_svc_verdict(inp: &Inputs, h: &mut HostStatus, serving: &[PodHost]) {
     // A probe that failed outright keeps its own message; a missing header gets the advice
     // for the controller the Ingress is written for, when its annotations say.
     let why = if says_header_missing(&x.alt_svc_message) {
-        let controller = h.ingress.as_ref().and_then(|i| inp.controllers.get(i));
-        advice(controller.copied(), &h.name, inp.port, inp.alt_svc_max_age)
+        if h.gateway.is_some() {
+            gateway_advice(&h.name, inp.port, inp.alt_svc_max_age)
+        } else {
+            let controller = h.ingress.as_ref().and_then(|i| inp.controllers.get(i));
+            advice(controller.copied(), &h.name, inp.port, inp.alt_svc_max_age)
+        }
     } else {
         x.alt_svc_message.clone()
     };
@@ -461,12 +478,23 @@ fn ready_verdict(f: &Facts) -> (bool, &'static str, String) {
         return (false, reasons::PODS_NOT_CREATED, msg);
     }
     if f.wanted.is_empty() {
-        let msg = "no Ingress of this listener's class (or naming it in h3-ingress.dev/listener) \
-                   has h3-ingress.dev/enabled: \"true\", and spec.hosts is empty";
+        let msg = "no Ingress of this listener's class, and no HTTPRoute or Gateway of its \
+                   gatewayClassName (or naming it in h3-ingress.dev/listener), has \
+                   h3-ingress.dev/enabled: \"true\", and spec.hosts is empty";
         return (false, reasons::NO_HOSTS, msg.to_string());
     }
     if desired == 0 {
-        let msg = "no node runs the data plane yet (check spec.nodeSelector and spec.tolerations)";
+        // A DaemonSet its controller has not seen yet also says 0: right after every
+        // `kubectl apply` of a listener, when the hint below would send users astray.
+        let counted = f
+            .inp
+            .daemon_set
+            .is_some_and(|d| d.observed_generation.is_some());
+        let msg = if counted {
+            "no node runs the data plane (check spec.nodeSelector and spec.tolerations)"
+        } else {
+            "the DaemonSet controller has not scheduled the data plane yet"
+        };
         return (false, reasons::PODS_NOT_READY, msg.to_string());
     }
     if ready < desired {
@@ -759,6 +787,61 @@ mod tests {
     }
 
     #[test]
+    fn no_scheduled_pods_blame_the_node_selector_only_once_the_daemon_set_was_counted() {
+        let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
+        let ready_message = |d: Option<&DaemonSetStatus>| {
+            cond(
+                &aggregate(&inputs(&hosts, d, &[], None, 1000)),
+                conditions::READY,
+            )
+            .message
+            .clone()
+        };
+        let fresh = ds(0, 0);
+        assert_eq!(
+            ready_message(Some(&fresh)),
+            "the DaemonSet controller has not scheduled the data plane yet"
+        );
+        assert_eq!(ready_message(None), ready_message(Some(&fresh)));
+        let counted = DaemonSetStatus {
+            observed_generation: Some(1),
+            ..ds(0, 0)
+        };
+        assert!(ready_message(Some(&counted)).contains("check spec.nodeSelector"));
+    }
+
+    #[test]
+    fn hosts_are_loading_only_while_reporting_pods_have_not_loaded_one() {
+        let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
+        let sockets = || vec![socket("ipv4", false)];
+        let d = ds(1, 1);
+        let loading = |pods: &[PodReport]| {
+            let inp = inputs(&hosts, Some(&d), pods, None, 1000);
+            hosts_loading(&inp, &aggregate(&inp))
+        };
+        assert!(
+            loading(&[pod("p1", vec![], sockets(), 0)]),
+            "a pod without the host yet"
+        );
+        let served_pods = [pod(
+            "p1",
+            vec![served("a.example.com", 0, None)],
+            sockets(),
+            0,
+        )];
+        assert!(!loading(&served_pods), "loaded");
+        let silent = PodReport {
+            pod: "p1".into(),
+            node: None,
+            report: Err("connection refused".into()),
+        };
+        assert!(
+            !loading(&[silent]),
+            "no pod answers: pending, but not a state pods leave by themselves"
+        );
+    }
+
+    #[test]
     fn healthy_listener_is_ready_with_records_requests_and_buffers() {
         let hosts = [
             want("a.example.com", "Serving", reasons::SERVING),
@@ -923,6 +1006,10 @@ mod tests {
             (r.reason.as_str(), r.message.as_str()),
             (reasons::PODS_NOT_READY, "1 of 2 data plane pods ready")
         );
+        let d00 = DaemonSetStatus {
+            observed_generation: Some(1),
+            ..d00
+        };
         let s = aggregate(&inputs(&hosts, Some(&d00), &ok_pod, None, 1));
         assert!(cond(&s, conditions::READY).message.contains("nodeSelector"));
         let s = aggregate(&inputs(&hosts, None, &ok_pod, None, 1));

@@ -1,25 +1,32 @@
-//! The accept loop of each endpoint and the task of each QUIC connection: handshake, HTTP/3
-//! setup, one task per request stream, GOAWAY on drain, transport statistics at the end.
+//! The accept loop of each endpoint and the task of each QUIC connection: handshake (within
+//! `transport.handshakeTimeoutSeconds`), HTTP/3 setup, one task per request stream, GOAWAY on
+//! drain or at `http.maxConnectionAgeSeconds`, transport statistics at the end.
 //!
 //! Every connection attempt passes through [`admit`], the one place where the proxy decides
-//! what to do with it (and where refusing, address validation and limits belong).
+//! what to do with it: a Retry, a refusal at a cap ([`super::admission`]), or a handshake.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use quinn::VarInt;
+use ring::rand::{SecureRandom, SystemRandom};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info_span, Instrument};
 
+use super::admission::{Attempt, Policy, Ticket, Verdict};
+use super::amplification::CLOSING_TTL;
 use super::cc;
 use super::frames;
 use super::handler::{self, ConnCtx};
-use super::metrics::{handshake, Metrics};
+use super::metrics::{handshake, limit, Metrics};
 use super::state::Shared;
 use super::streams::{self, ConnStreams, StreamLimits};
+use crate::api::HttpSettings;
 
 /// Accepts connections on `endpoint` until it closes or `drain` is cancelled; each one runs
 /// on `tracker` so the drain can wait for them.
@@ -40,8 +47,8 @@ pub async fn accept_loop(
     }
 }
 
-/// Decides what happens to one connection attempt. Today every attempt is accepted (a drain
-/// stops the accept loop before it gets here) and runs as its own task on `tracker`.
+/// Decides what happens to one connection attempt (a drain stops the accept loop before it
+/// gets here): a Retry, a refusal at a cap, or a handshake in its own task on `tracker`.
 fn admit(
     incoming: quinn::Incoming,
     family: &'static str,
@@ -49,9 +56,50 @@ fn admit(
     tracker: &TaskTracker,
     drain: &CancellationToken,
 ) {
-    let span = info_span!("conn", client = %incoming.remote_address(), family);
-    let conn = connection(incoming, family, shared.clone(), drain.clone());
-    tracker.spawn(conn.instrument(span));
+    let gen = shared.current.load();
+    let policy = Policy {
+        validation: &gen.config.address_validation,
+        limits: &gen.config.limits,
+    };
+    let remote = incoming.remote_address();
+    let attempt = Attempt {
+        source: remote.ip(),
+        validated: incoming.remote_address_validated(),
+        may_retry: incoming.may_retry(),
+    };
+    let m = &shared.metrics;
+    let count = |limit: &str, result: &str| {
+        m.limits.with_label_values(&[limit]).inc();
+        m.handshakes.with_label_values(&[result]).inc();
+    };
+    match shared.admission.decide(policy, attempt) {
+        Verdict::Accept(ticket) => {
+            if attempt.validated {
+                shared.guard.release(remote);
+            } else {
+                shared.guard.pin(remote);
+            }
+            let span = info_span!("conn", client = %remote, family);
+            let conn = connection(incoming, ticket, family, shared.clone(), drain.clone());
+            tracker.spawn(conn.instrument(span));
+        }
+        Verdict::Retry(cap) => {
+            if let Some(cap) = cap {
+                m.limits.with_label_values(&[cap.label()]).inc();
+            }
+            count(limit::RETRY, handshake::RETRY);
+            // `decide` retries only when `may_retry()`, so this cannot fail; refuse if it did.
+            if let Err(e) = incoming.retry() {
+                e.into_incoming().refuse();
+            }
+            shared.guard.release(remote);
+        }
+        Verdict::Refuse(cap) => {
+            count(cap.label(), handshake::REFUSED);
+            incoming.refuse();
+            shared.guard.release(remote);
+        }
+    }
 }
 
 /// Decrements the active-connection gauge however the connection ends.
@@ -81,14 +129,45 @@ fn handshake_failed(m: &Metrics, e: &quinn::ConnectionError) {
     debug!(error = %e, "handshake failed");
 }
 
-/// Completes the handshake; `None` when it failed (counted).
-async fn handshake(incoming: quinn::Incoming, m: &Metrics) -> Option<quinn::Connection> {
+/// Completes the handshake within `timeout`; `None` when it failed or timed out (counted).
+/// Until it completes, `remote` is unvalidated, so the guard keeps limiting what we send it a
+/// little longer after a failure (quinn may still send a CONNECTION_CLOSE).
+async fn handshake(
+    incoming: quinn::Incoming,
+    timeout: Duration,
+    shared: &Shared,
+) -> Option<quinn::Connection> {
+    let m = &shared.metrics;
+    let remote = incoming.remote_address();
+    let failed = || shared.guard.unpin_after(remote, CLOSING_TTL);
     // quinn processes the ClientHello in `accept`, so TLS failures (unknown SNI) land here.
-    let connecting = incoming
-        .accept()
-        .map_err(|e| handshake_failed(m, &e))
-        .ok()?;
-    let conn = connecting.await.map_err(|e| handshake_failed(m, &e)).ok()?;
+    let connecting = match incoming.accept() {
+        Ok(c) => c,
+        Err(e) => {
+            handshake_failed(m, &e);
+            failed();
+            return None;
+        }
+    };
+    let conn = match tokio::time::timeout(timeout, connecting).await {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(e)) => {
+            handshake_failed(m, &e);
+            failed();
+            return None;
+        }
+        Err(_) => {
+            // Dropping `connecting` closes the connection.
+            m.handshakes.with_label_values(&[handshake::TIMEOUT]).inc();
+            m.limits
+                .with_label_values(&[limit::HANDSHAKE_TIMEOUT])
+                .inc();
+            debug!(?timeout, "handshake timed out");
+            failed();
+            return None;
+        }
+    };
+    shared.guard.release(remote);
     m.handshakes.with_label_values(&[handshake::OK]).inc();
     Some(conn)
 }
@@ -133,17 +212,22 @@ fn conn_ctx(
     }
 }
 
+/// One connection from handshake to close. `ticket` holds its place in the caps until then.
 async fn connection(
     incoming: quinn::Incoming,
+    mut ticket: Ticket,
     family: &'static str,
     shared: Arc<Shared>,
     drain: CancellationToken,
 ) {
     let m = shared.metrics.clone();
     let remote = incoming.remote_address();
-    let Some(conn) = handshake(incoming, &m).await else {
+    let gen = shared.current.load_full();
+    let timeout = Duration::from_secs(gen.config.transport.handshake_timeout_seconds.into());
+    let Some(conn) = handshake(incoming, timeout, &shared).await else {
         return;
     };
+    ticket.established();
     let gauge = m.active_connections.with_label_values(&[family]);
     gauge.inc();
     let _active = ActiveGuard(gauge);
@@ -160,8 +244,9 @@ async fn connection(
         .max_field_section_size(max_field)
         .build::<_, Bytes>(streams::Connection::new(ctx.streams.clone()))
         .await;
+    let life = lifetime(&gen.config.http, jitter());
     match built {
-        Ok(h3conn) => serve_requests(h3conn, &conn, ctx, drain).await,
+        Ok(h3conn) => serve_requests(h3conn, &conn, ctx, drain, life).await,
         Err(e) => debug!(error = %e, "HTTP/3 setup failed"),
     }
     record_stats(&conn, &m);
@@ -169,30 +254,84 @@ async fn connection(
 
 type H3Conn = h3::server::Connection<streams::Connection, Bytes>;
 
-/// Runs every request of one connection; on drain sends GOAWAY and lets them finish.
+/// HTTP/3's "no error" code, for closing a connection that reached its maximum age.
+const H3_NO_ERROR: u32 = 0x100;
+
+/// How long a connection may live (`http.maxConnectionAgeSeconds`, `None` when 0) and how
+/// long its requests then get to finish (`http.drainTimeoutSeconds`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Lifetime {
+    pub max_age: Option<Duration>,
+    pub grace: Duration,
+}
+
+/// The lifetime of one connection: up to 10 % shorter than the maximum (`jitter` in 0..1), so
+/// connections opened together (after a restart) do not all get GOAWAY together.
+pub fn lifetime(http: &HttpSettings, jitter: f64) -> Lifetime {
+    let age = Duration::from_secs(http.max_connection_age_seconds.into());
+    Lifetime {
+        max_age: (!age.is_zero()).then(|| age.mul_f64(1.0 - 0.1 * jitter.clamp(0.0, 1.0))),
+        grace: Duration::from_secs(http.drain_timeout_seconds.into()),
+    }
+}
+
+fn jitter() -> f64 {
+    let mut b = [0u8; 2];
+    let _ = SystemRandom::new().fill(&mut b);
+    f64::from(u16::from_le_bytes(b)) / 65_536.0
+}
+
+async fn send_goaway(h3conn: &mut H3Conn) {
+    if let Err(e) = h3conn.shutdown(0).await {
+        debug!(error = %e, "sending GOAWAY failed");
+    }
+}
+
+/// Runs every request of one connection. On drain, or when the connection reaches its
+/// maximum age, sends GOAWAY and lets the requests in flight finish; after the maximum age
+/// they get `life.grace`, then the connection is closed.
 async fn serve_requests(
     mut h3conn: H3Conn,
     conn: &quinn::Connection,
     ctx: Arc<ConnCtx>,
     drain: CancellationToken,
+    life: Lifetime,
 ) {
     let mut requests = JoinSet::new();
     let mut goaway_sent = false;
     // Responses finished during the drain may still sit unacknowledged in quinn's send
     // buffer; closing the connection then would cut them off.
     let mut wait_for_client_close = false;
+    // Set once the connection reached its maximum age: everything after must end by then.
+    let mut deadline: Option<Instant> = None;
+    let far = Instant::now() + Duration::from_secs(10 * 365 * 86_400);
+    let age = tokio::time::sleep_until(life.max_age.map_or(far, |a| Instant::now() + a));
+    let grace_over = tokio::time::sleep_until(far);
+    tokio::pin!(age, grace_over);
     loop {
         tokio::select! {
             _ = drain.cancelled(), if !goaway_sent => {
                 goaway_sent = true;
-                if let Err(e) = h3conn.shutdown(0).await {
-                    debug!(error = %e, "sending GOAWAY failed");
-                }
+                send_goaway(&mut h3conn).await;
                 if requests.is_empty() {
                     break;
                 }
                 wait_for_client_close = true;
             }
+            _ = &mut age, if !goaway_sent => {
+                goaway_sent = true;
+                let m = &ctx.shared.metrics;
+                m.limits.with_label_values(&[limit::CONNECTION_AGE]).inc();
+                let d = Instant::now() + life.grace;
+                deadline = Some(d);
+                grace_over.as_mut().reset(d);
+                send_goaway(&mut h3conn).await;
+                if requests.is_empty() {
+                    break;
+                }
+                wait_for_client_close = true;
+            }
+            _ = &mut grace_over, if deadline.is_some() => break,
             Some(_) = requests.join_next(), if !requests.is_empty() => {
                 if goaway_sent && requests.is_empty() {
                     break;
@@ -217,13 +356,32 @@ async fn serve_requests(
             }
         }
     }
-    // Requests already accepted finish (the drain deadline bounds this from outside);
-    // dropping the h3 connection closes it with H3_NO_ERROR.
+    let finish = finish_requests(&mut h3conn, conn, requests, wait_for_client_close);
+    match deadline {
+        // The drain deadline bounds a drain from outside.
+        None => finish.await,
+        Some(d) => {
+            if tokio::time::timeout_at(d, finish).await.is_err() {
+                debug!("maximum connection age: grace period over, closing");
+                conn.close(VarInt::from_u32(H3_NO_ERROR), b"maximum connection age");
+            }
+        }
+    }
+}
+
+/// Lets accepted requests finish, then (after GOAWAY) waits for the client to close.
+async fn finish_requests(
+    h3conn: &mut H3Conn,
+    conn: &quinn::Connection,
+    mut requests: JoinSet<()>,
+    wait_for_client_close: bool,
+) {
+    // Dropping the h3 connection afterwards closes it with H3_NO_ERROR.
     while requests.join_next().await.is_some() {}
     if wait_for_client_close {
-        // The client closes once it has everything (GOAWAY told it to); the global drain
-        // deadline closes the endpoint if it never does.
-        debug!("drain: responses complete, waiting for the client to close");
+        // The client closes once it has everything (GOAWAY told it to); the drain deadline
+        // (or the grace after the maximum age) closes it if it never does.
+        debug!("GOAWAY sent, responses complete, waiting for the client to close");
         let _ = h3conn.accept().await;
         conn.closed().await;
     }
@@ -252,4 +410,33 @@ fn record_stats(conn: &quinn::Connection, m: &Metrics) {
         cwnd = s.path.cwnd,
         "connection closed"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_maximum_age_is_off_by_default_and_jittered_downwards() {
+        let http = HttpSettings::default();
+        assert_eq!(
+            lifetime(&http, 0.5),
+            Lifetime {
+                max_age: None,
+                grace: Duration::from_secs(30)
+            }
+        );
+        let http = HttpSettings {
+            max_connection_age_seconds: 1000,
+            drain_timeout_seconds: 5,
+            ..Default::default()
+        };
+        let l = |j| lifetime(&http, j).max_age.unwrap().as_secs_f64();
+        assert_eq!(l(0.0), 1000.0);
+        assert_eq!(l(0.5), 950.0);
+        assert!((900.0..901.0).contains(&l(0.9999)));
+        assert_eq!(l(7.0), 900.0);
+        assert_eq!(lifetime(&http, 0.0).grace, Duration::from_secs(5));
+        assert!((0.0..1.0).contains(&jitter()));
+    }
 }

@@ -160,6 +160,7 @@ mod tests {
             buffered_request_bytes: 0,
             buffered_request_bytes_per_connection: per_conn,
             buffered_request_bytes_per_stream: per_stream,
+            ..Default::default()
         }
     }
 

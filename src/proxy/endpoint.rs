@@ -5,9 +5,12 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use quinn::crypto::HandshakeTokenKey;
 use tracing::{error, info, warn};
 
+use super::amplification::{Guard, GuardedSocket};
 use super::cc::CcStats;
+use super::keys::Keys;
 use super::metrics::{Metrics, FAMILY_IPV6};
 use super::socket::{self, BoundSocket, SocketError};
 use super::state::{Generation, SocketEntry};
@@ -22,7 +25,19 @@ pub struct Family {
     pub endpoint: quinn::Endpoint,
     /// Upper bound of path-MTU discovery on this family; fixed for the endpoint's lifetime.
     pub max_udp_payload: u16,
+    /// Seals Retry tokens; the same for every configuration generation (and, with a keys
+    /// file, every process of the listener).
+    pub token_key: Arc<dyn HandshakeTokenKey>,
 }
+
+/// Connection attempts quinn queues for the accept loop. The loop decides on each at once, so
+/// the queue is short; quinn's default (65536) would let a flood park that many Initials.
+pub const MAX_INCOMING: usize = 4096;
+/// Datagrams quinn buffers for one attempt before it is decided (a ClientHello spanning a few
+/// datagrams, 0-RTT that we refuse anyway); quinn's default is 10 MB.
+pub const INCOMING_BUFFER_BYTES: u64 = 64 * 1024;
+/// The same, all attempts together; quinn's default is 100 MB.
+pub const INCOMING_BUFFER_TOTAL_BYTES: u64 = 8 * 1024 * 1024;
 
 /// The outcome of binding every configured address.
 pub struct Bound {
@@ -123,30 +138,43 @@ fn record_unbound(addr: SocketAddr, e: &SocketError, metrics: &Metrics) -> Socke
     (report, 0)
 }
 
-/// The quinn server configuration of `gen` for one family: TLS for its hosts and the whole
-/// transport (flow control, path MTU, congestion controller).
+/// The quinn server configuration of `gen` for one family: TLS for its hosts, the whole
+/// transport (flow control, path MTU, congestion controller), the Retry token key and the
+/// bounds of quinn's queue of undecided attempts.
 pub fn server_config(
     gen: &Generation,
     metrics: &Arc<Metrics>,
     cc_stats: &Arc<CcStats>,
     max_udp_payload: u16,
+    token_key: Arc<dyn HandshakeTokenKey>,
 ) -> Result<quinn::ServerConfig, ProxyError> {
     let crypto = tls::server_crypto(gen.config.hosts.clone(), metrics.clone())?;
     let transport =
         transport::transport_config(&gen.config.transport, max_udp_payload, cc_stats.clone());
-    let mut sc = quinn::ServerConfig::with_crypto(crypto);
+    let mut sc = quinn::ServerConfig::new(crypto, token_key);
     sc.transport_config(Arc::new(transport));
+    sc.max_incoming(MAX_INCOMING);
+    sc.incoming_buffer_size(INCOMING_BUFFER_BYTES);
+    sc.incoming_buffer_size_total(INCOMING_BUFFER_TOTAL_BYTES);
     // Clients may migrate (Wi-Fi to mobile); keep allowing it.
     sc.migration(true);
     Ok(sc)
 }
 
-/// A quinn endpoint on each bound socket, serving `gen`.
+/// What every endpoint of a proxy shares: its keys and the amplification ledger.
+pub struct Identity<'a> {
+    pub keys: &'a Keys,
+    pub guard: &'a Arc<Guard>,
+}
+
+/// A quinn endpoint on each bound socket, serving `gen`, with the identity of `id`, its sends
+/// to unvalidated addresses held to 3x by the guard.
 pub fn endpoints(
     sockets: Vec<BoundSocket>,
     gen: &Generation,
     metrics: &Arc<Metrics>,
     cc_stats: &Arc<CcStats>,
+    id: Identity<'_>,
 ) -> Result<Vec<Family>, ProxyError> {
     let interface_mtu = transport::largest_interface_mtu();
     let mut families = Vec::new();
@@ -154,7 +182,8 @@ pub fn endpoints(
         let ipv6 = b.family == FAMILY_IPV6;
         let max_udp_payload =
             transport::max_udp_payload(&gen.config.transport, ipv6, interface_mtu);
-        let sc = server_config(gen, metrics, cc_stats, max_udp_payload)?;
+        let token_key = id.keys.token_key();
+        let sc = server_config(gen, metrics, cc_stats, max_udp_payload, token_key.clone())?;
         let addr = b
             .socket
             .local_addr()
@@ -162,19 +191,24 @@ pub fn endpoints(
                 addr: SocketAddr::from(([0, 0, 0, 0], 0)),
                 source,
             })?;
-        let endpoint = quinn::Endpoint::new(
-            quinn::EndpointConfig::default(),
+        let endpoint_error = |source| ProxyError::Endpoint { addr, source };
+        let runtime: Arc<dyn quinn::Runtime> = Arc::new(quinn::TokioRuntime);
+        let socket = runtime.wrap_udp_socket(b.socket).map_err(endpoint_error)?;
+        let socket = GuardedSocket::new(socket, id.guard.clone());
+        let endpoint = quinn::Endpoint::new_with_abstract_socket(
+            id.keys.endpoint_config(),
             Some(sc),
-            b.socket,
-            Arc::new(quinn::TokioRuntime),
+            socket,
+            runtime,
         )
-        .map_err(|source| ProxyError::Endpoint { addr, source })?;
+        .map_err(endpoint_error)?;
         info!(family = b.family, %addr, max_udp_payload, "QUIC endpoint serving");
         families.push(Family {
             name: b.family,
             addr,
             endpoint,
             max_udp_payload,
+            token_key,
         });
     }
     Ok(families)
@@ -190,7 +224,15 @@ pub fn reconfigure(
 ) -> Result<(), ProxyError> {
     let configs = families
         .iter()
-        .map(|f| server_config(gen, metrics, cc_stats, f.max_udp_payload))
+        .map(|f| {
+            server_config(
+                gen,
+                metrics,
+                cc_stats,
+                f.max_udp_payload,
+                f.token_key.clone(),
+            )
+        })
         .collect::<Result<Vec<_>, _>>()?;
     for (f, sc) in families.iter().zip(configs) {
         f.endpoint.set_server_config(Some(sc));

@@ -30,12 +30,16 @@ pub mod upstream_error {
     pub const ALL: [&str; 5] = [CONNECT, TLS, TIMEOUT, RESET, PROTOCOL];
 }
 
-/// Handshake results (`result` label).
+/// Handshake results (`result` label): how each connection attempt ended. `refused` and
+/// `retry` never started a handshake.
 pub mod handshake {
     pub const OK: &str = "ok";
     pub const UNKNOWN_SNI: &str = "unknown_sni";
     pub const FAILED: &str = "failed";
     pub const TIMEOUT: &str = "timeout";
+    pub const REFUSED: &str = "refused";
+    pub const RETRY: &str = "retry";
+    pub const ALL: [&str; 6] = [OK, UNKNOWN_SNI, FAILED, TIMEOUT, REFUSED, RETRY];
 }
 
 /// Why a request was answered without reaching the upstream (`reason` label).
@@ -80,6 +84,21 @@ pub mod limit {
     pub const BUFFERED_REQUEST_BYTES: &str = "buffered_request_bytes";
     pub const BUFFERED_REQUEST_BYTES_PER_CONNECTION: &str = "buffered_request_bytes_per_connection";
     pub const BUFFERED_REQUEST_BYTES_PER_STREAM: &str = "buffered_request_bytes_per_stream";
+    // Connections and addresses.
+    /// A Retry sent to make an unvalidated address prove itself.
+    pub const RETRY: &str = "retry";
+    pub const HALF_OPEN: &str = "half_open";
+    pub const HALF_OPEN_PER_SOURCE: &str = "half_open_per_source";
+    pub const CONNECTIONS: &str = "connections";
+    pub const CONNECTIONS_PER_SOURCE: &str = "connections_per_source";
+    pub const HANDSHAKE_RATE: &str = "handshake_rate";
+    pub const HANDSHAKE_TIMEOUT: &str = "handshake_timeout";
+    /// GOAWAY sent because a connection reached `http.maxConnectionAgeSeconds`.
+    pub const CONNECTION_AGE: &str = "connection_age";
+    /// A datagram to an unvalidated address withheld to stay within 3x what it sent.
+    pub const AMPLIFICATION: &str = "amplification";
+    /// An Initial dropped because too many sources were awaiting a decision.
+    pub const INITIAL_BACKLOG: &str = "initial_backlog";
 
     pub const ALL: &[&str] = &[
         HEADERS_FRAME,
@@ -91,6 +110,16 @@ pub mod limit {
         BUFFERED_REQUEST_BYTES,
         BUFFERED_REQUEST_BYTES_PER_CONNECTION,
         BUFFERED_REQUEST_BYTES_PER_STREAM,
+        RETRY,
+        HALF_OPEN,
+        HALF_OPEN_PER_SOURCE,
+        CONNECTIONS,
+        CONNECTIONS_PER_SOURCE,
+        HANDSHAKE_RATE,
+        HANDSHAKE_TIMEOUT,
+        CONNECTION_AGE,
+        AMPLIFICATION,
+        INITIAL_BACKLOG,
     ];
 }
 
@@ -104,6 +133,7 @@ pub struct Metrics {
     pub rejected_requests: IntCounterVec,
     pub active_connections: IntGaugeVec,
     pub handshakes: IntCounterVec,
+    pub half_open_connections: IntGauge,
     pub body_bytes: IntCounterVec,
     pub connection_rtt: Histogram,
     pub connection_path_mtu: Histogram,
@@ -199,7 +229,7 @@ pub mod specs {
     );
     pub const LIMITS: Spec = spec(
         "h3_ingress_limits_total",
-        "Times a protective limit acted (a frame refused, a timeout fired, the request budget was exhausted), by limit.",
+        "Times a protective limit acted (a frame refused, a timeout fired, the request budget was exhausted, a connection attempt retried or refused, a datagram withheld), by limit.",
         &["limit"],
     );
     pub const BUFFERED_REQUEST_BYTES: Spec = spec(
@@ -220,8 +250,13 @@ pub mod specs {
     );
     pub const HANDSHAKES: Spec = spec(
         "h3_ingress_handshakes_total",
-        "QUIC handshakes by result (ok, unknown_sni, failed, timeout).",
+        "QUIC connection attempts by result (ok, unknown_sni, failed, timeout; refused and retry started no handshake).",
         &["result"],
+    );
+    pub const HALF_OPEN_CONNECTIONS: Spec = spec(
+        "h3_ingress_half_open_connections",
+        "QUIC handshakes in progress.",
+        &[],
     );
     pub const CONNECTION_RTT: Spec = histogram(
         "h3_ingress_connection_rtt_seconds",
@@ -424,6 +459,7 @@ impl Metrics {
             body_bytes: r.counter_vec(&BODY_BYTES),
             active_connections: r.gauge_vec(&ACTIVE_CONNECTIONS),
             handshakes: r.counter_vec(&HANDSHAKES),
+            half_open_connections: r.gauge(&HALF_OPEN_CONNECTIONS),
             connection_rtt: r.histogram(&CONNECTION_RTT),
             connection_path_mtu: r.histogram(&CONNECTION_PATH_MTU),
             connection_lost_packets: r.counter(&LOST_PACKETS),
@@ -457,6 +493,9 @@ impl Metrics {
         }
         for result in reload::ALL {
             m.config_reloads.with_label_values(&[result]);
+        }
+        for result in handshake::ALL {
+            m.handshakes.with_label_values(&[result]);
         }
         Arc::new(m)
     }

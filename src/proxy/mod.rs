@@ -5,7 +5,9 @@
 //! - [`server`]: the wiring of a running proxy, live updates and the drain
 //! - [`state`]: what the running proxy's tasks share (a leaf: it uses none of them)
 //! - [`endpoint`], [`socket`], [`transport`], [`cc`], [`tls`]: sockets to QUIC endpoints
-//! - [`accept`]: the accept loop and each connection's task
+//! - [`accept`]: the accept loop and each connection's task; [`admission`] decides on each
+//!   attempt (Retry, caps), [`amplification`] keeps replies to unvalidated addresses within
+//!   3x, [`keys`] makes the endpoint's identity survive restarts
 //! - [`streams`], [`frames`], [`budget`]: the QUIC streams under h3, frame limits, the
 //!   buffered-request budget
 //! - [`handler`], [`request`], [`body`], [`upstream`]: one request, phase by phase
@@ -14,13 +16,16 @@
 
 pub mod accept;
 pub mod admin;
+pub mod admission;
 pub mod altsvc;
+pub mod amplification;
 pub mod body;
 pub mod budget;
 pub mod cc;
 pub mod endpoint;
 pub mod frames;
 pub mod handler;
+pub mod keys;
 pub mod logs;
 pub mod metrics;
 pub mod procnet;
@@ -55,6 +60,8 @@ pub enum ProxyError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Keys(#[from] keys::KeyError),
     #[error("metrics endpoint {addr}: {source}")]
     Admin {
         addr: SocketAddr,

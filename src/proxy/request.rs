@@ -81,8 +81,20 @@ pub fn validate(req: &Request<()>) -> Result<Validated, Reject> {
     }
     let host = host_of(&authority)
         .ok_or_else(|| Reject::malformed(format!(":authority {authority:?} has no host")))?;
+    if !port_is_valid(&authority) {
+        return Err(Reject::malformed(format!(
+            ":authority {authority:?} has a port that is not a number up to 65535"
+        )));
+    }
     if uri.path().is_empty() && req.method() != Method::OPTIONS {
         return Err(Reject::malformed(":path is empty"));
+    }
+    // The asterisk form (a server-wide OPTIONS, RFC 9110 7.1) names no resource the upstream
+    // could be asked for by URL; forwarded, it would read as part of the authority.
+    if uri.path_and_query().is_some_and(|p| p.as_str() == "*") {
+        return Err(Reject::malformed(
+            ":path \"*\" (a server-wide OPTIONS) is not forwarded",
+        ));
     }
 
     let headers = req.headers();
@@ -147,14 +159,35 @@ fn content_length(headers: &HeaderMap) -> Result<Option<u64>, Reject> {
     Ok(found)
 }
 
-/// The host part of an authority, lowercase, without port or IPv6 brackets.
+/// The host part of an authority, lowercase, without port, IPv6 brackets or the final dot
+/// of a fully qualified name; `None` when nothing is left.
 pub fn host_of(authority: &str) -> Option<String> {
     let a: http::uri::Authority = authority.parse().ok()?;
-    let host = a.host().trim_start_matches('[').trim_end_matches(']');
+    let host = a
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .trim_end_matches('.');
     if host.is_empty() {
         None
     } else {
-        Some(host.trim_end_matches('.').to_ascii_lowercase())
+        Some(host.to_ascii_lowercase())
+    }
+}
+
+/// The port of an authority without userinfo, if it has one, is decimal digits (RFC 3986
+/// 3.2.3) that fit a TCP port; the http crate accepts any URI characters there.
+fn port_is_valid(authority: &str) -> bool {
+    let Ok(a) = authority.parse::<http::uri::Authority>() else {
+        return false;
+    };
+    match authority.get(a.host().len()..) {
+        Some("") => true,
+        Some(rest) => rest.strip_prefix(':').is_some_and(|digits| {
+            digits.is_empty()
+                || (digits.bytes().all(|b| b.is_ascii_digit()) && digits.parse::<u16>().is_ok())
+        }),
+        None => false,
     }
 }
 
@@ -350,6 +383,33 @@ mod tests {
         assert!(reject(req(|b| b.header("host", "b.test"))).contains("disagrees"));
         assert!(validate(&req(|b| b.header("host", "A.TEST"))).is_ok());
         assert!(reject(req(|b| b.method("CONNECT"))).contains("CONNECT"));
+    }
+
+    /// Found by the request_validate and header_translate fuzz targets: an authority whose
+    /// host is only dots was accepted with an empty host, a port of any URI characters went
+    /// upstream in the Host field, and `:path *` was forwarded as `https://a.test*`, an
+    /// upstream URI naming another authority.
+    #[test]
+    fn empty_hosts_bad_ports_and_the_asterisk_form_are_refused() {
+        assert!(reject(req(|b| b.uri("https://.:443/"))).contains("has no host"));
+        assert!(reject(req(|b| b.uri("https://..:te)st/"))).contains("has no host"));
+        for bad in ["a.test:te)st", "a.test:65536", "a.test:+1", "[::1]:x"] {
+            let m = reject(req(|b| b.uri(format!("https://{bad}/"))));
+            assert!(m.contains("port"), "{bad}: {m}");
+        }
+        for good in ["a.test:", "a.test:0443", "[::1]:443", "a.test.:8443"] {
+            let v = validate(&req(|b| b.uri(format!("https://{good}/")))).unwrap();
+            assert_eq!(v.authority, good);
+        }
+        let star_uri = Uri::builder()
+            .scheme("https")
+            .authority("a.test")
+            .path_and_query("*")
+            .build()
+            .unwrap();
+        let star = req(|b| b.method("OPTIONS").uri(star_uri));
+        assert_eq!(star.uri().path_and_query().unwrap().as_str(), "*");
+        assert!(reject(star).contains(":path \"*\""));
     }
 
     #[test]

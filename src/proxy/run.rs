@@ -28,6 +28,10 @@ pub struct ProxyArgs {
     /// Secrets, following changes live.
     #[arg(long)]
     pub listener: Option<String>,
+    /// Kubernetes mode: the secret the QUIC endpoint keys are derived from (the operator
+    /// mounts the listener's keys Secret here). Standalone mode uses `keys.file`.
+    #[arg(long, requires = "listener")]
+    pub keys_file: Option<PathBuf>,
 }
 
 /// Why a proxy run ended with an error.
@@ -54,7 +58,7 @@ pub enum RunError {
 pub async fn run(args: ProxyArgs, shutdown: CancellationToken) -> Result<(), RunError> {
     match (args.config, args.listener) {
         (Some(path), _) => file(path, shutdown).await,
-        (None, Some(name)) => kube(name, shutdown).await,
+        (None, Some(name)) => kube(name, args.keys_file, shutdown).await,
         (None, None) => Err(RunError::NoSource),
     }
 }
@@ -67,24 +71,40 @@ pub async fn file(path: PathBuf, shutdown: CancellationToken) -> Result<(), RunE
     let (tx, rx) = mpsc::channel(UPDATE_QUEUE);
     let reloads = source::file::reload_on_hangup(path, hangups, tx, shutdown.clone());
     tokio::spawn(reloads);
-    server::serve(initial, rx, shutdown, None).await?;
+    server::serve(initial, rx, shutdown, None, None).await?;
     Ok(())
 }
 
-/// [`kube_with`] on the cluster this process runs in (or KUBECONFIG's).
-pub async fn kube(name: String, shutdown: CancellationToken) -> Result<(), RunError> {
+/// [`kube_with_keys`] on the cluster this process runs in (or KUBECONFIG's).
+pub async fn kube(
+    name: String,
+    keys_file: Option<PathBuf>,
+    shutdown: CancellationToken,
+) -> Result<(), RunError> {
     let client = ::kube::Client::try_default()
         .await
         .map_err(RunError::Kube)?;
-    kube_with(client, name, shutdown, None).await
+    kube_with_keys(client, name, keys_file, shutdown, None).await
+}
+
+/// [`kube_with_keys`] with random per-process endpoint keys.
+pub async fn kube_with(
+    client: ::kube::Client,
+    name: String,
+    shutdown: CancellationToken,
+    ready: Option<oneshot::Sender<RunningProxy>>,
+) -> Result<(), RunError> {
+    kube_with_keys(client, name, None, shutdown, ready).await
 }
 
 /// Serves the listener `name` until `shutdown`: waits for its first usable configuration,
 /// starts the proxy on it and applies every later one live. Socket changes are refused by
-/// the proxy and rolled out by the operator (the pod template carries their hash).
-pub async fn kube_with(
+/// the proxy and rolled out by the operator (the pod template carries their hash). The
+/// endpoint keys come from `keys_file`.
+pub async fn kube_with_keys(
     client: ::kube::Client,
     name: String,
+    keys_file: Option<PathBuf>,
     shutdown: CancellationToken,
     ready: Option<oneshot::Sender<RunningProxy>>,
 ) -> Result<(), RunError> {
@@ -108,6 +128,6 @@ pub async fn kube_with(
             _ = shutdown.cancelled() => return Ok(()),
         }
     };
-    server::serve(initial, updates, shutdown, ready).await?;
+    server::serve(initial, updates, shutdown, ready, keys_file).await?;
     Ok(())
 }

@@ -4,6 +4,7 @@
 //! graceful drain.
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +17,7 @@ use tracing::{error, info, warn};
 use super::admin::ProxyAdmin;
 use super::cc::CcStats;
 use super::endpoint::{self, Family};
+use super::keys::{self, Keys, Origin};
 use super::metrics::{reload, Metrics};
 use super::source::ConfigUpdate;
 use super::state::{Generation, Shared};
@@ -43,25 +45,27 @@ fn export_host_metrics(metrics: &Metrics, config: &ProxyConfig) {
 }
 
 /// Runs the data plane on `initial` until `shutdown` fires, applying `updates` live, then
-/// drains.
+/// drains. `keys_file` (Kubernetes: the listener's Secret) takes precedence over the
+/// configuration's `keys.file`.
 pub async fn serve(
     initial: ProxyConfig,
     updates: mpsc::Receiver<ConfigUpdate>,
     shutdown: CancellationToken,
     ready: Option<oneshot::Sender<RunningProxy>>,
+    keys_file: Option<PathBuf>,
 ) -> Result<(), ProxyError> {
     let metrics = Metrics::new();
     let cc_stats = CcStats::new();
     // Sockets first: everything else is pointless without them.
     let bound = endpoint::bind_all(&initial.listen, &metrics)?;
     let upstream = Upstream::new(&initial.upstream, &initial.hosts)?;
+    let keys = load_keys(keys_file.as_deref().or(initial.keys_file.as_deref()))?;
     export_host_metrics(&metrics, &initial);
     let first = Generation {
         id: 1,
         config: initial,
         upstream,
     };
-    let families = endpoint::endpoints(bound.sockets, &first, &metrics, &cc_stats)?;
     let shared = Arc::new(Shared::new(
         first,
         metrics,
@@ -69,6 +73,17 @@ pub async fn serve(
         bound.port,
         bound.reports,
     ));
+    let id = endpoint::Identity {
+        keys: &keys,
+        guard: &shared.guard,
+    };
+    let families = endpoint::endpoints(
+        bound.sockets,
+        &shared.current.load(),
+        &shared.metrics,
+        &shared.cc_stats,
+        id,
+    )?;
     let admin_addr = start_admin(&shared, &shutdown).await?;
     tokio::spawn(altsvc::probe_loop(shared.clone(), shutdown.clone()));
     tokio::spawn(logs::report_suppressed(shutdown.clone()));
@@ -95,6 +110,28 @@ pub async fn serve(
     follow_updates(&shared, &families, updates, &shutdown).await;
     drain_and_close(&shared, &families, tracker, drain).await;
     Ok(())
+}
+
+/// The endpoint keys, with one line saying where they come from; the warning when they are
+/// random is the one users without a keys file see.
+fn load_keys(path: Option<&Path>) -> Result<Keys, ProxyError> {
+    let keys = keys::load(path)?;
+    match &keys.origin {
+        Origin::Ephemeral => warn!(
+            "keys.file is not set: the stateless-reset, connection-ID and Retry-token keys are \
+             random for this process, so after a restart its clients hang until their idle \
+             timeout instead of being reset, and Retry tokens do not validate on other \
+             processes of this listener"
+        ),
+        Origin::Generated(p) => info!(file = %p.display(), "QUIC endpoint keys generated"),
+        Origin::File(p) => {
+            info!(file = %p.display(), "QUIC endpoint keys loaded");
+            if keys::mode(p).is_some_and(keys::readable_by_others) {
+                warn!(file = %p.display(), "the keys file is readable by any user");
+            }
+        }
+    }
+    Ok(keys)
 }
 
 /// Binds the admin endpoint and serves it until `shutdown`.

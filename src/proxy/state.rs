@@ -13,9 +13,11 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use http::HeaderValue;
 
+use super::admission::Admission;
+use super::amplification::Guard;
 use super::budget::Budget;
 use super::cc::CcStats;
-use super::metrics::Metrics;
+use super::metrics::{limit, Metrics};
 use super::request;
 use super::upstream::Upstream;
 use super::window::{current_minute, RecentCounter};
@@ -74,6 +76,10 @@ pub struct Shared {
     generations: AtomicU64,
     /// Wakes the Alt-Svc probe early (after a configuration change).
     pub probe_now: tokio::sync::Notify,
+    /// Handshakes and connections per source, for the caps of `limits`.
+    pub admission: Arc<Admission>,
+    /// Bytes to and from unvalidated addresses, shared by the sockets of both families.
+    pub guard: Arc<Guard>,
 }
 
 impl Shared {
@@ -86,6 +92,9 @@ impl Shared {
         sockets: Vec<SocketEntry>,
     ) -> Self {
         let id = first.id;
+        let admission = Admission::new(metrics.half_open_connections.clone());
+        let limits = |l: &str| metrics.limits.with_label_values(&[l]);
+        let guard = Guard::new(limits(limit::AMPLIFICATION), limits(limit::INITIAL_BACKLOG));
         let budget = Budget::new(
             first.config.limits.buffered_request_bytes,
             metrics.buffered_request_bytes.clone(),
@@ -103,6 +112,8 @@ impl Shared {
             draining: AtomicBool::new(false),
             generations: AtomicU64::new(id),
             probe_now: tokio::sync::Notify::new(),
+            admission,
+            guard,
         }
     }
 

@@ -206,20 +206,24 @@ def wait_tcp(port: int, timeout: float, what: str):
 
 class Proxy:
     """The release binary with the DEFAULT settings: the file names only what a test must
-    (ports on loopback, the upstream, the host)."""
+    (ports on loopback, the upstream, the host). `port` reuses a UDP port (a restart);
+    `extra` is YAML appended to the file, for the few attacks that need a setting (a keys
+    file to survive a restart)."""
 
-    def __init__(self, binary: Path, d: Path, cert: Path, key: Path, upstream_port: int):
-        self.port = free_port(socket.SOCK_DGRAM)
+    def __init__(self, binary: Path, d: Path, cert: Path, key: Path, upstream_port: int,
+                 port: int | None = None, extra: str = "", name: str = "h3-ingress"):
+        self.port = port or free_port(socket.SOCK_DGRAM)
         self.admin = free_port()
-        cfg = d / "h3-ingress.yaml"
+        cfg = d / f"{name}.yaml"
         cfg.write_text(
             f"port: {self.port}\n"
             "addresses: {ipv4: 127.0.0.1, ipv6: null}\n"
             f"upstream: {{address: '127.0.0.1:{upstream_port}'}}\n"
             f"metrics: {{address: '127.0.0.1:{self.admin}'}}\n"
             f"hosts:\n  - {{name: {HOST}, certFile: {cert}, keyFile: {key}}}\n"
+            + extra
         )
-        self.log_path = d / "proxy.log"
+        self.log_path = d / f"{name}.log"
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen([str(binary), "proxy", "--config", str(cfg)],
                                      stdout=self.log, stderr=subprocess.STDOUT)
@@ -238,6 +242,12 @@ class Proxy:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def kill(self):
+        """SIGKILL, as an OOM kill or a node crash would."""
+        self.proc.kill()
+        self.proc.wait(5)
+        self.sampler.stop()
 
     def rss_mb(self) -> float:
         return rss_mb(self.proc.pid)

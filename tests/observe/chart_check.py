@@ -47,6 +47,7 @@ CONTRACT = rules(
     ("h3-ingress.dev", ["http3listeners/status"], ["get", "patch"]),
     ("h3-ingress.dev", ["http3listeners/finalizers"], ["update"]),
     ("networking.k8s.io", ["ingresses", "ingressclasses"], ["get", "list", "watch"]),
+    ("gateway.networking.k8s.io", ["gateways", "httproutes", "referencegrants"], ["get", "list", "watch"]),
     ("", ["secrets"], ["get", "list", "watch"]),
     ("", ["events"], ["create", "patch"]),
     ("events.k8s.io", ["events"], ["create", "patch"]),
@@ -59,6 +60,8 @@ NAMESPACED = rules(
     ("", ["serviceaccounts"], ["create", "patch"]),
     ("", ["services"], ["get", "list", "watch", "create", "patch", "delete"]),
     ("", ["pods", "events"], ["list"]),
+    # The listeners' QUIC keys Secrets (created once, never changed).
+    ("", ["secrets"], ["create"]),
 )
 LEASES = {("coordination.k8s.io", "leases", v) for v in ["get", "list", "watch", "create", "update", "patch"]}
 

@@ -42,6 +42,10 @@ once with --parallel):
    "raw_headers": [["name", "value"], ...],      # the WHOLE header list, verbatim
    "body": "text" | "body_file": "path" | "body_size": N,
    "end_stream": true,                           # false: leave the request open
+   "body_seconds": S,                            # send the body spread evenly over S s
+   "partial_headers": N,                         # send only the start of a HEADERS frame
+                                                 # declaring N bytes, never the rest
+   "delay": seconds,                             # wait before sending (with --parallel)
    "output": "-" | "path",                       # where the response body goes
    "timeout": seconds}
 Header strings are encoded as Latin-1, so "\\u0000".."\\u00ff" are single raw bytes
@@ -361,11 +365,39 @@ class Client(QuicConnectionProtocol):
         if r.method.upper() == "HEAD":
             self.h3.head_streams.add(stream_id)
         r.t_start = self.now()
+        if "partial_headers" in spec:
+            # A HEADERS frame (type 0x01) whose declared length never arrives in full.
+            n = int(spec["partial_headers"])
+            self._quic.send_stream_data(stream_id, b"\x01" + varint(n) + b"\0" * min(10, n - 1))
+            self.transmit()
+            return None
         self.h3.send_headers(stream_id, headers, end_stream=end_stream and not body)
+        if body and "body_seconds" in spec:
+            self.transmit()
+            return self.trickle(stream_id, body, float(spec["body_seconds"]), end_stream)
         if body:
             for off in range(0, len(body), CHUNK):
                 last = off + CHUNK >= len(body)
                 self.h3.send_data(stream_id, body[off : off + CHUNK], end_stream=end_stream and last)
+        self.transmit()
+
+    async def trickle(self, stream_id, body, seconds, end_stream):
+        """Sends `body` in 20 pieces a second, spread evenly over `seconds`."""
+        pieces = max(1, int(seconds * 20))
+        size = -(-len(body) // pieces)
+        for off in range(0, len(body), size):
+            await asyncio.sleep(seconds / pieces)
+            if self.closing or self.close_info is not None:
+                return
+            last = off + size >= len(body)
+            try:
+                self.h3.send_data(stream_id, body[off : off + size], end_stream=end_stream and last)
+            except Exception:  # the stream was reset or stopped by the peer
+                return
+            self.transmit()
+
+    def ping(self):
+        self._quic.send_ping(int(self.now() * 1000))
         self.transmit()
 
     def cancel(self, r):
@@ -377,6 +409,15 @@ class Client(QuicConnectionProtocol):
             self.transmit()
         except Exception:  # the stream may already be gone
             pass
+
+
+def varint(v):
+    """A QUIC variable-length integer (RFC 9000 16)."""
+    for bits, prefix in ((6, 0), (14, 0x40), (30, 0x80), (62, 0xC0)):
+        if v < 1 << bits:
+            n = (bits + 2) // 8
+            return (v | prefix << (8 * n - 8)).to_bytes(n, "big")
+    raise ValueError(v)
 
 
 def parse_resolve(entries):
@@ -507,25 +548,37 @@ async def run(args):
         reqs = [Request(i, s, loop) for i, s in enumerate(specs)]
 
         async def one(r):
+            if r.spec.get("delay"):
+                await asyncio.sleep(float(r.spec["delay"]))
             if proto.close_info is not None:
                 r.error = "connection closed before the request was sent"
                 return
             try:
-                proto.start_request(r, authority, path)
+                trickle = proto.start_request(r, authority, path)
             except Exception as exc:  # e.g. aioquic refusing a frame sequence
                 r.error = f"local send error: {type(exc).__name__}: {exc}"
                 return
+            if trickle is not None:
+                asyncio.ensure_future(trickle)
             try:
                 await asyncio.wait_for(asyncio.shield(r.done), r.spec.get("timeout", args.timeout))
             except asyncio.TimeoutError:
                 r.finish(proto.now(), error="timeout")
                 proto.cancel(r)
 
+        async def pings():
+            while True:
+                await asyncio.sleep(args.ping_interval)
+                proto.ping()
+
+        pinger = asyncio.ensure_future(pings()) if args.ping_interval else None
         if args.parallel:
             await asyncio.gather(*(one(r) for r in reqs))
         else:
             for r in reqs:
                 await one(r)
+        if pinger:
+            pinger.cancel()
         report["requests"] = [r.to_json() for r in reqs]
 
         conn["close"] = proto.close_info
@@ -567,6 +620,8 @@ def main():
     p.add_argument("--timeout", type=float, default=30.0, help="per request, seconds")
     p.add_argument("--connect-timeout", type=float, default=10.0)
     p.add_argument("--idle-timeout", type=float, default=30.0)
+    p.add_argument("--ping-interval", type=float, default=0.0,
+                   help="send a QUIC PING every this many seconds (0: never)")
     args = p.parse_args()
     if args.requests and (args.raw_headers or args.method or args.upload or args.header or args.output):
         p.error("--requests carries everything per request; drop the single-request options")

@@ -274,6 +274,119 @@ impl Drop for StalledUpstream {
     }
 }
 
+/// An HTTP/1.1 backend stuck mid-response: each connection gets a response head declaring
+/// a 10 MB body and its first 100 bytes, then nothing more. Counts its connections and how
+/// many are still open (a connection is open until its peer closes it), so a test sees
+/// when whoever connected let go.
+pub struct HeadersThenStall {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    accepted: Arc<AtomicUsize>,
+    open: Arc<AtomicUsize>,
+    conns: Arc<Mutex<Vec<TcpStream>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The bytes of the body [`HeadersThenStall`] sends before it stalls.
+pub const STALL_BODY_BYTES: u64 = 100;
+
+impl HeadersThenStall {
+    /// Listens on 127.0.0.1 on a free port.
+    pub fn start() -> Result<Self> {
+        let listener =
+            TcpListener::bind(Family::V4.addr(0)).ctx(|| "HeadersThenStall bind".into())?;
+        let addr = listener
+            .local_addr()
+            .ctx(|| "HeadersThenStall local_addr".into())?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let open = Arc::new(AtomicUsize::new(0));
+        let conns = Arc::new(Mutex::new(Vec::new()));
+        let thread = {
+            let (stop, accepted, open, conns) =
+                (stop.clone(), accepted.clone(), open.clone(), conns.clone());
+            std::thread::spawn(move || {
+                for conn in listener.incoming() {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let Ok(conn) = conn else { continue };
+                    accepted.fetch_add(1, Ordering::SeqCst);
+                    open.fetch_add(1, Ordering::SeqCst);
+                    if let Ok(c) = conn.try_clone() {
+                        let open = open.clone();
+                        std::thread::spawn(move || {
+                            answer_then_stall(c);
+                            open.fetch_sub(1, Ordering::SeqCst);
+                        });
+                    }
+                    conns.lock().unwrap().push(conn);
+                }
+            })
+        };
+        Ok(HeadersThenStall {
+            addr,
+            stop,
+            accepted,
+            open,
+            conns,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Connections whose peer has not closed them yet.
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::SeqCst)
+    }
+}
+
+/// Reads one request head, answers with a head and the first bytes of the body, then reads
+/// (and discards) until the peer closes.
+fn answer_then_stall(mut conn: TcpStream) {
+    use std::io::Write;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match conn.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    let response = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 10000000\r\n\r\n{}",
+        "x".repeat(STALL_BODY_BYTES as usize)
+    );
+    if conn.write_all(response.as_bytes()).is_err() {
+        return;
+    }
+    while let Ok(n) = conn.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+    }
+}
+
+impl Drop for HeadersThenStall {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        for c in self.conns.lock().unwrap().drain(..) {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+    }
+}
+
 /// A port on which connecting is refused (502 tests). The port stays reserved by a
 /// socket that is bound but never listens, so no other test can start a server on it
 /// while this value lives, and the kernel answers SYNs with RST.

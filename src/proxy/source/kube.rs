@@ -1,5 +1,6 @@
 //! Kubernetes mode (`proxy --listener NAME`): watch the `Http3Listener`, the Ingresses (and
-//! which IngressClass is the default), and only the Secrets they reference, and send a new
+//! which IngressClass is the default), the Gateway API's Gateways, HTTPRoutes and
+//! ReferenceGrants where they are installed, and only the Secrets they reference, and send a new
 //! [`ProxyConfig`] whenever they change. A spec that cannot be used is sent as [`ConfigUpdate::Invalid`], once per version, exactly as
 //! the file source does with a bad file. If the API server goes away nothing is sent, so the
 //! proxy keeps serving the last good configuration.
@@ -25,10 +26,12 @@ use tracing::{info, warn};
 
 use super::ConfigUpdate;
 use crate::api::{Http3Listener, SecretRef};
+use crate::config::gateway::GatewayObjects;
 use crate::config::kube::{
     default_class, from_objects, referenced_secrets, with_default_class, SecretMap,
 };
 use crate::config::ProxyConfig;
+use crate::gateway_api::GatewayApiWatch;
 
 /// Certificates expire without any watch event: re-evaluate this often regardless.
 pub const RECHECK: Duration = Duration::from_secs(60);
@@ -45,6 +48,8 @@ pub struct Snapshot<'a> {
     pub synced: bool,
     pub listener: Option<&'a Http3Listener>,
     pub ingresses: &'a [Arc<Ingress>],
+    /// Empty where the Gateway API is not installed.
+    pub gateway_api: &'a GatewayObjects,
     pub secrets: &'a SecretMap,
     /// Referenced Secrets whose first list has not completed yet (within [`SECRET_WAIT`]).
     pub secrets_pending: usize,
@@ -81,6 +86,7 @@ pub fn step(s: &Snapshot<'_>, last: Option<&str>, now_unix: i64) -> Step {
     match from_objects(
         listener,
         s.ingresses.iter().map(|i| i.as_ref()),
+        s.gateway_api,
         s.secrets,
         now_unix,
     ) {
@@ -242,6 +248,7 @@ struct Watches {
     listener_synced: Arc<AtomicBool>,
     ingress_synced: Arc<AtomicBool>,
     class_synced: Arc<AtomicBool>,
+    gateway_api: GatewayApiWatch,
     /// Notified on every change of any watched object.
     changed: Arc<Notify>,
     slots: Slots,
@@ -304,7 +311,10 @@ impl Watches {
                 changed.clone(),
             ),
         ];
+        let notify = changed.clone();
+        let gateway_api = GatewayApiWatch::start(&client, Arc::new(move || notify.notify_one()));
         Self {
+            gateway_api,
             client,
             key: ObjectRef::new(listener),
             listeners,
@@ -328,6 +338,7 @@ impl Watches {
         ]
         .iter()
         .all(|f| f.load(Ordering::Acquire))
+            && self.gateway_api.synced()
     }
 
     /// Every Ingress, those without a class counted as the default class's (as the operator
@@ -339,9 +350,14 @@ impl Watches {
     }
 
     /// Follows the set of referenced Secrets: starts watches for new ones, stops old ones.
-    fn follow_secrets(&mut self, listener: &Http3Listener, ingresses: &[Arc<Ingress>]) {
+    fn follow_secrets(
+        &mut self,
+        listener: &Http3Listener,
+        ingresses: &[Arc<Ingress>],
+        gateway_api: &GatewayObjects,
+    ) {
         let wanted: BTreeSet<SecretRef> =
-            referenced_secrets(listener, ingresses.iter().map(|i| i.as_ref()));
+            referenced_secrets(listener, ingresses.iter().map(|i| i.as_ref()), gateway_api);
         let mut slots = self.slots.lock().expect("not poisoned");
         slots.retain(|r, _| wanted.contains(r));
         self.secret_tasks.retain(|r, t| {
@@ -384,14 +400,16 @@ impl Watches {
         let synced = self.synced();
         let current = self.listeners.get(&self.key);
         let all_ingresses = self.ingresses();
+        let gateway_api = self.gateway_api.objects();
         if let (true, Some(l)) = (synced, current.as_deref()) {
-            self.follow_secrets(l, &all_ingresses);
+            self.follow_secrets(l, &all_ingresses, &gateway_api);
         }
         let (secrets, pending) = self.secrets();
         let snapshot = Snapshot {
             synced,
             listener: current.as_deref(),
             ingresses: &all_ingresses,
+            gateway_api: &gateway_api,
             secrets: &secrets,
             secrets_pending: pending,
         };
@@ -448,6 +466,11 @@ mod tests {
 
     fn now() -> i64 {
         crate::config::file::unix_now()
+    }
+
+    fn none() -> &'static GatewayObjects {
+        static NONE: std::sync::OnceLock<GatewayObjects> = std::sync::OnceLock::new();
+        NONE.get_or_init(GatewayObjects::default)
     }
 
     fn listener() -> Http3Listener {
@@ -522,6 +545,7 @@ mod tests {
                 synced,
                 listener,
                 ingresses,
+                gateway_api: none(),
                 secrets,
                 secrets_pending: pending,
             }
@@ -591,6 +615,7 @@ mod tests {
                 synced: true,
                 listener: Some(&listener()),
                 ingresses: &[ingress()],
+                gateway_api: none(),
                 secrets: &secrets(),
                 secrets_pending: 0,
             },

@@ -264,6 +264,14 @@ func createSandbox(pn PodNetwork, uid string, n int) (*podSandbox, error) {
 			return nil, err
 		}
 	}
+	// The addresses are reused (lowest free first) by a pod with a new veth MAC, while the
+	// host's neighbour cache may still hold the previous pod's MAC as STALE: the host's
+	// first packets would then go nowhere for the ~8 s of DELAY and PROBE, long enough for
+	// a client's connect to time out. A real CNI plugin announces the new MAC; forgetting
+	// the old entry has the same effect here.
+	for _, ip := range sb.IPs {
+		_ = exec.Command("ip", "neigh", "flush", "to", ip, "dev", pn.Bridge).Run()
+	}
 	return sb, nil
 }
 

@@ -1,0 +1,486 @@
+#!/usr/bin/env bash
+# Gateway API on the test cluster of scripts/cluster.sh (root): the standard-channel CRDs of
+# sigs.k8s.io/gateway-api (pinned below, fetched through the Go module proxy into the cluster's
+# cache outside the repo), the chart, a Debian nginx on each node standing in for the TCP
+# gateway, a Gateway with HTTPS listeners, an annotated HTTPRoute whose accepted parent status
+# the test writes as a gateway controller would (no controller runs), and an Http3Listener with
+# gatewayClassName. Then: the host is served over HTTP/3 on both nodes with the Gateway's
+# certificate; status, `kubectl h3-ingress status` and Events name the route; the operator never
+# writes the route's status; a cross-namespace certificate is RefNotPermitted until a
+# ReferenceGrant exists, then served; removing the annotation stops serving. Every check fails
+# the run with a message naming what was expected.
+#
+#   tests/cluster/gateway.sh      brings the cluster up if needed and leaves it up; its own
+#                                 objects and nginx are removed on exit unless
+#                                 H3I_GATEWAY_KEEP=1
+#   H3I_GATEWAY_DOWN=1 tests/cluster/gateway.sh
+#                                 also `scripts/cluster.sh down` on exit, whatever happened
+#                                 (scripts/test.sh)
+#
+# Needs the debug binary (or $H3I_BINARY), aioquic (scripts/setup.sh) and Go with the module
+# proxy (the CRDs). Without root it prints SKIPPED (and fails when H3I_TESTS_REQUIRE_ROOT=1).
+set -euo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+CLUSTER=$REPO/scripts/cluster.sh
+H3CLIENT=$REPO/tests/py/h3client.py
+PY=python3
+[[ -x $REPO/.venv/bin/python3 ]] && PY=$REPO/.venv/bin/python3
+
+# The Gateway API release whose standard channel is installed, and its go.sum hash: the
+# module proxy and the checksum database must hand out exactly this tree.
+GATEWAY_API_VERSION=v1.6.3
+GATEWAY_API_SUM=h1:lKpJa5bGlraC/QeACvCpsHLdmO6y0iKfzVl6gzaFEYc=
+CACHE=${H3I_CLUSTER_CACHE:-/var/cache/h3-ingress}
+
+NS_OP=h3-ingress
+RELEASE=h3-ingress
+NS_INFRA=h3i-gw-infra   # the Gateway and its own certificate
+NS_APP=h3i-gw-app       # the HTTPRoutes
+NS_CERTS=h3i-gw-certs   # a certificate shared from another namespace
+HOST=gw.h3i.test
+HOST_X=cross.h3i.test
+CLASS=h3i-test
+LISTENER=gateway
+DP=h3-ingress-$LISTENER
+DP_RBAC=h3-ingress-data-plane-$LISTENER
+DP_USER=system:serviceaccount:$NS_OP:$DP
+OP_USER=system:serviceaccount:$NS_OP:$RELEASE
+IMAGE_REPO=registry.h3i.test/h3-ingress
+ALT_SVC='h3=":443"; ma=3600'
+TEST_MANAGER=h3i-gateway-test # the field manager the test writes route status with
+DOC_NS=() # namespaces the documented example names, made for its dry run
+T_START=$(date +%s)
+
+step() { printf '\n--- [%3ss] %s\n' "$(($(date +%s) - T_START))" "$*"; }
+ok() { printf '    ok: %s\n' "$*"; }
+info() { printf '    %s\n' "$*"; }
+indent() { sed 's/^/    | /'; }
+fail() {
+    printf '\nGATEWAY TEST FAILED at %ss: %s\n' "$(($(date +%s) - T_START))" "$*" >&2
+    if [[ -n ${KUBECONFIG:-} && -f ${KUBECONFIG:-/nonexistent} ]]; then
+        {
+            echo "--- pods:"
+            kubectl get pods -A -o wide
+            echo "--- listener status hosts:"
+            kubectl get h3l "$LISTENER" -o jsonpath='{range .status.hosts[*]}{.name} {.state} {.reason} {.message}{"\n"}{end}'
+            echo "--- events (last 15):"
+            kubectl get events -A --sort-by=.lastTimestamp | tail -n 15
+        } >&2 2>&1 || true
+        local f
+        for f in "$H3I_POD_LOGS/$NS_OP"/*/*.log; do
+            [[ -f $f ]] || continue
+            echo "--- ${f#"$H3I_POD_LOGS"/} (last 15 lines):" >&2
+            tail -n 15 "$f" >&2
+        done
+    fi
+    exit 1
+}
+until_ok() { # SECONDS DESCRIPTION COMMAND...: poll every 0.5 s
+    local secs=$1 what=$2 deadline; shift 2
+    deadline=$(($(date +%s) + secs))
+    while ! "$@" >/dev/null 2>&1; do
+        (($(date +%s) < deadline)) || fail "$what (not within ${secs}s)"
+        sleep 0.5
+    done
+}
+wait_ok() {
+    local t0; t0=$(date +%s)
+    until_ok "$@"
+    ok "$2 (after $(($(date +%s) - t0))s)"
+}
+jp() { kubectl get "$@" 2>/dev/null; }
+can() { kubectl auth can-i "$@" 2>/dev/null || true; }
+
+if [[ $(id -u) -ne 0 ]]; then
+    echo "GATEWAY TEST SKIPPED (needs root): tests/cluster/gateway.sh needs network namespaces and the cluster's processes"
+    [[ ${H3I_TESTS_REQUIRE_ROOT:-0} == 1 ]] && fail "H3I_TESTS_REQUIRE_ROOT=1 but not root"
+    exit 0
+fi
+
+tmp=$(mktemp -d /tmp/h3i-gateway.XXXXXX)
+cleanup() {
+    local rc=$?
+    if [[ ${H3I_GATEWAY_KEEP:-0} != 1 ]]; then
+        stop_nginx || true
+        if [[ -n ${KUBECONFIG:-} ]]; then
+            kubectl delete h3l "$LISTENER" --ignore-not-found --wait=false >/dev/null 2>&1 || true
+            helm uninstall "$RELEASE" -n "$NS_OP" --wait=false >/dev/null 2>&1 || true
+            kubectl delete namespace "$NS_APP" "$NS_INFRA" "$NS_CERTS" "$NS_OP" --ignore-not-found --wait=false >/dev/null 2>&1 || true
+            kubectl delete crd http3listeners.h3-ingress.dev --ignore-not-found --wait=false >/dev/null 2>&1 || true
+            kubectl delete gatewayclass "$CLASS" --ignore-not-found --wait=false >/dev/null 2>&1 || true
+        fi
+        rm -rf "$tmp"
+    else
+        echo "H3I_GATEWAY_KEEP=1: objects, nginx and $tmp left in place"
+    fi
+    if [[ ${H3I_GATEWAY_DOWN:-0} == 1 ]]; then
+        "$CLUSTER" down 2>&1 | tail -n 2 || rc=1
+    fi
+    return $rc
+}
+trap cleanup EXIT
+trap 'fail "line $LINENO: \`$BASH_COMMAND\` failed unexpectedly"' ERR
+
+# ---- the Gateway API CRDs: the pinned Go module, cached like the cluster's own build ---------
+gateway_api_dir() {
+    local out dir sum
+    out=$(cd "$tmp" && GOMODCACHE=$CACHE/gomod GOCACHE=$CACHE/gocache GOTOOLCHAIN=local GOFLAGS=-mod=mod \
+        go mod download -json "sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION") || fail "go mod download sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION: $out"
+    dir=$("$PY" -c 'import json,sys; print(json.load(sys.stdin)["Dir"])' <<<"$out")
+    sum=$("$PY" -c 'import json,sys; print(json.load(sys.stdin)["Sum"])' <<<"$out")
+    [[ $sum == "$GATEWAY_API_SUM" ]] || fail "sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION has go.sum $sum, pinned $GATEWAY_API_SUM"
+    [[ -d $dir/config/crd/standard ]] || fail "no config/crd/standard in $dir"
+    echo "$dir/config/crd/standard"
+}
+
+# ---- the TCP gateway: Debian nginx in each node's namespace, serving both hosts ---------------
+nginx_conf() { # NODE DIR
+    cat <<EOF
+user root;
+worker_processes 1;
+pid $2/nginx.pid;
+error_log $2/error.log warn;
+events { worker_connections 64; }
+http {
+    access_log off;
+    client_body_temp_path $2/tmp/body;
+    proxy_temp_path $2/tmp/proxy;
+    fastcgi_temp_path $2/tmp/fastcgi;
+    uwsgi_temp_path $2/tmp/uwsgi;
+    scgi_temp_path $2/tmp/scgi;
+    server {
+        listen 443 ssl http2 default_server;
+        listen [::]:443 ssl http2 default_server;
+        ssl_reject_handshake on;
+    }
+EOF
+    local h
+    for h in "$HOST" "$HOST_X"; do
+        cat <<EOF
+    server {
+        listen 443 ssl http2;
+        listen [::]:443 ssl http2;
+        server_name $h;
+        ssl_certificate $2/$h.crt;
+        ssl_certificate_key $2/$h.key;
+        add_header Alt-Svc '$ALT_SVC' always;
+        location = /whoami { default_type text/plain; return 200 "$h on $1\n"; }
+    }
+EOF
+    done
+    echo "}"
+}
+start_nginx() { # NODE
+    local d=$tmp/nginx-$1
+    mkdir -p "$d/tmp"
+    cp "$tmp/pki/$HOST".{crt,key} "$tmp/pki/$HOST_X".{crt,key} "$d/"
+    nginx_conf "$1" "$d" >"$d/nginx.conf"
+    ip netns exec "$1" nginx -p "$d/" -c "$d/nginx.conf" || fail "nginx did not start in $1: $(cat "$d/error.log" 2>/dev/null)"
+}
+stop_nginx() {
+    local d
+    for d in "$tmp"/nginx-*; do
+        [[ -f $d/nginx.pid ]] && kill -QUIT "$(cat "$d/nginx.pid")" 2>/dev/null || true
+    done
+}
+
+# ---- PKI: a CA and one leaf per host ------------------------------------------------------------
+leaf() { # HOST
+    openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=$1" \
+        -keyout "$tmp/pki/$1.key" -out "$tmp/pki/$1.csr" 2>/dev/null
+    printf 'subjectAltName=DNS:%s\nextendedKeyUsage=serverAuth\n' "$1" >"$tmp/pki/$1.ext"
+    openssl x509 -req -in "$tmp/pki/$1.csr" -CA "$tmp/pki/ca.crt" -CAkey "$tmp/pki/ca.key" -CAcreateserial \
+        -days 2 -sha256 -extfile "$tmp/pki/$1.ext" -out "$tmp/pki/$1.crt" 2>/dev/null
+}
+der_sha256() { openssl x509 -in "$1" -outform DER | sha256sum | cut -d' ' -f1; }
+tls_secret() { # NAMESPACE NAME HOST
+    kubectl -n "$1" create secret tls "$2" --cert "$tmp/pki/$3.crt" --key "$tmp/pki/$3.key" \
+        --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+}
+
+# ---- HTTP/3 through aioquic (tests/py/h3client.py) ----------------------------------------------
+# h3_get ADDR HOST CERT-SHA: GET /whoami answers 200 with that certificate; prints one line.
+h3_get() {
+    local rep
+    rep=$("$PY" "$H3CLIENT" "https://$2/whoami" --resolve "$2:443:$1" --cacert "$tmp/pki/ca.crt" \
+        --connect-timeout 5 --timeout 10 --output - 2>/dev/null) || true
+    "$PY" - "$1" "$2" "$3" "$rep" <<'EOF'
+import json, sys
+addr, host, want, raw = sys.argv[1:5]
+try:
+    rep = json.loads(raw)
+except ValueError:
+    sys.exit(f"FAIL: {host} via {addr}: no JSON from h3client.py")
+hs = rep["connection"]["handshake"]
+if not hs.get("ok"):
+    sys.exit(f"FAIL: {host} via {addr}: handshake failed: {hs}")
+r = (rep.get("requests") or [{}])[0]
+cert = (rep["connection"].get("server_cert") or {}).get("sha256", "")
+alt = dict((k.lower(), v) for k, v in r.get("headers", [])).get("alt-svc", "")
+if r.get("status") != 200 or cert != want:
+    sys.exit(f"FAIL: {host} via {addr}: status {r.get('status')}, cert {cert[:12]}, want 200 and {want[:12]}")
+print(f"aioquic {addr:>10} https://{host}/whoami: HTTP/3 {r['status']} ALPN {hs.get('alpn')}, "
+      f"cert {cert[:12]}, body {r.get('body', '').strip()!r}, Alt-Svc {alt!r}")
+EOF
+}
+# h3_refused ADDR HOST: the handshake fails with a TLS alert (the data plane has no such host).
+h3_refused() {
+    local rep
+    rep=$("$PY" "$H3CLIENT" "https://$2/whoami" --resolve "$2:443:$1" --cacert "$tmp/pki/ca.crt" \
+        --connect-timeout 5 --timeout 10 2>/dev/null) || true
+    "$PY" - "$1" "$2" "$rep" <<'EOF'
+import json, sys
+addr, host, raw = sys.argv[1:4]
+hs = json.loads(raw)["connection"]["handshake"]
+if hs.get("ok") or hs.get("kind") != "tls_alert":
+    sys.exit(f"FAIL: {host} via {addr}: handshake {hs}, want refused with a TLS alert")
+print(f"aioquic {addr:>10} {host}: handshake refused ({hs.get('kind')})")
+EOF
+}
+served_everywhere() { # HOST CERT-SHA
+    local ip
+    for ip in $H3I_NODE_IPS; do h3_get "$ip" "$1" "$2" || return 1; done
+}
+refused_everywhere() { # HOST
+    local ip
+    for ip in $H3I_NODE_IPS; do h3_refused "$ip" "$1" || return 1; done
+}
+
+# ---- objects ------------------------------------------------------------------------------------
+host_field() { # HOST FIELD: that field of the listener's status entry for HOST
+    jp h3l "$LISTENER" -o jsonpath="{.status.hosts[?(@.name==\"$1\")].$2}"
+}
+host_reason_is() { [[ $(host_field "$1" reason) == "$2" ]]; }
+route_yaml() { # NAME HOST SECTION ANNOTATED(true|false)
+    local ann="{}"
+    [[ $4 == true ]] && ann='{h3-ingress.dev/enabled: "true"}'
+    cat <<EOF
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: $1, namespace: $NS_APP, annotations: $ann}
+spec:
+  parentRefs: [{name: gw, namespace: $NS_INFRA, sectionName: $3}]
+  hostnames: [$2]
+  rules: [{backendRefs: [{name: shop, port: 80}]}]
+EOF
+}
+# accept_route NAME SECTION: write the route's status as a gateway controller would.
+accept_route() {
+    local now; now=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+    kubectl -n "$NS_APP" patch httproute "$1" --subresource=status --type=merge --field-manager="$TEST_MANAGER" -p "$(cat <<EOF
+{"status": {"parents": [{"parentRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway",
+    "name": "gw", "namespace": "$NS_INFRA", "sectionName": "$2"},
+  "controllerName": "example.com/h3i-test-gateway",
+  "conditions": [
+    {"type": "Accepted", "status": "True", "reason": "Accepted", "message": "accepted by the test",
+     "observedGeneration": 1, "lastTransitionTime": "$now"},
+    {"type": "ResolvedRefs", "status": "True", "reason": "ResolvedRefs", "message": "",
+     "observedGeneration": 1, "lastTransitionTime": "$now"}]}]}}
+EOF
+)" >/dev/null
+}
+
+# =================================================================================================
+step "cluster up (scripts/cluster.sh up; warm: binaries cached)"
+t0=$(date +%s)
+"$CLUSTER" up 2>&1 | indent
+eval "$("$CLUSTER" env)"
+read -r -a NODES <<<"$H3I_NODES"
+read -r -a IPS <<<"$H3I_NODE_IPS"
+[[ -x $H3I_BINARY ]] || fail "H3I_BINARY=$H3I_BINARY does not exist (cargo build first)"
+if kubectl get ns "$NS_OP" >/dev/null 2>&1 || kubectl get crd http3listeners.h3-ingress.dev >/dev/null 2>&1; then
+    info "removing objects a previous run (or the journey) left"
+    kubectl delete h3l --all --wait=true --timeout=60s >/dev/null 2>&1 || true
+    helm uninstall "$RELEASE" -n "$NS_OP" --wait >/dev/null 2>&1 || true
+    kubectl delete namespace "$NS_APP" "$NS_INFRA" "$NS_CERTS" "$NS_OP" --ignore-not-found --wait=true --timeout=90s >/dev/null
+    kubectl delete crd http3listeners.h3-ingress.dev --ignore-not-found >/dev/null
+fi
+ok "up in $(($(date +%s) - t0))s; nodes ${NODES[*]} at ${IPS[*]}; binary $H3I_BINARY"
+
+step "install the Gateway API $GATEWAY_API_VERSION standard-channel CRDs (sigs.k8s.io/gateway-api via the Go module proxy)"
+t0=$(date +%s)
+CRDS=$(gateway_api_dir)
+kubectl apply --server-side --force-conflicts -f "$CRDS" >"$tmp/crds.log" 2>&1 || fail "kubectl apply $CRDS: $(cat "$tmp/crds.log")"
+for crd in gateways httproutes referencegrants gatewayclasses; do
+    kubectl wait --for=condition=Established "crd/$crd.gateway.networking.k8s.io" --timeout=30s >/dev/null ||
+        fail "crd/$crd.gateway.networking.k8s.io not Established"
+done
+bundle=$(jp crd httproutes.gateway.networking.k8s.io -o jsonpath='{.metadata.annotations.gateway\.networking\.k8s\.io/bundle-version} {.metadata.annotations.gateway\.networking\.k8s\.io/channel}')
+[[ $bundle == "$GATEWAY_API_VERSION standard" ]] || fail "HTTPRoute CRD bundle '$bundle', want '$GATEWAY_API_VERSION standard'"
+ok "$(ls "$CRDS" | wc -l) files from $CRDS applied in $(($(date +%s) - t0))s; gateways, httproutes, referencegrants Established (bundle $bundle)"
+
+step "helm install the chart (image $IMAGE_REPO = the local binary through the node agent)"
+kubectl create namespace "$NS_OP" >/dev/null
+kubectl label namespace "$NS_OP" pod-security.kubernetes.io/enforce=privileged >/dev/null
+helm install "$RELEASE" "$REPO/charts/h3-ingress" -n "$NS_OP" --set image.repository="$IMAGE_REPO" \
+    --wait --timeout 120s >"$tmp/helm.log" 2>&1 || fail "helm install: $(cat "$tmp/helm.log")"
+[[ $(can list httproutes.gateway.networking.k8s.io --as "$OP_USER" -A) == yes ]] || fail "the operator cannot list HTTPRoutes"
+for verb in update patch; do
+    [[ $(can "$verb" httproutes.gateway.networking.k8s.io --subresource=status --as "$OP_USER" -A) == no ]] ||
+        fail "the operator can $verb HTTPRoute status"
+    [[ $(can "$verb" gateways.gateway.networking.k8s.io --as "$OP_USER" -A) == no ]] || fail "the operator can $verb Gateways"
+done
+ok "operator running; can list HTTPRoutes, Gateways, ReferenceGrants; cannot update or patch HTTPRoutes' status or Gateways"
+
+step "the TCP gateway: Debian nginx on TCP 443 in each node's namespace, serving $HOST and $HOST_X"
+mkdir -p "$tmp/pki"
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+    -subj /CN=h3i-gateway-ca -keyout "$tmp/pki/ca.key" -out "$tmp/pki/ca.crt" 2>/dev/null
+leaf "$HOST"
+leaf "$HOST_X"
+CERT=$(der_sha256 "$tmp/pki/$HOST.crt")
+CERT_X=$(der_sha256 "$tmp/pki/$HOST_X.crt")
+for node in "${NODES[@]}"; do start_nginx "$node"; done
+for ip in "${IPS[@]}"; do
+    out=$(curl -sS --http2 --max-time 5 --cacert "$tmp/pki/ca.crt" --resolve "$HOST:443:$ip" \
+        -o /dev/null -w '%{http_version} %{response_code}' "https://$HOST/whoami") || fail "nginx on $ip: $out"
+    [[ $out == "2 200" ]] || fail "nginx on $ip: $out"
+done
+ok "nginx answers https://$HOST/whoami over h2 on ${IPS[*]}"
+
+step "a Gateway (class $CLASS, no controller) with HTTPS listeners, its Secret, an annotated HTTPRoute accepted by the test"
+kubectl create namespace "$NS_INFRA" >/dev/null
+kubectl create namespace "$NS_APP" >/dev/null
+kubectl create namespace "$NS_CERTS" >/dev/null
+tls_secret "$NS_INFRA" gw-tls "$HOST"
+tls_secret "$NS_CERTS" cross-tls "$HOST_X"
+kubectl apply -f - >/dev/null <<EOF
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: $CLASS}
+spec: {controllerName: example.com/h3i-test-gateway}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw, namespace: $NS_INFRA}
+spec:
+  gatewayClassName: $CLASS
+  listeners:
+    - name: http
+      port: 80
+      protocol: HTTP
+      allowedRoutes: {namespaces: {from: All}}
+    - name: https
+      port: 443
+      protocol: HTTPS
+      hostname: $HOST
+      tls: {mode: Terminate, certificateRefs: [{kind: Secret, name: gw-tls}]}
+      allowedRoutes: {namespaces: {from: All}}
+    - name: cross
+      port: 8443
+      protocol: HTTPS
+      hostname: $HOST_X
+      tls: {certificateRefs: [{name: cross-tls, namespace: $NS_CERTS}]}
+      allowedRoutes: {namespaces: {from: All}}
+EOF
+route_yaml web "$HOST" https true | kubectl apply -f - >/dev/null
+accept_route web https
+ok "gateway/gw (listeners http, https -> secret gw-tls, cross -> secret $NS_CERTS/cross-tls), httproute/web for $HOST, status.parents Accepted=True"
+kubectl -n "$NS_APP" get httproute web -o jsonpath='{range .status.parents[*]}{.parentRef.name}/{.parentRef.sectionName}: {.conditions[0].type}={.conditions[0].status} by {.controllerName}{"\n"}{end}' | indent
+
+step "an Http3Listener '$LISTENER' with gatewayClassName $CLASS: UDP 443 on every node, upstream the node's nginx"
+kubectl apply -f - <<EOF | indent
+apiVersion: h3-ingress.dev/v1alpha1
+kind: Http3Listener
+metadata: {name: $LISTENER}
+spec:
+  gatewayClassName: $CLASS
+  port: 443
+  upstream: {address: "127.0.0.1:443"}
+  metrics: {address: "[::]:9476"}
+  http: {drainTimeoutSeconds: 2}
+EOF
+until_ok 60 "Role $DP_RBAC in $NS_INFRA" kubectl -n "$NS_INFRA" get role "$DP_RBAC"
+role=$(jp role -n "$NS_INFRA" "$DP_RBAC" -o jsonpath='{range .rules[*]}{.resources}:{.resourceNames}:{.verbs}{end}')
+[[ $role == '["secrets"]:["gw-tls"]:["get","list","watch"]' ]] || fail "Role $NS_INFRA/$DP_RBAC should grant only Secret gw-tls: $role"
+ok "the data plane may read Secret $NS_INFRA/gw-tls only: $role"
+[[ $(can get secret/cross-tls -n "$NS_CERTS" --as "$DP_USER") == no ]] || fail "the data plane can read $NS_CERTS/cross-tls without a ReferenceGrant"
+[[ $(can list httproutes.gateway.networking.k8s.io --as "$DP_USER" -A) == yes ]] || fail "the data plane cannot list HTTPRoutes"
+[[ $(can patch httproutes.gateway.networking.k8s.io --subresource=status --as "$DP_USER" -A) == no ]] || fail "the data plane can patch HTTPRoute status"
+ok "it cannot read $NS_CERTS/cross-tls; it can list HTTPRoutes and cannot patch their status"
+
+step "HTTP/3 to $HOST on both nodes with the Gateway's certificate (aioquic)"
+wait_ok 120 "$HOST served over HTTP/3 on ${IPS[*]} with certificate ${CERT:0:12}" served_everywhere "$HOST" "$CERT"
+served_everywhere "$HOST" "$CERT" | indent
+[[ ${PIPESTATUS[0]} -eq 0 ]] || fail "HTTP/3 checks"
+
+step "status, kubectl h3-ingress status and Events name the HTTPRoute, Gateway and listener"
+wait_ok 60 "status.hosts $HOST Serving" host_reason_is "$HOST" Serving
+src=$(host_field "$HOST" httpRoute)/$(host_field "$HOST" gateway)/$(host_field "$HOST" gatewayListener)/$(host_field "$HOST" secret)
+[[ $src == "$NS_APP/web/$NS_INFRA/gw/https/$NS_INFRA/gw-tls" ]] || fail "status.hosts[$HOST] route/gateway/listener/secret: $src"
+ok "status.hosts[$HOST]: httpRoute $NS_APP/web, gateway $NS_INFRA/gw, gatewayListener https, secret $NS_INFRA/gw-tls"
+mkdir -p "$tmp/plugin"
+ln -sf "$H3I_BINARY" "$tmp/plugin/kubectl-h3_ingress"
+PATH=$tmp/plugin:$PATH kubectl h3-ingress status >"$tmp/status.txt" 2>&1 || fail "kubectl h3-ingress status: $(cat "$tmp/status.txt")"
+indent <"$tmp/status.txt"
+grep -E "^ *$HOST +Serving .*HTTPRoute $NS_APP/web, Gateway $NS_INFRA/gw listener https" "$tmp/status.txt" >/dev/null ||
+    fail "kubectl h3-ingress status does not show $HOST Serving from HTTPRoute $NS_APP/web"
+ok "kubectl h3-ingress status: $HOST Serving, source HTTPRoute $NS_APP/web, Gateway $NS_INFRA/gw listener https"
+route_events() { kubectl -n "$NS_APP" get events --field-selector "involvedObject.kind=HTTPRoute,involvedObject.name=$1" -o jsonpath='{range .items[*]}{.type} {.reason}: {.message}{"\n"}{end}'; }
+wait_ok 30 "an Http3Enabled Event on httproute/web" eval 'route_events web | grep -q "Normal Http3Enabled: HTTP/3 enabled for $HOST"'
+route_events web | indent
+managers=$(jp httproute -n "$NS_APP" web -o jsonpath='{range .metadata.managedFields[?(@.subresource=="status")]}{.manager}{"\n"}{end}' | sort -u | tr '\n' ' ')
+[[ $managers == "$TEST_MANAGER " ]] || fail "HTTPRoute status written by '$managers', want only the test ($TEST_MANAGER)"
+ok "the route's status has one writer, the test's stand-in gateway controller ($TEST_MANAGER): h3-ingress never wrote it"
+
+step "a cross-namespace certificate without a ReferenceGrant: $HOST_X is RefNotPermitted and not served"
+route_yaml cross "$HOST_X" cross true | kubectl apply -f - >/dev/null
+accept_route cross cross
+wait_ok 60 "status.hosts $HOST_X RefNotPermitted" host_reason_is "$HOST_X" RefNotPermitted
+info "$HOST_X: $(host_field "$HOST_X" state) $(host_field "$HOST_X" reason): $(host_field "$HOST_X" message)"
+wait_ok 30 "a RefNotPermitted Warning on httproute/cross" eval 'route_events cross | grep -q "Warning RefNotPermitted"'
+refused_everywhere "$HOST_X" | indent
+[[ ${PIPESTATUS[0]} -eq 0 ]] || fail "$HOST_X should be refused on every node"
+kubectl -n "$NS_CERTS" get role "$DP_RBAC" >/dev/null 2>&1 && fail "a Role for $NS_CERTS exists without a ReferenceGrant"
+ok "no Role in $NS_CERTS: the data plane was not given the Secret; $HOST still served: $(served_everywhere "$HOST" "$CERT" | wc -l) nodes"
+
+step "a ReferenceGrant in $NS_CERTS from Gateways in $NS_INFRA to Secret cross-tls: $HOST_X is served"
+kubectl apply -f - >/dev/null <<EOF
+apiVersion: gateway.networking.k8s.io/v1beta1
+kind: ReferenceGrant
+metadata: {name: gateways-from-infra, namespace: $NS_CERTS}
+spec:
+  from: [{group: gateway.networking.k8s.io, kind: Gateway, namespace: $NS_INFRA}]
+  to: [{group: "", kind: Secret, name: cross-tls}]
+EOF
+wait_ok 120 "$HOST_X served over HTTP/3 on ${IPS[*]} with certificate ${CERT_X:0:12}" served_everywhere "$HOST_X" "$CERT_X"
+served_everywhere "$HOST_X" "$CERT_X" | indent
+[[ ${PIPESTATUS[0]} -eq 0 ]] || fail "HTTP/3 checks for $HOST_X"
+role=$(jp role -n "$NS_CERTS" "$DP_RBAC" -o jsonpath='{range .rules[*]}{.resourceNames}{end}')
+[[ $role == '["cross-tls"]' ]] || fail "Role $NS_CERTS/$DP_RBAC should name only cross-tls: $role"
+# The pods load the new host without telling the operator; its status catches up on the next
+# periodic reconcile (every 60 s).
+wait_ok 90 "status.hosts $HOST_X Serving" host_reason_is "$HOST_X" Serving
+ok "Role in $NS_CERTS now names $role; status $HOST_X Serving"
+
+step "remove the annotation from httproute/web: $HOST is no longer served"
+kubectl -n "$NS_APP" annotate httproute web h3-ingress.dev/enabled- >/dev/null
+wait_ok 60 "handshakes for $HOST refused on ${IPS[*]}" refused_everywhere "$HOST"
+refused_everywhere "$HOST" | indent
+gone() { [[ -z $(host_field "$HOST" name) ]]; }
+wait_ok 30 "$HOST gone from status.hosts" gone
+served_everywhere "$HOST_X" "$CERT_X" >/dev/null || fail "$HOST_X should still be served"
+ok "$HOST_X (httproute/cross) still served on every node"
+
+step "the Gateway API example of docs/configuration.md is accepted by the API server (server-side dry run)"
+# The YAML blocks of its "Gateway API" section; the namespaces their objects live in.
+python3 - "$REPO/docs/configuration.md" "$tmp/doc-example.yaml" >"$tmp/doc-ns" <<'PY'
+import re, sys, yaml
+section = open(sys.argv[1]).read().split("### Gateway API", 1)[1]
+docs = "\n---\n".join(re.findall(r"```yaml\n(.*?)```", section, re.S))
+open(sys.argv[2], "w").write(docs)
+print(" ".join(sorted({o["metadata"]["namespace"] for o in yaml.safe_load_all(docs) if o and "namespace" in o["metadata"]})))
+PY
+kinds=$(grep -c '^kind:' "$tmp/doc-example.yaml")
+for ns in $(cat "$tmp/doc-ns"); do
+    kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+    DOC_NS+=("$ns")
+done
+kubectl apply --dry-run=server -f "$tmp/doc-example.yaml" >"$tmp/doc-apply.log" 2>&1 || fail "docs/configuration.md's Gateway API example: $(cat "$tmp/doc-apply.log")"
+indent <"$tmp/doc-apply.log"
+kubectl delete namespace "${DOC_NS[@]}" --wait=false >/dev/null
+ok "$kinds objects of the documented example pass the API server's validation (CRD schemas and CEL rules)"
+
+step "done: Gateway API hosts on the real control plane"
+kubectl get h3l "$LISTENER" | indent
+ok "all checks passed in $(($(date +%s) - T_START))s"
