@@ -1,6 +1,7 @@
 //! `cubic-hs` inside real quinn connections on 127.0.0.1.
 //!
-//! 1. Seed 004 replayed through the `Controller` trait against both `cubic-hs` and quinn's
+//! 1. Field report 004 (docs/field-reports.md, "004 cwnd pinned after one lost handshake
+//!    packet") replayed through the `Controller` trait against both `cubic-hs` and quinn's
 //!    stock CUBIC, with an `RttEstimator` taken from a live connection (quinn offers no public
 //!    constructor for one).
 //! 2. A server using the controller factory behind a UDP relay that adds 10 ms each way and
@@ -40,7 +41,7 @@ struct Tls {
 }
 
 /// A CA and a leaf with a handful of names, so the certificate flight spans more than one
-/// datagram like a real chain does (seed 004's chain took six).
+/// datagram like a real chain does (field report 004's chain took six).
 fn tls(transport: quinn::TransportConfig) -> Tls {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 
@@ -93,7 +94,7 @@ fn localhost() -> SocketAddr {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Seed 004 replay through the trait, stock CUBIC vs cubic-hs.
+// Field report 004 replayed through the trait, stock CUBIC vs cubic-hs.
 
 /// Wraps NewReno and keeps a copy of the last `RttEstimator` quinn handed it.
 struct CaptureRtt {
@@ -180,9 +181,9 @@ async fn live_rtt_estimator() -> RttEstimator {
     captured.expect("the server's controller saw no ACK")
 }
 
-/// The seed's events, exactly as quinn delivers them: six first-flight datagrams, five ACKed
+/// Field report 004's events (docs/field-reports.md), exactly as quinn delivers them: six first-flight datagrams, five ACKed
 /// one RTT later, the sixth found lost after a PTO probe's ACK with nothing left in flight.
-fn replay_seed_004(cc: &mut dyn Controller, rtt: &RttEstimator, t0: Instant) -> Instant {
+fn replay_field_report_004(cc: &mut dyn Controller, rtt: &RttEstimator, t0: Instant) -> Instant {
     let path_rtt = Duration::from_millis(200);
     for pn in 0..6 {
         cc.on_sent(t0, PKT, pn);
@@ -208,13 +209,13 @@ fn ssthresh(cc: &dyn Controller) -> u64 {
 }
 
 #[tokio::test]
-async fn seed_004_replay_stock_cubic_leaves_slow_start_cubic_hs_does_not() {
+async fn field_report_004_replay_stock_cubic_leaves_slow_start_cubic_hs_does_not() {
     let rtt = live_rtt_estimator().await;
     let stats = CcStats::new();
     let t0 = Instant::now();
 
     let mut stock = cc::factory(CongestionControl::Cubic, IW, stats.clone()).build(t0, PKT as u16);
-    replay_seed_004(stock.as_mut(), &rtt, t0);
+    replay_field_report_004(stock.as_mut(), &rtt, t0);
     eprintln!(
         "stock cubic after the tail loss: window {} ssthresh {}",
         stock.window(),
@@ -227,7 +228,7 @@ async fn seed_004_replay_stock_cubic_leaves_slow_start_cubic_hs_does_not() {
     assert!(stock.window() < IW + 6 * PKT);
 
     let mut hs = cc::factory(CongestionControl::CubicHs, IW, stats.clone()).build(t0, PKT as u16);
-    let found = replay_seed_004(hs.as_mut(), &rtt, t0);
+    let found = replay_field_report_004(hs.as_mut(), &rtt, t0);
     eprintln!(
         "cubic-hs after the tail loss: window {} ssthresh {}",
         hs.window(),
@@ -315,7 +316,7 @@ impl Link {
 #[derive(Debug, Clone, Copy)]
 struct PathShape {
     one_way_delay: Duration,
-    /// Drop the last datagram of the server's first flight (seed 004).
+    /// Drop the last datagram of the server's first flight (field report 004).
     drop_first_flight_tail: bool,
     /// After the first flight, drop every n-th server datagram as well.
     drop_every: Option<usize>,
@@ -323,8 +324,8 @@ struct PathShape {
 }
 
 impl PathShape {
-    /// The seed-004 relay: 10 ms each way, the first flight's tail dropped.
-    fn seed_004(drop_every: Option<usize>) -> Self {
+    /// The relay of field report 004 (docs/field-reports.md): 10 ms each way, the first flight's tail dropped.
+    fn field_report_004(drop_every: Option<usize>) -> Self {
         Self {
             one_way_delay: ONE_WAY_DELAY,
             drop_first_flight_tail: true,
@@ -552,7 +553,7 @@ async fn transfer_through_lossy_relay(
 ) -> Outcome {
     transfer_through_relay(
         cc::factory(kind, IW, stats),
-        PathShape::seed_004(drop_every),
+        PathShape::field_report_004(drop_every),
         BODY_LEN,
     )
     .await

@@ -315,11 +315,26 @@ impl RuleCounters {
     }
 }
 
+counters!(
+    /// Server-to-client packets of one client address (S6 tells competing flows apart by
+    /// the client address each one uses).
+    ClientCounters {
+        /// Delivered through the bottleneck.
+        tx_packets,
+        tx_bytes,
+        /// Dropped by the bottleneck's drop-tail queue.
+        drop_queue,
+    }
+);
+
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counters {
     pub c2s: DirCounters,
     pub s2c: DirCounters,
     pub rule: RuleCounters,
+    /// Server-to-client traffic per IPv4 client address, keyed by its last octet.
+    #[serde(default)]
+    pub s2c_by_client: BTreeMap<u8, ClientCounters>,
 }
 
 impl Counters {
@@ -327,14 +342,36 @@ impl Counters {
         self.c2s.add(&o.c2s);
         self.s2c.add(&o.s2c);
         self.rule.add(&o.rule);
+        for (k, v) in &o.s2c_by_client {
+            self.s2c_by_client.entry(*k).or_default().add(v);
+        }
     }
 
     pub fn delta(&self, earlier: &Self) -> Self {
+        let by_client = self
+            .s2c_by_client
+            .iter()
+            .map(|(k, v)| {
+                let before = earlier.s2c_by_client.get(k).cloned().unwrap_or_default();
+                (*k, v.delta(&before))
+            })
+            .collect();
         Self {
             c2s: self.c2s.delta(&earlier.c2s),
             s2c: self.s2c.delta(&earlier.s2c),
             rule: self.rule.delta(&earlier.rule),
+            s2c_by_client: by_client,
         }
+    }
+
+    /// The counters of server-to-client packet `data` (an IP packet) by its client address,
+    /// if it is IPv4 to the client network.
+    fn client_mut(&mut self, dir: Dir, data: &[u8]) -> Option<&mut ClientCounters> {
+        if dir != Dir::S2C || data.len() < 20 || data[0] >> 4 != 4 {
+            return None;
+        }
+        let dst = IpAddr::from([data[16], data[17], data[18], data[19]]);
+        topology::routable(Dir::S2C, dst).then(|| self.s2c_by_client.entry(data[19]).or_default())
     }
     pub fn dir(&self, d: Dir) -> &DirCounters {
         match d {
@@ -590,6 +627,9 @@ impl Emulator {
             let backlog = (u128::from(busy) * rate_bps / 8 / 1_000_000_000) as u64;
             if backlog + data.len() as u64 > link.queue_bytes {
                 self.counters.dir_mut(dir).drop_queue += 1;
+                if let Some(c) = self.counters.client_mut(dir, &data) {
+                    c.drop_queue += 1;
+                }
                 self.recycle(data);
                 return;
             }
@@ -731,6 +771,10 @@ impl Emulator {
             let c = self.counters.dir_mut(q.dir);
             c.tx_packets += 1;
             c.tx_bytes += q.data.len() as u64;
+            if let Some(c) = self.counters.client_mut(q.dir, &q.data) {
+                c.tx_packets += 1;
+                c.tx_bytes += q.data.len() as u64;
+            }
             return Some((q.dir, q.data));
         }
     }
@@ -819,7 +863,7 @@ fn count_kind(c: &mut DirCounters, info: &PacketInfo) {
 mod tests {
     use super::*;
     use crate::packet::tests::{tcp4, udp4, udp6};
-    use crate::topology::{CLIENT_V4, CLIENT_V6, SERVER_V4, SERVER_V6};
+    use crate::topology::{CLIENT2_V4, CLIENT_V4, CLIENT_V6, SERVER_V4, SERVER_V6};
 
     const MS: u64 = 1_000_000;
     const C: [u8; 4] = CLIENT_V4.octets();
@@ -927,6 +971,28 @@ mod tests {
         let out = run(&mut e, u64::MAX);
         let times: Vec<u64> = out.iter().map(|o| o.0 / MS).collect();
         assert_eq!(times, vec![15, 25, 35, 45]);
+    }
+
+    #[test]
+    fn server_to_client_traffic_is_counted_per_client_address() {
+        let mut cfg = EmuConfig::default();
+        cfg.s2c.rate_kbit = Some(1000);
+        cfg.s2c.queue_bytes = 2500;
+        let mut e = Emulator::new(cfg);
+        let second = CLIENT2_V4.octets();
+        // Two packets to each client address; the queue holds two, so the last two drop.
+        for dst in [C, C, second, second] {
+            feed(&mut e, 0, Dir::S2C, udp4(S, 443, dst, 5000, 1222, true));
+        }
+        feed(&mut e, 0, Dir::C2S, udp4(C, 5000, S, 443, 100, true));
+        run(&mut e, u64::MAX);
+        let by = &e.counters().s2c_by_client;
+        assert_eq!(by.len(), 2, "{by:?}");
+        assert_eq!((by[&2].tx_packets, by[&2].drop_queue), (2, 0));
+        assert_eq!((by[&3].tx_packets, by[&3].drop_queue), (0, 2));
+        assert_eq!(by[&2].tx_bytes, e.counters().s2c.tx_bytes);
+        let d = e.counters().delta(&Counters::default());
+        assert_eq!(d.s2c_by_client, *by);
     }
 
     #[test]

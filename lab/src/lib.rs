@@ -26,6 +26,7 @@ pub mod rows;
 pub mod scenario;
 pub mod servers;
 pub mod session;
+pub mod share;
 pub mod smoke;
 pub mod throughput;
 pub mod topology;

@@ -174,6 +174,8 @@ pub struct CaseSpec {
     /// Also run with `--quick`.
     pub quick: bool,
     pub rate: CaseRate,
+    /// S6: the bottleneck and the flow the row competes with.
+    pub competition: Option<Competition>,
 }
 
 impl CaseSpec {
@@ -183,6 +185,18 @@ impl CaseSpec {
             transfer: Transfer::Download(file),
             quick: true,
             rate: CaseRate::Flag,
+            competition: None,
+        }
+    }
+    /// S6: the row's bulk download beside a TCP one through a `rate_mbit` bottleneck.
+    pub const fn share(rtt_ms: f64, rate_mbit: f64, queue: QueueSize, against: TcpCc) -> CaseSpec {
+        CaseSpec {
+            competition: Some(Competition {
+                rate_mbit,
+                queue,
+                against,
+            }),
+            ..Self::download(PathSpec::rtt(rtt_ms), &BULK)
         }
     }
     pub const fn upload(path: PathSpec, file: &'static FileSpec) -> CaseSpec {
@@ -203,13 +217,89 @@ impl CaseSpec {
     }
 }
 
-/// How the bench measures a scenario's cells.
+/// The drop-tail queue in front of an S6 bottleneck.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueSize {
+    /// One bandwidth-delay product at the case's rate and RTT.
+    Bdp,
+    /// This many full-size (1500-byte) packets: a shallow buffer.
+    Packets(u32),
+}
+
+impl QueueSize {
+    /// The queue in bytes at `rate_mbit` and `rtt_ms`. Pure.
+    pub fn bytes(self, rate_mbit: f64, rtt_ms: f64) -> u64 {
+        match self {
+            QueueSize::Bdp => (rate_mbit * 1e6 / 8.0 * rtt_ms / 1000.0) as u64,
+            QueueSize::Packets(n) => u64::from(n) * 1500,
+        }
+    }
+}
+
+/// The kernel TCP congestion control of S6's competing HTTP/2 download.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TcpCc {
+    Cubic,
+    Bbr,
+}
+
+impl TcpCc {
+    /// The kernel's name (`net.ipv4.tcp_congestion_control`, `ip route ... congctl`).
+    pub fn name(self) -> &'static str {
+        match self {
+            TcpCc::Cubic => "cubic",
+            TcpCc::Bbr => "bbr",
+        }
+    }
+}
+
+/// S6: what a case's row competes against, and through what.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Competition {
+    pub rate_mbit: f64,
+    pub queue: QueueSize,
+    /// The competing HTTP/2 download's TCP congestion control (the server's, per route).
+    pub against: TcpCc,
+}
+
+impl Competition {
+    /// ", 20 Mbit/s, queue 1 BDP (125 KB), vs TCP CUBIC" at `rtt_ms`.
+    pub fn label(&self, rtt_ms: f64) -> String {
+        let bytes = self.queue.bytes(self.rate_mbit, rtt_ms);
+        let queue = match self.queue {
+            QueueSize::Bdp => format!("1 BDP ({:.0} KB)", bytes as f64 / 1000.0),
+            QueueSize::Packets(n) => format!("{n} packets ({:.0} KB)", bytes as f64 / 1000.0),
+        };
+        format!(
+            ", {} Mbit/s, queue {queue}, vs TCP {}",
+            self.rate_mbit,
+            self.against.name().to_uppercase()
+        )
+    }
+
+    /// "-20mbit-bdp-cubic": what tells the case apart in its id.
+    pub fn id_suffix(&self) -> String {
+        let queue = match self.queue {
+            QueueSize::Bdp => "bdp".to_string(),
+            QueueSize::Packets(n) => format!("q{n}"),
+        };
+        format!("-{}mbit-{queue}-{}", self.rate_mbit, self.against.name())
+    }
+}
+
+/// How the bench measures a scenario's cells.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Measure {
     /// One transfer at a time, a fresh client process and connection each; the rows take turns
     /// within a case; per transfer the client's times, per cell the router's counters, both
     /// namespaces' UDP counters and our proxy's /metrics deltas.
     Transfers,
+    /// Two bulk downloads at once through one bottleneck: the row's (from client address
+    /// `CLIENT_V4`) and a competing one (from `CLIENT2_V4`: HTTP/2 from the same nginx, its
+    /// server-side TCP congestion control set per route). After `warm_up_s` the
+    /// router counts what each client address received for `window_s`; per run the row's share
+    /// of the two. Each run is one cell sample; the rows take turns as in `Transfers`.
+    Share { warm_up_s: f64, window_s: f64 },
 }
 
 /// Which cases of its scenario a target is judged on.
@@ -224,6 +314,9 @@ pub enum When {
     ThroughputUpload,
     /// Uploads without a bottleneck: the server's socket buffer is what they test.
     UnlimitedUpload,
+    /// S6 cases whose competing flow runs TCP CUBIC / TCP BBR.
+    AgainstCubic,
+    AgainstBbr,
 }
 
 /// Margin over the clean path's median that [`Check::MedianVsClean`] allows.
@@ -266,6 +359,13 @@ pub enum Check {
     PathMtuInMetrics,
     /// No IPv4 fragments and DF on every server IPv4 datagram.
     NoFragmentsAllDf,
+    /// The row's median share of the bottleneck beside the competing flow within [min, max].
+    ShareWithin {
+        min: f64,
+        max: f64,
+    },
+    /// The row's median share >= what TCP CUBIC (the h2 row) gets against the same flow.
+    ShareAtLeastTcpCubic,
 }
 
 impl Check {
@@ -293,6 +393,12 @@ impl Check {
             }
             Check::NoFragmentsAllDf => {
                 format!("{row} zero IPv4 fragments, DF on every server IPv4 datagram")
+            }
+            Check::ShareWithin { min, max } => {
+                format!("{row} median share {min:.1}-{max:.1} beside the TCP flow")
+            }
+            Check::ShareAtLeastTcpCubic => {
+                format!("{row} median share >= TCP CUBIC's against the same flow")
             }
         }
     }
@@ -326,6 +432,13 @@ pub struct Notes {
 /// One step of the CI smoke: a transfer per client and server with counter checks.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum SmokeStep {
+    /// S6 in short: our proxy's download (aioquic) beside an HTTP/2 one through a bottleneck;
+    /// both flows get through, the router's per-client counters add up to the link's.
+    Share {
+        path: PathSpec,
+        rate_mbit: f64,
+        window_s: f64,
+    },
     /// 1 MB over h2 (IPv4 and IPv6) and from each h3 server: nothing dropped, the right
     /// address family, DF on every server datagram.
     CleanDownload(PathSpec),
@@ -349,6 +462,14 @@ impl fmt::Display for SmokeStep {
             SmokeStep::RandomLoss { path, seed } => write!(f, "random loss, {path}, seed {seed}"),
             SmokeStep::LargeTransfers(p) => write!(f, "large download and upload, {p}"),
             SmokeStep::MtuBlackHole(p) => write!(f, "MTU black hole, {p}, then with ICMP"),
+            SmokeStep::Share {
+                path,
+                rate_mbit,
+                window_s,
+            } => write!(
+                f,
+                "h3 beside h2 through {rate_mbit} Mbit/s, {path}, {window_s} s window"
+            ),
         }
     }
 }
@@ -564,11 +685,81 @@ const S5: Scenario = Scenario {
     )],
 };
 
+const fn share(rtt: f64, rate: f64, queue: QueueSize, against: TcpCc) -> CaseSpec {
+    CaseSpec::share(rtt, rate, queue, against)
+}
+const SHALLOW: QueueSize = QueueSize::Packets(12);
+
+const S6: Scenario = Scenario {
+    id: "S6",
+    title: "fair share beside TCP",
+    question: "Beside one HTTP/2 download (kernel TCP) from the same nginx through one \
+        bottleneck, does HTTP/3 through the proxy take a TCP-like share, with deep and shallow \
+        queues, against TCP CUBIC and TCP BBR?",
+    measure: Measure::Share {
+        warm_up_s: 5.0,
+        window_s: 60.0,
+    },
+    runs: 3,
+    rate_flag: RateFlag::Rate,
+    max_time_cap_s: None,
+    // Quick: 20 Mbit/s at 50 ms, both queues, both competitors.
+    cases: &[
+        share(50.0, 20.0, QueueSize::Bdp, TcpCc::Cubic),
+        share(50.0, 20.0, SHALLOW, TcpCc::Cubic),
+        share(50.0, 20.0, QueueSize::Bdp, TcpCc::Bbr),
+        share(50.0, 20.0, SHALLOW, TcpCc::Bbr),
+        share(200.0, 20.0, QueueSize::Bdp, TcpCc::Cubic).full_only(),
+        share(200.0, 20.0, SHALLOW, TcpCc::Cubic).full_only(),
+        share(200.0, 20.0, QueueSize::Bdp, TcpCc::Bbr).full_only(),
+        share(200.0, 20.0, SHALLOW, TcpCc::Bbr).full_only(),
+        share(50.0, 100.0, QueueSize::Bdp, TcpCc::Cubic).full_only(),
+        share(50.0, 100.0, SHALLOW, TcpCc::Cubic).full_only(),
+        share(50.0, 100.0, QueueSize::Bdp, TcpCc::Bbr).full_only(),
+        share(50.0, 100.0, SHALLOW, TcpCc::Bbr).full_only(),
+        share(200.0, 100.0, QueueSize::Bdp, TcpCc::Cubic).full_only(),
+        share(200.0, 100.0, SHALLOW, TcpCc::Cubic).full_only(),
+        share(200.0, 100.0, QueueSize::Bdp, TcpCc::Bbr).full_only(),
+        share(200.0, 100.0, SHALLOW, TcpCc::Bbr).full_only(),
+    ],
+    // The h2 row is the TCP reference: HTTP/2 with TCP CUBIC (a per-route congctl on the
+    // server) against the same competing flow as every other row.
+    only_rows: &[],
+    targets: &[
+        Target {
+            when: When::AgainstCubic,
+            check: Check::ShareWithin { min: 0.4, max: 0.6 },
+        },
+        Target {
+            when: When::AgainstBbr,
+            check: Check::ShareAtLeastTcpCubic,
+        },
+    ],
+    notes: Notes {
+        mtu_counters: false,
+        throughput: false,
+        socket_buffers: false,
+    },
+    smoke: &[SmokeStep::Share {
+        path: PathSpec::rtt(50.0),
+        rate_mbit: 20.0,
+        window_s: 8.0,
+    }],
+};
+
 /// Every scenario, in the order the bench runs them and the smoke steps through them.
-pub static SCENARIOS: &[Scenario] = &[S1, S2, S3, S4, S5];
+pub static SCENARIOS: &[Scenario] = &[S1, S2, S3, S4, S5, S6];
+
+/// S6's bulk download: more than any flow receives in a window at 100 Mbit/s, so both flows
+/// run for the whole window (the client's time limit ends them).
+pub const BULK: FileSpec = FileSpec {
+    name: "bulk.bin",
+    bytes: 1 << 30,
+    label: "bulk",
+};
 
 /// Every content file the cases use, for the servers' document roots.
-pub const FILES: &[&FileSpec] = &[&MB1, &MB4, &MB5_7, &MB50, &MB20];
+pub const FILES: &[&FileSpec] = &[&MB1, &MB4, &MB5_7, &MB50, &MB20, &BULK];
 
 /// The scenario with this id (case-insensitive).
 pub fn find(id: &str) -> Option<&'static Scenario> {
@@ -603,6 +794,8 @@ impl When {
                         || !cases.iter().any(|c| c.upload && c.rate_mbit.is_some()))
             }
             When::UnlimitedUpload => case.upload && case.rate_mbit.is_none(),
+            When::AgainstCubic => case.competitor.as_deref() == Some(TcpCc::Cubic.name()),
+            When::AgainstBbr => case.competitor.as_deref() == Some(TcpCc::Bbr.name()),
         }
     }
 }
@@ -662,8 +855,12 @@ pub fn describe_all() -> String {
                 CaseRate::Unlimited => " (no rate limit)",
             };
             let quick = if c.quick { " [quick]" } else { "" };
+            let versus = c
+                .competition
+                .map(|k| k.label(c.path.rtt_ms))
+                .unwrap_or_default();
             out.push_str(&format!(
-                "  case: {:.0} ms, {}{what}{}{rate}{quick}\n",
+                "  case: {:.0} ms, {}{what}{}{versus}{rate}{quick}\n",
                 c.path.rtt_ms,
                 t.file().label,
                 c.path.impairments()
@@ -695,7 +892,7 @@ mod tests {
         assert_eq!(all.len(), SCENARIOS.len());
         assert_eq!(find(" s3").map(|s| s.id), Some("S3"));
         assert!(find("S9").is_none());
-        assert_eq!(ids(), "S1,S2,S3,S4,S5");
+        assert_eq!(ids(), "S1,S2,S3,S4,S5,S6");
     }
 
     #[test]

@@ -7,6 +7,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use super::emu::Dir;
 
 pub const CLIENT_V4: Ipv4Addr = Ipv4Addr::new(10, 77, 1, 2);
+/// A second client address, for S6's competing flow: the router counts server-to-client
+/// traffic per client address, and the server can give it its own TCP congestion control
+/// (a per-route `congctl`).
+pub const CLIENT2_V4: Ipv4Addr = Ipv4Addr::new(10, 77, 1, 3);
 pub const SERVER_V4: Ipv4Addr = Ipv4Addr::new(10, 77, 2, 2);
 pub const ROUTER_CLIENT_SIDE_V4: Ipv4Addr = Ipv4Addr::new(10, 77, 1, 1);
 pub const ROUTER_SERVER_SIDE_V4: Ipv4Addr = Ipv4Addr::new(10, 77, 2, 1);

@@ -5,6 +5,7 @@
 pub mod env;
 pub mod plan;
 pub mod runner;
+mod share;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -73,6 +74,12 @@ pub struct BenchArgs {
     /// default: the machine's (`net.ipv4.tcp_congestion_control`), named in the report.
     #[arg(long)]
     pub tcp_congestion_control: Option<String>,
+    /// Keep only the cases whose id contains one of these (e.g. `S6-50ms-20mbit`).
+    #[arg(long, value_delimiter = ',')]
+    pub cells: Vec<String>,
+    /// S6's measuring window in seconds (default: the scenario's, 60 s after 5 s warm-up).
+    #[arg(long)]
+    pub share_window_s: Option<f64>,
     /// Where the JSON and markdown results go.
     #[arg(long, default_value = "target/lab")]
     pub out: PathBuf,
@@ -93,6 +100,8 @@ impl BenchArgs {
             rate_mbit: self.rate_mbit,
             s4_rate_mbit: self.s4_rate(),
             max_time: self.max_time,
+            cells: self.cells.clone(),
+            share_window_s: self.share_window_s,
         }
     }
 
@@ -317,7 +326,11 @@ mod tests {
             "64",
         ]);
         let cases = plan::plan(&a.scenario_ids(), &a.plan_options()).unwrap();
-        assert_eq!(cases.len(), 17, "every scenario by default");
+        assert_eq!(
+            cases.len(),
+            17 + 16,
+            "every scenario by default (S6: 16 cells)"
+        );
         let rows = select_rows(&a, &cases).unwrap();
         assert_eq!(rows.len(), 2);
         let ServerKind::Ours { variant, .. } = &rows[1].server else {

@@ -4,7 +4,7 @@
 
 use crate::emu::Position;
 use crate::report::Case;
-use crate::scenario::{self, CaseRate, CaseSpec, PathSpec, RateFlag, Scenario};
+use crate::scenario::{self, CaseRate, CaseSpec, Measure, PathSpec, RateFlag, Scenario};
 use crate::LabError;
 
 /// The command-line settings that shape the plan.
@@ -19,10 +19,16 @@ pub struct PlanOptions {
     pub s4_rate_mbit: Option<f64>,
     /// `--max-time`, seconds per transfer.
     pub max_time: f64,
+    /// `--cells`: keep only cases whose id contains one of these (empty: every case).
+    pub cells: Vec<String>,
+    /// `--share-window-s`: S6's measuring window instead of the scenario's.
+    pub share_window_s: Option<f64>,
 }
 
 /// Uploads get at least this long: a 20 MB PUT through a slow path takes its time.
 const UPLOAD_MIN_TIME_S: f64 = 60.0;
+/// S6's flows go on this long after the window, so neither ends inside it.
+pub const SHARE_TAIL_S: f64 = 2.0;
 
 /// The cases of the selected scenarios, in the table's case order per scenario.
 pub fn plan(selected: &[String], o: &PlanOptions) -> Result<Vec<Case>, LabError> {
@@ -38,7 +44,28 @@ pub fn plan(selected: &[String], o: &PlanOptions) -> Result<Vec<Case>, LabError>
         let specs = sc.cases.iter().filter(|c| c.quick || !o.quick);
         out.extend(specs.filter_map(|spec| case(sc, spec, o)));
     }
+    if !o.cells.is_empty() {
+        out.retain(|c| o.cells.iter().any(|f| c.id.contains(f.trim())));
+        if out.is_empty() {
+            return Err(LabError::Config(format!(
+                "--cells {:?} matches no case of the selected scenarios",
+                o.cells
+            )));
+        }
+    }
     Ok(out)
+}
+
+/// The measuring window and warm-up of an S6 case, seconds: the scenario's, or
+/// `--share-window-s`.
+pub fn share_timing(sc: &Scenario, o_window: Option<f64>) -> Option<(f64, f64)> {
+    match sc.measure {
+        Measure::Share {
+            warm_up_s,
+            window_s,
+        } => Some((warm_up_s, o_window.unwrap_or(window_s))),
+        Measure::Transfers => None,
+    }
 }
 
 /// One case of the plan; `None` when it needs a bottleneck and the flags set none.
@@ -47,10 +74,11 @@ fn case(sc: &Scenario, spec: &CaseSpec, o: &PlanOptions) -> Option<Case> {
         RateFlag::Rate => o.rate_mbit,
         RateFlag::S4Rate => o.s4_rate_mbit.or(o.rate_mbit),
     };
-    let rate_mbit = match spec.rate {
-        CaseRate::Flag => flag,
-        CaseRate::OnlyLimited => Some(flag?),
-        CaseRate::Unlimited => None,
+    let rate_mbit = match (spec.competition, spec.rate) {
+        (Some(k), _) => Some(k.rate_mbit),
+        (None, CaseRate::Flag) => flag,
+        (None, CaseRate::OnlyLimited) => Some(flag?),
+        (None, CaseRate::Unlimited) => None,
     };
     let p = spec.path;
     let file = spec.transfer.file();
@@ -73,9 +101,16 @@ fn case(sc: &Scenario, spec: &CaseSpec, o: &PlanOptions) -> Option<Case> {
         id.push_str("-unlimited");
         label.push_str(", no rate limit");
     }
-    if let Some(r) = rate_mbit {
-        id.push_str(&format!("-{r}mbit"));
-        label.push_str(&format!(", {r} Mbit/s"));
+    match (spec.competition, rate_mbit) {
+        (Some(k), _) => {
+            id = format!("{}-{:.0}ms{}", sc.id, p.rtt_ms, k.id_suffix());
+            label = format!("{:.0} ms{}", p.rtt_ms, k.label(p.rtt_ms));
+        }
+        (None, Some(r)) => {
+            id.push_str(&format!("-{r}mbit"));
+            label.push_str(&format!(", {r} Mbit/s"));
+        }
+        (None, None) => {}
     }
     let full = sc.runs;
     let runs = o.runs.unwrap_or(if o.quick {
@@ -83,7 +118,10 @@ fn case(sc: &Scenario, spec: &CaseSpec, o: &PlanOptions) -> Option<Case> {
     } else {
         full
     });
+    let share = share_timing(sc, o.share_window_s);
     let max_time = match sc.max_time_cap_s {
+        // Both flows run until the client's limit ends them, a little after the window.
+        _ if share.is_some() => share.map_or(0.0, |(w, d)| w + d + SHARE_TAIL_S),
         _ if upload => o.max_time.max(UPLOAD_MIN_TIME_S),
         Some(cap) => o.max_time.min(cap),
         None => o.max_time,
@@ -103,6 +141,10 @@ fn case(sc: &Scenario, spec: &CaseSpec, o: &PlanOptions) -> Option<Case> {
         runs,
         rate_mbit,
         max_time,
+        queue_bytes: spec
+            .competition
+            .map(|k| k.queue.bytes(k.rate_mbit, p.rtt_ms)),
+        competitor: spec.competition.map(|k| k.against.name().to_string()),
     })
 }
 
@@ -139,6 +181,8 @@ mod tests {
             rate_mbit: None,
             s4_rate_mbit: s4,
             max_time: 30.0,
+            cells: Vec::new(),
+            share_window_s: None,
         }
     }
 
@@ -235,6 +279,60 @@ mod tests {
         assert_eq!(p.iter().filter(|c| c.upload).count(), 1);
         assert!(p.iter().all(|c| c.rate_mbit.is_none()));
         let e = plan(&sc(&["S9"]), &opts(false, None, None)).unwrap_err();
-        assert!(e.to_string().contains("S1,S2,S3,S4,S5"), "{e}");
+        assert!(e.to_string().contains("S1,S2,S3,S4,S5,S6"), "{e}");
+    }
+
+    #[test]
+    fn share_plan_cells_and_filters() {
+        let p = plan(&sc(&["S6"]), &opts(false, None, None)).unwrap();
+        assert_eq!(p.len(), 16);
+        assert!(p.iter().all(|c| c.runs == 3));
+        let c = &p[1];
+        assert_eq!(c.id, "S6-50ms-20mbit-q12-cubic");
+        assert_eq!(
+            c.label,
+            "50 ms, 20 Mbit/s, queue 12 packets (18 KB), vs TCP CUBIC"
+        );
+        assert_eq!(c.rate_mbit, Some(20.0));
+        assert_eq!(c.queue_bytes, Some(18_000));
+        assert_eq!(c.competitor.as_deref(), Some("cubic"));
+        assert_eq!(c.max_time, 5.0 + 60.0 + SHARE_TAIL_S);
+        let deep = p
+            .iter()
+            .find(|c| c.id == "S6-200ms-100mbit-bdp-bbr")
+            .unwrap();
+        assert_eq!(
+            deep.queue_bytes,
+            Some(2_500_000),
+            "1 BDP at 100 Mbit/s, 200 ms"
+        );
+        let quick = plan(&sc(&["S6"]), &opts(true, None, None)).unwrap();
+        assert_eq!(quick.len(), 4);
+        assert!(quick.iter().all(|c| c.id.starts_with("S6-50ms-20mbit")));
+
+        let mut o = opts(false, Some(1), None);
+        o.cells = vec!["20mbit-bdp".into(), "100mbit-q12-bbr".into()];
+        o.share_window_s = Some(30.0);
+        let ids: Vec<String> = plan(&sc(&["S6"]), &o)
+            .unwrap()
+            .into_iter()
+            .map(|c| {
+                assert_eq!(c.max_time, 5.0 + 30.0 + SHARE_TAIL_S);
+                c.id
+            })
+            .collect();
+        assert_eq!(
+            ids,
+            vec![
+                "S6-50ms-20mbit-bdp-cubic",
+                "S6-50ms-20mbit-bdp-bbr",
+                "S6-200ms-20mbit-bdp-cubic",
+                "S6-200ms-20mbit-bdp-bbr",
+                "S6-50ms-100mbit-q12-bbr",
+                "S6-200ms-100mbit-q12-bbr",
+            ]
+        );
+        o.cells = vec!["nothing".into()];
+        assert!(plan(&sc(&["S6"]), &o).is_err());
     }
 }

@@ -26,7 +26,7 @@ pub type NotRun = BTreeMap<&'static str, String>;
 
 pub struct Runner<'a> {
     pub s: Session,
-    args: &'a BenchArgs,
+    pub(super) args: &'a BenchArgs,
     /// The trixie chroot whose curl (and nginx 1.26) the bench uses, if found.
     chroot: Option<PathBuf>,
     /// The aioquic script for `--client aioquic`.
@@ -112,6 +112,8 @@ impl<'a> Runner<'a> {
             runs: 1,
             rate_mbit: None,
             max_time: 15.0,
+            queue_bytes: None,
+            competitor: None,
         };
         servers::make_file(&self.s.work, MB1.name, MB1.bytes)?;
         for r in rows {
@@ -157,6 +159,7 @@ impl<'a> Runner<'a> {
             let measure = scenario::find(&case.scenario).map_or(Measure::Transfers, |s| s.measure);
             let (cells, abort) = match measure {
                 Measure::Transfers => self.transfers(ci, case, &active),
+                Measure::Share { .. } => self.shares(ci, case, &active),
             };
             report.cells.extend(cells);
             if abort.is_some() {
@@ -223,6 +226,16 @@ impl<'a> Runner<'a> {
     }
 
     fn transfer(&self, row: &Row, case: &Case) -> Result<Sample, LabError> {
+        self.transfer_from(row, case, None)
+    }
+
+    /// A transfer; with `from`, curl binds that client address (`--interface`).
+    pub(super) fn transfer_from(
+        &self,
+        row: &Row,
+        case: &Case,
+        from: Option<std::net::Ipv4Addr>,
+    ) -> Result<Sample, LabError> {
         let expect = Expect {
             proto: row.proto,
             bytes: case.bytes,
@@ -233,7 +246,7 @@ impl<'a> Runner<'a> {
         } else {
             format!("/{}", case.file)
         };
-        if row.proto == Proto::H3 && self.args.client == ClientArg::Aioquic {
+        if row.proto == Proto::H3 && self.args.client == ClientArg::Aioquic && from.is_none() {
             let src = self.s.work.path("www").join(&case.file);
             return client::run_h3get(
                 &self.s.names.client_ns,
@@ -263,7 +276,7 @@ impl<'a> Runner<'a> {
             ),
         };
         let upload = upload.to_string_lossy().into_owned();
-        let a = client::curl_args(
+        let mut a = client::curl_args(
             row.proto,
             std::net::IpAddr::V4(SERVER_V4),
             row.port,
@@ -272,6 +285,9 @@ impl<'a> Runner<'a> {
             case.upload.then_some(upload.as_str()),
             case.max_time,
         );
+        if let Some(ip) = from {
+            a.splice(0..0, ["--interface".to_string(), ip.to_string()]);
+        }
         client::run_curl(&self.s.names.client_ns, self.chroot.as_deref(), &a, expect)
     }
 
@@ -323,7 +339,7 @@ impl<'a> Runner<'a> {
     }
 }
 
-fn progress(case: &Case, run: usize, row: &Row, x: &Sample) {
+pub(super) fn progress(case: &Case, run: usize, row: &Row, x: &Sample) {
     eprintln!(
         "[{} {} {}/{}] {:<22} {}",
         case.scenario,

@@ -132,6 +132,7 @@ pub fn render_markdown(r: &BenchReport) -> String {
     let mut m = String::new();
     write_header(&mut m, r);
     write_table(&mut m, r);
+    super::share::write_share_table(&mut m, r);
     write_verdicts(&mut m, r);
     m
 }
@@ -186,12 +187,15 @@ fn write_header(m: &mut String, r: &BenchReport) {
 }
 
 fn write_table(m: &mut String, r: &BenchReport) {
+    if r.cases.iter().all(|c| c.competitor.is_some()) {
+        return;
+    }
     let _ = writeln!(
         m,
         "| Scen | Case | Row | n | median s | p90 s | max s | fail | ×h2 | notes |"
     );
     let _ = writeln!(m, "|---|---|---|---|---|---|---|---|---|---|");
-    for case in &r.cases {
+    for case in r.cases.iter().filter(|c| c.competitor.is_none()) {
         let h2 = r.cell(&case.id, H2).map(|c| stats(c, case.bytes));
         for row in &r.rows {
             if row.only_in.as_ref().is_some_and(|sc| *sc != case.scenario) {

@@ -3,6 +3,7 @@
 //! verdict logic is tested with made-up numbers.
 
 pub mod markdown;
+pub mod share;
 pub mod targets;
 
 use std::collections::BTreeMap;
@@ -39,6 +40,12 @@ pub struct Case {
     pub runs: usize,
     pub rate_mbit: Option<f64>,
     pub max_time: f64,
+    /// S6: the drop-tail queue in front of the bottleneck, bytes (else 100 ms at the rate).
+    #[serde(default)]
+    pub queue_bytes: Option<u64>,
+    /// S6: the competing HTTP/2 download's TCP congestion control ("cubic", "bbr").
+    #[serde(default)]
+    pub competitor: Option<String>,
 }
 
 impl Case {
@@ -80,6 +87,9 @@ pub struct Cell {
     /// Our proxy's own view of the cell's connections (its /metrics), for our rows.
     #[serde(default)]
     pub proxy: Option<ProxyStats>,
+    /// S6: one per run, what each flow received in the window.
+    #[serde(default)]
+    pub shares: Vec<crate::share::ShareSample>,
 }
 
 /// Deltas of our proxy's per-connection counters over one cell, read from its /metrics:
@@ -290,6 +300,8 @@ pub(crate) mod fixtures {
             runs: 3,
             rate_mbit: None,
             max_time: 30.0,
+            queue_bytes: None,
+            competitor: None,
         }
     }
 

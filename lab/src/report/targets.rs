@@ -1,7 +1,7 @@
 //! The targets, judged against the measured cells: each case's scenario lists its
 //! targets (`scenario::Scenario::targets`); every [`Check`] has one function here. Pure.
 
-use super::{BenchReport, Case, Cell, Outcome, Stats, Verdict};
+use super::{share, BenchReport, Case, Cell, Outcome, Stats, Verdict};
 use crate::rows::{H2, LOSS_TOLERANT, OURS, SMALL_BUFFERS};
 use crate::scenario::{self, Check, Slack};
 
@@ -73,6 +73,8 @@ fn evaluate(check: &Check, r: &BenchReport, case: &Case, row: &str) -> Judged {
         Check::SmallBuffersOverflow => server_rcvbuf_errors(r, case, SMALL_BUFFERS, true),
         Check::PathMtuInMetrics => path_mtu_in_metrics(r, case, row),
         Check::NoFragmentsAllDf => no_fragments_all_df(r, case, row),
+        Check::ShareWithin { min, max } => share::share_within(r, case, row, min, max),
+        Check::ShareAtLeastTcpCubic => share::share_at_least_tcp_cubic(r, case, row),
     }
 }
 

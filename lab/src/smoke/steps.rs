@@ -1,17 +1,18 @@
 //! The smoke steps of the scenario table (`scenario::Scenario::smoke`): one function per
 //! [`SmokeStep`] kind, each a few transfers with counter checks.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 
 use super::probe::counted;
 use super::{H3Target, Report};
 use crate::client::{self, Expect, Proto, Sample};
 use crate::emu::{Counters, EmuConfig, RuleProto};
-use crate::scenario::{FileSpec, PathSpec, SmokeStep, MB1, MB4, MB5_7, SCENARIOS};
+use crate::scenario::{FileSpec, PathSpec, SmokeStep, BULK, MB1, MB4, MB5_7, SCENARIOS};
 use crate::servers::INGRESS_PORT;
 use crate::session::Session;
-use crate::topology::{SERVER_V4, SERVER_V6};
+use crate::share::{self, Window};
+use crate::topology::{CLIENT2_V4, SERVER_V4, SERVER_V6};
 use crate::LabError;
 
 /// The h3 servers and the aioquic client that talks to them.
@@ -62,6 +63,11 @@ pub(super) fn run_all(s: &mut Session, r: &mut Report, h3: &H3) -> Result<(), La
                 SmokeStep::RandomLoss { path, seed } => random_loss(s, r, h3, id, path, seed)?,
                 SmokeStep::LargeTransfers(p) => large_transfers(s, r, h3, id, p)?,
                 SmokeStep::MtuBlackHole(p) => mtu_black_hole(s, r, h3, id, p)?,
+                SmokeStep::Share {
+                    path,
+                    rate_mbit,
+                    window_s,
+                } => share_step(s, r, h3, id, path, (rate_mbit, window_s))?,
             }
         }
     }
@@ -69,9 +75,14 @@ pub(super) fn run_all(s: &mut Session, r: &mut Report, h3: &H3) -> Result<(), La
 }
 
 fn h2(s: &Session, addr: IpAddr, g: &Get) -> Result<Sample, LabError> {
+    h2_from(s, addr, g, None)
+}
+
+/// An h2 transfer; with `from`, curl binds that client address.
+fn h2_from(s: &Session, addr: IpAddr, g: &Get, from: Option<Ipv4Addr>) -> Result<Sample, LabError> {
     let ca = s.pki.root.to_string_lossy().into_owned();
     let up = g.upload.as_ref().map(|p| p.to_string_lossy().into_owned());
-    let args = client::curl_args(
+    let mut args = client::curl_args(
         Proto::H2,
         addr,
         INGRESS_PORT,
@@ -80,6 +91,9 @@ fn h2(s: &Session, addr: IpAddr, g: &Get) -> Result<Sample, LabError> {
         up.as_deref(),
         g.max_time,
     );
+    if let Some(ip) = from {
+        args.splice(0..0, ["--interface".to_string(), ip.to_string()]);
+    }
     let expect = Expect {
         proto: Proto::H2,
         bytes: g.bytes,
@@ -352,5 +366,59 @@ fn mtu_black_hole(
         ),
     );
     s.flush_route_caches()?;
+    Ok(())
+}
+
+/// S6 in short: our proxy's download (aioquic, first client address) beside an h2 one over TCP
+/// CUBIC (second address) through one bottleneck: the run counts (both flows outlast the
+/// window, the competing socket ran CUBIC), both flows move data, and together they fill the
+/// bottleneck without exceeding it.
+fn share_step(
+    s: &mut Session,
+    r: &mut Report,
+    h3: &H3,
+    id: &str,
+    p: PathSpec,
+    (rate_mbit, window_s): (f64, f64),
+) -> Result<(), LabError> {
+    let Some(ours) = h3.servers.iter().find(|t| t.name == "h3-ingress") else {
+        return Ok(());
+    };
+    crate::servers::make_file(&s.work, BULK.name, BULK.bytes)?;
+    share::add_second_client(s)?;
+    share::set_route_cc(s, CLIENT2_V4, "cubic")?;
+    s.set(&p.emu(RuleProto::Any, Some(rate_mbit), 1))?;
+    let w = Window {
+        warm_up_s: 3.0,
+        window_s,
+    };
+    let get = Get::download(&BULK, w.warm_up_s + w.window_s + 2.0);
+    let s = &*s;
+    let measured = share::measure(
+        s,
+        w,
+        Box::new(|| h3_get(s, h3, ours, &get)),
+        Box::new(|| h2_from(s, V4, &get, Some(CLIENT2_V4))),
+    );
+    share::clear_route_cc(s);
+    let (x, _, _) = measured?;
+    let (a, b) = (x.row_mbit(), x.other_mbit());
+    r.check(
+        &format!("{id} h3 h3-ingress beside h2 (TCP CUBIC) through {rate_mbit} Mbit/s"),
+        x.invalid.is_none()
+            && x.other_tcp_cc == "cubic"
+            && a > 0.05 * rate_mbit
+            && b > 0.05 * rate_mbit
+            && a + b <= 1.05 * rate_mbit
+            && a + b >= 0.7 * rate_mbit,
+        format!(
+            "h3 {a:.1} Mbit/s, h2 {b:.1} Mbit/s (TCP {}), share {}, queue drops {}/{}{}",
+            x.other_tcp_cc,
+            x.share().map_or("–".into(), |v| format!("{v:.2}")),
+            x.row_drops,
+            x.other_drops,
+            x.invalid.map(|w| format!("; {w}")).unwrap_or_default()
+        ),
+    );
     Ok(())
 }
