@@ -167,7 +167,8 @@ pub enum CongestionControl {
     #[serde(rename = "cubic-hs")]
     CubicHs,
     /// cubic-hs that also does not read random loss (no queueing delay, at most 5 % of recent
-    /// packets) as congestion: for lossy radio paths.
+    /// packets) as congestion while its delivery rate still grows; once the pipe is full every
+    /// loss counts, as for TCP: for lossy radio paths.
     #[serde(rename = "cubic-hs-lt")]
     CubicHsLt,
     /// quinn's stock CUBIC.
