@@ -51,51 +51,27 @@ TEST_MANAGER=h3i-gateway-test # the field manager the test writes route status w
 DOC_NS=() # namespaces the documented example names, made for its dry run
 T_START=$(date +%s)
 
-step() { printf '\n--- [%3ss] %s\n' "$(($(date +%s) - T_START))" "$*"; }
-ok() { printf '    ok: %s\n' "$*"; }
-info() { printf '    %s\n' "$*"; }
-indent() { sed 's/^/    | /'; }
-fail() {
-    printf '\nGATEWAY TEST FAILED at %ss: %s\n' "$(($(date +%s) - T_START))" "$*" >&2
-    if [[ -n ${KUBECONFIG:-} && -f ${KUBECONFIG:-/nonexistent} ]]; then
-        {
-            echo "--- pods:"
-            kubectl get pods -A -o wide
-            echo "--- listener status hosts:"
-            kubectl get h3l "$LISTENER" -o jsonpath='{range .status.hosts[*]}{.name} {.state} {.reason} {.message}{"\n"}{end}'
-            echo "--- events (last 15):"
-            kubectl get events -A --sort-by=.lastTimestamp | tail -n 15
-        } >&2 2>&1 || true
-        local f
-        for f in "$H3I_POD_LOGS/$NS_OP"/*/*.log; do
-            [[ -f $f ]] || continue
-            echo "--- ${f#"$H3I_POD_LOGS"/} (last 15 lines):" >&2
-            tail -n 15 "$f" >&2
-        done
-    fi
-    exit 1
+# shellcheck source=tests/cluster/lib.sh
+source "$REPO/tests/cluster/lib.sh"
+# On failure: the listener's per-host status, and the logs of every pod that ran in $NS_OP
+# (the node agent keeps the directories of deleted pods too).
+fail_listeners() {
+    echo "--- listener status hosts:"
+    kubectl get h3l "$LISTENER" -o jsonpath='{range .status.hosts[*]}{.name} {.state} {.reason} {.message}{"\n"}{end}'
 }
-until_ok() { # SECONDS DESCRIPTION COMMAND...: poll every 0.5 s
-    local secs=$1 what=$2 deadline; shift 2
-    deadline=$(($(date +%s) + secs))
-    while ! "$@" >/dev/null 2>&1; do
-        (($(date +%s) < deadline)) || fail "$what (not within ${secs}s)"
-        sleep 0.5
+fail_pods() {
+    local d
+    for d in "$H3I_POD_LOGS/$NS_OP"/*/; do
+        [[ -d $d ]] || continue
+        basename "$d"
     done
 }
-wait_ok() {
-    local t0; t0=$(date +%s)
-    until_ok "$@"
-    ok "$2 (after $(($(date +%s) - t0))s)"
+fail() {
+    printf '\nGATEWAY TEST FAILED at %ss: %s\n' "$(($(date +%s) - T_START))" "$*" >&2
+    failure_report fail_listeners fail_pods
+    exit 1
 }
-jp() { kubectl get "$@" 2>/dev/null; }
-can() { kubectl auth can-i "$@" 2>/dev/null || true; }
-
-if [[ $(id -u) -ne 0 ]]; then
-    echo "GATEWAY TEST SKIPPED (needs root): tests/cluster/gateway.sh needs network namespaces and the cluster's processes"
-    [[ ${H3I_TESTS_REQUIRE_ROOT:-0} == 1 ]] && fail "H3I_TESTS_REQUIRE_ROOT=1 but not root"
-    exit 0
-fi
+skip_unless_root "GATEWAY TEST"
 
 tmp=$(mktemp -d /tmp/h3i-gateway.XXXXXX)
 cleanup() {

@@ -43,74 +43,23 @@ TUNE_IMAGE=registry.h3i.test/mirror/busybox@sha256:$(printf 'h3i-journey' | sha2
 OP_ROLE=$RELEASE-operator        # the chart's namespaced Role of the operator
 T_START=$(date +%s)
 
-STEP_NAMES=()
-STEP_AT=()
-step() {
-    STEP_NAMES+=("$*")
-    STEP_AT+=("$(($(date +%s) - T_START))")
-    printf '\n--- [%3ss] %s\n' "${STEP_AT[-1]}" "$*"
+# shellcheck source=tests/cluster/lib.sh
+source "$REPO/tests/cluster/lib.sh"
+# On failure: the step table, every listener's columns and conditions, and the logs of the
+# pods that exist now in $NS_OP (not of those the rolls and hand-overs replaced).
+fail_listeners() {
+    echo "--- listeners:"
+    kubectl get h3l -o wide
+    kubectl get h3l -o jsonpath='{range .items[*]}{.metadata.name}: {.status.conditions}{"\n"}{end}'
 }
-# The step list with each step's own duration (the last one runs until now).
-step_table() {
-    local i n=${#STEP_NAMES[@]} end now=$(($(date +%s) - T_START))
-    ((n > 0)) || return 0
-    printf '\n%-4s %6s %6s  %s\n' step start took name
-    for ((i = 0; i < n; i++)); do
-        end=$now
-        ((i + 1 < n)) && end=${STEP_AT[i + 1]}
-        printf '%-4s %5ss %5ss  %.110s\n' "$((i + 1))" "${STEP_AT[i]}" "$((end - STEP_AT[i]))" "${STEP_NAMES[i]}"
-    done
-}
-ok() { printf '    ok: %s\n' "$*"; }
-info() { printf '    %s\n' "$*"; }
-indent() { sed 's/^/    | /'; }
+fail_pods() { kubectl -n "$NS_OP" get pods -o jsonpath='{.items[*].metadata.name}' 2>/dev/null; }
 fail() {
     printf '\nJOURNEY FAILED at %ss: %s\n' "$(($(date +%s) - T_START))" "$*" >&2
     step_table >&2
-    if [[ -n ${KUBECONFIG:-} && -f ${KUBECONFIG:-/nonexistent} ]]; then
-        {
-            echo "--- pods:"
-            kubectl get pods -A -o wide
-            echo "--- listeners:"
-            kubectl get h3l -o wide
-            kubectl get h3l -o jsonpath='{range .items[*]}{.metadata.name}: {.status.conditions}{"\n"}{end}'
-            echo "--- events (last 15):"
-            kubectl get events -A --sort-by=.lastTimestamp | tail -n 15
-        } >&2 2>&1 || true
-        local pod f
-        for pod in $(kubectl -n "$NS_OP" get pods -o jsonpath='{.items[*].metadata.name}' 2>/dev/null); do
-            for f in "$H3I_POD_LOGS/$NS_OP/$pod"/*.log; do
-                [[ -f $f ]] || continue
-                echo "--- ${f#"$H3I_POD_LOGS"/} (last 15 lines):" >&2
-                tail -n 15 "$f" >&2
-            done
-        done
-    fi
+    failure_report fail_listeners fail_pods
     exit 1
 }
-# until_ok SECONDS DESCRIPTION COMMAND...: poll every 0.5 s until the command succeeds.
-until_ok() {
-    local secs=$1 what=$2 deadline; shift 2
-    deadline=$(($(date +%s) + secs))
-    while ! "$@" >/dev/null 2>&1; do
-        (($(date +%s) < deadline)) || fail "$what (not within ${secs}s)"
-        sleep 0.5
-    done
-}
-# The same, printing how long it took.
-wait_ok() {
-    local t0; t0=$(date +%s)
-    until_ok "$@"
-    ok "$2 (after $(($(date +%s) - t0))s)"
-}
-jp() { kubectl get "$@" 2>/dev/null; } # kubectl get ... -o jsonpath=..., quiet on NotFound
-can() { kubectl auth can-i "$@" 2>/dev/null || true; } # yes / no, as the API server judges
-
-if [[ $(id -u) -ne 0 ]]; then
-    echo "JOURNEY SKIPPED (needs root): tests/cluster/journey.sh needs network namespaces and the cluster's processes"
-    [[ ${H3I_TESTS_REQUIRE_ROOT:-0} == 1 ]] && fail "H3I_TESTS_REQUIRE_ROOT=1 but not root"
-    exit 0
-fi
+skip_unless_root JOURNEY
 
 tmp=$(mktemp -d /tmp/h3i-journey.XXXXXX)
 cleanup() {
