@@ -109,70 +109,8 @@ gateway_api_dir() {
     echo "$dir/config/crd/standard"
 }
 
-# ---- the TCP gateway: Debian nginx in each node's namespace, serving both hosts ---------------
-nginx_conf() { # NODE DIR
-    cat <<EOF
-user root;
-worker_processes 1;
-pid $2/nginx.pid;
-error_log $2/error.log warn;
-events { worker_connections 64; }
-http {
-    access_log off;
-    client_body_temp_path $2/tmp/body;
-    proxy_temp_path $2/tmp/proxy;
-    fastcgi_temp_path $2/tmp/fastcgi;
-    uwsgi_temp_path $2/tmp/uwsgi;
-    scgi_temp_path $2/tmp/scgi;
-    server {
-        listen 443 ssl http2 default_server;
-        listen [::]:443 ssl http2 default_server;
-        ssl_reject_handshake on;
-    }
-EOF
-    local h
-    for h in "$HOST" "$HOST_X"; do
-        cat <<EOF
-    server {
-        listen 443 ssl http2;
-        listen [::]:443 ssl http2;
-        server_name $h;
-        ssl_certificate $2/$h.crt;
-        ssl_certificate_key $2/$h.key;
-        add_header Alt-Svc '$ALT_SVC' always;
-        location = /whoami { default_type text/plain; return 200 "$h on $1\n"; }
-    }
-EOF
-    done
-    echo "}"
-}
-start_nginx() { # NODE
-    local d=$tmp/nginx-$1
-    mkdir -p "$d/tmp"
-    cp "$tmp/pki/$HOST".{crt,key} "$tmp/pki/$HOST_X".{crt,key} "$d/"
-    nginx_conf "$1" "$d" >"$d/nginx.conf"
-    ip netns exec "$1" nginx -p "$d/" -c "$d/nginx.conf" || fail "nginx did not start in $1: $(cat "$d/error.log" 2>/dev/null)"
-}
-stop_nginx() {
-    local d
-    for d in "$tmp"/nginx-*; do
-        [[ -f $d/nginx.pid ]] && kill -QUIT "$(cat "$d/nginx.pid")" 2>/dev/null || true
-    done
-}
-
-# ---- PKI: a CA and one leaf per host ------------------------------------------------------------
-leaf() { # HOST
-    openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=$1" \
-        -keyout "$tmp/pki/$1.key" -out "$tmp/pki/$1.csr" 2>/dev/null
-    printf 'subjectAltName=DNS:%s\nextendedKeyUsage=serverAuth\n' "$1" >"$tmp/pki/$1.ext"
-    openssl x509 -req -in "$tmp/pki/$1.csr" -CA "$tmp/pki/ca.crt" -CAkey "$tmp/pki/ca.key" -CAcreateserial \
-        -days 2 -sha256 -extfile "$tmp/pki/$1.ext" -out "$tmp/pki/$1.crt" 2>/dev/null
-}
+# ---- PKI (make_ca, leaf: lib.sh) -----------------------------------------------------------------
 der_sha256() { openssl x509 -in "$1" -outform DER | sha256sum | cut -d' ' -f1; }
-tls_secret() { # NAMESPACE NAME HOST
-    kubectl -n "$1" create secret tls "$2" --cert "$tmp/pki/$3.crt" --key "$tmp/pki/$3.key" \
-        --dry-run=client -o yaml | kubectl apply -f - >/dev/null
-}
 
 # ---- HTTP/3 through aioquic (tests/py/h3client.py) ----------------------------------------------
 # h3_get ADDR HOST CERT-SHA: GET /whoami answers 200 with that certificate; prints one line.
@@ -299,14 +237,12 @@ done
 ok "operator running; can list HTTPRoutes, Gateways, ReferenceGrants; cannot update or patch HTTPRoutes' status or Gateways"
 
 step "the TCP gateway: Debian nginx on TCP 443 in each node's namespace, serving $HOST and $HOST_X"
-mkdir -p "$tmp/pki"
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
-    -subj /CN=h3i-gateway-ca -keyout "$tmp/pki/ca.key" -out "$tmp/pki/ca.crt" 2>/dev/null
+make_ca h3i-gateway-ca
 leaf "$HOST"
 leaf "$HOST_X"
 CERT=$(der_sha256 "$tmp/pki/$HOST.crt")
 CERT_X=$(der_sha256 "$tmp/pki/$HOST_X.crt")
-for node in "${NODES[@]}"; do start_nginx "$node"; done
+for node in "${NODES[@]}"; do start_nginx "$node" "$HOST" "$HOST_X"; done
 for ip in "${IPS[@]}"; do
     out=$(curl -sS --http2 --max-time 5 --cacert "$tmp/pki/ca.crt" --resolve "$HOST:443:$ip" \
         -o /dev/null -w '%{http_version} %{response_code}' "https://$HOST/whoami") || fail "nginx on $ip: $out"

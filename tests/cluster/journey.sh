@@ -83,65 +83,8 @@ trap cleanup EXIT
 # A command failing outside a check (set -e) still says where and what.
 trap 'fail "line $LINENO: \`$BASH_COMMAND\` failed unexpectedly"' ERR
 
-# ---- the TCP ingress: Debian nginx in a node's network namespace ---------------------------
-# One nginx per node on TCP 443 (v4 and v6) serving $HOST and $HOST2 with the certificates
-# of their Secrets, advertising Alt-Svc, refusing other names (as an ingress without a
-# catch-all); /whoami says which node answered, /1m.bin is a random file.
-nginx_conf() { # NODE DIR
-    cat <<EOF
-user root;
-worker_processes 1;
-pid $2/nginx.pid;
-error_log $2/error.log warn;
-events { worker_connections 256; }
-http {
-    access_log $2/access.log;
-    client_body_temp_path $2/tmp/body;
-    proxy_temp_path $2/tmp/proxy;
-    fastcgi_temp_path $2/tmp/fastcgi;
-    uwsgi_temp_path $2/tmp/uwsgi;
-    scgi_temp_path $2/tmp/scgi;
-    default_type application/octet-stream;
-    server {
-        listen 443 ssl http2 default_server;
-        listen [::]:443 ssl http2 default_server;
-        ssl_reject_handshake on;
-    }
-EOF
-    local h
-    for h in "$HOST" "$HOST2"; do
-        cat <<EOF
-    server {
-        listen 443 ssl http2;
-        listen [::]:443 ssl http2;
-        server_name $h;
-        ssl_certificate $2/$h.crt;
-        ssl_certificate_key $2/$h.key;
-        add_header Alt-Svc '$ALT_SVC' always;
-        root $tmp/www;
-        location = /whoami { default_type text/plain; return 200 "$h on $1\n"; }
-    }
-EOF
-    done
-    echo "}"
-}
-
-start_nginx() { # NODE
-    local d=$tmp/nginx-$1
-    mkdir -p "$d/tmp"
-    cp "$tmp/pki/$HOST.crt" "$tmp/pki/$HOST.key" "$tmp/pki/$HOST2.crt" "$tmp/pki/$HOST2.key" "$d/"
-    nginx_conf "$1" "$d" >"$d/nginx.conf"
-    ip netns exec "$1" nginx -p "$d/" -c "$d/nginx.conf" || fail "nginx did not start in $1: $(cat "$d/error.log" 2>/dev/null)"
-}
-
-stop_nginx() {
-    local d
-    for d in "$tmp"/nginx-*; do
-        [[ -f $d/nginx.pid ]] && kill -QUIT "$(cat "$d/nginx.pid")" 2>/dev/null || true
-    done
-}
-
-# install_cert NAME SOURCE: point nginx on every node at a certificate and reload it.
+# ---- the TCP ingress: lib.sh's nginx per node, serving $HOST, $HOST2 and /1m.bin (random) ---
+# nginx_use_cert NAME SOURCE: point nginx on every node at a certificate and reload it.
 nginx_use_cert() {
     local node
     for node in $H3I_NODES; do
@@ -152,28 +95,14 @@ nginx_use_cert() {
 }
 
 # ---- a small PKI: one CA, a leaf per host, and a second leaf for the rotation --------------
-leaf() { # FILE-BASENAME HOST
-    openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=$2" \
-        -keyout "$tmp/pki/$1.key" -out "$tmp/pki/$1.csr" 2>/dev/null
-    printf 'subjectAltName=DNS:%s\nextendedKeyUsage=serverAuth\n' "$2" >"$tmp/pki/$1.ext"
-    openssl x509 -req -in "$tmp/pki/$1.csr" -CA "$tmp/pki/ca.crt" -CAkey "$tmp/pki/ca.key" -CAcreateserial \
-        -days 2 -sha256 -extfile "$tmp/pki/$1.ext" -out "$tmp/pki/$1.crt" 2>/dev/null
-}
 make_pki() {
-    mkdir -p "$tmp/pki"
-    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
-        -subj /CN=h3i-journey-ca -keyout "$tmp/pki/ca.key" -out "$tmp/pki/ca.crt" 2>/dev/null
-    leaf "$HOST" "$HOST"
+    make_ca h3i-journey-ca
+    leaf "$HOST"
     leaf "$HOST.v2" "$HOST"
     leaf "$HOST2" "$HOST2"
     CERT_V1=$(python3 "$JPY" der-sha256 "$tmp/pki/$HOST.crt")
     CERT_V2=$(python3 "$JPY" der-sha256 "$tmp/pki/$HOST.v2.crt")
     CERT_HOST2=$(python3 "$JPY" der-sha256 "$tmp/pki/$HOST2.crt")
-}
-
-tls_secret() { # NAMESPACE NAME CERT-BASENAME
-    kubectl -n "$1" create secret tls "$2" --cert "$tmp/pki/$3.crt" --key "$tmp/pki/$3.key" \
-        --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 }
 
 # ---- HTTP/3 checks ---------------------------------------------------------------------------
@@ -347,7 +276,7 @@ make_pki
 mkdir -p "$tmp/www"
 head -c 1048576 /dev/urandom >"$tmp/www/1m.bin"
 BODY_SHA=$(sha256sum "$tmp/www/1m.bin" | cut -d' ' -f1)
-for node in "${NODES[@]}"; do start_nginx "$node"; done
+for node in "${NODES[@]}"; do start_nginx "$node" "$HOST" "$HOST2"; done
 for i in 0 1; do
     out=$(curl -sS --http2 --max-time 5 --cacert "$tmp/pki/ca.crt" --resolve "$HOST:443:${IPS[$i]}" \
         -D - -o /dev/null -w '%{http_version} %{response_code}' "https://$HOST/1m.bin") || fail "nginx on ${NODES[$i]}: $out"

@@ -3,10 +3,14 @@
 # product on the test cluster of scripts/cluster.sh the same way: timed steps, checks that poll
 # the API server until a deadline, and a report of the cluster's state when a check fails.
 #
+# Both also stand a Debian nginx in each node's namespace in for the TCP ingress, with a
+# throw-away PKI.
+#
 # Sourced by those scripts after they set their names. It uses, from the sourcing script:
-# T_START (the run's start, epoch seconds), NS_OP (the chart's namespace) and a function
+# T_START (the run's start, epoch seconds), NS_OP (the chart's namespace), ALT_SVC (what nginx
+# advertises), tmp (the run's scratch directory, made after sourcing) and a function
 # `fail MESSAGE` that reports the failure (see failure_report) and exits 1.
-# shellcheck disable=SC2154 # T_START, NS_OP: the sourcing script's; H3I_*: scripts/cluster.sh env's
+# shellcheck disable=SC2154 # those are the sourcing script's; H3I_*: scripts/cluster.sh env's
 
 # ---- output: steps with their elapsed time, ok/info lines, indented command output ----------
 STEP_NAMES=()
@@ -83,3 +87,83 @@ wait_ok() {
 }
 jp() { kubectl get "$@" 2>/dev/null; }                # kubectl get ... -o jsonpath=..., quiet on NotFound
 can() { kubectl auth can-i "$@" 2>/dev/null || true; } # yes / no, as the API server judges
+
+# ---- the TCP ingress: Debian nginx in each node's network namespace -------------------------
+# One nginx per node on TCP 443 (v4 and v6) serving the given hosts with their certificates
+# ($tmp/pki/HOST.crt and .key, copied per node so that a rotation can replace them), advertising
+# $ALT_SVC, refusing other names (as an ingress without a catch-all); /whoami says which host and
+# node answered, other paths are files under $tmp/www.
+nginx_conf() { # NODE DIR HOST...
+    local node=$1 d=$2 h
+    shift 2
+    cat <<CONF
+user root;
+worker_processes 1;
+pid $d/nginx.pid;
+error_log $d/error.log warn;
+events { worker_connections 256; }
+http {
+    access_log $d/access.log;
+    client_body_temp_path $d/tmp/body;
+    proxy_temp_path $d/tmp/proxy;
+    fastcgi_temp_path $d/tmp/fastcgi;
+    uwsgi_temp_path $d/tmp/uwsgi;
+    scgi_temp_path $d/tmp/scgi;
+    default_type application/octet-stream;
+    server {
+        listen 443 ssl http2 default_server;
+        listen [::]:443 ssl http2 default_server;
+        ssl_reject_handshake on;
+    }
+CONF
+    for h in "$@"; do
+        cat <<CONF
+    server {
+        listen 443 ssl http2;
+        listen [::]:443 ssl http2;
+        server_name $h;
+        ssl_certificate $d/$h.crt;
+        ssl_certificate_key $d/$h.key;
+        add_header Alt-Svc '$ALT_SVC' always;
+        root $tmp/www;
+        location = /whoami { default_type text/plain; return 200 "$h on $node\n"; }
+    }
+CONF
+    done
+    echo "}"
+}
+start_nginx() { # NODE HOST...
+    local node=$1 d=$tmp/nginx-$1 h
+    shift
+    mkdir -p "$d/tmp"
+    for h in "$@"; do cp "$tmp/pki/$h.crt" "$tmp/pki/$h.key" "$d/"; done
+    nginx_conf "$node" "$d" "$@" >"$d/nginx.conf"
+    ip netns exec "$node" nginx -p "$d/" -c "$d/nginx.conf" || fail "nginx did not start in $node: $(cat "$d/error.log" 2>/dev/null)"
+}
+stop_nginx() {
+    local d
+    for d in "$tmp"/nginx-*; do
+        [[ -f $d/nginx.pid ]] && kill -QUIT "$(cat "$d/nginx.pid")" 2>/dev/null || true
+    done
+}
+
+# ---- a throw-away PKI in $tmp/pki: one CA, a leaf per host -----------------------------------
+make_ca() { # COMMON-NAME
+    mkdir -p "$tmp/pki"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+        -subj "/CN=$1" -keyout "$tmp/pki/ca.key" -out "$tmp/pki/ca.crt" 2>/dev/null || fail "openssl: CA $1"
+}
+# leaf FILE-BASENAME [HOST]: a server certificate for HOST (default: the basename) signed by the
+# CA; a second leaf for the same host under another basename is a rotation's new certificate.
+leaf() {
+    local host=${2:-$1}
+    openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=$host" \
+        -keyout "$tmp/pki/$1.key" -out "$tmp/pki/$1.csr" 2>/dev/null
+    printf 'subjectAltName=DNS:%s\nextendedKeyUsage=serverAuth\n' "$host" >"$tmp/pki/$1.ext"
+    openssl x509 -req -in "$tmp/pki/$1.csr" -CA "$tmp/pki/ca.crt" -CAkey "$tmp/pki/ca.key" -CAcreateserial \
+        -days 2 -sha256 -extfile "$tmp/pki/$1.ext" -out "$tmp/pki/$1.crt" 2>/dev/null
+}
+tls_secret() { # NAMESPACE NAME CERT-BASENAME
+    kubectl -n "$1" create secret tls "$2" --cert "$tmp/pki/$3.crt" --key "$tmp/pki/$3.key" \
+        --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+}
