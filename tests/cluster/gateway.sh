@@ -76,19 +76,7 @@ skip_unless_root "GATEWAY TEST"
 tmp=$(mktemp -d /tmp/h3i-gateway.XXXXXX)
 cleanup() {
     local rc=$?
-    if [[ ${H3I_GATEWAY_KEEP:-0} != 1 ]]; then
-        stop_nginx || true
-        if [[ -n ${KUBECONFIG:-} ]]; then
-            kubectl delete h3l "$LISTENER" --ignore-not-found --wait=false >/dev/null 2>&1 || true
-            helm uninstall "$RELEASE" -n "$NS_OP" --wait=false >/dev/null 2>&1 || true
-            kubectl delete namespace "$NS_APP" "$NS_INFRA" "$NS_CERTS" "$NS_OP" --ignore-not-found --wait=false >/dev/null 2>&1 || true
-            kubectl delete crd http3listeners.h3-ingress.dev --ignore-not-found --wait=false >/dev/null 2>&1 || true
-            kubectl delete gatewayclass "$CLASS" --ignore-not-found --wait=false >/dev/null 2>&1 || true
-        fi
-        rm -rf "$tmp"
-    else
-        echo "H3I_GATEWAY_KEEP=1: objects, nginx and $tmp left in place"
-    fi
+    remove_objects H3I_GATEWAY_KEEP "$LISTENER" "gatewayclass/$CLASS" "$NS_APP" "$NS_INFRA" "$NS_CERTS" "$NS_OP"
     if [[ ${H3I_GATEWAY_DOWN:-0} == 1 ]]; then
         "$CLUSTER" down 2>&1 | tail -n 2 || rc=1
     fi
@@ -195,19 +183,10 @@ EOF
 }
 
 # =================================================================================================
-step "cluster up (scripts/cluster.sh up; warm: binaries cached)"
-t0=$(date +%s)
-"$CLUSTER" up 2>&1 | indent
-eval "$("$CLUSTER" env)"
-read -r -a NODES <<<"$H3I_NODES"
-read -r -a IPS <<<"$H3I_NODE_IPS"
+cluster_up
 [[ -x $H3I_BINARY ]] || fail "H3I_BINARY=$H3I_BINARY does not exist (cargo build first)"
 if kubectl get ns "$NS_OP" >/dev/null 2>&1 || kubectl get crd http3listeners.h3-ingress.dev >/dev/null 2>&1; then
-    info "removing objects a previous run (or the journey) left"
-    kubectl delete h3l --all --wait=true --timeout=60s >/dev/null 2>&1 || true
-    helm uninstall "$RELEASE" -n "$NS_OP" --wait >/dev/null 2>&1 || true
-    kubectl delete namespace "$NS_APP" "$NS_INFRA" "$NS_CERTS" "$NS_OP" --ignore-not-found --wait=true --timeout=90s >/dev/null
-    kubectl delete crd http3listeners.h3-ingress.dev --ignore-not-found >/dev/null
+    remove_leftovers "removing objects a previous run (or the journey) left" "$NS_APP" "$NS_INFRA" "$NS_CERTS" "$NS_OP"
 fi
 ok "up in $(($(date +%s) - t0))s; nodes ${NODES[*]} at ${IPS[*]}; binary $H3I_BINARY"
 

@@ -64,19 +64,7 @@ skip_unless_root JOURNEY
 tmp=$(mktemp -d /tmp/h3i-journey.XXXXXX)
 cleanup() {
     local rc=$?
-    if [[ ${H3I_JOURNEY_KEEP:-0} != 1 ]]; then
-        stop_nginx || true
-        if [[ -n ${KUBECONFIG:-} ]]; then
-            kubectl delete h3l --all --wait=false >/dev/null 2>&1 || true
-            helm uninstall "$RELEASE" -n "$NS_OP" --wait=false >/dev/null 2>&1 || true
-            kubectl delete namespace "$NS_APP" "$NS_OP" --ignore-not-found --wait=false >/dev/null 2>&1 || true
-            kubectl delete crd http3listeners.h3-ingress.dev --ignore-not-found --wait=false >/dev/null 2>&1 || true
-            kubectl delete ingressclass nginx --ignore-not-found >/dev/null 2>&1 || true
-        fi
-        rm -rf "$tmp"
-    else
-        echo "H3I_JOURNEY_KEEP=1: objects, nginx and $tmp left in place"
-    fi
+    remove_objects H3I_JOURNEY_KEEP --all ingressclass/nginx "$NS_APP" "$NS_OP"
     return $rc
 }
 trap cleanup EXIT
@@ -207,23 +195,13 @@ EOF
 }
 
 # =============================================================================================
-step "cluster up (scripts/cluster.sh up; warm: binaries cached)"
-t0=$(date +%s)
-"$CLUSTER" up 2>&1 | indent
-eval "$("$CLUSTER" env)"
+cluster_up
 ok "up in $(($(date +%s) - t0))s; nodes: $(kubectl get nodes --no-headers | awk '{printf "%s=%s ", $1, $2}')"
-read -r -a NODES <<<"$H3I_NODES"
-read -r -a IPS <<<"$H3I_NODE_IPS"
-read -r -a IPS6 <<<"$H3I_NODE_IPS6"
 [[ -x $H3I_BINARY ]] || fail "H3I_BINARY=$H3I_BINARY does not exist (cargo build first)"
 [[ -x $TRIXIE/usr/bin/curl ]] || fail "no trixie chroot with curl at $TRIXIE: scripts/trixie-chroot.sh $TRIXIE"
 # A journey left behind by an interrupted run (H3I_JOURNEY_KEEP=1) would confuse every check.
 if kubectl get ns "$NS_OP" "$NS_APP" >/dev/null 2>&1 || kubectl get crd http3listeners.h3-ingress.dev >/dev/null 2>&1; then
-    info "removing a previous journey's objects"
-    kubectl delete h3l --all --wait=true --timeout=60s >/dev/null 2>&1 || true
-    helm uninstall "$RELEASE" -n "$NS_OP" --wait >/dev/null 2>&1 || true
-    kubectl delete namespace "$NS_APP" "$NS_OP" --ignore-not-found --wait=true --timeout=90s >/dev/null
-    kubectl delete crd http3listeners.h3-ingress.dev --ignore-not-found >/dev/null
+    remove_leftovers "removing a previous journey's objects" "$NS_APP" "$NS_OP"
 fi
 kubectl delete ingressclass nginx --ignore-not-found >/dev/null
 for node in "${NODES[@]}"; do

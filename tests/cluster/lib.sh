@@ -7,9 +7,10 @@
 # throw-away PKI.
 #
 # Sourced by those scripts after they set their names. It uses, from the sourcing script:
-# T_START (the run's start, epoch seconds), NS_OP (the chart's namespace), ALT_SVC (what nginx
-# advertises), tmp (the run's scratch directory, made after sourcing) and a function
-# `fail MESSAGE` that reports the failure (see failure_report) and exits 1.
+# T_START (the run's start, epoch seconds), CLUSTER (scripts/cluster.sh), NS_OP and RELEASE (the
+# chart's namespace and release), ALT_SVC (what nginx advertises), tmp (the run's scratch
+# directory, made after sourcing) and a function `fail MESSAGE` that reports the failure (see
+# failure_report) and exits 1.
 # shellcheck disable=SC2154 # those are the sourcing script's; H3I_*: scripts/cluster.sh env's
 
 # ---- output: steps with their elapsed time, ok/info lines, indented command output ----------
@@ -166,4 +167,54 @@ leaf() {
 tls_secret() { # NAMESPACE NAME CERT-BASENAME
     kubectl -n "$1" create secret tls "$2" --cert "$tmp/pki/$3.crt" --key "$tmp/pki/$3.key" \
         --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+}
+
+# ---- the cluster and what a run leaves on it -------------------------------------------------
+# cluster_up: scripts/cluster.sh up (a health check when it is already up) as a step, its
+# environment (KUBECONFIG, H3I_NODES, H3I_NODE_IPS, H3I_NODE_IPS6, H3I_POD_LOGS, H3I_BINARY),
+# the node names and addresses as the arrays NODES, IPS and IPS6, and t0 = the step's start.
+# shellcheck disable=SC2034 # those are for the sourcing script
+cluster_up() {
+    step "cluster up (scripts/cluster.sh up; warm: binaries cached)"
+    t0=$(date +%s)
+    "$CLUSTER" up 2>&1 | indent || fail "scripts/cluster.sh up"
+    eval "$("$CLUSTER" env)"
+    read -r -a NODES <<<"$H3I_NODES"
+    read -r -a IPS <<<"$H3I_NODE_IPS"
+    read -r -a IPS6 <<<"$H3I_NODE_IPS6"
+}
+# remove_leftovers MESSAGE NAMESPACE...: what an interrupted or kept (H3I_*_KEEP=1) run left
+# (listeners, the release, the namespaces, the CRD) would confuse every check: delete it and
+# wait until it is gone.
+remove_leftovers() {
+    info "$1"
+    shift
+    kubectl delete h3l --all --wait=true --timeout=60s >/dev/null 2>&1 || true
+    helm uninstall "$RELEASE" -n "$NS_OP" --wait >/dev/null 2>&1 || true
+    kubectl delete namespace "$@" --ignore-not-found --wait=true --timeout=90s >/dev/null ||
+        fail "namespaces $* not deleted within 90s"
+    kubectl delete crd http3listeners.h3-ingress.dev --ignore-not-found >/dev/null ||
+        fail "crd http3listeners.h3-ingress.dev not deleted"
+}
+# remove_objects KEEP-VARIABLE LISTENERS CLUSTER-OBJECT NAMESPACE...: the EXIT trap's part that
+# both scripts share. Unless $KEEP-VARIABLE is 1 (to look at what a run left): stop nginx, delete
+# the listeners (LISTENERS: a name, or --all), the release, the namespaces, the CRD and the
+# script's own cluster-scoped object (KIND/NAME) without waiting (the next run's
+# remove_leftovers waits), and remove $tmp. Never fails: the run's verdict is already made.
+remove_objects() {
+    local keep=$1 listeners=$2 object=$3
+    shift 3
+    if [[ ${!keep:-0} == 1 ]]; then
+        echo "$keep=1: objects, nginx and $tmp left in place"
+        return 0
+    fi
+    stop_nginx || true
+    if [[ -n ${KUBECONFIG:-} ]]; then
+        kubectl delete h3l "$listeners" --ignore-not-found --wait=false >/dev/null 2>&1 || true
+        helm uninstall "$RELEASE" -n "$NS_OP" --wait=false >/dev/null 2>&1 || true
+        kubectl delete namespace "$@" --ignore-not-found --wait=false >/dev/null 2>&1 || true
+        kubectl delete crd http3listeners.h3-ingress.dev --ignore-not-found --wait=false >/dev/null 2>&1 || true
+        kubectl delete "$object" --ignore-not-found --wait=false >/dev/null 2>&1 || true
+    fi
+    rm -rf "$tmp"
 }
