@@ -152,3 +152,17 @@ func TestTailLinesAndMounts(t *testing.T) {
 		}
 	}
 }
+
+func TestOpenProgramBeforeTheMounts(t *testing.T) {
+	if f := openProgram("/no/such/program"); f != nil {
+		t.Fatalf("opened a program that does not exist: %v", f.Name())
+	}
+	f := openProgram("sh")
+	if f == nil {
+		t.Fatal("sh was not found on PATH")
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || st.Mode()&0o111 == 0 {
+		t.Fatalf("not an executable: %v %v", st, err)
+	}
+}

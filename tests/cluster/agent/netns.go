@@ -80,6 +80,12 @@ func launchMain(args []string) error {
 		return errors.New("no command after --")
 	}
 	argv := args[i+1:]
+	// A volume may be mounted over the directory that holds the program (an emptyDir on
+	// /tmp hides a checkout under /tmp), so keep a handle on it from before the mounts.
+	early := openProgram(argv[0])
+	if early != nil {
+		defer early.Close()
+	}
 	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
 		return fmt.Errorf("unshare mount namespace: %w", err)
 	}
@@ -108,9 +114,27 @@ func launchMain(args []string) error {
 	}
 	path, err := exec.LookPath(argv[0])
 	if err != nil {
-		return fmt.Errorf("executable %q: %w", argv[0], err)
+		if early == nil {
+			return fmt.Errorf("executable %q: %w", argv[0], err)
+		}
+		// The kernel resolves /proc/self/fd/N before it closes the close-on-exec
+		// descriptor, which is enough for a binary (not for a #! script).
+		path = fmt.Sprintf("/proc/self/fd/%d", early.Fd())
 	}
 	return unix.Exec(path, argv, os.Environ())
+}
+
+// openProgram opens the program as the host's mount namespace sees it, or returns nil.
+func openProgram(name string) *os.File {
+	path, err := exec.LookPath(name)
+	if err != nil {
+		return nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	return f
 }
 
 func bindMount(m mountSpec) error {
