@@ -51,68 +51,32 @@ TEST_MANAGER=h3i-gateway-test # the field manager the test writes route status w
 DOC_NS=() # namespaces the documented example names, made for its dry run
 T_START=$(date +%s)
 
-step() { printf '\n--- [%3ss] %s\n' "$(($(date +%s) - T_START))" "$*"; }
-ok() { printf '    ok: %s\n' "$*"; }
-info() { printf '    %s\n' "$*"; }
-indent() { sed 's/^/    | /'; }
-fail() {
-    printf '\nGATEWAY TEST FAILED at %ss: %s\n' "$(($(date +%s) - T_START))" "$*" >&2
-    if [[ -n ${KUBECONFIG:-} && -f ${KUBECONFIG:-/nonexistent} ]]; then
-        {
-            echo "--- pods:"
-            kubectl get pods -A -o wide
-            echo "--- listener status hosts:"
-            kubectl get h3l "$LISTENER" -o jsonpath='{range .status.hosts[*]}{.name} {.state} {.reason} {.message}{"\n"}{end}'
-            echo "--- events (last 15):"
-            kubectl get events -A --sort-by=.lastTimestamp | tail -n 15
-        } >&2 2>&1 || true
-        local f
-        for f in "$H3I_POD_LOGS/$NS_OP"/*/*.log; do
-            [[ -f $f ]] || continue
-            echo "--- ${f#"$H3I_POD_LOGS"/} (last 15 lines):" >&2
-            tail -n 15 "$f" >&2
-        done
-    fi
-    exit 1
+# shellcheck source=tests/cluster/lib.sh
+source "$REPO/tests/cluster/lib.sh"
+# On failure: the listener's per-host status, and the logs of every pod that ran in $NS_OP
+# (the node agent keeps the directories of deleted pods too).
+fail_listeners() {
+    echo "--- listener status hosts:"
+    kubectl get h3l "$LISTENER" -o jsonpath='{range .status.hosts[*]}{.name} {.state} {.reason} {.message}{"\n"}{end}'
 }
-until_ok() { # SECONDS DESCRIPTION COMMAND...: poll every 0.5 s
-    local secs=$1 what=$2 deadline; shift 2
-    deadline=$(($(date +%s) + secs))
-    while ! "$@" >/dev/null 2>&1; do
-        (($(date +%s) < deadline)) || fail "$what (not within ${secs}s)"
-        sleep 0.5
+fail_pods() {
+    local d
+    for d in "$H3I_POD_LOGS/$NS_OP"/*/; do
+        [[ -d $d ]] || continue
+        basename "$d"
     done
 }
-wait_ok() {
-    local t0; t0=$(date +%s)
-    until_ok "$@"
-    ok "$2 (after $(($(date +%s) - t0))s)"
+fail() {
+    printf '\nGATEWAY TEST FAILED at %ss: %s\n' "$(($(date +%s) - T_START))" "$*" >&2
+    failure_report fail_listeners fail_pods
+    exit 1
 }
-jp() { kubectl get "$@" 2>/dev/null; }
-can() { kubectl auth can-i "$@" 2>/dev/null || true; }
-
-if [[ $(id -u) -ne 0 ]]; then
-    echo "GATEWAY TEST SKIPPED (needs root): tests/cluster/gateway.sh needs network namespaces and the cluster's processes"
-    [[ ${H3I_TESTS_REQUIRE_ROOT:-0} == 1 ]] && fail "H3I_TESTS_REQUIRE_ROOT=1 but not root"
-    exit 0
-fi
+skip_unless_root "GATEWAY TEST"
 
 tmp=$(mktemp -d /tmp/h3i-gateway.XXXXXX)
 cleanup() {
     local rc=$?
-    if [[ ${H3I_GATEWAY_KEEP:-0} != 1 ]]; then
-        stop_nginx || true
-        if [[ -n ${KUBECONFIG:-} ]]; then
-            kubectl delete h3l "$LISTENER" --ignore-not-found --wait=false >/dev/null 2>&1 || true
-            helm uninstall "$RELEASE" -n "$NS_OP" --wait=false >/dev/null 2>&1 || true
-            kubectl delete namespace "$NS_APP" "$NS_INFRA" "$NS_CERTS" "$NS_OP" --ignore-not-found --wait=false >/dev/null 2>&1 || true
-            kubectl delete crd http3listeners.h3-ingress.dev --ignore-not-found --wait=false >/dev/null 2>&1 || true
-            kubectl delete gatewayclass "$CLASS" --ignore-not-found --wait=false >/dev/null 2>&1 || true
-        fi
-        rm -rf "$tmp"
-    else
-        echo "H3I_GATEWAY_KEEP=1: objects, nginx and $tmp left in place"
-    fi
+    remove_objects H3I_GATEWAY_KEEP "$LISTENER" "gatewayclass/$CLASS" "$NS_APP" "$NS_INFRA" "$NS_CERTS" "$NS_OP"
     if [[ ${H3I_GATEWAY_DOWN:-0} == 1 ]]; then
         "$CLUSTER" down 2>&1 | tail -n 2 || rc=1
     fi
@@ -133,70 +97,8 @@ gateway_api_dir() {
     echo "$dir/config/crd/standard"
 }
 
-# ---- the TCP gateway: Debian nginx in each node's namespace, serving both hosts ---------------
-nginx_conf() { # NODE DIR
-    cat <<EOF
-user root;
-worker_processes 1;
-pid $2/nginx.pid;
-error_log $2/error.log warn;
-events { worker_connections 64; }
-http {
-    access_log off;
-    client_body_temp_path $2/tmp/body;
-    proxy_temp_path $2/tmp/proxy;
-    fastcgi_temp_path $2/tmp/fastcgi;
-    uwsgi_temp_path $2/tmp/uwsgi;
-    scgi_temp_path $2/tmp/scgi;
-    server {
-        listen 443 ssl http2 default_server;
-        listen [::]:443 ssl http2 default_server;
-        ssl_reject_handshake on;
-    }
-EOF
-    local h
-    for h in "$HOST" "$HOST_X"; do
-        cat <<EOF
-    server {
-        listen 443 ssl http2;
-        listen [::]:443 ssl http2;
-        server_name $h;
-        ssl_certificate $2/$h.crt;
-        ssl_certificate_key $2/$h.key;
-        add_header Alt-Svc '$ALT_SVC' always;
-        location = /whoami { default_type text/plain; return 200 "$h on $1\n"; }
-    }
-EOF
-    done
-    echo "}"
-}
-start_nginx() { # NODE
-    local d=$tmp/nginx-$1
-    mkdir -p "$d/tmp"
-    cp "$tmp/pki/$HOST".{crt,key} "$tmp/pki/$HOST_X".{crt,key} "$d/"
-    nginx_conf "$1" "$d" >"$d/nginx.conf"
-    ip netns exec "$1" nginx -p "$d/" -c "$d/nginx.conf" || fail "nginx did not start in $1: $(cat "$d/error.log" 2>/dev/null)"
-}
-stop_nginx() {
-    local d
-    for d in "$tmp"/nginx-*; do
-        [[ -f $d/nginx.pid ]] && kill -QUIT "$(cat "$d/nginx.pid")" 2>/dev/null || true
-    done
-}
-
-# ---- PKI: a CA and one leaf per host ------------------------------------------------------------
-leaf() { # HOST
-    openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=$1" \
-        -keyout "$tmp/pki/$1.key" -out "$tmp/pki/$1.csr" 2>/dev/null
-    printf 'subjectAltName=DNS:%s\nextendedKeyUsage=serverAuth\n' "$1" >"$tmp/pki/$1.ext"
-    openssl x509 -req -in "$tmp/pki/$1.csr" -CA "$tmp/pki/ca.crt" -CAkey "$tmp/pki/ca.key" -CAcreateserial \
-        -days 2 -sha256 -extfile "$tmp/pki/$1.ext" -out "$tmp/pki/$1.crt" 2>/dev/null
-}
+# ---- PKI (make_ca, leaf: lib.sh) -----------------------------------------------------------------
 der_sha256() { openssl x509 -in "$1" -outform DER | sha256sum | cut -d' ' -f1; }
-tls_secret() { # NAMESPACE NAME HOST
-    kubectl -n "$1" create secret tls "$2" --cert "$tmp/pki/$3.crt" --key "$tmp/pki/$3.key" \
-        --dry-run=client -o yaml | kubectl apply -f - >/dev/null
-}
 
 # ---- HTTP/3 through aioquic (tests/py/h3client.py) ----------------------------------------------
 # h3_get ADDR HOST CERT-SHA: GET /whoami answers 200 with that certificate; prints one line.
@@ -281,19 +183,10 @@ EOF
 }
 
 # =================================================================================================
-step "cluster up (scripts/cluster.sh up; warm: binaries cached)"
-t0=$(date +%s)
-"$CLUSTER" up 2>&1 | indent
-eval "$("$CLUSTER" env)"
-read -r -a NODES <<<"$H3I_NODES"
-read -r -a IPS <<<"$H3I_NODE_IPS"
+cluster_up
 [[ -x $H3I_BINARY ]] || fail "H3I_BINARY=$H3I_BINARY does not exist (cargo build first)"
 if kubectl get ns "$NS_OP" >/dev/null 2>&1 || kubectl get crd http3listeners.h3-ingress.dev >/dev/null 2>&1; then
-    info "removing objects a previous run (or the journey) left"
-    kubectl delete h3l --all --wait=true --timeout=60s >/dev/null 2>&1 || true
-    helm uninstall "$RELEASE" -n "$NS_OP" --wait >/dev/null 2>&1 || true
-    kubectl delete namespace "$NS_APP" "$NS_INFRA" "$NS_CERTS" "$NS_OP" --ignore-not-found --wait=true --timeout=90s >/dev/null
-    kubectl delete crd http3listeners.h3-ingress.dev --ignore-not-found >/dev/null
+    remove_leftovers "removing objects a previous run (or the journey) left" "$NS_APP" "$NS_INFRA" "$NS_CERTS" "$NS_OP"
 fi
 ok "up in $(($(date +%s) - t0))s; nodes ${NODES[*]} at ${IPS[*]}; binary $H3I_BINARY"
 
@@ -323,14 +216,12 @@ done
 ok "operator running; can list HTTPRoutes, Gateways, ReferenceGrants; cannot update or patch HTTPRoutes' status or Gateways"
 
 step "the TCP gateway: Debian nginx on TCP 443 in each node's namespace, serving $HOST and $HOST_X"
-mkdir -p "$tmp/pki"
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
-    -subj /CN=h3i-gateway-ca -keyout "$tmp/pki/ca.key" -out "$tmp/pki/ca.crt" 2>/dev/null
+make_ca h3i-gateway-ca
 leaf "$HOST"
 leaf "$HOST_X"
 CERT=$(der_sha256 "$tmp/pki/$HOST.crt")
 CERT_X=$(der_sha256 "$tmp/pki/$HOST_X.crt")
-for node in "${NODES[@]}"; do start_nginx "$node"; done
+for node in "${NODES[@]}"; do start_nginx "$node" "$HOST" "$HOST_X"; done
 for ip in "${IPS[@]}"; do
     out=$(curl -sS --http2 --max-time 5 --cacert "$tmp/pki/ca.crt" --resolve "$HOST:443:$ip" \
         -o /dev/null -w '%{http_version} %{response_code}' "https://$HOST/whoami") || fail "nginx on $ip: $out"

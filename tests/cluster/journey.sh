@@ -43,156 +43,36 @@ TUNE_IMAGE=registry.h3i.test/mirror/busybox@sha256:$(printf 'h3i-journey' | sha2
 OP_ROLE=$RELEASE-operator        # the chart's namespaced Role of the operator
 T_START=$(date +%s)
 
-STEP_NAMES=()
-STEP_AT=()
-step() {
-    STEP_NAMES+=("$*")
-    STEP_AT+=("$(($(date +%s) - T_START))")
-    printf '\n--- [%3ss] %s\n' "${STEP_AT[-1]}" "$*"
+# shellcheck source=tests/cluster/lib.sh
+source "$REPO/tests/cluster/lib.sh"
+# On failure: the step table, every listener's columns and conditions, and the logs of the
+# pods that exist now in $NS_OP (not of those the rolls and hand-overs replaced).
+fail_listeners() {
+    echo "--- listeners:"
+    kubectl get h3l -o wide
+    kubectl get h3l -o jsonpath='{range .items[*]}{.metadata.name}: {.status.conditions}{"\n"}{end}'
 }
-# The step list with each step's own duration (the last one runs until now).
-step_table() {
-    local i n=${#STEP_NAMES[@]} end now=$(($(date +%s) - T_START))
-    ((n > 0)) || return 0
-    printf '\n%-4s %6s %6s  %s\n' step start took name
-    for ((i = 0; i < n; i++)); do
-        end=$now
-        ((i + 1 < n)) && end=${STEP_AT[i + 1]}
-        printf '%-4s %5ss %5ss  %.110s\n' "$((i + 1))" "${STEP_AT[i]}" "$((end - STEP_AT[i]))" "${STEP_NAMES[i]}"
-    done
-}
-ok() { printf '    ok: %s\n' "$*"; }
-info() { printf '    %s\n' "$*"; }
-indent() { sed 's/^/    | /'; }
+fail_pods() { kubectl -n "$NS_OP" get pods -o jsonpath='{.items[*].metadata.name}' 2>/dev/null; }
 fail() {
     printf '\nJOURNEY FAILED at %ss: %s\n' "$(($(date +%s) - T_START))" "$*" >&2
     step_table >&2
-    if [[ -n ${KUBECONFIG:-} && -f ${KUBECONFIG:-/nonexistent} ]]; then
-        {
-            echo "--- pods:"
-            kubectl get pods -A -o wide
-            echo "--- listeners:"
-            kubectl get h3l -o wide
-            kubectl get h3l -o jsonpath='{range .items[*]}{.metadata.name}: {.status.conditions}{"\n"}{end}'
-            echo "--- events (last 15):"
-            kubectl get events -A --sort-by=.lastTimestamp | tail -n 15
-        } >&2 2>&1 || true
-        local pod f
-        for pod in $(kubectl -n "$NS_OP" get pods -o jsonpath='{.items[*].metadata.name}' 2>/dev/null); do
-            for f in "$H3I_POD_LOGS/$NS_OP/$pod"/*.log; do
-                [[ -f $f ]] || continue
-                echo "--- ${f#"$H3I_POD_LOGS"/} (last 15 lines):" >&2
-                tail -n 15 "$f" >&2
-            done
-        done
-    fi
+    failure_report fail_listeners fail_pods
     exit 1
 }
-# until_ok SECONDS DESCRIPTION COMMAND...: poll every 0.5 s until the command succeeds.
-until_ok() {
-    local secs=$1 what=$2 deadline; shift 2
-    deadline=$(($(date +%s) + secs))
-    while ! "$@" >/dev/null 2>&1; do
-        (($(date +%s) < deadline)) || fail "$what (not within ${secs}s)"
-        sleep 0.5
-    done
-}
-# The same, printing how long it took.
-wait_ok() {
-    local t0; t0=$(date +%s)
-    until_ok "$@"
-    ok "$2 (after $(($(date +%s) - t0))s)"
-}
-jp() { kubectl get "$@" 2>/dev/null; } # kubectl get ... -o jsonpath=..., quiet on NotFound
-can() { kubectl auth can-i "$@" 2>/dev/null || true; } # yes / no, as the API server judges
-
-if [[ $(id -u) -ne 0 ]]; then
-    echo "JOURNEY SKIPPED (needs root): tests/cluster/journey.sh needs network namespaces and the cluster's processes"
-    [[ ${H3I_TESTS_REQUIRE_ROOT:-0} == 1 ]] && fail "H3I_TESTS_REQUIRE_ROOT=1 but not root"
-    exit 0
-fi
+skip_unless_root JOURNEY
 
 tmp=$(mktemp -d /tmp/h3i-journey.XXXXXX)
 cleanup() {
     local rc=$?
-    if [[ ${H3I_JOURNEY_KEEP:-0} != 1 ]]; then
-        stop_nginx || true
-        if [[ -n ${KUBECONFIG:-} ]]; then
-            kubectl delete h3l --all --wait=false >/dev/null 2>&1 || true
-            helm uninstall "$RELEASE" -n "$NS_OP" --wait=false >/dev/null 2>&1 || true
-            kubectl delete namespace "$NS_APP" "$NS_OP" --ignore-not-found --wait=false >/dev/null 2>&1 || true
-            kubectl delete crd http3listeners.h3-ingress.dev --ignore-not-found --wait=false >/dev/null 2>&1 || true
-            kubectl delete ingressclass nginx --ignore-not-found >/dev/null 2>&1 || true
-        fi
-        rm -rf "$tmp"
-    else
-        echo "H3I_JOURNEY_KEEP=1: objects, nginx and $tmp left in place"
-    fi
+    remove_objects H3I_JOURNEY_KEEP --all ingressclass/nginx "$NS_APP" "$NS_OP"
     return $rc
 }
 trap cleanup EXIT
 # A command failing outside a check (set -e) still says where and what.
 trap 'fail "line $LINENO: \`$BASH_COMMAND\` failed unexpectedly"' ERR
 
-# ---- the TCP ingress: Debian nginx in a node's network namespace ---------------------------
-# One nginx per node on TCP 443 (v4 and v6) serving $HOST and $HOST2 with the certificates
-# of their Secrets, advertising Alt-Svc, refusing other names (as an ingress without a
-# catch-all); /whoami says which node answered, /1m.bin is a random file.
-nginx_conf() { # NODE DIR
-    cat <<EOF
-user root;
-worker_processes 1;
-pid $2/nginx.pid;
-error_log $2/error.log warn;
-events { worker_connections 256; }
-http {
-    access_log $2/access.log;
-    client_body_temp_path $2/tmp/body;
-    proxy_temp_path $2/tmp/proxy;
-    fastcgi_temp_path $2/tmp/fastcgi;
-    uwsgi_temp_path $2/tmp/uwsgi;
-    scgi_temp_path $2/tmp/scgi;
-    default_type application/octet-stream;
-    server {
-        listen 443 ssl http2 default_server;
-        listen [::]:443 ssl http2 default_server;
-        ssl_reject_handshake on;
-    }
-EOF
-    local h
-    for h in "$HOST" "$HOST2"; do
-        cat <<EOF
-    server {
-        listen 443 ssl http2;
-        listen [::]:443 ssl http2;
-        server_name $h;
-        ssl_certificate $2/$h.crt;
-        ssl_certificate_key $2/$h.key;
-        add_header Alt-Svc '$ALT_SVC' always;
-        root $tmp/www;
-        location = /whoami { default_type text/plain; return 200 "$h on $1\n"; }
-    }
-EOF
-    done
-    echo "}"
-}
-
-start_nginx() { # NODE
-    local d=$tmp/nginx-$1
-    mkdir -p "$d/tmp"
-    cp "$tmp/pki/$HOST.crt" "$tmp/pki/$HOST.key" "$tmp/pki/$HOST2.crt" "$tmp/pki/$HOST2.key" "$d/"
-    nginx_conf "$1" "$d" >"$d/nginx.conf"
-    ip netns exec "$1" nginx -p "$d/" -c "$d/nginx.conf" || fail "nginx did not start in $1: $(cat "$d/error.log" 2>/dev/null)"
-}
-
-stop_nginx() {
-    local d
-    for d in "$tmp"/nginx-*; do
-        [[ -f $d/nginx.pid ]] && kill -QUIT "$(cat "$d/nginx.pid")" 2>/dev/null || true
-    done
-}
-
-# install_cert NAME SOURCE: point nginx on every node at a certificate and reload it.
+# ---- the TCP ingress: lib.sh's nginx per node, serving $HOST, $HOST2 and /1m.bin (random) ---
+# nginx_use_cert NAME SOURCE: point nginx on every node at a certificate and reload it.
 nginx_use_cert() {
     local node
     for node in $H3I_NODES; do
@@ -203,28 +83,14 @@ nginx_use_cert() {
 }
 
 # ---- a small PKI: one CA, a leaf per host, and a second leaf for the rotation --------------
-leaf() { # FILE-BASENAME HOST
-    openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=$2" \
-        -keyout "$tmp/pki/$1.key" -out "$tmp/pki/$1.csr" 2>/dev/null
-    printf 'subjectAltName=DNS:%s\nextendedKeyUsage=serverAuth\n' "$2" >"$tmp/pki/$1.ext"
-    openssl x509 -req -in "$tmp/pki/$1.csr" -CA "$tmp/pki/ca.crt" -CAkey "$tmp/pki/ca.key" -CAcreateserial \
-        -days 2 -sha256 -extfile "$tmp/pki/$1.ext" -out "$tmp/pki/$1.crt" 2>/dev/null
-}
 make_pki() {
-    mkdir -p "$tmp/pki"
-    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
-        -subj /CN=h3i-journey-ca -keyout "$tmp/pki/ca.key" -out "$tmp/pki/ca.crt" 2>/dev/null
-    leaf "$HOST" "$HOST"
+    make_ca h3i-journey-ca
+    leaf "$HOST"
     leaf "$HOST.v2" "$HOST"
     leaf "$HOST2" "$HOST2"
     CERT_V1=$(python3 "$JPY" der-sha256 "$tmp/pki/$HOST.crt")
     CERT_V2=$(python3 "$JPY" der-sha256 "$tmp/pki/$HOST.v2.crt")
     CERT_HOST2=$(python3 "$JPY" der-sha256 "$tmp/pki/$HOST2.crt")
-}
-
-tls_secret() { # NAMESPACE NAME CERT-BASENAME
-    kubectl -n "$1" create secret tls "$2" --cert "$tmp/pki/$3.crt" --key "$tmp/pki/$3.key" \
-        --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 }
 
 # ---- HTTP/3 checks ---------------------------------------------------------------------------
@@ -329,23 +195,13 @@ EOF
 }
 
 # =============================================================================================
-step "cluster up (scripts/cluster.sh up; warm: binaries cached)"
-t0=$(date +%s)
-"$CLUSTER" up 2>&1 | indent
-eval "$("$CLUSTER" env)"
+cluster_up
 ok "up in $(($(date +%s) - t0))s; nodes: $(kubectl get nodes --no-headers | awk '{printf "%s=%s ", $1, $2}')"
-read -r -a NODES <<<"$H3I_NODES"
-read -r -a IPS <<<"$H3I_NODE_IPS"
-read -r -a IPS6 <<<"$H3I_NODE_IPS6"
 [[ -x $H3I_BINARY ]] || fail "H3I_BINARY=$H3I_BINARY does not exist (cargo build first)"
 [[ -x $TRIXIE/usr/bin/curl ]] || fail "no trixie chroot with curl at $TRIXIE: scripts/trixie-chroot.sh $TRIXIE"
 # A journey left behind by an interrupted run (H3I_JOURNEY_KEEP=1) would confuse every check.
 if kubectl get ns "$NS_OP" "$NS_APP" >/dev/null 2>&1 || kubectl get crd http3listeners.h3-ingress.dev >/dev/null 2>&1; then
-    info "removing a previous journey's objects"
-    kubectl delete h3l --all --wait=true --timeout=60s >/dev/null 2>&1 || true
-    helm uninstall "$RELEASE" -n "$NS_OP" --wait >/dev/null 2>&1 || true
-    kubectl delete namespace "$NS_APP" "$NS_OP" --ignore-not-found --wait=true --timeout=90s >/dev/null
-    kubectl delete crd http3listeners.h3-ingress.dev --ignore-not-found >/dev/null
+    remove_leftovers "removing a previous journey's objects" "$NS_APP" "$NS_OP"
 fi
 kubectl delete ingressclass nginx --ignore-not-found >/dev/null
 for node in "${NODES[@]}"; do
@@ -398,7 +254,7 @@ make_pki
 mkdir -p "$tmp/www"
 head -c 1048576 /dev/urandom >"$tmp/www/1m.bin"
 BODY_SHA=$(sha256sum "$tmp/www/1m.bin" | cut -d' ' -f1)
-for node in "${NODES[@]}"; do start_nginx "$node"; done
+for node in "${NODES[@]}"; do start_nginx "$node" "$HOST" "$HOST2"; done
 for i in 0 1; do
     out=$(curl -sS --http2 --max-time 5 --cacert "$tmp/pki/ca.crt" --resolve "$HOST:443:${IPS[$i]}" \
         -D - -o /dev/null -w '%{http_version} %{response_code}' "https://$HOST/1m.bin") || fail "nginx on ${NODES[$i]}: $out"
