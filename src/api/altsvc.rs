@@ -75,11 +75,10 @@ impl IngressController {
 /// What to add to an HTTPRoute (Gateway API, any implementation) so responses carry
 /// `Alt-Svc: {value}`: a `ResponseHeaderModifier` filter, written as flow-style YAML.
 fn route_filter(value: &str) -> String {
-    let quoted = value.replace('\\', "\\\\").replace('"', "\\\"");
-    format!(
-        "filters: [{{type: ResponseHeaderModifier, responseHeaderModifier: \
-         {{set: [{{name: Alt-Svc, value: \"{quoted}\"}}]}}}}]"
-    )
+    const HEAD: &str =
+        "filters: [{type: ResponseHeaderModifier, responseHeaderModifier: {set: [{name: Alt-Svc, value: ";
+    const TAIL: &str = "}]}}]";
+    [HEAD, &yaml_quoted(value), TAIL].concat()
 }
 
 /// How to make a Gateway API gateway advertise HTTP/3 for `host`: a ResponseHeaderModifier
@@ -94,8 +93,13 @@ pub fn gateway_advice(host: &str, port: u16, max_age: u32) -> String {
 
 /// `key: "value"` with the value as a YAML double-quoted string.
 fn annotation(key: &str, value: &str) -> String {
-    let quoted = value.replace('\\', "\\\\").replace('"', "\\\"");
-    format!("{key}: \"{quoted}\"")
+    format!("{key}: {}", yaml_quoted(value))
+}
+
+/// `value` as a YAML double-quoted string.
+fn yaml_quoted(value: &str) -> String {
+    let escaped = value.replace('\\', "\\\\").replace('"', "\\\"");
+    format!("\"{escaped}\"")
 }
 
 /// The controller an Ingress is written for, from its annotations (the class name is not
