@@ -450,7 +450,6 @@ pub enum ResponseEnd {
 /// ended and the body bytes sent.
 pub async fn relay_response(
     send: &mut SendHalf,
-    outgoing: &streams::Outgoing,
     body: &mut hyper::body::Incoming,
     abort: &Abort,
     stopped: &mut streams::Stopped,
@@ -472,7 +471,6 @@ pub async fn relay_response(
         if frame.is_data() {
             let data = frame.into_data().unwrap_or_default();
             let n = data.len() as u64;
-            outgoing.offer(&data);
             match timeout(idle, send.send_data(data)).await {
                 Err(_) => return (ResponseEnd::Idle(idle), sent),
                 Ok(Err(e)) => return (ResponseEnd::ClientGone(e), sent),

@@ -98,8 +98,6 @@ struct RequestCtx {
     abort: Arc<Abort>,
     /// Resolves when the client stops reading the response or its connection ends.
     stopped: streams::Stopped,
-    /// Where the response relay offers body chunks to the send side (no copy into quinn).
-    outgoing: Arc<streams::Outgoing>,
     share: Arc<StreamShare>,
     /// The read-ahead body's bytes, held until the request ends.
     reserved: Option<Reservation>,
@@ -174,7 +172,6 @@ impl RequestCtx {
             recv: Some(recv),
             abort: Arc::new(Abort::default()),
             stopped: handle.stopped,
-            outgoing: handle.outgoing,
             share: handle.share,
             reserved: None,
         }
@@ -376,15 +373,8 @@ impl RequestCtx {
     /// upstream body, and with it the upstream request.
     async fn relay(&mut self, body: &mut hyper::body::Incoming, idle: Duration) {
         let abort = self.abort.clone();
-        let (end, sent) = body::relay_response(
-            &mut self.send,
-            &self.outgoing,
-            body,
-            &abort,
-            &mut self.stopped,
-            idle,
-        )
-        .await;
+        let (end, sent) =
+            body::relay_response(&mut self.send, body, &abort, &mut self.stopped, idle).await;
         let client = self.conn.remote;
         self.downloaded(sent);
         match end {

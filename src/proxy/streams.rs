@@ -54,8 +54,6 @@ pub struct StreamHandle {
     /// The stream's share of the buffered-request budget (its header section is already
     /// reserved in it).
     pub share: Arc<StreamShare>,
-    /// Where the response relay offers each body chunk before sending it.
-    pub outgoing: Arc<Outgoing>,
 }
 
 /// The limits one connection's streams are held to.
@@ -353,86 +351,22 @@ impl quic::RecvStream for GuardedRecv {
     }
 }
 
-/// The response body chunk the request handler is about to give h3, so the send side can
-/// hand quinn that `Bytes` itself instead of copying the slice h3's `WriteBuf` exposes: the
-/// `Buf` trait only lends out `&[u8]`, and quinn's `write` copies it, once per DATA frame.
-#[derive(Default)]
-pub struct Outgoing(Mutex<Option<Bytes>>);
-
-impl Outgoing {
-    /// Offers `data` (a cheap reference count) for the next `send_data`.
-    pub fn offer(&self, data: &Bytes) {
-        *self.0.lock().expect("outgoing chunk") = Some(data.clone());
-    }
-
-    fn take(&self) -> Option<Bytes> {
-        self.0.lock().expect("outgoing chunk").take()
-    }
-}
-
 /// A request stream's send side, on quinn.
 pub struct SendHalf {
     inner: quinn::SendStream,
     writing: Option<WriteBuf<Bytes>>,
-    /// The offered payload of `writing`, advanced with it.
-    payload: Option<Bytes>,
-    outgoing: Arc<Outgoing>,
-}
-
-/// Whether `payload` is exactly the memory `chunk` lends out: then the two hold the same bytes
-/// (a live `Bytes` keeps its memory from being reused), and quinn can take `payload` by
-/// reference count. Pure.
-fn same_memory(payload: &Bytes, chunk: &[u8]) -> bool {
-    !chunk.is_empty() && payload.as_ptr() == chunk.as_ptr() && payload.len() == chunk.len()
-}
-
-impl SendHalf {
-    /// One write into quinn: the offered payload without a copy when `buf` has reached it,
-    /// else (h3's frame header, or data nobody offered) a copy of the current chunk.
-    fn poll_write_some(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<usize, StreamErrorIncoming>> {
-        let buf = self.writing.as_ref().expect("called while writing");
-        match self
-            .payload
-            .as_ref()
-            .filter(|p| same_memory(p, buf.chunk()))
-        {
-            Some(p) => {
-                let mut chunks = [p.clone()];
-                let fut = self.inner.write_chunks(&mut chunks);
-                let written = ready!(std::pin::pin!(fut).poll(cx)).map_err(write_error)?;
-                Poll::Ready(Ok(written.bytes))
-            }
-            None => Pin::new(&mut self.inner)
-                .poll_write(cx, buf.chunk())
-                .map_err(write_error),
-        }
-    }
 }
 
 impl quic::SendStream<Bytes> for SendHalf {
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
-        while let Some(buf) = self.writing.as_ref() {
+        while let Some(buf) = self.writing.as_mut() {
             if !buf.has_remaining() {
                 self.writing = None;
-                self.payload = None;
                 break;
             }
-            let n = ready!(self.poll_write_some(cx))?;
-            if let Some(p) = self.payload.as_mut() {
-                let in_payload = self
-                    .writing
-                    .as_ref()
-                    .is_some_and(|b| same_memory(p, b.chunk()));
-                if in_payload {
-                    p.advance(n);
-                }
-            }
-            if let Some(buf) = self.writing.as_mut() {
-                buf.advance(n);
-            }
+            let n = ready!(Pin::new(&mut self.inner).poll_write(cx, buf.chunk()))
+                .map_err(write_error)?;
+            buf.advance(n);
         }
         Poll::Ready(Ok(()))
     }
@@ -446,7 +380,6 @@ impl quic::SendStream<Bytes> for SendHalf {
             });
         }
         self.writing = Some(data.into());
-        self.payload = self.outgoing.take();
         Ok(())
     }
 
@@ -602,7 +535,6 @@ impl Connection {
         let id = stream_id(send.id());
         let deadline = Box::pin(tokio::time::sleep(self.streams.limits.headers_timeout));
         let refused = Arc::new(OnceLock::new());
-        let outgoing = Arc::new(Outgoing::default());
         let guard = RequestGuard {
             refused: refused.clone(),
             deadline: Some(deadline),
@@ -615,15 +547,12 @@ impl Connection {
                 stopped,
                 refused,
                 share,
-                outgoing: outgoing.clone(),
             },
         );
         RequestStream {
             send: SendHalf {
                 inner: send,
                 writing: None,
-                payload: None,
-                outgoing,
             },
             recv: GuardedRecv::new(recv, self.streams.clone(), Some(guard)),
         }
@@ -677,35 +606,5 @@ impl quic::OpenStreams<Bytes> for Connection {
 
     fn close(&mut self, code: Code, reason: &[u8]) {
         self.opener.close(code, reason);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_the_offered_memory_itself_is_taken_without_a_copy() {
-        let body = Bytes::from(vec![7u8; 64]);
-        assert!(same_memory(&body, &body[..]));
-        // The same bytes elsewhere are not the offered chunk.
-        let copy = body.to_vec();
-        assert!(!same_memory(&body, &copy));
-        // A frame header, a prefix or an advanced chunk is not either.
-        assert!(!same_memory(&body, &body[..8]));
-        assert!(!same_memory(&body, &body[8..]));
-        let mut rest = body.clone();
-        rest.advance(8);
-        assert!(same_memory(&rest, &body[8..]));
-        assert!(!same_memory(&Bytes::new(), &[]));
-    }
-
-    #[test]
-    fn an_offer_is_taken_once() {
-        let o = Outgoing::default();
-        let b = Bytes::from_static(b"data");
-        o.offer(&b);
-        assert_eq!(o.take(), Some(b));
-        assert_eq!(o.take(), None);
     }
 }
