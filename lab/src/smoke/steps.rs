@@ -428,6 +428,9 @@ fn share_step(
     Ok(())
 }
 
+/// One transfer of a smoke step, run when the step is ready to count it.
+type Fetch<'a> = Box<dyn Fn() -> Result<Sample, LabError> + 'a>;
+
 /// E1 in short: h2 from the ingress and h3 from our proxy, the client in the server namespace;
 /// the router sees none of it, the body is complete, and the server's CPU time is readable
 /// before and after (the delta is shown; a few MB may take less than one clock tick).
@@ -442,7 +445,7 @@ fn loopback_cpu(
     let get = Get::download(file, 30.0);
     let ns = s.names.server_ns.clone();
     let ours = h3.servers.iter().find(|t| t.name == "h3-ingress");
-    let mut runs: Vec<(&str, &str, Box<dyn Fn() -> Result<Sample, LabError>>)> = vec![(
+    let mut runs: Vec<(&str, &str, Fetch)> = vec![(
         "h2",
         "nginx-ingress",
         Box::new(|| {
