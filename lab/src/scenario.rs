@@ -43,6 +43,12 @@ pub const MB50: FileSpec = FileSpec {
     bytes: 50 << 20,
     label: "50 MB",
 };
+/// E1's bulk download: large enough that start-up and handshake are noise in CPU per GB.
+pub const MB256: FileSpec = FileSpec {
+    name: "256m.bin",
+    bytes: 256 << 20,
+    label: "256 MB",
+};
 /// The upload of the same report.
 pub const MB20: FileSpec = FileSpec {
     name: "20m.bin",
@@ -176,6 +182,8 @@ pub struct CaseSpec {
     pub rate: CaseRate,
     /// S6: the bottleneck and the flow the row competes with.
     pub competition: Option<Competition>,
+    /// Transfers per cell instead of the scenario's (E1: many short ones, few bulk ones).
+    pub runs: Option<usize>,
 }
 
 impl CaseSpec {
@@ -186,6 +194,7 @@ impl CaseSpec {
             quick: true,
             rate: CaseRate::Flag,
             competition: None,
+            runs: None,
         }
     }
     /// S6: the row's bulk download beside a TCP one through a `rate_mbit` bottleneck.
@@ -214,6 +223,12 @@ impl CaseSpec {
     }
     pub const fn rate(self, rate: CaseRate) -> CaseSpec {
         CaseSpec { rate, ..self }
+    }
+    pub const fn runs(self, runs: usize) -> CaseSpec {
+        CaseSpec {
+            runs: Some(runs),
+            ..self
+        }
     }
 }
 
@@ -300,6 +315,11 @@ pub enum Measure {
     /// router counts what each client address received for `window_s`; per run the row's share
     /// of the two. Each run is one cell sample; the rows take turns as in `Transfers`.
     Share { warm_up_s: f64, window_s: f64 },
+    /// Downloads over the server namespace's loopback (the client runs beside the servers, the
+    /// router is not on the path): per transfer the client's times and the process CPU time
+    /// (utime + stime from /proc, the process and its children) of the row's server and of the
+    /// TCP ingress behind it. The rows take turns as in `Transfers`.
+    Loopback,
 }
 
 /// Which cases of its scenario a target is judged on.
@@ -317,6 +337,8 @@ pub enum When {
     /// S6 cases whose competing flow runs TCP CUBIC / TCP BBR.
     AgainstCubic,
     AgainstBbr,
+    /// Cases that transfer this file.
+    File(&'static str),
 }
 
 /// Margin over the clean path's median that [`Check::MedianVsClean`] allows.
@@ -366,6 +388,10 @@ pub enum Check {
     },
     /// The row's median share >= what TCP CUBIC (the h2 row) gets against the same flow.
     ShareAtLeastTcpCubic,
+    /// The median process CPU time of the row's own server per GB transferred, at most this.
+    CpuPerGbAtMost {
+        s_per_gb: f64,
+    },
 }
 
 impl Check {
@@ -399,6 +425,9 @@ impl Check {
             }
             Check::ShareAtLeastTcpCubic => {
                 format!("{row} median share >= TCP CUBIC's against the same flow")
+            }
+            Check::CpuPerGbAtMost { s_per_gb } => {
+                format!("{row} process CPU <= {s_per_gb:.2} s per GB")
             }
         }
     }
@@ -452,6 +481,9 @@ pub enum SmokeStep {
     /// Through an MTU black hole h3 needs no fragments and keeps DF; h2 stalls there (TCP
     /// needs ICMP), and gets through once the router sends it.
     MtuBlackHole(PathSpec),
+    /// E1 in short: one download of `file` over the server namespace's loopback from our proxy
+    /// and over h2 from nginx; complete bodies, and the servers' CPU time grew.
+    LoopbackCpu { file: &'static FileSpec },
 }
 
 impl fmt::Display for SmokeStep {
@@ -462,6 +494,9 @@ impl fmt::Display for SmokeStep {
             SmokeStep::RandomLoss { path, seed } => write!(f, "random loss, {path}, seed {seed}"),
             SmokeStep::LargeTransfers(p) => write!(f, "large download and upload, {p}"),
             SmokeStep::MtuBlackHole(p) => write!(f, "MTU black hole, {p}, then with ICMP"),
+            SmokeStep::LoopbackCpu { file } => {
+                write!(f, "{} over loopback with the servers' CPU time", file.label)
+            }
             SmokeStep::Share {
                 path,
                 rate_mbit,
@@ -747,8 +782,51 @@ const S6: Scenario = Scenario {
     }],
 };
 
+/// The issue's target for E1: half of the proxy's CPU per GB before the efficiency work, which
+/// E1 measured as 2.83 s/GB (median of 3, range 2.68-3.02) at commit e44e149
+/// (docs/transport-efficiency.md, section 2).
+pub const E1_CPU_TARGET_S_PER_GB: f64 = 1.42;
+
+const E1: Scenario = Scenario {
+    id: "E1",
+    title: "CPU per byte on loopback",
+    question: "How much CPU does the proxy itself spend per GB of a bulk download, next to \
+        Caddy and to nginx serving HTTP/2, and is 1 MiB through the proxy on a path without \
+        delay within 3x of HTTP/2 straight to nginx?",
+    measure: Measure::Loopback,
+    runs: 3,
+    rate_flag: RateFlag::Rate,
+    max_time_cap_s: None,
+    cases: &[
+        CaseSpec::download(PathSpec::CLEAN, &MB256),
+        CaseSpec::download(PathSpec::CLEAN, &MB1).runs(15),
+    ],
+    only_rows: &[],
+    targets: &[
+        Target {
+            when: When::File(MB256.name),
+            check: Check::CpuPerGbAtMost {
+                s_per_gb: E1_CPU_TARGET_S_PER_GB,
+            },
+        },
+        Target {
+            when: When::File(MB1.name),
+            check: Check::MedianVsH2 {
+                factor: 3.0,
+                no_failures: true,
+            },
+        },
+    ],
+    notes: Notes {
+        mtu_counters: false,
+        throughput: true,
+        socket_buffers: false,
+    },
+    smoke: &[SmokeStep::LoopbackCpu { file: &MB4 }],
+};
+
 /// Every scenario, in the order the bench runs them and the smoke steps through them.
-pub static SCENARIOS: &[Scenario] = &[S1, S2, S3, S4, S5, S6];
+pub static SCENARIOS: &[Scenario] = &[S1, S2, S3, S4, S5, S6, E1];
 
 /// S6's bulk download: more than any flow receives in a window at 100 Mbit/s, so both flows
 /// run for the whole window (the client's time limit ends them).
@@ -759,7 +837,7 @@ pub const BULK: FileSpec = FileSpec {
 };
 
 /// Every content file the cases use, for the servers' document roots.
-pub const FILES: &[&FileSpec] = &[&MB1, &MB4, &MB5_7, &MB50, &MB20, &BULK];
+pub const FILES: &[&FileSpec] = &[&MB1, &MB4, &MB5_7, &MB50, &MB20, &BULK, &MB256];
 
 /// The scenario with this id (case-insensitive).
 pub fn find(id: &str) -> Option<&'static Scenario> {
@@ -796,6 +874,7 @@ impl When {
             When::UnlimitedUpload => case.upload && case.rate_mbit.is_none(),
             When::AgainstCubic => case.competitor.as_deref() == Some(TcpCc::Cubic.name()),
             When::AgainstBbr => case.competitor.as_deref() == Some(TcpCc::Bbr.name()),
+            When::File(name) => case.file == name,
         }
     }
 }
@@ -892,7 +971,7 @@ mod tests {
         assert_eq!(all.len(), SCENARIOS.len());
         assert_eq!(find(" s3").map(|s| s.id), Some("S3"));
         assert!(find("S9").is_none());
-        assert_eq!(ids(), "S1,S2,S3,S4,S5,S6");
+        assert_eq!(ids(), "S1,S2,S3,S4,S5,S6,E1");
     }
 
     #[test]

@@ -64,7 +64,7 @@ pub fn share_timing(sc: &Scenario, o_window: Option<f64>) -> Option<(f64, f64)> 
             warm_up_s,
             window_s,
         } => Some((warm_up_s, o_window.unwrap_or(window_s))),
-        Measure::Transfers => None,
+        Measure::Transfers | Measure::Loopback => None,
     }
 }
 
@@ -74,7 +74,10 @@ fn case(sc: &Scenario, spec: &CaseSpec, o: &PlanOptions) -> Option<Case> {
         RateFlag::Rate => o.rate_mbit,
         RateFlag::S4Rate => o.s4_rate_mbit.or(o.rate_mbit),
     };
+    let loopback = sc.measure == Measure::Loopback;
     let rate_mbit = match (spec.competition, spec.rate) {
+        // Loopback cases do not cross the router, so no rate flag applies to them.
+        _ if loopback => None,
         (Some(k), _) => Some(k.rate_mbit),
         (None, CaseRate::Flag) => flag,
         (None, CaseRate::OnlyLimited) => Some(flag?),
@@ -97,7 +100,10 @@ fn case(sc: &Scenario, spec: &CaseSpec, o: &PlanOptions) -> Option<Case> {
         if upload { " upload" } else { "" },
         p.impairments()
     );
-    if spec.rate == CaseRate::Unlimited {
+    if loopback {
+        id = format!("{}-loopback-{}", sc.id, file.name.trim_end_matches(".bin"));
+        label = format!("loopback, {}", file.label);
+    } else if spec.rate == CaseRate::Unlimited {
         id.push_str("-unlimited");
         label.push_str(", no rate limit");
     }
@@ -112,7 +118,7 @@ fn case(sc: &Scenario, spec: &CaseSpec, o: &PlanOptions) -> Option<Case> {
         }
         (None, None) => {}
     }
-    let full = sc.runs;
+    let full = spec.runs.unwrap_or(sc.runs);
     let runs = o.runs.unwrap_or(if o.quick {
         full.div_ceil(4).max(3)
     } else {
@@ -280,6 +286,25 @@ mod tests {
         assert!(p.iter().all(|c| c.rate_mbit.is_none()));
         let e = plan(&sc(&["S9"]), &opts(false, None, None)).unwrap_err();
         assert!(e.to_string().contains("S1,S2,S3,S4,S5,S6"), "{e}");
+    }
+
+    #[test]
+    fn loopback_plan_has_its_own_runs_and_no_rate() {
+        let p = plan(&sc(&["E1"]), &opts(false, None, Some(100.0))).unwrap();
+        let got: Vec<(&str, &str, usize)> = p
+            .iter()
+            .map(|c| (c.id.as_str(), c.label.as_str(), c.runs))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("E1-loopback-256m", "loopback, 256 MB", 3),
+                ("E1-loopback-1m", "loopback, 1 MB", 15),
+            ]
+        );
+        assert!(p.iter().all(|c| c.rate_mbit.is_none() && c.rtt_ms == 0.0));
+        let quick = plan(&sc(&["E1"]), &opts(true, None, None)).unwrap();
+        assert_eq!(quick[1].runs, 4, "a quarter of 15, at least 3");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! issue's targets ([`targets`]) and the markdown table ([`markdown`]). All pure, so the
 //! verdict logic is tested with made-up numbers.
 
+pub mod cpu;
 pub mod markdown;
 pub mod share;
 pub mod targets;
@@ -90,6 +91,9 @@ pub struct Cell {
     /// S6: one per run, what each flow received in the window.
     #[serde(default)]
     pub shares: Vec<crate::share::ShareSample>,
+    /// E1: one per transfer, the servers' process CPU time.
+    #[serde(default)]
+    pub cpu: Vec<cpu::CpuSample>,
 }
 
 /// Deltas of our proxy's per-connection counters over one cell, read from its /metrics:
