@@ -328,8 +328,8 @@ mod tests {
         let cases = plan::plan(&a.scenario_ids(), &a.plan_options()).unwrap();
         assert_eq!(
             cases.len(),
-            17 + 16,
-            "every scenario by default (S6: 16 cells)"
+            17 + 24,
+            "every scenario by default (S6: 24 cells)"
         );
         let rows = select_rows(&a, &cases).unwrap();
         assert_eq!(rows.len(), 2);

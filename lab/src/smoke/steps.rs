@@ -110,6 +110,7 @@ fn h3_get(s: &Session, h3: &H3, t: &H3Target, g: &Get) -> Result<Sample, LabErro
         path: &g.path,
         upload: g.upload.as_deref(),
         max_time: g.max_time,
+        bind: None,
     };
     let expect = Expect {
         proto: Proto::H3,
