@@ -197,8 +197,13 @@ impl CaseSpec {
             runs: None,
         }
     }
-    /// S6: the row's bulk download beside a TCP one through a `rate_mbit` bottleneck.
-    pub const fn share(rtt_ms: f64, rate_mbit: f64, queue: QueueSize, against: TcpCc) -> CaseSpec {
+    /// S6: the row's bulk download beside a competing one through a `rate_mbit` bottleneck.
+    pub const fn share(
+        rtt_ms: f64,
+        rate_mbit: f64,
+        queue: QueueSize,
+        against: Competitor,
+    ) -> CaseSpec {
         CaseSpec {
             competition: Some(Competition {
                 rate_mbit,
@@ -268,17 +273,59 @@ impl TcpCc {
     }
 }
 
+/// S6: the flow a case's row competes with, from the second client address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Competitor {
+    /// An HTTP/2 download from the same nginx whose server-side TCP runs this controller.
+    Tcp(TcpCc),
+    /// A second download from the row's own server with the row's own client and protocol:
+    /// for our rows the same proxy and controller, so the cell asks whether the controller
+    /// shares fairly with itself (two identical flows should split 50/50). The same row's
+    /// controller rather than the default's, so the answer does not change meaning when the
+    /// default does, and for the default row it is the same cell either way.
+    Itself,
+}
+
+impl Competitor {
+    pub const ALL: [Competitor; 3] = [
+        Competitor::Tcp(TcpCc::Cubic),
+        Competitor::Tcp(TcpCc::Bbr),
+        Competitor::Itself,
+    ];
+
+    /// The name in case ids and in the results' `competitor` field: "cubic", "bbr", "self".
+    pub fn name(self) -> &'static str {
+        match self {
+            Competitor::Tcp(cc) => cc.name(),
+            Competitor::Itself => "self",
+        }
+    }
+
+    /// The competitor a results file names. Pure.
+    pub fn from_name(name: &str) -> Option<Competitor> {
+        Self::ALL.into_iter().find(|c| c.name() == name)
+    }
+
+    /// "TCP CUBIC", "itself (a second flow of the row)".
+    pub fn describe(self) -> String {
+        match self {
+            Competitor::Tcp(cc) => format!("TCP {}", cc.name().to_uppercase()),
+            Competitor::Itself => "itself (a second flow of the row)".into(),
+        }
+    }
+}
+
 /// S6: what a case's row competes against, and through what.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Competition {
     pub rate_mbit: f64,
     pub queue: QueueSize,
-    /// The competing HTTP/2 download's TCP congestion control (the server's, per route).
-    pub against: TcpCc,
+    pub against: Competitor,
 }
 
 impl Competition {
-    /// ", 20 Mbit/s, queue 1 BDP (125 KB), vs TCP CUBIC" at `rtt_ms`.
+    /// ", 20 Mbit/s, queue 1 BDP (125 KB), vs TCP CUBIC" at `rtt_ms`; the id suffix ends in
+    /// [`Competitor::name`].
     pub fn label(&self, rtt_ms: f64) -> String {
         let bytes = self.queue.bytes(self.rate_mbit, rtt_ms);
         let queue = match self.queue {
@@ -286,9 +333,9 @@ impl Competition {
             QueueSize::Packets(n) => format!("{n} packets ({:.0} KB)", bytes as f64 / 1000.0),
         };
         format!(
-            ", {} Mbit/s, queue {queue}, vs TCP {}",
+            ", {} Mbit/s, queue {queue}, vs {}",
             self.rate_mbit,
-            self.against.name().to_uppercase()
+            self.against.describe()
         )
     }
 
@@ -310,8 +357,9 @@ pub enum Measure {
     /// namespaces' UDP counters and our proxy's /metrics deltas.
     Transfers,
     /// Two bulk downloads at once through one bottleneck: the row's (from client address
-    /// `CLIENT_V4`) and a competing one (from `CLIENT2_V4`: HTTP/2 from the same nginx, its
-    /// server-side TCP congestion control set per route). After `warm_up_s` the
+    /// `CLIENT_V4`) and a competing one (from `CLIENT2_V4`, see [`Competitor`]: HTTP/2 from
+    /// the same nginx, its server-side TCP congestion control set per route, or a second
+    /// download of the row itself). After `warm_up_s` the
     /// router counts what each client address received for `window_s`; per run the row's share
     /// of the two. Each run is one cell sample; the rows take turns as in `Transfers`.
     Share { warm_up_s: f64, window_s: f64 },
@@ -334,9 +382,10 @@ pub enum When {
     ThroughputUpload,
     /// Uploads without a bottleneck: the server's socket buffer is what they test.
     UnlimitedUpload,
-    /// S6 cases whose competing flow runs TCP CUBIC / TCP BBR.
+    /// S6 cases whose competing flow runs TCP CUBIC / TCP BBR / is the row itself.
     AgainstCubic,
     AgainstBbr,
+    AgainstItself,
     /// Cases that transfer this file.
     File(&'static str),
 }
@@ -421,7 +470,7 @@ impl Check {
                 format!("{row} zero IPv4 fragments, DF on every server IPv4 datagram")
             }
             Check::ShareWithin { min, max } => {
-                format!("{row} median share {min:.1}-{max:.1} beside the TCP flow")
+                format!("{row} median share {min:.1}-{max:.1} beside the competing flow")
             }
             Check::ShareAtLeastTcpCubic => {
                 format!("{row} median share >= TCP CUBIC's against the same flow")
@@ -720,17 +769,20 @@ const S5: Scenario = Scenario {
     )],
 };
 
-const fn share(rtt: f64, rate: f64, queue: QueueSize, against: TcpCc) -> CaseSpec {
+const fn share(rtt: f64, rate: f64, queue: QueueSize, against: Competitor) -> CaseSpec {
     CaseSpec::share(rtt, rate, queue, against)
 }
 const SHALLOW: QueueSize = QueueSize::Packets(12);
+const CUBIC: Competitor = Competitor::Tcp(TcpCc::Cubic);
+const BBR: Competitor = Competitor::Tcp(TcpCc::Bbr);
+const ITSELF: Competitor = Competitor::Itself;
 
 const S6: Scenario = Scenario {
     id: "S6",
     title: "fair share beside TCP",
     question: "Beside one HTTP/2 download (kernel TCP) from the same nginx through one \
         bottleneck, does HTTP/3 through the proxy take a TCP-like share, with deep and shallow \
-        queues, against TCP CUBIC and TCP BBR?",
+        queues, against TCP CUBIC and TCP BBR? And beside a second flow of itself, a fair half?",
     measure: Measure::Share {
         warm_up_s: 5.0,
         window_s: 60.0,
@@ -738,24 +790,32 @@ const S6: Scenario = Scenario {
     runs: 3,
     rate_flag: RateFlag::Rate,
     max_time_cap_s: None,
-    // Quick: 20 Mbit/s at 50 ms, both queues, both competitors.
+    // Quick: 20 Mbit/s at 50 ms, both queues, every competitor.
     cases: &[
-        share(50.0, 20.0, QueueSize::Bdp, TcpCc::Cubic),
-        share(50.0, 20.0, SHALLOW, TcpCc::Cubic),
-        share(50.0, 20.0, QueueSize::Bdp, TcpCc::Bbr),
-        share(50.0, 20.0, SHALLOW, TcpCc::Bbr),
-        share(200.0, 20.0, QueueSize::Bdp, TcpCc::Cubic).full_only(),
-        share(200.0, 20.0, SHALLOW, TcpCc::Cubic).full_only(),
-        share(200.0, 20.0, QueueSize::Bdp, TcpCc::Bbr).full_only(),
-        share(200.0, 20.0, SHALLOW, TcpCc::Bbr).full_only(),
-        share(50.0, 100.0, QueueSize::Bdp, TcpCc::Cubic).full_only(),
-        share(50.0, 100.0, SHALLOW, TcpCc::Cubic).full_only(),
-        share(50.0, 100.0, QueueSize::Bdp, TcpCc::Bbr).full_only(),
-        share(50.0, 100.0, SHALLOW, TcpCc::Bbr).full_only(),
-        share(200.0, 100.0, QueueSize::Bdp, TcpCc::Cubic).full_only(),
-        share(200.0, 100.0, SHALLOW, TcpCc::Cubic).full_only(),
-        share(200.0, 100.0, QueueSize::Bdp, TcpCc::Bbr).full_only(),
-        share(200.0, 100.0, SHALLOW, TcpCc::Bbr).full_only(),
+        share(50.0, 20.0, QueueSize::Bdp, CUBIC),
+        share(50.0, 20.0, SHALLOW, CUBIC),
+        share(50.0, 20.0, QueueSize::Bdp, BBR),
+        share(50.0, 20.0, SHALLOW, BBR),
+        share(50.0, 20.0, QueueSize::Bdp, ITSELF),
+        share(50.0, 20.0, SHALLOW, ITSELF),
+        share(200.0, 20.0, QueueSize::Bdp, CUBIC).full_only(),
+        share(200.0, 20.0, SHALLOW, CUBIC).full_only(),
+        share(200.0, 20.0, QueueSize::Bdp, BBR).full_only(),
+        share(200.0, 20.0, SHALLOW, BBR).full_only(),
+        share(200.0, 20.0, QueueSize::Bdp, ITSELF).full_only(),
+        share(200.0, 20.0, SHALLOW, ITSELF).full_only(),
+        share(50.0, 100.0, QueueSize::Bdp, CUBIC).full_only(),
+        share(50.0, 100.0, SHALLOW, CUBIC).full_only(),
+        share(50.0, 100.0, QueueSize::Bdp, BBR).full_only(),
+        share(50.0, 100.0, SHALLOW, BBR).full_only(),
+        share(50.0, 100.0, QueueSize::Bdp, ITSELF).full_only(),
+        share(50.0, 100.0, SHALLOW, ITSELF).full_only(),
+        share(200.0, 100.0, QueueSize::Bdp, CUBIC).full_only(),
+        share(200.0, 100.0, SHALLOW, CUBIC).full_only(),
+        share(200.0, 100.0, QueueSize::Bdp, BBR).full_only(),
+        share(200.0, 100.0, SHALLOW, BBR).full_only(),
+        share(200.0, 100.0, QueueSize::Bdp, ITSELF).full_only(),
+        share(200.0, 100.0, SHALLOW, ITSELF).full_only(),
     ],
     // The h2 row is the TCP reference: HTTP/2 with TCP CUBIC (a per-route congctl on the
     // server) against the same competing flow as every other row.
@@ -768,6 +828,10 @@ const S6: Scenario = Scenario {
         Target {
             when: When::AgainstBbr,
             check: Check::ShareAtLeastTcpCubic,
+        },
+        Target {
+            when: When::AgainstItself,
+            check: Check::ShareWithin { min: 0.4, max: 0.6 },
         },
     ],
     notes: Notes {
@@ -872,8 +936,9 @@ impl When {
                         || !cases.iter().any(|c| c.upload && c.rate_mbit.is_some()))
             }
             When::UnlimitedUpload => case.upload && case.rate_mbit.is_none(),
-            When::AgainstCubic => case.competitor.as_deref() == Some(TcpCc::Cubic.name()),
-            When::AgainstBbr => case.competitor.as_deref() == Some(TcpCc::Bbr.name()),
+            When::AgainstCubic => case.competitor() == Some(Competitor::Tcp(TcpCc::Cubic)),
+            When::AgainstBbr => case.competitor() == Some(Competitor::Tcp(TcpCc::Bbr)),
+            When::AgainstItself => case.competitor() == Some(Competitor::Itself),
             When::File(name) => case.file == name,
         }
     }
@@ -1019,6 +1084,38 @@ mod tests {
         assert_eq!(rule.proto, RuleProto::Udp);
         assert_eq!(rule.gap_us, 50_000, "a quarter of 200 ms, capped at 50 ms");
         assert!(PathSpec::CLEAN.emu(RuleProto::Tcp, None, 1).rule.is_none());
+    }
+
+    #[test]
+    fn competitors_have_one_name_each_and_read_back() {
+        let names: Vec<&str> = Competitor::ALL.iter().map(|c| c.name()).collect();
+        assert_eq!(names, ["cubic", "bbr", "self"]);
+        for c in Competitor::ALL {
+            assert_eq!(Competitor::from_name(c.name()), Some(c));
+        }
+        assert_eq!(Competitor::from_name("reno"), None);
+        let k = Competition {
+            rate_mbit: 20.0,
+            queue: QueueSize::Bdp,
+            against: Competitor::Itself,
+        };
+        assert_eq!(k.id_suffix(), "-20mbit-bdp-self");
+        assert!(k
+            .label(50.0)
+            .ends_with("vs itself (a second flow of the row)"));
+        // Every S6 competitor has a target.
+        let s6 = find("S6").unwrap();
+        for (c, when) in [
+            (Competitor::Tcp(TcpCc::Cubic), When::AgainstCubic),
+            (Competitor::Tcp(TcpCc::Bbr), When::AgainstBbr),
+            (Competitor::Itself, When::AgainstItself),
+        ] {
+            assert!(s6
+                .cases
+                .iter()
+                .any(|x| x.quick && x.competition.map(|k| k.against) == Some(c)));
+            assert!(s6.targets.iter().any(|t| t.when == when), "{c:?}");
+        }
     }
 
     #[test]

@@ -329,8 +329,8 @@ mod tests {
         let cases = plan::plan(&a.scenario_ids(), &a.plan_options()).unwrap();
         assert_eq!(
             cases.len(),
-            17 + 16 + 2,
-            "every scenario by default (S6: 16 cells, E1: 2)"
+            17 + 24 + 2,
+            "every scenario by default (S6: 24 cells, E1: 2)"
         );
         let rows = select_rows(&a, &cases).unwrap();
         assert_eq!(rows.len(), 2);

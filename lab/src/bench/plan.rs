@@ -310,7 +310,7 @@ mod tests {
     #[test]
     fn share_plan_cells_and_filters() {
         let p = plan(&sc(&["S6"]), &opts(false, None, None)).unwrap();
-        assert_eq!(p.len(), 16);
+        assert_eq!(p.len(), 24);
         assert!(p.iter().all(|c| c.runs == 3));
         let c = &p[1];
         assert_eq!(c.id, "S6-50ms-20mbit-q12-cubic");
@@ -332,8 +332,22 @@ mod tests {
             "1 BDP at 100 Mbit/s, 200 ms"
         );
         let quick = plan(&sc(&["S6"]), &opts(true, None, None)).unwrap();
-        assert_eq!(quick.len(), 4);
+        assert_eq!(quick.len(), 6);
         assert!(quick.iter().all(|c| c.id.starts_with("S6-50ms-20mbit")));
+        let own: Vec<&Case> = quick.iter().filter(|c| c.id.ends_with("-self")).collect();
+        let ids: Vec<&str> = own.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(ids, ["S6-50ms-20mbit-bdp-self", "S6-50ms-20mbit-q12-self"]);
+        assert_eq!(
+            own[1].label,
+            "50 ms, 20 Mbit/s, queue 12 packets (18 KB), vs itself (a second flow of the row)"
+        );
+        assert_eq!(own[0].competitor(), Some(scenario::Competitor::Itself));
+        assert_eq!(own[0].queue_bytes, Some(125_000));
+        assert_eq!(
+            p.iter().filter(|c| c.id.ends_with("-self")).count(),
+            8,
+            "every rate, RTT and queue of the TCP cells"
+        );
 
         let mut o = opts(false, Some(1), None);
         o.cells = vec!["20mbit-bdp".into(), "100mbit-q12-bbr".into()];
@@ -351,8 +365,10 @@ mod tests {
             vec![
                 "S6-50ms-20mbit-bdp-cubic",
                 "S6-50ms-20mbit-bdp-bbr",
+                "S6-50ms-20mbit-bdp-self",
                 "S6-200ms-20mbit-bdp-cubic",
                 "S6-200ms-20mbit-bdp-bbr",
+                "S6-200ms-20mbit-bdp-self",
                 "S6-50ms-100mbit-q12-bbr",
                 "S6-200ms-100mbit-q12-bbr",
             ]

@@ -230,7 +230,8 @@ impl<'a> Runner<'a> {
         self.transfer_from(row, case, None)
     }
 
-    /// A transfer; with `from`, curl binds that client address (`--interface`).
+    /// A transfer; with `from`, the client sends from that client address (curl
+    /// `--interface`, h3get.py `--bind`).
     pub(super) fn transfer_from(
         &self,
         row: &Row,
@@ -247,7 +248,7 @@ impl<'a> Runner<'a> {
         } else {
             format!("/{}", case.file)
         };
-        if row.proto == Proto::H3 && self.args.client == ClientArg::Aioquic && from.is_none() {
+        if row.proto == Proto::H3 && self.args.client == ClientArg::Aioquic {
             let src = self.s.work.path("www").join(&case.file);
             return client::run_h3get(
                 &self.s.names.client_ns,
@@ -258,6 +259,7 @@ impl<'a> Runner<'a> {
                     path: &path,
                     upload: case.upload.then_some(src.as_path()),
                     max_time: case.max_time,
+                    bind: from,
                 },
                 expect,
             );

@@ -116,6 +116,7 @@ fn h3_get_in(s: &Session, h3: &H3, t: &H3Target, g: &Get, ns: &str) -> Result<Sa
         path: &g.path,
         upload: g.upload.as_deref(),
         max_time: g.max_time,
+        bind: None,
     };
     let expect = Expect {
         proto: Proto::H3,
