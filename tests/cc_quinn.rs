@@ -829,9 +829,10 @@ async fn hystart_cuts_slow_start_loss_at_s4_11ms() {
     );
     let counters = cc::connection_counters(hystart.controller.clone_box()).unwrap();
     assert!(counters.css_entries >= 1, "{counters:?}");
-    // 2-5.5 % measured: HyStart++ sees the queue a round after it began, at 4.4 BDP in
-    // flight here, and its five CSS rounds (x1.25 each) still outgrow the 9-BDP queue by the
-    // end of the download. Asserted: less than 40 % of plain slow start's loss.
+    // With the RFC's round minimum 2-5.5 % was measured: HyStart++ saw the queue a round
+    // after it began, at 4.4 BDP in flight here, and its five CSS rounds (x1.25 each) still
+    // outgrew the 9-BDP queue. Seen within the round and with CSS paused while the RTT keeps
+    // rising: 0 %. Asserted: less than 40 % of plain slow start's loss.
     assert!(
         hystart.queue_loss() <= 0.4 * plain.queue_loss(),
         "HyStart++ lost {:.2} % against plain slow start's {:.2} %",
@@ -843,20 +844,21 @@ async fn hystart_cuts_slow_start_loss_at_s4_11ms() {
 }
 
 #[tokio::test]
-async fn hystart_at_s4_42ms_loses_no_more_and_takes_no_longer() {
+async fn hystart_at_s4_42ms_loses_at_most_1_percent_and_takes_no_longer() {
     let (plain, hystart) = slow_start_pair(Duration::from_millis(42)).await;
     assert!(
         plain.queue_loss() >= 0.10,
         "{:.2} %",
         100.0 * plain.queue_loss()
     );
-    // The queue is 2.4 BDP here and HyStart++ notices it one round late, with up to 4 BDP
-    // in flight: it cannot keep this queue from overflowing (8.7-15 % measured against
-    // 15-16 %). What must hold: it enters CSS, does not lose more, does not take longer.
+    // The queue is 2.4 BDP here. The RFC's round-minimum test saw it a round late, with up
+    // to 4 BDP in flight, and its five CSS rounds then overran it (8.7-15 % measured against
+    // 15-16 %). Seen within the round it shows in, with CSS growth paused while the RTT keeps
+    // rising, the window stays near 2.4 BDP, inside BDP + queue (0 % measured).
     let counters = cc::connection_counters(hystart.controller.clone_box()).unwrap();
     assert!(counters.css_entries >= 1, "{counters:?}");
     assert!(
-        hystart.queue_loss() <= plain.queue_loss() + 0.01,
+        hystart.queue_loss() <= 0.01,
         "HyStart++ lost {:.2} % against plain slow start's {:.2} %",
         100.0 * hystart.queue_loss(),
         100.0 * plain.queue_loss()

@@ -505,18 +505,47 @@ impl CubicHs {
     }
 
     /// The end of one ACK frame: HyStart++ takes its RTT sample and may change the phase.
-    fn end_of_ack_frame(&mut self, now: Instant) {
+    fn end_of_ack_frame(&mut self, now: Instant, in_flight: u64) {
         if !self.hystart_active() {
             return;
         }
-        match self.hystart.on_end_acks(now) {
+        let rounds_before = self.hystart.rounds().0;
+        let transition = self.hystart.on_end_acks(now);
+        if let (rounds, Some(min_rtt)) = self.hystart.rounds() {
+            if rounds != rounds_before {
+                // Off by default; bounded by the rounds of one initial slow start.
+                tracing::trace!(
+                    rounds,
+                    window = self.window,
+                    in_flight,
+                    min_rtt_ms = min_rtt.as_secs_f64() * 1e3,
+                    "slow-start round ended"
+                );
+            }
+        }
+        match transition {
             Transition::None => {}
             Transition::EnteredCss => {
                 self.counters.css_entries += 1;
-                tracing::debug!(window = self.window, "RTT rose: conservative slow start");
+                tracing::debug!(
+                    window = self.window,
+                    in_flight,
+                    "RTT rose: conservative slow start"
+                );
             }
             Transition::ResumedSlowStart => {
-                tracing::debug!(window = self.window, "RTT fell back: slow start resumed");
+                tracing::debug!(
+                    window = self.window,
+                    in_flight,
+                    "RTT fell back: slow start resumed"
+                );
+            }
+            Transition::GrowthPaused => {
+                tracing::debug!(
+                    window = self.window,
+                    in_flight,
+                    "RTT still rising: CSS paused"
+                );
             }
             Transition::ExitToCongestionAvoidance => {
                 // RFC 9406: congestion avoidance from the current window, no reduction.
@@ -526,7 +555,11 @@ impl CubicHs {
                     .stats
                     .slow_start_delay_exits
                     .fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(window = self.window, "slow start ended by HyStart++");
+                tracing::debug!(
+                    window = self.window,
+                    in_flight,
+                    "slow start ended by HyStart++"
+                );
             }
         }
     }
@@ -631,11 +664,11 @@ impl Controller for CubicHs {
     fn on_end_acks(
         &mut self,
         now: Instant,
-        _in_flight: u64,
+        in_flight: u64,
         _app_limited: bool,
         _largest_packet_num_acked: Option<u64>,
     ) {
-        self.end_of_ack_frame(now);
+        self.end_of_ack_frame(now, in_flight);
     }
 
     fn on_congestion_event(
