@@ -48,10 +48,11 @@ pub const ERROR_REQUEUE: Duration = Duration::from_secs(15);
 /// Delay while running pods have not loaded a host the operator resolved yet. Nothing tells
 /// the operator when they have (they load it from their own watches within seconds), so
 /// without a prompt look `kubectl get h3l` would show the host pending for a whole
-/// [`REQUEUE`] after an Ingress was annotated.
+/// [`REQUEUE`] after an Ingress was annotated, or still refused (the pods' earlier word) after
+/// a ReferenceGrant permitted its Secret.
 pub const SETTLE_REQUEUE: Duration = Duration::from_secs(3);
 /// Prompt looks in a row per listener, so a pod that never loads a host does not keep the
-/// operator busy (it then shows the host pending, and looks every [`REQUEUE`]).
+/// operator busy (it then shows what the pods say, and looks every [`REQUEUE`]).
 pub const SETTLE_ATTEMPTS: u32 = 20;
 /// Kubernetes limits an event note to 1 kB.
 const MAX_NOTE: usize = 1000;
@@ -443,7 +444,7 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         now,
     };
     let next = status::aggregate(&inputs);
-    let loading = status::hosts_loading(&inputs, &next);
+    let loading = status::hosts_loading(&inputs);
     write_status(ctx, listener, next).await?;
     match observed.failure {
         // Said in the status; retried on the error policy's schedule.

@@ -203,14 +203,22 @@ fn host_status(inp: &Inputs, wanted: &HostReport) -> HostStatus {
     h
 }
 
-/// Whether pods answer /status but have not loaded a host the operator resolved yet
-/// ([`reasons::CONFIG_PENDING`] while some pod reports): a state they leave within seconds.
-pub fn hosts_loading(inp: &Inputs, status: &Http3ListenerStatus) -> bool {
-    !reports(inp).is_empty()
-        && status
-            .hosts
-            .iter()
-            .any(|h| h.reason == reasons::CONFIG_PENDING)
+/// Whether some pod answering /status does not serve a host the operator can serve yet: it
+/// lacks the host ([`reasons::CONFIG_PENDING`]), or still reports its earlier refusal (e.g.
+/// `RefNotPermitted` just after a ReferenceGrant appeared, whose word wins in the status until
+/// it reloads). Pods leave that state within seconds, but nothing tells the operator when.
+pub fn hosts_loading(inp: &Inputs) -> bool {
+    let ok = reports(inp);
+    inp.hosts
+        .iter()
+        .filter(|w| w.state == host_states::SERVING)
+        .any(|w| {
+            ok.iter().any(|(_, r)| {
+                !r.hosts
+                    .iter()
+                    .any(|x| x.name == w.name && x.state == host_states::SERVING)
+            })
+        })
 }
 
 /// A host the operator can serve but no pod serves: a pod's reason, or pending.
@@ -817,7 +825,7 @@ mod tests {
         let d = ds(1, 1);
         let loading = |pods: &[PodReport]| {
             let inp = inputs(&hosts, Some(&d), pods, None, 1000);
-            hosts_loading(&inp, &aggregate(&inp))
+            hosts_loading(&inp)
         };
         assert!(
             loading(&[pod("p1", vec![], sockets(), 0)]),
@@ -838,6 +846,52 @@ mod tests {
         assert!(
             !loading(&[silent]),
             "no pod answers: pending, but not a state pods leave by themselves"
+        );
+    }
+
+    #[test]
+    fn hosts_are_loading_while_a_pod_still_refuses_what_the_operator_now_serves() {
+        // A ReferenceGrant just permitted the Secret: the operator resolves the host Serving
+        // at once, the pods still report their earlier RefNotPermitted for a few seconds.
+        let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
+        let sockets = || vec![socket("ipv4", false)];
+        let d = ds(2, 2);
+        let loading = |pods: &[PodReport]| {
+            let inp = inputs(&hosts, Some(&d), pods, None, 1000);
+            hosts_loading(&inp)
+        };
+        let stale = || {
+            let mut h = want("a.example.com", "NotServing", reasons::REF_NOT_PERMITTED);
+            h.message = "no ReferenceGrant permits it".into();
+            h
+        };
+        let refusing = [pod("p1", vec![stale()], sockets(), 0)];
+        let inp = inputs(&hosts, Some(&d), &refusing, None, 1000);
+        assert_eq!(
+            aggregate(&inp).hosts[0].reason,
+            reasons::REF_NOT_PERMITTED,
+            "the pod's word wins meanwhile"
+        );
+        assert!(loading(&refusing), "a pod with a stale refusal");
+        let one_of_two = [
+            pod("p1", vec![served("a.example.com", 0, None)], sockets(), 0),
+            pod("p2", vec![stale()], sockets(), 0),
+        ];
+        assert!(loading(&one_of_two), "one pod caught up, the other not yet");
+        let both = [
+            pod("p1", vec![served("a.example.com", 0, None)], sockets(), 0),
+            pod("p2", vec![served("a.example.com", 0, None)], sockets(), 0),
+        ];
+        assert!(!loading(&both), "both serve it");
+        let refused = [want(
+            "a.example.com",
+            "NotServing",
+            reasons::REF_NOT_PERMITTED,
+        )];
+        let inp = inputs(&refused, Some(&d), &refusing, None, 1000);
+        assert!(
+            !hosts_loading(&inp),
+            "the operator refuses it too: nothing to wait for"
         );
     }
 
