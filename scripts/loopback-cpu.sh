@@ -5,6 +5,10 @@
 # stime from /proc/PID/stat, so other load on the machine does not count) of the proxy and of
 # nginx, and the proxy's CPU seconds per GB; the summary row is the median.
 #
+# The measurement of record is the lab bench's E1 (`h3-ingress-lab bench --scenarios E1`: our
+# proxy next to Caddy, nginx 1.26 and nginx h2 in one run). This script stays for what the bench
+# does not do: one build against another (`--binary`, run it per build in turns) and profiling.
+#
 # Usage: scripts/loopback-cpu.sh [--binary target/release/h3-ingress] [--size-mb 256] [--runs 3]
 #            [--chroot /work/trixie-root] [--max-udp-payload 1472] [--callgrind N_MB] [--perf]
 #            [--strace] [--keep]

@@ -2,16 +2,21 @@
 """One HTTP/3 request over aioquic, for the lab smoke test (CI has no HTTP/3 curl).
 
 Usage: h3get.py URL [--resolve HOST:PORT:ADDR] [--cacert FILE] [--upload FILE] [--max-time S]
+                   [--bind IPV4]
 
-Prints one JSON object: ok, status, bytes (response body), sha256, time_connect (handshake
-done), time_total, error. Exit code 0 only when the request completed with a 2xx status.
+Prints one JSON object: ok, status, bytes (response body, also what arrived before a time
+limit ended the request), sha256, time_connect (handshake done), time_total, error. Exit code
+0 only when the request completed with a 2xx status. `--bind` sends from that local IPv4
+address (the lab's S6 runs a second client from a second address of the same namespace).
 An independent client on purpose: the smoke test must not validate our server with our code.
 """
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
+import socket
 import sys
 import time
 from urllib.parse import urlparse
@@ -21,6 +26,7 @@ from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.h3.connection import H3_ALPN, H3Connection
 from aioquic.h3.events import DataReceived, HeadersReceived
 from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
 from aioquic.quic.events import ConnectionTerminated, HandshakeCompleted, StreamReset
 
 
@@ -76,7 +82,30 @@ class H3Client(QuicConnectionProtocol):
         self.transmit()
 
 
-async def run(args):
+@contextlib.asynccontextmanager
+async def connect_from(bind, addr, port, cfg):
+    """Like aioquic's connect(), from an IPv4 socket bound to `bind` (connect() binds "::")."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.bind((bind, 0))
+    except OSError:
+        sock.close()
+        raise
+    transport, client = await loop.create_datagram_endpoint(
+        lambda: H3Client(QuicConnection(configuration=cfg)), sock=sock
+    )
+    try:
+        client.connect((addr, port))
+        await client.wait_connected()
+        yield client
+    finally:
+        client.close()
+        await client.wait_closed()
+        transport.close()
+
+
+async def run(args, state):
     url = urlparse(args.url)
     host, port = url.hostname, url.port or 443
     addr = host
@@ -91,7 +120,12 @@ async def run(args):
     authority = host if port == 443 else f"{host}:{port}"
     path = url.path or "/"
     start = time.monotonic()
-    async with connect(addr, port, configuration=cfg, create_protocol=H3Client) as client:
+    if args.bind:
+        connection = connect_from(args.bind, addr, port, cfg)
+    else:
+        connection = connect(addr, port, configuration=cfg, create_protocol=H3Client)
+    async with connection as client:
+        state["client"] = client
         client.send_request(authority, path, body)
         await client.done
         end = time.monotonic()
@@ -111,16 +145,20 @@ def main():
     p.add_argument("--cacert")
     p.add_argument("--upload")
     p.add_argument("--max-time", type=float, default=30.0)
+    p.add_argument("--bind")
     args = p.parse_args()
     out = {"ok": False, "error": None}
+    state = {}
     try:
-        res = asyncio.run(asyncio.wait_for(run(args), args.max_time))
+        res = asyncio.run(asyncio.wait_for(run(args, state), args.max_time))
         out.update(res)
         out["ok"] = res["status"] is not None and 200 <= res["status"] < 300
         if not out["ok"]:
             out["error"] = f"status {res['status']}"
     except asyncio.TimeoutError:
         out["error"] = f"timeout after {args.max_time} s"
+        if "client" in state:
+            out["bytes"] = state["client"].length
     except Exception as e:  # report every failure as JSON, the caller decides
         out["error"] = f"{type(e).__name__}: {e}"
     print(json.dumps(out))

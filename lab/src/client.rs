@@ -1,7 +1,7 @@
 //! Clients run inside the client namespace: curl (the trixie chroot's 8.14 with HTTP/3, or the
 //! system's h2-only curl) and the aioquic script for CI. Each run yields one [`Sample`].
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
@@ -298,10 +298,17 @@ pub struct H3Get<'a> {
     pub path: &'a str,
     pub upload: Option<&'a Path>,
     pub max_time: f64,
+    /// The client address to send from (S6's second client); `None`: the kernel's choice.
+    pub bind: Option<Ipv4Addr>,
 }
 
 /// Runs the project's `tests/py/h3client.py` in the client namespace.
 pub fn run_h3client(ns: &str, req: &H3Get<'_>, expect: Expect) -> Result<Sample, LabError> {
+    if let Some(addr) = req.bind {
+        return Err(LabError::Config(format!(
+            "tests/py/h3client.py cannot send from {addr}: it has no option to bind an address"
+        )));
+    }
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", ns, "python3"])
         .arg(req.script)
@@ -335,6 +342,7 @@ pub fn run_h3get(ns: &str, req: &H3Get<'_>, expect: Expect) -> Result<Sample, La
         path,
         upload,
         max_time,
+        bind,
     } = *req;
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", ns, "python3"])
@@ -348,6 +356,9 @@ pub fn run_h3get(ns: &str, req: &H3Get<'_>, expect: Expect) -> Result<Sample, La
         .arg(max_time.to_string());
     if let Some(f) = upload {
         cmd.arg("--upload").arg(f);
+    }
+    if let Some(a) = bind {
+        cmd.arg("--bind").arg(a.to_string());
     }
     let out = cmd
         .stdin(Stdio::null())

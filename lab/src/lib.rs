@@ -20,6 +20,7 @@ pub mod lifecycle;
 pub mod netns;
 pub mod packet;
 pub mod pki;
+pub mod procstat;
 pub mod report;
 pub mod router;
 pub mod rows;

@@ -43,6 +43,12 @@ pub const MB50: FileSpec = FileSpec {
     bytes: 50 << 20,
     label: "50 MB",
 };
+/// E1's bulk download: large enough that start-up and handshake are noise in CPU per GB.
+pub const MB256: FileSpec = FileSpec {
+    name: "256m.bin",
+    bytes: 256 << 20,
+    label: "256 MB",
+};
 /// The upload of the same report.
 pub const MB20: FileSpec = FileSpec {
     name: "20m.bin",
@@ -176,6 +182,8 @@ pub struct CaseSpec {
     pub rate: CaseRate,
     /// S6: the bottleneck and the flow the row competes with.
     pub competition: Option<Competition>,
+    /// Transfers per cell instead of the scenario's (E1: many short ones, few bulk ones).
+    pub runs: Option<usize>,
 }
 
 impl CaseSpec {
@@ -186,10 +194,16 @@ impl CaseSpec {
             quick: true,
             rate: CaseRate::Flag,
             competition: None,
+            runs: None,
         }
     }
-    /// S6: the row's bulk download beside a TCP one through a `rate_mbit` bottleneck.
-    pub const fn share(rtt_ms: f64, rate_mbit: f64, queue: QueueSize, against: TcpCc) -> CaseSpec {
+    /// S6: the row's bulk download beside a competing one through a `rate_mbit` bottleneck.
+    pub const fn share(
+        rtt_ms: f64,
+        rate_mbit: f64,
+        queue: QueueSize,
+        against: Competitor,
+    ) -> CaseSpec {
         CaseSpec {
             competition: Some(Competition {
                 rate_mbit,
@@ -214,6 +228,12 @@ impl CaseSpec {
     }
     pub const fn rate(self, rate: CaseRate) -> CaseSpec {
         CaseSpec { rate, ..self }
+    }
+    pub const fn runs(self, runs: usize) -> CaseSpec {
+        CaseSpec {
+            runs: Some(runs),
+            ..self
+        }
     }
 }
 
@@ -253,17 +273,59 @@ impl TcpCc {
     }
 }
 
+/// S6: the flow a case's row competes with, from the second client address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Competitor {
+    /// An HTTP/2 download from the same nginx whose server-side TCP runs this controller.
+    Tcp(TcpCc),
+    /// A second download from the row's own server with the row's own client and protocol:
+    /// for our rows the same proxy and controller, so the cell asks whether the controller
+    /// shares fairly with itself (two identical flows should split 50/50). The same row's
+    /// controller rather than the default's, so the answer does not change meaning when the
+    /// default does, and for the default row it is the same cell either way.
+    Itself,
+}
+
+impl Competitor {
+    pub const ALL: [Competitor; 3] = [
+        Competitor::Tcp(TcpCc::Cubic),
+        Competitor::Tcp(TcpCc::Bbr),
+        Competitor::Itself,
+    ];
+
+    /// The name in case ids and in the results' `competitor` field: "cubic", "bbr", "self".
+    pub fn name(self) -> &'static str {
+        match self {
+            Competitor::Tcp(cc) => cc.name(),
+            Competitor::Itself => "self",
+        }
+    }
+
+    /// The competitor a results file names. Pure.
+    pub fn from_name(name: &str) -> Option<Competitor> {
+        Self::ALL.into_iter().find(|c| c.name() == name)
+    }
+
+    /// "TCP CUBIC", "itself (a second flow of the row)".
+    pub fn describe(self) -> String {
+        match self {
+            Competitor::Tcp(cc) => format!("TCP {}", cc.name().to_uppercase()),
+            Competitor::Itself => "itself (a second flow of the row)".into(),
+        }
+    }
+}
+
 /// S6: what a case's row competes against, and through what.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Competition {
     pub rate_mbit: f64,
     pub queue: QueueSize,
-    /// The competing HTTP/2 download's TCP congestion control (the server's, per route).
-    pub against: TcpCc,
+    pub against: Competitor,
 }
 
 impl Competition {
-    /// ", 20 Mbit/s, queue 1 BDP (125 KB), vs TCP CUBIC" at `rtt_ms`.
+    /// ", 20 Mbit/s, queue 1 BDP (125 KB), vs TCP CUBIC" at `rtt_ms`; the id suffix ends in
+    /// [`Competitor::name`].
     pub fn label(&self, rtt_ms: f64) -> String {
         let bytes = self.queue.bytes(self.rate_mbit, rtt_ms);
         let queue = match self.queue {
@@ -271,9 +333,9 @@ impl Competition {
             QueueSize::Packets(n) => format!("{n} packets ({:.0} KB)", bytes as f64 / 1000.0),
         };
         format!(
-            ", {} Mbit/s, queue {queue}, vs TCP {}",
+            ", {} Mbit/s, queue {queue}, vs {}",
             self.rate_mbit,
-            self.against.name().to_uppercase()
+            self.against.describe()
         )
     }
 
@@ -295,11 +357,17 @@ pub enum Measure {
     /// namespaces' UDP counters and our proxy's /metrics deltas.
     Transfers,
     /// Two bulk downloads at once through one bottleneck: the row's (from client address
-    /// `CLIENT_V4`) and a competing one (from `CLIENT2_V4`: HTTP/2 from the same nginx, its
-    /// server-side TCP congestion control set per route). After `warm_up_s` the
+    /// `CLIENT_V4`) and a competing one (from `CLIENT2_V4`, see [`Competitor`]: HTTP/2 from
+    /// the same nginx, its server-side TCP congestion control set per route, or a second
+    /// download of the row itself). After `warm_up_s` the
     /// router counts what each client address received for `window_s`; per run the row's share
     /// of the two. Each run is one cell sample; the rows take turns as in `Transfers`.
     Share { warm_up_s: f64, window_s: f64 },
+    /// Downloads over the server namespace's loopback (the client runs beside the servers, the
+    /// router is not on the path): per transfer the client's times and the process CPU time
+    /// (utime + stime from /proc, the process and its children) of the row's server and of the
+    /// TCP ingress behind it. The rows take turns as in `Transfers`.
+    Loopback,
 }
 
 /// Which cases of its scenario a target is judged on.
@@ -314,9 +382,12 @@ pub enum When {
     ThroughputUpload,
     /// Uploads without a bottleneck: the server's socket buffer is what they test.
     UnlimitedUpload,
-    /// S6 cases whose competing flow runs TCP CUBIC / TCP BBR.
+    /// S6 cases whose competing flow runs TCP CUBIC / TCP BBR / is the row itself.
     AgainstCubic,
     AgainstBbr,
+    AgainstItself,
+    /// Cases that transfer this file.
+    File(&'static str),
 }
 
 /// Margin over the clean path's median that [`Check::MedianVsClean`] allows.
@@ -366,6 +437,10 @@ pub enum Check {
     },
     /// The row's median share >= what TCP CUBIC (the h2 row) gets against the same flow.
     ShareAtLeastTcpCubic,
+    /// The median process CPU time of the row's own server per GB transferred, at most this.
+    CpuPerGbAtMost {
+        s_per_gb: f64,
+    },
 }
 
 impl Check {
@@ -395,10 +470,13 @@ impl Check {
                 format!("{row} zero IPv4 fragments, DF on every server IPv4 datagram")
             }
             Check::ShareWithin { min, max } => {
-                format!("{row} median share {min:.1}-{max:.1} beside the TCP flow")
+                format!("{row} median share {min:.1}-{max:.1} beside the competing flow")
             }
             Check::ShareAtLeastTcpCubic => {
                 format!("{row} median share >= TCP CUBIC's against the same flow")
+            }
+            Check::CpuPerGbAtMost { s_per_gb } => {
+                format!("{row} process CPU <= {s_per_gb:.2} s per GB")
             }
         }
     }
@@ -452,6 +530,9 @@ pub enum SmokeStep {
     /// Through an MTU black hole h3 needs no fragments and keeps DF; h2 stalls there (TCP
     /// needs ICMP), and gets through once the router sends it.
     MtuBlackHole(PathSpec),
+    /// E1 in short: one download of `file` over the server namespace's loopback from our proxy
+    /// and over h2 from nginx; complete bodies, and the servers' CPU time grew.
+    LoopbackCpu { file: &'static FileSpec },
 }
 
 impl fmt::Display for SmokeStep {
@@ -462,6 +543,9 @@ impl fmt::Display for SmokeStep {
             SmokeStep::RandomLoss { path, seed } => write!(f, "random loss, {path}, seed {seed}"),
             SmokeStep::LargeTransfers(p) => write!(f, "large download and upload, {p}"),
             SmokeStep::MtuBlackHole(p) => write!(f, "MTU black hole, {p}, then with ICMP"),
+            SmokeStep::LoopbackCpu { file } => {
+                write!(f, "{} over loopback with the servers' CPU time", file.label)
+            }
             SmokeStep::Share {
                 path,
                 rate_mbit,
@@ -685,17 +769,20 @@ const S5: Scenario = Scenario {
     )],
 };
 
-const fn share(rtt: f64, rate: f64, queue: QueueSize, against: TcpCc) -> CaseSpec {
+const fn share(rtt: f64, rate: f64, queue: QueueSize, against: Competitor) -> CaseSpec {
     CaseSpec::share(rtt, rate, queue, against)
 }
 const SHALLOW: QueueSize = QueueSize::Packets(12);
+const CUBIC: Competitor = Competitor::Tcp(TcpCc::Cubic);
+const BBR: Competitor = Competitor::Tcp(TcpCc::Bbr);
+const ITSELF: Competitor = Competitor::Itself;
 
 const S6: Scenario = Scenario {
     id: "S6",
     title: "fair share beside TCP",
     question: "Beside one HTTP/2 download (kernel TCP) from the same nginx through one \
         bottleneck, does HTTP/3 through the proxy take a TCP-like share, with deep and shallow \
-        queues, against TCP CUBIC and TCP BBR?",
+        queues, against TCP CUBIC and TCP BBR? And beside a second flow of itself, a fair half?",
     measure: Measure::Share {
         warm_up_s: 5.0,
         window_s: 60.0,
@@ -703,24 +790,32 @@ const S6: Scenario = Scenario {
     runs: 3,
     rate_flag: RateFlag::Rate,
     max_time_cap_s: None,
-    // Quick: 20 Mbit/s at 50 ms, both queues, both competitors.
+    // Quick: 20 Mbit/s at 50 ms, both queues, every competitor.
     cases: &[
-        share(50.0, 20.0, QueueSize::Bdp, TcpCc::Cubic),
-        share(50.0, 20.0, SHALLOW, TcpCc::Cubic),
-        share(50.0, 20.0, QueueSize::Bdp, TcpCc::Bbr),
-        share(50.0, 20.0, SHALLOW, TcpCc::Bbr),
-        share(200.0, 20.0, QueueSize::Bdp, TcpCc::Cubic).full_only(),
-        share(200.0, 20.0, SHALLOW, TcpCc::Cubic).full_only(),
-        share(200.0, 20.0, QueueSize::Bdp, TcpCc::Bbr).full_only(),
-        share(200.0, 20.0, SHALLOW, TcpCc::Bbr).full_only(),
-        share(50.0, 100.0, QueueSize::Bdp, TcpCc::Cubic).full_only(),
-        share(50.0, 100.0, SHALLOW, TcpCc::Cubic).full_only(),
-        share(50.0, 100.0, QueueSize::Bdp, TcpCc::Bbr).full_only(),
-        share(50.0, 100.0, SHALLOW, TcpCc::Bbr).full_only(),
-        share(200.0, 100.0, QueueSize::Bdp, TcpCc::Cubic).full_only(),
-        share(200.0, 100.0, SHALLOW, TcpCc::Cubic).full_only(),
-        share(200.0, 100.0, QueueSize::Bdp, TcpCc::Bbr).full_only(),
-        share(200.0, 100.0, SHALLOW, TcpCc::Bbr).full_only(),
+        share(50.0, 20.0, QueueSize::Bdp, CUBIC),
+        share(50.0, 20.0, SHALLOW, CUBIC),
+        share(50.0, 20.0, QueueSize::Bdp, BBR),
+        share(50.0, 20.0, SHALLOW, BBR),
+        share(50.0, 20.0, QueueSize::Bdp, ITSELF),
+        share(50.0, 20.0, SHALLOW, ITSELF),
+        share(200.0, 20.0, QueueSize::Bdp, CUBIC).full_only(),
+        share(200.0, 20.0, SHALLOW, CUBIC).full_only(),
+        share(200.0, 20.0, QueueSize::Bdp, BBR).full_only(),
+        share(200.0, 20.0, SHALLOW, BBR).full_only(),
+        share(200.0, 20.0, QueueSize::Bdp, ITSELF).full_only(),
+        share(200.0, 20.0, SHALLOW, ITSELF).full_only(),
+        share(50.0, 100.0, QueueSize::Bdp, CUBIC).full_only(),
+        share(50.0, 100.0, SHALLOW, CUBIC).full_only(),
+        share(50.0, 100.0, QueueSize::Bdp, BBR).full_only(),
+        share(50.0, 100.0, SHALLOW, BBR).full_only(),
+        share(50.0, 100.0, QueueSize::Bdp, ITSELF).full_only(),
+        share(50.0, 100.0, SHALLOW, ITSELF).full_only(),
+        share(200.0, 100.0, QueueSize::Bdp, CUBIC).full_only(),
+        share(200.0, 100.0, SHALLOW, CUBIC).full_only(),
+        share(200.0, 100.0, QueueSize::Bdp, BBR).full_only(),
+        share(200.0, 100.0, SHALLOW, BBR).full_only(),
+        share(200.0, 100.0, QueueSize::Bdp, ITSELF).full_only(),
+        share(200.0, 100.0, SHALLOW, ITSELF).full_only(),
     ],
     // The h2 row is the TCP reference: HTTP/2 with TCP CUBIC (a per-route congctl on the
     // server) against the same competing flow as every other row.
@@ -733,6 +828,10 @@ const S6: Scenario = Scenario {
         Target {
             when: When::AgainstBbr,
             check: Check::ShareAtLeastTcpCubic,
+        },
+        Target {
+            when: When::AgainstItself,
+            check: Check::ShareWithin { min: 0.4, max: 0.6 },
         },
     ],
     notes: Notes {
@@ -747,8 +846,51 @@ const S6: Scenario = Scenario {
     }],
 };
 
+/// The issue's target for E1: half of the proxy's CPU per GB before the efficiency work, which
+/// E1 measured as 2.83 s/GB (median of 3, range 2.68-3.02) at commit e44e149
+/// (docs/transport-efficiency.md, section 2).
+pub const E1_CPU_TARGET_S_PER_GB: f64 = 1.42;
+
+const E1: Scenario = Scenario {
+    id: "E1",
+    title: "CPU per byte on loopback",
+    question: "How much CPU does the proxy itself spend per GB of a bulk download, next to \
+        Caddy and to nginx serving HTTP/2, and is 1 MiB through the proxy on a path without \
+        delay within 3x of HTTP/2 straight to nginx?",
+    measure: Measure::Loopback,
+    runs: 3,
+    rate_flag: RateFlag::Rate,
+    max_time_cap_s: None,
+    cases: &[
+        CaseSpec::download(PathSpec::CLEAN, &MB256),
+        CaseSpec::download(PathSpec::CLEAN, &MB1).runs(15),
+    ],
+    only_rows: &[],
+    targets: &[
+        Target {
+            when: When::File(MB256.name),
+            check: Check::CpuPerGbAtMost {
+                s_per_gb: E1_CPU_TARGET_S_PER_GB,
+            },
+        },
+        Target {
+            when: When::File(MB1.name),
+            check: Check::MedianVsH2 {
+                factor: 3.0,
+                no_failures: true,
+            },
+        },
+    ],
+    notes: Notes {
+        mtu_counters: false,
+        throughput: true,
+        socket_buffers: false,
+    },
+    smoke: &[SmokeStep::LoopbackCpu { file: &MB4 }],
+};
+
 /// Every scenario, in the order the bench runs them and the smoke steps through them.
-pub static SCENARIOS: &[Scenario] = &[S1, S2, S3, S4, S5, S6];
+pub static SCENARIOS: &[Scenario] = &[S1, S2, S3, S4, S5, S6, E1];
 
 /// S6's bulk download: more than any flow receives in a window at 100 Mbit/s, so both flows
 /// run for the whole window (the client's time limit ends them).
@@ -759,7 +901,7 @@ pub const BULK: FileSpec = FileSpec {
 };
 
 /// Every content file the cases use, for the servers' document roots.
-pub const FILES: &[&FileSpec] = &[&MB1, &MB4, &MB5_7, &MB50, &MB20, &BULK];
+pub const FILES: &[&FileSpec] = &[&MB1, &MB4, &MB5_7, &MB50, &MB20, &BULK, &MB256];
 
 /// The scenario with this id (case-insensitive).
 pub fn find(id: &str) -> Option<&'static Scenario> {
@@ -794,8 +936,10 @@ impl When {
                         || !cases.iter().any(|c| c.upload && c.rate_mbit.is_some()))
             }
             When::UnlimitedUpload => case.upload && case.rate_mbit.is_none(),
-            When::AgainstCubic => case.competitor.as_deref() == Some(TcpCc::Cubic.name()),
-            When::AgainstBbr => case.competitor.as_deref() == Some(TcpCc::Bbr.name()),
+            When::AgainstCubic => case.competitor() == Some(Competitor::Tcp(TcpCc::Cubic)),
+            When::AgainstBbr => case.competitor() == Some(Competitor::Tcp(TcpCc::Bbr)),
+            When::AgainstItself => case.competitor() == Some(Competitor::Itself),
+            When::File(name) => case.file == name,
         }
     }
 }
@@ -892,7 +1036,7 @@ mod tests {
         assert_eq!(all.len(), SCENARIOS.len());
         assert_eq!(find(" s3").map(|s| s.id), Some("S3"));
         assert!(find("S9").is_none());
-        assert_eq!(ids(), "S1,S2,S3,S4,S5,S6");
+        assert_eq!(ids(), "S1,S2,S3,S4,S5,S6,E1");
     }
 
     #[test]
@@ -940,6 +1084,38 @@ mod tests {
         assert_eq!(rule.proto, RuleProto::Udp);
         assert_eq!(rule.gap_us, 50_000, "a quarter of 200 ms, capped at 50 ms");
         assert!(PathSpec::CLEAN.emu(RuleProto::Tcp, None, 1).rule.is_none());
+    }
+
+    #[test]
+    fn competitors_have_one_name_each_and_read_back() {
+        let names: Vec<&str> = Competitor::ALL.iter().map(|c| c.name()).collect();
+        assert_eq!(names, ["cubic", "bbr", "self"]);
+        for c in Competitor::ALL {
+            assert_eq!(Competitor::from_name(c.name()), Some(c));
+        }
+        assert_eq!(Competitor::from_name("reno"), None);
+        let k = Competition {
+            rate_mbit: 20.0,
+            queue: QueueSize::Bdp,
+            against: Competitor::Itself,
+        };
+        assert_eq!(k.id_suffix(), "-20mbit-bdp-self");
+        assert!(k
+            .label(50.0)
+            .ends_with("vs itself (a second flow of the row)"));
+        // Every S6 competitor has a target.
+        let s6 = find("S6").unwrap();
+        for (c, when) in [
+            (Competitor::Tcp(TcpCc::Cubic), When::AgainstCubic),
+            (Competitor::Tcp(TcpCc::Bbr), When::AgainstBbr),
+            (Competitor::Itself, When::AgainstItself),
+        ] {
+            assert!(s6
+                .cases
+                .iter()
+                .any(|x| x.quick && x.competition.map(|k| k.against) == Some(c)));
+            assert!(s6.targets.iter().any(|t| t.when == when), "{c:?}");
+        }
     }
 
     #[test]

@@ -52,6 +52,11 @@ impl Session {
         Ok(self.views.last().expect("just pushed"))
     }
 
+    /// The pid of the kept process started under `name`.
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.procs.iter().find(|p| p.name == name).map(|p| p.pid())
+    }
+
     /// The first kept process that died, if any.
     pub fn dead_process(&mut self) -> Option<String> {
         self.procs.iter_mut().find_map(|p| p.exited())

@@ -90,9 +90,17 @@ pub fn describe_run(env: &mut Env, a: &BenchArgs, proxy_bin: Option<&Path>) {
             "{} (trixie chroot)",
             env.get("chroot_curl").cloned().unwrap_or_default()
         ),
-        ClientArg::Aioquic => {
-            format!("aioquic (h3) + {} (h2)", first_line("curl", &["--version"]))
-        }
+        // The h2 rows keep curl: the chroot's when there is one (as the runner does).
+        ClientArg::Aioquic => format!(
+            "aioquic {} via lab/scripts/h3get.py (h3) + {} (h2)",
+            first_line(
+                "python3",
+                &["-c", "import aioquic; print(aioquic.__version__)"]
+            ),
+            env.get("chroot_curl")
+                .map(|c| format!("{c} (trixie chroot)"))
+                .unwrap_or_else(|| first_line("curl", &["--version"]))
+        ),
     };
     env.insert("client".into(), client);
 }

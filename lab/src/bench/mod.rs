@@ -3,6 +3,7 @@
 //! selected scenarios into cases, [`runner`] measures them, `report` judges and prints them.
 
 pub mod env;
+mod loopback;
 pub mod plan;
 pub mod runner;
 mod share;
@@ -328,8 +329,8 @@ mod tests {
         let cases = plan::plan(&a.scenario_ids(), &a.plan_options()).unwrap();
         assert_eq!(
             cases.len(),
-            17 + 16,
-            "every scenario by default (S6: 16 cells)"
+            17 + 24 + 2,
+            "every scenario by default (S6: 24 cells, E1: 2)"
         );
         let rows = select_rows(&a, &cases).unwrap();
         assert_eq!(rows.len(), 2);

@@ -64,7 +64,7 @@ pub fn share_timing(sc: &Scenario, o_window: Option<f64>) -> Option<(f64, f64)> 
             warm_up_s,
             window_s,
         } => Some((warm_up_s, o_window.unwrap_or(window_s))),
-        Measure::Transfers => None,
+        Measure::Transfers | Measure::Loopback => None,
     }
 }
 
@@ -74,7 +74,10 @@ fn case(sc: &Scenario, spec: &CaseSpec, o: &PlanOptions) -> Option<Case> {
         RateFlag::Rate => o.rate_mbit,
         RateFlag::S4Rate => o.s4_rate_mbit.or(o.rate_mbit),
     };
+    let loopback = sc.measure == Measure::Loopback;
     let rate_mbit = match (spec.competition, spec.rate) {
+        // Loopback cases do not cross the router, so no rate flag applies to them.
+        _ if loopback => None,
         (Some(k), _) => Some(k.rate_mbit),
         (None, CaseRate::Flag) => flag,
         (None, CaseRate::OnlyLimited) => Some(flag?),
@@ -97,7 +100,10 @@ fn case(sc: &Scenario, spec: &CaseSpec, o: &PlanOptions) -> Option<Case> {
         if upload { " upload" } else { "" },
         p.impairments()
     );
-    if spec.rate == CaseRate::Unlimited {
+    if loopback {
+        id = format!("{}-loopback-{}", sc.id, file.name.trim_end_matches(".bin"));
+        label = format!("loopback, {}", file.label);
+    } else if spec.rate == CaseRate::Unlimited {
         id.push_str("-unlimited");
         label.push_str(", no rate limit");
     }
@@ -112,7 +118,7 @@ fn case(sc: &Scenario, spec: &CaseSpec, o: &PlanOptions) -> Option<Case> {
         }
         (None, None) => {}
     }
-    let full = sc.runs;
+    let full = spec.runs.unwrap_or(sc.runs);
     let runs = o.runs.unwrap_or(if o.quick {
         full.div_ceil(4).max(3)
     } else {
@@ -283,9 +289,28 @@ mod tests {
     }
 
     #[test]
+    fn loopback_plan_has_its_own_runs_and_no_rate() {
+        let p = plan(&sc(&["E1"]), &opts(false, None, Some(100.0))).unwrap();
+        let got: Vec<(&str, &str, usize)> = p
+            .iter()
+            .map(|c| (c.id.as_str(), c.label.as_str(), c.runs))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("E1-loopback-256m", "loopback, 256 MB", 3),
+                ("E1-loopback-1m", "loopback, 1 MB", 15),
+            ]
+        );
+        assert!(p.iter().all(|c| c.rate_mbit.is_none() && c.rtt_ms == 0.0));
+        let quick = plan(&sc(&["E1"]), &opts(true, None, None)).unwrap();
+        assert_eq!(quick[1].runs, 4, "a quarter of 15, at least 3");
+    }
+
+    #[test]
     fn share_plan_cells_and_filters() {
         let p = plan(&sc(&["S6"]), &opts(false, None, None)).unwrap();
-        assert_eq!(p.len(), 16);
+        assert_eq!(p.len(), 24);
         assert!(p.iter().all(|c| c.runs == 3));
         let c = &p[1];
         assert_eq!(c.id, "S6-50ms-20mbit-q12-cubic");
@@ -307,8 +332,22 @@ mod tests {
             "1 BDP at 100 Mbit/s, 200 ms"
         );
         let quick = plan(&sc(&["S6"]), &opts(true, None, None)).unwrap();
-        assert_eq!(quick.len(), 4);
+        assert_eq!(quick.len(), 6);
         assert!(quick.iter().all(|c| c.id.starts_with("S6-50ms-20mbit")));
+        let own: Vec<&Case> = quick.iter().filter(|c| c.id.ends_with("-self")).collect();
+        let ids: Vec<&str> = own.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(ids, ["S6-50ms-20mbit-bdp-self", "S6-50ms-20mbit-q12-self"]);
+        assert_eq!(
+            own[1].label,
+            "50 ms, 20 Mbit/s, queue 12 packets (18 KB), vs itself (a second flow of the row)"
+        );
+        assert_eq!(own[0].competitor(), Some(scenario::Competitor::Itself));
+        assert_eq!(own[0].queue_bytes, Some(125_000));
+        assert_eq!(
+            p.iter().filter(|c| c.id.ends_with("-self")).count(),
+            8,
+            "every rate, RTT and queue of the TCP cells"
+        );
 
         let mut o = opts(false, Some(1), None);
         o.cells = vec!["20mbit-bdp".into(), "100mbit-q12-bbr".into()];
@@ -326,8 +365,10 @@ mod tests {
             vec![
                 "S6-50ms-20mbit-bdp-cubic",
                 "S6-50ms-20mbit-bdp-bbr",
+                "S6-50ms-20mbit-bdp-self",
                 "S6-200ms-20mbit-bdp-cubic",
                 "S6-200ms-20mbit-bdp-bbr",
+                "S6-200ms-20mbit-bdp-self",
                 "S6-50ms-100mbit-q12-bbr",
                 "S6-200ms-100mbit-q12-bbr",
             ]

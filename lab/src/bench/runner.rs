@@ -160,6 +160,7 @@ impl<'a> Runner<'a> {
             let (cells, abort) = match measure {
                 Measure::Transfers => self.transfers(ci, case, &active),
                 Measure::Share { .. } => self.shares(ci, case, &active),
+                Measure::Loopback => self.loopback(case, &active),
             };
             report.cells.extend(cells);
             if abort.is_some() {
@@ -229,7 +230,8 @@ impl<'a> Runner<'a> {
         self.transfer_from(row, case, None)
     }
 
-    /// A transfer; with `from`, curl binds that client address (`--interface`).
+    /// A transfer; with `from`, the client sends from that client address (curl
+    /// `--interface`, h3get.py `--bind`).
     pub(super) fn transfer_from(
         &self,
         row: &Row,
@@ -246,7 +248,7 @@ impl<'a> Runner<'a> {
         } else {
             format!("/{}", case.file)
         };
-        if row.proto == Proto::H3 && self.args.client == ClientArg::Aioquic && from.is_none() {
+        if row.proto == Proto::H3 && self.args.client == ClientArg::Aioquic {
             let src = self.s.work.path("www").join(&case.file);
             return client::run_h3get(
                 &self.s.names.client_ns,
@@ -257,10 +259,32 @@ impl<'a> Runner<'a> {
                     path: &path,
                     upload: case.upload.then_some(src.as_path()),
                     max_time: case.max_time,
+                    bind: from,
                 },
                 expect,
             );
         }
+        self.curl_transfer(row, case, from, &self.s.names.client_ns)
+    }
+
+    /// A transfer by curl in namespace `ns` (the client's, or for loopback cases the server's).
+    pub(super) fn curl_transfer(
+        &self,
+        row: &Row,
+        case: &Case,
+        from: Option<std::net::Ipv4Addr>,
+        ns: &str,
+    ) -> Result<Sample, LabError> {
+        let expect = Expect {
+            proto: row.proto,
+            bytes: case.bytes,
+            upload: case.upload,
+        };
+        let path = if case.upload {
+            format!("/upload/{}.bin", row.id)
+        } else {
+            format!("/{}", case.file)
+        };
         // Paths as the client sees them: inside the chroot, the work dir is under /mnt/<prefix>.
         let (ca, upload) = match &self.chroot {
             Some(_) => {
@@ -288,7 +312,7 @@ impl<'a> Runner<'a> {
         if let Some(ip) = from {
             a.splice(0..0, ["--interface".to_string(), ip.to_string()]);
         }
-        client::run_curl(&self.s.names.client_ns, self.chroot.as_deref(), &a, expect)
+        client::run_curl(ns, self.chroot.as_deref(), &a, expect)
     }
 
     /// One transfer with its counters: router deltas and UDP stats of both namespaces.
@@ -324,7 +348,7 @@ impl<'a> Runner<'a> {
 
     /// Our proxy's counters from its /metrics inside the server namespace; `None` for other
     /// rows or when the scrape fails (the cell then simply has no proxy notes).
-    fn proxy_stats(&self, row: &Row) -> Option<ProxyStats> {
+    pub(super) fn proxy_stats(&self, row: &Row) -> Option<ProxyStats> {
         let ServerKind::Ours { metrics_port, .. } = &row.server else {
             return None;
         };

@@ -1,6 +1,7 @@
 //! [`Measure::Share`] (S6) in the bench: per run and row, the row's download from the first
-//! client address beside an HTTP/2 download from the second, through the case's bottleneck
-//! and drop-tail queue; the router counts what each address received in the window.
+//! client address beside the case's competitor from the second (an HTTP/2 download, or a
+//! second download of the row itself), through the case's bottleneck and drop-tail queue;
+//! the router counts what each address received in the window.
 
 use std::sync::atomic::Ordering;
 
@@ -11,7 +12,7 @@ use crate::client::Proto;
 use crate::emu::{EmuConfig, RuleProto};
 use crate::report::{Case, Cell};
 use crate::rows::{Row, H2, ROWS};
-use crate::scenario::{self, TcpCc};
+use crate::scenario::{self, Competitor, TcpCc};
 use crate::share::{self, ShareSample, Window};
 use crate::topology::{CLIENT2_V4, CLIENT_V4};
 use crate::LabError;
@@ -29,7 +30,7 @@ pub fn share_emu(case: &Case, seed: u64) -> EmuConfig {
 impl Runner<'_> {
     /// `case.runs` rounds of one two-flow run per row. The h2 row is the TCP CUBIC reference:
     /// the server's TCP toward the first client address runs CUBIC, toward the second the
-    /// case's competitor.
+    /// case's TCP competitor (CUBIC when the competitor is the row itself).
     pub(super) fn shares(
         &mut self,
         ci: usize,
@@ -54,12 +55,9 @@ impl Runner<'_> {
 
     fn prepare_share(&mut self, case: &Case) -> Result<(), LabError> {
         share::add_second_client(&self.s)?;
-        let against = case
-            .competitor
-            .as_deref()
-            .ok_or_else(|| LabError::Config(format!("{} names no competitor", case.id)))?;
+        let against = competitor(case)?;
         share::set_route_cc(&self.s, CLIENT_V4, TcpCc::Cubic.name())?;
-        share::set_route_cc(&self.s, CLIENT2_V4, against)
+        share::set_route_cc(&self.s, CLIENT2_V4, route_cc(against).name())
     }
 
     fn share_rounds(
@@ -103,21 +101,25 @@ impl Runner<'_> {
             window_s: timing.1,
         };
         self.s.set(&share_emu(case, seed))?;
-        let h2 = ROWS
-            .iter()
-            .find(|r| r.id == H2)
-            .ok_or_else(|| LabError::Config("no h2 row".into()))?;
+        let against = competitor(case)?;
+        let other = match against {
+            Competitor::Tcp(_) => ROWS
+                .iter()
+                .find(|r| r.id == H2)
+                .ok_or_else(|| LabError::Config("no h2 row".into()))?,
+            Competitor::Itself => row,
+        };
         let this = &*self;
         let (mut x, row_x, _) = share::measure(
             &self.s,
             w,
             Box::new(move || this.transfer_from(row, case, None)),
-            Box::new(move || this.transfer_from(h2, case, Some(CLIENT2_V4))),
+            Box::new(move || this.transfer_from(other, case, Some(CLIENT2_V4))),
         )?;
         // No /metrics deltas here: the proxy records a connection when it closes, and the
         // client's time limit leaves it to the idle timeout, after the run.
         self.drain();
-        check_tcp_cc(&mut x, row, case);
+        check_tcp_cc(&mut x, row.proto, against);
         eprintln!(
             "[{} {} {}/{}] {:<22} share {} ({:.1} vs {:.1} Mbit/s, queue drops {}/{}, tcp {}/{}){} load {}",
             case.scenario,
@@ -150,21 +152,98 @@ impl Runner<'_> {
     }
 }
 
-/// A run counts only if the server's sockets ran the controllers the case names: the
-/// competitor's toward the second address, CUBIC toward the first for the h2 row.
-fn check_tcp_cc(x: &mut ShareSample, row: &Row, case: &Case) {
-    let against = case.competitor.as_deref().unwrap_or_default();
+fn competitor(case: &Case) -> Result<Competitor, LabError> {
+    case.competitor().ok_or_else(|| {
+        LabError::Config(format!(
+            "{} names no known competitor ({:?})",
+            case.id, case.competitor
+        ))
+    })
+}
+
+/// The server's TCP controller toward the second client address: the TCP competitor's, or
+/// CUBIC (the h2 row's) when the row competes with itself.
+fn route_cc(against: Competitor) -> TcpCc {
+    match against {
+        Competitor::Tcp(cc) => cc,
+        Competitor::Itself => TcpCc::Cubic,
+    }
+}
+
+/// What `ss` must show for the server's TCP sockets toward the first and the second client
+/// address ("" for none: an HTTP/3 flow). Pure.
+fn expected_tcp_cc(row: Proto, against: Competitor) -> (&'static str, &'static str) {
+    let row_cc = match row {
+        Proto::H2 => TcpCc::Cubic.name(),
+        Proto::H3 => "",
+    };
+    let other_cc = match against {
+        Competitor::Tcp(cc) => cc.name(),
+        Competitor::Itself => row_cc,
+    };
+    (row_cc, other_cc)
+}
+
+/// A run counts only if the server's sockets ran the controllers the case names (see
+/// [`expected_tcp_cc`]); an HTTP/3 row's own flow is not checked (the proxy's controller is
+/// its configuration).
+fn check_tcp_cc(x: &mut ShareSample, row: Proto, against: Competitor) {
+    let (row_cc, other_cc) = expected_tcp_cc(row, against);
     let mut wrong = Vec::new();
-    if x.other_tcp_cc != against {
+    if x.other_tcp_cc != other_cc {
         wrong.push(format!(
-            "competing TCP ran {:?}, not {against}",
+            "competing flow's TCP ran {:?}, not {other_cc:?}",
             x.other_tcp_cc
         ));
     }
-    if row.proto == Proto::H2 && x.row_tcp_cc != TcpCc::Cubic.name() {
-        wrong.push(format!("the row's TCP ran {:?}, not cubic", x.row_tcp_cc));
+    if row == Proto::H2 && x.row_tcp_cc != row_cc {
+        wrong.push(format!(
+            "the row's TCP ran {:?}, not {row_cc}",
+            x.row_tcp_cc
+        ));
     }
     if !wrong.is_empty() && x.invalid.is_none() {
         x.invalid = Some(wrong.join("; "));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_competitor_names_the_controllers_ss_must_show() {
+        let cubic = Competitor::Tcp(TcpCc::Cubic);
+        let bbr = Competitor::Tcp(TcpCc::Bbr);
+        assert_eq!(expected_tcp_cc(Proto::H2, bbr), ("cubic", "bbr"));
+        assert_eq!(expected_tcp_cc(Proto::H3, cubic), ("", "cubic"));
+        assert_eq!(
+            expected_tcp_cc(Proto::H2, Competitor::Itself),
+            ("cubic", "cubic")
+        );
+        assert_eq!(expected_tcp_cc(Proto::H3, Competitor::Itself), ("", ""));
+        assert_eq!(route_cc(Competitor::Itself), TcpCc::Cubic);
+        assert_eq!(route_cc(bbr), TcpCc::Bbr);
+    }
+
+    #[test]
+    fn a_run_whose_controllers_did_not_take_does_not_count() {
+        let ok = |row_cc: &str, other_cc: &str| ShareSample {
+            row_bytes: 1,
+            other_bytes: 1,
+            row_tcp_cc: row_cc.into(),
+            other_tcp_cc: other_cc.into(),
+            ..ShareSample::default()
+        };
+        let mut x = ok("", "");
+        check_tcp_cc(&mut x, Proto::H3, Competitor::Itself);
+        assert_eq!(x.invalid, None);
+        // A second HTTP/3 flow that turned out to be TCP: not the cell it claims to be.
+        let mut x = ok("", "cubic");
+        check_tcp_cc(&mut x, Proto::H3, Competitor::Itself);
+        assert!(x.invalid.unwrap().contains("competing flow"));
+        let mut x = ok("bbr", "cubic");
+        check_tcp_cc(&mut x, Proto::H2, Competitor::Tcp(TcpCc::Cubic));
+        assert!(x.invalid.unwrap().contains("the row's TCP ran \"bbr\""));
     }
 }

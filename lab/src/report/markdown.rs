@@ -133,6 +133,7 @@ pub fn render_markdown(r: &BenchReport) -> String {
     write_header(&mut m, r);
     write_table(&mut m, r);
     super::share::write_share_table(&mut m, r);
+    super::cpu::write_loopback_table(&mut m, r);
     write_verdicts(&mut m, r);
     m
 }
@@ -187,7 +188,9 @@ fn write_header(m: &mut String, r: &BenchReport) {
 }
 
 fn write_table(m: &mut String, r: &BenchReport) {
-    if r.cases.iter().all(|c| c.competitor.is_some()) {
+    // S6 and E1 cases have tables of their own.
+    let own_table = |c: &Case| c.competitor.is_some() || super::cpu::is_loopback(c);
+    if r.cases.iter().all(own_table) {
         return;
     }
     let _ = writeln!(
@@ -195,7 +198,7 @@ fn write_table(m: &mut String, r: &BenchReport) {
         "| Scen | Case | Row | n | median s | p90 s | max s | fail | ×h2 | notes |"
     );
     let _ = writeln!(m, "|---|---|---|---|---|---|---|---|---|---|");
-    for case in r.cases.iter().filter(|c| c.competitor.is_none()) {
+    for case in r.cases.iter().filter(|c| !own_table(c)) {
         let h2 = r.cell(&case.id, H2).map(|c| stats(c, case.bytes));
         for row in &r.rows {
             if row.only_in.as_ref().is_some_and(|sc| *sc != case.scenario) {

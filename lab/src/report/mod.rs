@@ -2,6 +2,7 @@
 //! issue's targets ([`targets`]) and the markdown table ([`markdown`]). All pure, so the
 //! verdict logic is tested with made-up numbers.
 
+pub mod cpu;
 pub mod markdown;
 pub mod share;
 pub mod targets;
@@ -15,7 +16,7 @@ pub use targets::verdicts;
 
 use crate::client::{Proto, Sample};
 use crate::emu::{Counters, Position};
-use crate::scenario::PathSpec;
+use crate::scenario::{Competitor, PathSpec};
 use crate::session::UdpStats;
 
 /// One case of the plan: a scenario's `CaseSpec` with the run's flags applied (runs, rate,
@@ -43,12 +44,17 @@ pub struct Case {
     /// S6: the drop-tail queue in front of the bottleneck, bytes (else 100 ms at the rate).
     #[serde(default)]
     pub queue_bytes: Option<u64>,
-    /// S6: the competing HTTP/2 download's TCP congestion control ("cubic", "bbr").
+    /// S6: the competing flow, by `scenario::Competitor::name` ("cubic", "bbr", "self").
     #[serde(default)]
     pub competitor: Option<String>,
 }
 
 impl Case {
+    /// S6: the competing flow, `None` for other cases (or a name this build does not know).
+    pub fn competitor(&self) -> Option<Competitor> {
+        self.competitor.as_deref().and_then(Competitor::from_name)
+    }
+
     /// The emulated path of this case.
     pub fn path(&self) -> PathSpec {
         PathSpec {
@@ -90,6 +96,9 @@ pub struct Cell {
     /// S6: one per run, what each flow received in the window.
     #[serde(default)]
     pub shares: Vec<crate::share::ShareSample>,
+    /// E1: one per transfer, the servers' process CPU time.
+    #[serde(default)]
+    pub cpu: Vec<cpu::CpuSample>,
 }
 
 /// Deltas of our proxy's per-connection counters over one cell, read from its /metrics:

@@ -61,13 +61,16 @@ pub fn write_share_table(m: &mut String, r: &BenchReport) {
     if cases.is_empty() {
         return;
     }
-    let _ = writeln!(m, "### S6: share of the bottleneck beside one HTTP/2 download (kernel TCP, second client address)");
+    let _ = writeln!(
+        m,
+        "### S6: share of the bottleneck beside a competing download (second client address)"
+    );
     let _ = writeln!(m);
-    let _ = writeln!(m, "The h2 row is the TCP reference: HTTP/2 whose server-side TCP runs CUBIC (per-route congctl). Share = the row's bytes / both flows' bytes through the bottleneck in the window (router counters per client address); median and range over the runs that count.");
+    let _ = writeln!(m, "The competitor is one HTTP/2 download from the same nginx (kernel TCP CUBIC or BBR), or, \"vs itself\", a second download of the row's own server with the same client. The h2 row is the TCP reference: HTTP/2 whose server-side TCP runs CUBIC (per-route congctl). Share = the row's bytes / both flows' bytes through the bottleneck in the window (router counters per client address); median and range over the runs that count.");
     let _ = writeln!(m);
     let _ = writeln!(
         m,
-        "| Case | Row | runs | share median | share min–max | row Mbit/s | TCP competitor Mbit/s | queue drops row/competitor | notes |"
+        "| Case | Row | runs | share median | share min–max | row Mbit/s | competitor Mbit/s | queue drops row/competitor | notes |"
     );
     let _ = writeln!(m, "|---|---|---|---|---|---|---|---|---|");
     for case in cases {
@@ -166,6 +169,9 @@ pub fn share_at_least_tcp_cubic(r: &BenchReport, case: &Case, row: &str) -> Judg
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::{fixtures, verdicts, Outcome};
+    use crate::rows::OURS;
+    use crate::scenario::{Competitor, TcpCc};
     use crate::share::ShareSample;
 
     fn run(row: u64, other: u64) -> ShareSample {
@@ -191,5 +197,62 @@ mod tests {
         assert_eq!((st.min, st.max), (Some(0.3), Some(0.6)));
         assert!((median(vec![0.2, 0.4]).unwrap() - 0.3).abs() < 1e-12);
         assert_eq!(share_stats(&Cell::default()).median, None);
+    }
+
+    fn s6(id: &str, against: Competitor) -> Case {
+        Case {
+            competitor: Some(against.name().into()),
+            ..fixtures::case("S6", id, 50.0)
+        }
+    }
+
+    fn shares(case_id: &str, row: &str, runs: &[(u64, u64)]) -> Cell {
+        Cell {
+            case_id: case_id.into(),
+            row: row.into(),
+            shares: runs.iter().map(|&(a, b)| run(a, b)).collect(),
+            ..Cell::default()
+        }
+    }
+
+    /// Each competitor's cell gets its own target: 0.4-0.6 against TCP CUBIC and against
+    /// itself, at least TCP CUBIC's share against TCP BBR.
+    #[test]
+    fn every_competitor_is_judged_by_its_target() {
+        let cubic = Competitor::Tcp(TcpCc::Cubic);
+        let bbr = Competitor::Tcp(TcpCc::Bbr);
+        let r = BenchReport {
+            cases: vec![s6("c", cubic), s6("b", bbr), s6("self", Competitor::Itself)],
+            rows: vec![fixtures::row(H2, None), fixtures::row(OURS, None)],
+            cells: vec![
+                shares("c", H2, &[(5, 5), (4, 6)]),
+                shares("c", OURS, &[(7, 3), (8, 2)]),
+                shares("b", H2, &[(2, 8), (2, 8)]),
+                shares("b", OURS, &[(1, 9), (1, 9)]),
+                shares("self", H2, &[(5, 5), (5, 5)]),
+                shares("self", OURS, &[(45, 55), (52, 48)]),
+            ],
+            ..BenchReport::default()
+        };
+        let v = verdicts(&r);
+        let got: Vec<(&str, &Outcome)> =
+            v.iter().map(|x| (x.target.as_str(), &x.outcome)).collect();
+        assert_eq!(v.len(), 3, "{got:?}");
+        assert!(v[0].target.contains("beside the competing flow"), "{got:?}");
+        assert_eq!(v[0].outcome, Outcome::Fail, "{got:?}"); // 0.75 > 0.6
+        assert!(v[1].target.contains(">= TCP CUBIC's"), "{got:?}");
+        assert_eq!(v[1].outcome, Outcome::Fail, "{got:?}"); // 0.10 < 0.20
+        assert!(v[2].target.starts_with("S6 self:"), "{got:?}");
+        assert_eq!(v[2].outcome, Outcome::Pass, "{got:?}"); // median 0.485
+        assert!(
+            v[2].detail.contains("over 2 runs (range 0.45–0.52)"),
+            "{}",
+            v[2].detail
+        );
+
+        let mut m = String::new();
+        write_share_table(&mut m, &r);
+        assert!(m.contains("| self | h3-ingress"), "{m}");
+        assert!(m.contains("competitor Mbit/s"), "{m}");
     }
 }

@@ -1,7 +1,7 @@
 //! The targets, judged against the measured cells: each case's scenario lists its
 //! targets (`scenario::Scenario::targets`); every [`Check`] has one function here. Pure.
 
-use super::{share, BenchReport, Case, Cell, Outcome, Stats, Verdict};
+use super::{cpu, share, BenchReport, Case, Cell, Outcome, Stats, Verdict};
 use crate::rows::{CUBIC_HS, H2, OURS, SMALL_BUFFERS};
 use crate::scenario::{self, Check, Slack};
 
@@ -75,6 +75,7 @@ fn evaluate(check: &Check, r: &BenchReport, case: &Case, row: &str) -> Judged {
         Check::NoFragmentsAllDf => no_fragments_all_df(r, case, row),
         Check::ShareWithin { min, max } => share::share_within(r, case, row, min, max),
         Check::ShareAtLeastTcpCubic => share::share_at_least_tcp_cubic(r, case, row),
+        Check::CpuPerGbAtMost { s_per_gb } => cpu::cpu_per_gb_at_most(r, case, row, s_per_gb),
     }
 }
 
@@ -92,10 +93,19 @@ fn median_vs_h2(r: &BenchReport, case: &Case, row: &str, factor: f64, strict: bo
     let o = r.measured(&case.id, row)?;
     let h = r.measured(&case.id, H2)?;
     let limit = factor * med(&h);
+    // Loopback cases take milliseconds.
+    let t = |s: f64| {
+        if limit < 0.1 {
+            format!("{:.1} ms", s * 1000.0)
+        } else {
+            format!("{s:.2} s")
+        }
+    };
     let mut detail = format!(
-        "{:.2} s vs {factor:.1} x {:.2} s = {limit:.2} s",
-        med(&o),
-        med(&h)
+        "{} vs {factor:.1} x {} = {}",
+        t(med(&o)),
+        t(med(&h)),
+        t(limit)
     );
     if strict {
         detail.push_str(&format!("; failures {}", o.failures));

@@ -68,6 +68,7 @@ pub(super) fn run_all(s: &mut Session, r: &mut Report, h3: &H3) -> Result<(), La
                     rate_mbit,
                     window_s,
                 } => share_step(s, r, h3, id, path, (rate_mbit, window_s))?,
+                SmokeStep::LoopbackCpu { file } => loopback_cpu(s, r, h3, id, file)?,
             }
         }
     }
@@ -103,6 +104,11 @@ fn h2_from(s: &Session, addr: IpAddr, g: &Get, from: Option<Ipv4Addr>) -> Result
 }
 
 fn h3_get(s: &Session, h3: &H3, t: &H3Target, g: &Get) -> Result<Sample, LabError> {
+    h3_get_in(s, h3, t, g, &s.names.client_ns)
+}
+
+/// An h3 transfer by the aioquic client in namespace `ns`.
+fn h3_get_in(s: &Session, h3: &H3, t: &H3Target, g: &Get, ns: &str) -> Result<Sample, LabError> {
     let req = client::H3Get {
         script: h3.client.script(),
         ca: &s.pki.root,
@@ -110,13 +116,13 @@ fn h3_get(s: &Session, h3: &H3, t: &H3Target, g: &Get) -> Result<Sample, LabErro
         path: &g.path,
         upload: g.upload.as_deref(),
         max_time: g.max_time,
+        bind: None,
     };
     let expect = Expect {
         proto: Proto::H3,
         bytes: g.bytes,
         upload: g.upload.is_some(),
     };
-    let ns = &s.names.client_ns;
     match h3.client {
         client::AioquicClient::Harness(_) => client::run_h3client(ns, &req, expect),
         client::AioquicClient::Own(_) => client::run_h3get(ns, &req, expect),
@@ -420,5 +426,66 @@ fn share_step(
             x.invalid.map(|w| format!("; {w}")).unwrap_or_default()
         ),
     );
+    Ok(())
+}
+
+/// One transfer of a smoke step, run when the step is ready to count it.
+type Fetch<'a> = Box<dyn Fn() -> Result<Sample, LabError> + 'a>;
+
+/// E1 in short: h2 from the ingress and h3 from our proxy, the client in the server namespace;
+/// the router sees none of it, the body is complete, and the server's CPU time is readable
+/// before and after (the delta is shown; a few MB may take less than one clock tick).
+fn loopback_cpu(
+    s: &mut Session,
+    r: &mut Report,
+    h3: &H3,
+    id: &str,
+    file: &FileSpec,
+) -> Result<(), LabError> {
+    let s = &*s;
+    let get = Get::download(file, 30.0);
+    let ns = s.names.server_ns.clone();
+    let ours = h3.servers.iter().find(|t| t.name == "h3-ingress");
+    let mut runs: Vec<(&str, &str, Fetch)> = vec![(
+        "h2",
+        "nginx-ingress",
+        Box::new(|| {
+            let ca = s.pki.root.to_string_lossy().into_owned();
+            let args = client::curl_args(Proto::H2, V4, INGRESS_PORT, &get.path, &ca, None, 30.0);
+            let expect = Expect {
+                proto: Proto::H2,
+                bytes: get.bytes,
+                upload: false,
+            };
+            client::run_curl(&ns, None, &args, expect)
+        }),
+    )];
+    if let Some(t) = ours {
+        runs.push((
+            "h3",
+            "h3-ingress",
+            Box::new(|| h3_get_in(s, h3, t, &get, &ns)),
+        ));
+    }
+    for (proto, server, fetch) in runs {
+        let pid = s
+            .pid(server)
+            .ok_or_else(|| LabError::Failed(format!("no process {server}")))?;
+        let before = crate::procstat::tree_cpu_seconds(pid)?;
+        let (x, c) = counted(s, fetch)?;
+        let cpu = crate::procstat::tree_cpu_seconds(pid)? - before;
+        let crossed = c.c2s.rx_packets + c.s2c.rx_packets;
+        r.check(
+            &format!(
+                "{id} {proto} {} over loopback from {server}, its CPU time read",
+                file.label
+            ),
+            x.ok && crossed == 0 && cpu >= 0.0,
+            format!(
+                "{}, {server} CPU {cpu:.3} s, router packets {crossed}",
+                describe(&x)
+            ),
+        );
+    }
     Ok(())
 }
