@@ -6,10 +6,15 @@ use crate::servers::{ProxyVariant, INGRESS_PORT};
 
 /// HTTP/2 to the TCP ingress: the reference every target compares with.
 pub const H2: &str = "h2-nginx";
-/// The row the targets are about: our proxy with its default controller.
-pub const OURS: &str = "h3-ingress-cubic-hs";
-/// Random loss read as random: the setting for lossy radio paths (S3).
-pub const LOSS_TOLERANT: &str = "h3-ingress-cubic-hs-lt";
+/// The product's default controller (`transport.congestionControl`); a test holds it to
+/// `CongestionControl::default()`.
+pub const DEFAULT_CC: &str = "cubic-hs-lt";
+/// The row the targets are about: our proxy with its default controller, `cubic-hs-lt`
+/// (random loss read as random while the pipe is not full).
+pub const OURS: &str = "h3-ingress-cubic-hs-lt";
+/// `cubic-hs`, the default before `cubic-hs-lt`: every loss after the handshake read as
+/// congestion, as TCP does. Judged by the same targets when it runs.
+pub const CUBIC_HS: &str = "h3-ingress-cubic-hs";
 /// Our default with the socket buffers Linux gives without tuning (see
 /// [`SMALL_BUFFER_REQUEST`]).
 pub const SMALL_BUFFERS: &str = "h3-ingress-208k";
@@ -79,13 +84,19 @@ pub const ROWS: &[Row] = &[
         port: INGRESS_PORT,
         server: ServerKind::Ingress,
     },
-    ours(OURS, "h3 h3-ingress cubic-hs", cc("cubic-hs"), 4431, 9481),
     ours(
-        LOSS_TOLERANT,
-        "h3 h3-ingress cubic-hs-lt",
-        cc("cubic-hs-lt"),
+        OURS,
+        "h3 h3-ingress cubic-hs-lt (default)",
+        cc(DEFAULT_CC),
         4436,
         9486,
+    ),
+    ours(
+        CUBIC_HS,
+        "h3 h3-ingress cubic-hs",
+        cc("cubic-hs"),
+        4431,
+        9481,
     ),
     ours(
         "h3-ingress-cubic",
@@ -97,20 +108,20 @@ pub const ROWS: &[Row] = &[
     ours("h3-ingress-bbr", "h3 h3-ingress bbr", cc("bbr"), 4433, 9483),
     ours(
         SMALL_BUFFERS,
-        "h3 h3-ingress cubic-hs, 208 KB buffers",
+        "h3 h3-ingress cubic-hs-lt (default), 208 KB buffers",
         ProxyVariant {
             buffer_bytes: Some(SMALL_BUFFER_REQUEST),
-            ..cc("cubic-hs")
+            ..cc(DEFAULT_CC)
         },
         4434,
         9484,
     ),
     ours(
         RFC_IW,
-        "h3 h3-ingress cubic-hs, IW 10",
+        "h3 h3-ingress cubic-hs-lt (default), IW 10",
         ProxyVariant {
             initial_window_packets: Some(10),
-            ..cc("cubic-hs")
+            ..cc(DEFAULT_CC)
         },
         4435,
         9485,
@@ -131,7 +142,7 @@ pub const ROWS: &[Row] = &[
     },
 ];
 
-/// Every row id, for messages and the `--rows` help: "h2-nginx, h3-ingress-cubic-hs, ...".
+/// Every row id, for messages and the `--rows` help: "h2-nginx, h3-ingress-cubic-hs-lt, ...".
 pub fn ids() -> String {
     ROWS.iter().map(|r| r.id).collect::<Vec<_>>().join(", ")
 }
@@ -161,8 +172,22 @@ mod tests {
         ids.sort();
         ids.dedup();
         assert_eq!(ids.len(), ROWS.len());
-        for id in [H2, OURS, LOSS_TOLERANT, SMALL_BUFFERS, RFC_IW] {
+        for id in [H2, OURS, CUBIC_HS, SMALL_BUFFERS, RFC_IW] {
             assert!(ROWS.iter().any(|r| r.id == id), "{id}");
+        }
+    }
+
+    #[test]
+    fn the_default_rows_run_the_products_default_controller() {
+        let default = h3_ingress::api::CongestionControl::default().as_str();
+        assert_eq!(DEFAULT_CC, default);
+        for id in [OURS, SMALL_BUFFERS, RFC_IW] {
+            let row = ROWS.iter().find(|r| r.id == id).unwrap();
+            let ServerKind::Ours { variant, .. } = &row.server else {
+                panic!("{id}")
+            };
+            assert_eq!(variant.congestion_control, default, "{id}");
+            assert!(row.label.contains("(default)"), "{}", row.label);
         }
     }
 }

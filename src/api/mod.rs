@@ -192,7 +192,16 @@ mod tests {
             json.contains("\"default\":4194304"),
             "buffer default missing"
         );
-        assert!(json.contains("cubic-hs"));
+        let v = serde_json::to_value(crd()).unwrap();
+        let transport = &v["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+            ["spec"]["properties"]["transport"];
+        // The API server fills in the loss-tolerant controller when a listener names none, both
+        // for an absent `transport` and for a `transport` without `congestionControl`.
+        assert_eq!(transport["default"]["congestionControl"], "cubic-hs-lt");
+        assert_eq!(
+            transport["properties"]["congestionControl"]["default"],
+            "cubic-hs-lt"
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use super::targets::verdicts;
 use super::{stats, BenchReport, Case, Cell, Outcome, RowInfo, Stats};
-use crate::rows::{H2, LOSS_TOLERANT, OURS};
+use crate::rows::{CUBIC_HS, H2, OURS};
 use crate::scenario;
 
 /// Successful transfers whose handshake took at least half an RTT longer than the cell's
@@ -250,7 +250,7 @@ fn table_row(r: &BenchReport, case: &Case, row: &RowInfo, h2: Option<&Stats>) ->
 fn write_verdicts(m: &mut String, r: &BenchReport) {
     let _ = writeln!(
         m,
-        "## Targets (issue 3), evaluated for `{OURS}` (the default) and `{LOSS_TOLERANT}` when run"
+        "## Targets (issue 3), evaluated for `{OURS}` (the default) and `{CUBIC_HS}` when run"
     );
     let _ = writeln!(m);
     for v in verdicts(r) {

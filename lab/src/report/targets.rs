@@ -2,7 +2,7 @@
 //! targets (`scenario::Scenario::targets`); every [`Check`] has one function here. Pure.
 
 use super::{cpu, share, BenchReport, Case, Cell, Outcome, Stats, Verdict};
-use crate::rows::{H2, LOSS_TOLERANT, OURS, SMALL_BUFFERS};
+use crate::rows::{CUBIC_HS, H2, OURS, SMALL_BUFFERS};
 use crate::scenario::{self, Check, Slack};
 
 /// A judgement: pass or fail with the numbers behind it, or why it could not be made.
@@ -14,12 +14,12 @@ pub fn one_pto_s(rtt_ms: f64) -> f64 {
     3.0 * rtt_ms / 1000.0
 }
 
-/// Evaluates the targets for our default row, and for the loss-tolerant controller when it
-/// was run.
+/// Evaluates the targets for our default row, and for `cubic-hs` (the previous default) when
+/// it was run.
 pub fn verdicts(r: &BenchReport) -> Vec<Verdict> {
     let mut out = verdicts_for(r, OURS);
-    if r.rows.iter().any(|row| row.id == LOSS_TOLERANT) {
-        out.extend(verdicts_for(r, LOSS_TOLERANT));
+    if r.rows.iter().any(|row| row.id == CUBIC_HS) {
+        out.extend(verdicts_for(r, CUBIC_HS));
     }
     out
 }
@@ -256,29 +256,30 @@ mod tests {
     }
 
     #[test]
-    fn the_loss_tolerant_row_is_judged_by_the_same_targets_when_run() {
+    fn the_previous_default_is_judged_by_the_same_targets_when_run() {
         let s3 = |row: &str, times: &[f64]| cell("s3", row, times);
         let mut r = BenchReport {
             cases: vec![case("S3", "s3", 200.0)],
             rows: vec![row(H2, None), row(OURS, None)],
             cells: vec![
                 s3(H2, &[2.3, 2.3, 2.4]),
-                s3(OURS, &[5.6, 5.7, 12.0]),
-                s3(LOSS_TOLERANT, &[1.7, 1.7, 1.8]),
+                s3(OURS, &[1.7, 1.7, 1.8]),
+                s3(CUBIC_HS, &[5.6, 5.7, 12.0]),
             ],
             ..BenchReport::default()
         };
         // Not selected: only the default row's three S3 targets.
         assert_eq!(verdicts(&r).len(), 3);
-        r.rows.push(row(LOSS_TOLERANT, None));
+        r.rows.push(row(CUBIC_HS, None));
         let v = verdicts(&r);
         assert_eq!(v.len(), 6);
-        let outcome = |i: usize| (v[i].target.contains(LOSS_TOLERANT), v[i].outcome.clone());
-        assert_eq!(outcome(0), (false, Outcome::Fail), "{v:?}"); // 5.7 > 0.9 x 2.3
-        assert_eq!(outcome(1), (false, Outcome::Fail), "{v:?}"); // p90 12 > 1.3 x 5.7
-        assert_eq!(outcome(3), (true, Outcome::Pass), "{v:?}"); // 1.7 <= 2.07
-        assert_eq!(outcome(4), (true, Outcome::Pass), "{v:?}"); // 1.8 <= 2.21
-        assert_eq!(outcome(5), (true, Outcome::Pass), "{v:?}");
+        // OURS ("h3-ingress-cubic-hs-lt") is not a substring of CUBIC_HS's targets.
+        let outcome = |i: usize| (v[i].target.contains(OURS), v[i].outcome.clone());
+        assert_eq!(outcome(0), (true, Outcome::Pass), "{v:?}"); // 1.7 <= 2.07
+        assert_eq!(outcome(1), (true, Outcome::Pass), "{v:?}"); // 1.8 <= 2.21
+        assert_eq!(outcome(2), (true, Outcome::Pass), "{v:?}");
+        assert_eq!(outcome(3), (false, Outcome::Fail), "{v:?}"); // 5.7 > 0.9 x 2.3
+        assert_eq!(outcome(4), (false, Outcome::Fail), "{v:?}"); // p90 12 > 1.3 x 5.7
     }
 
     #[test]

@@ -153,8 +153,9 @@ fn start_servers(s: &mut Session, exe: &Path) -> Result<Vec<H3Target>, LabError>
     s.keep(ingress);
     let caddy = servers::start_caddy(&ns, &s.work, &s.pki, CADDY_PORT)?;
     s.keep(caddy);
+    // The smoke checks what users get: the product's default controller.
     let ours = ProxyVariant {
-        congestion_control: "cubic-hs",
+        congestion_control: h3_ingress::api::CongestionControl::default().as_str(),
         buffer_bytes: None,
         initial_window_packets: None,
     };
