@@ -11,10 +11,7 @@
 //! loopback is that the kernel charges the receiver's UDP/TCP delivery to the sender; it
 //! does so alike for every row.
 
-use std::sync::atomic::Ordering;
-
-use super::runner::{progress, Runner};
-use super::INTERRUPTED;
+use super::runner::{empty_cells, record, Runner};
 use crate::client::Sample;
 use crate::procstat;
 use crate::report::cpu::CpuSample;
@@ -45,33 +42,13 @@ fn load1() -> f64 {
 impl Runner<'_> {
     /// `case.runs` rounds of one loopback download per row, the starting row rotating.
     pub(super) fn loopback(&mut self, case: &Case, active: &[&Row]) -> (Vec<Cell>, Option<String>) {
-        let mut cells: Vec<Cell> = active
-            .iter()
-            .map(|r| Cell {
-                case_id: case.id.clone(),
-                row: r.id.into(),
-                ..Cell::default()
-            })
-            .collect();
-        for run in 0..case.runs {
-            for k in 0..active.len() {
-                let i = (k + run) % active.len();
-                if INTERRUPTED.load(Ordering::SeqCst) {
-                    return (cells, Some("interrupted".into()));
-                }
-                match self.one_loopback(active[i], case, &mut cells[i]) {
-                    Ok(x) => {
-                        progress(case, run, active[i], &x);
-                        cells[i].samples.push(x);
-                    }
-                    Err(e) => return (cells, Some(format!("lab error: {e}"))),
-                }
-            }
-            if let Some(dead) = self.s.dead_process() {
-                return (cells, Some(format!("a server died: {dead}")));
-            }
-        }
-        (cells, None)
+        let mut cells = empty_cells(case, active);
+        let abort = self.rounds(case, active, &mut cells, |r, row, run, cell| {
+            let x = r.one_loopback(row, case, cell)?;
+            record(case, run, row, cell, x);
+            Ok(())
+        });
+        (cells, abort)
     }
 
     /// One download with the CPU time of the row's server and of the ingress behind it.

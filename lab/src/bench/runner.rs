@@ -177,36 +177,44 @@ impl<'a> Runner<'a> {
         case: &Case,
         active: &[&Row],
     ) -> (Vec<Cell>, Option<String>) {
-        let mut cells: Vec<Cell> = active
-            .iter()
-            .map(|r| Cell {
-                case_id: case.id.clone(),
-                row: r.id.into(),
-                ..Cell::default()
-            })
-            .collect();
-        for run in 0..case.runs {
+        let mut cells = empty_cells(case, active);
+        let abort = self.rounds(case, active, &mut cells, |r, row, run, cell| {
             // Same seed for every row of a run, a new one per run and case.
             let seed = (ci as u64 + 1) * 1000 + run as u64 + 1;
+            let x = r.one_transfer(row, case, seed, cell)?;
+            record(case, run, row, cell, x);
+            Ok(())
+        });
+        (cells, abort)
+    }
+
+    /// `case.runs` rounds of `one` over the active rows, the starting row rotating every run
+    /// so no row always goes first; stops at an interrupt, an error or a dead server.
+    pub(super) fn rounds<F>(
+        &mut self,
+        case: &Case,
+        active: &[&Row],
+        cells: &mut [Cell],
+        mut one: F,
+    ) -> Option<String>
+    where
+        F: FnMut(&mut Self, &Row, usize, &mut Cell) -> Result<(), LabError>,
+    {
+        for run in 0..case.runs {
             for k in 0..active.len() {
-                // Rotate the starting row every run so no row always goes first.
                 let i = (k + run) % active.len();
                 if INTERRUPTED.load(Ordering::SeqCst) {
-                    return (cells, Some("interrupted".into()));
+                    return Some("interrupted".into());
                 }
-                match self.one_transfer(active[i], case, seed, &mut cells[i]) {
-                    Ok(x) => {
-                        progress(case, run, active[i], &x);
-                        cells[i].samples.push(x);
-                    }
-                    Err(e) => return (cells, Some(format!("lab error: {e}"))),
+                if let Err(e) = one(self, active[i], run, &mut cells[i]) {
+                    return Some(format!("lab error: {e}"));
                 }
             }
             if let Some(dead) = self.s.dead_process() {
-                return (cells, Some(format!("a server died: {dead}")));
+                return Some(format!("a server died: {dead}"));
             }
         }
-        (cells, None)
+        None
     }
 
     /// Sets the case's path for the row's protocol and measures one transfer.
@@ -238,16 +246,7 @@ impl<'a> Runner<'a> {
         case: &Case,
         from: Option<std::net::Ipv4Addr>,
     ) -> Result<Sample, LabError> {
-        let expect = Expect {
-            proto: row.proto,
-            bytes: case.bytes,
-            upload: case.upload,
-        };
-        let path = if case.upload {
-            format!("/upload/{}.bin", row.id)
-        } else {
-            format!("/{}", case.file)
-        };
+        let (expect, path) = expect_and_path(row, case);
         if row.proto == Proto::H3 && self.args.client == ClientArg::Aioquic {
             let src = self.s.work.path("www").join(&case.file);
             return client::run_h3get(
@@ -275,16 +274,7 @@ impl<'a> Runner<'a> {
         from: Option<std::net::Ipv4Addr>,
         ns: &str,
     ) -> Result<Sample, LabError> {
-        let expect = Expect {
-            proto: row.proto,
-            bytes: case.bytes,
-            upload: case.upload,
-        };
-        let path = if case.upload {
-            format!("/upload/{}.bin", row.id)
-        } else {
-            format!("/{}", case.file)
-        };
+        let (expect, path) = expect_and_path(row, case);
         // Paths as the client sees them: inside the chroot, the work dir is under /mnt/<prefix>.
         let (ca, upload) = match &self.chroot {
             Some(_) => {
@@ -361,6 +351,39 @@ impl<'a> Runner<'a> {
         .ok()
         .map(|t| ProxyStats::parse(&t))
     }
+}
+
+/// One empty cell per active row of `case`.
+pub(super) fn empty_cells(case: &Case, active: &[&Row]) -> Vec<Cell> {
+    active
+        .iter()
+        .map(|r| Cell {
+            case_id: case.id.clone(),
+            row: r.id.into(),
+            ..Cell::default()
+        })
+        .collect()
+}
+
+/// What a row's transfer of `case` must deliver, and the URL path it asks for.
+fn expect_and_path(row: &Row, case: &Case) -> (Expect, String) {
+    let expect = Expect {
+        proto: row.proto,
+        bytes: case.bytes,
+        upload: case.upload,
+    };
+    let path = if case.upload {
+        format!("/upload/{}.bin", row.id)
+    } else {
+        format!("/{}", case.file)
+    };
+    (expect, path)
+}
+
+/// Prints a sample's progress line and keeps it in its cell.
+pub(super) fn record(case: &Case, run: usize, row: &Row, cell: &mut Cell, x: Sample) {
+    progress(case, run, row, &x);
+    cell.samples.push(x);
 }
 
 pub(super) fn progress(case: &Case, run: usize, row: &Row, x: &Sample) {

@@ -3,11 +3,8 @@
 //! second download of the row itself), through the case's bottleneck and drop-tail queue;
 //! the router counts what each address received in the window.
 
-use std::sync::atomic::Ordering;
-
 use super::plan::share_timing;
-use super::runner::Runner;
-use super::INTERRUPTED;
+use super::runner::{empty_cells, Runner};
 use crate::client::Proto;
 use crate::emu::{EmuConfig, RuleProto};
 use crate::report::{Case, Cell};
@@ -37,14 +34,7 @@ impl Runner<'_> {
         case: &Case,
         active: &[&Row],
     ) -> (Vec<Cell>, Option<String>) {
-        let mut cells: Vec<Cell> = active
-            .iter()
-            .map(|r| Cell {
-                case_id: case.id.clone(),
-                row: r.id.into(),
-                ..Cell::default()
-            })
-            .collect();
+        let mut cells = empty_cells(case, active);
         if let Err(e) = self.prepare_share(case) {
             return (cells, Some(format!("S6 setup: {e}")));
         }
@@ -67,22 +57,10 @@ impl Runner<'_> {
         active: &[&Row],
         cells: &mut [Cell],
     ) -> Option<String> {
-        for run in 0..case.runs {
+        self.rounds(case, active, cells, |r, row, run, cell| {
             let seed = (ci as u64 + 1) * 1000 + run as u64 + 1;
-            for k in 0..active.len() {
-                let i = (k + run) % active.len();
-                if INTERRUPTED.load(Ordering::SeqCst) {
-                    return Some("interrupted".into());
-                }
-                if let Err(e) = self.one_share(active[i], case, seed, run, &mut cells[i]) {
-                    return Some(format!("lab error: {e}"));
-                }
-            }
-            if let Some(dead) = self.s.dead_process() {
-                return Some(format!("a server died: {dead}"));
-            }
-        }
-        None
+            r.one_share(row, case, seed, run, cell)
+        })
     }
 
     fn one_share(
