@@ -124,9 +124,10 @@ pub struct HyStart {
     rounds: u32,
 }
 
-/// RFC 9406 `RttThresh`: an eighth of the last round's minimum, between 4 and 16 ms.
-pub fn rtt_threshold(last_round_min: Duration) -> Duration {
-    (last_round_min / MIN_RTT_DIVISOR).clamp(MIN_RTT_THRESH, MAX_RTT_THRESH)
+/// RFC 9406 `RttThresh`: an eighth of `rtt`, between 4 and 16 ms. The RFC takes the last
+/// round's minimum; the in-round test here takes the path's minimum (`base_rtt`).
+pub fn rtt_threshold(rtt: Duration) -> Duration {
+    (rtt / MIN_RTT_DIVISOR).clamp(MIN_RTT_THRESH, MAX_RTT_THRESH)
 }
 
 impl HyStart {
