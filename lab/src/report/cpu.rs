@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
+use super::markdown::table_head;
 use super::{stats, BenchReport, Case, Cell};
 use crate::rows::H2;
 use crate::scenario::{self, Measure};
@@ -110,11 +111,23 @@ pub fn write_loopback_table(m: &mut String, r: &BenchReport) {
     let _ = writeln!(m);
     let _ = writeln!(m, "curl 8.14 runs in the server namespace and fetches from the servers' address there, so packets cross `lo`, not the router. CPU = utime + stime from /proc of the server process and its children over each transfer (other load on the machine does not count); s/GB per 1e9 bytes, median (min–max) over the cell's transfers. \"server\" is the row's own process (our proxy, Caddy, nginx 1.26; for h2 the ingress nginx), \"ingress\" the nginx 1.22 behind a proxying row. Wall times in ms (median, p90); ×h2 = median / h2's median in the same case; load = 1-minute load average after each transfer (min–max).");
     let _ = writeln!(m);
-    let _ = writeln!(
+    table_head(
         m,
-        "| Case | Row | n | server CPU s/GB | ingress s/GB | server+ingress s/GB | median ms | p90 ms | MB/s | ×h2 | fail | load |"
+        &[
+            "Case",
+            "Row",
+            "n",
+            "server CPU s/GB",
+            "ingress s/GB",
+            "server+ingress s/GB",
+            "median ms",
+            "p90 ms",
+            "MB/s",
+            "×h2",
+            "fail",
+            "load",
+        ],
     );
-    let _ = writeln!(m, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     for case in cases {
         let h2 = r.cell(&case.id, H2).map(|c| stats(c, case.bytes));
         for row in &r.rows {

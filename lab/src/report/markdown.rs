@@ -187,17 +187,24 @@ fn write_header(m: &mut String, r: &BenchReport) {
     let _ = writeln!(m);
 }
 
+/// A markdown table's header row and separator, one column per name.
+pub(super) fn table_head(m: &mut String, columns: &[&str]) {
+    let _ = writeln!(m, "| {} |", columns.join(" | "));
+    let _ = writeln!(m, "|{}", "---|".repeat(columns.len()));
+}
+
 fn write_table(m: &mut String, r: &BenchReport) {
     // S6 and E1 cases have tables of their own.
     let own_table = |c: &Case| c.competitor.is_some() || super::cpu::is_loopback(c);
     if r.cases.iter().all(own_table) {
         return;
     }
-    let _ = writeln!(
+    table_head(
         m,
-        "| Scen | Case | Row | n | median s | p90 s | max s | fail | ×h2 | notes |"
+        &[
+            "Scen", "Case", "Row", "n", "median s", "p90 s", "max s", "fail", "×h2", "notes",
+        ],
     );
-    let _ = writeln!(m, "|---|---|---|---|---|---|---|---|---|---|");
     for case in r.cases.iter().filter(|c| !own_table(c)) {
         let h2 = r.cell(&case.id, H2).map(|c| stats(c, case.bytes));
         for row in &r.rows {

@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+use super::markdown::table_head;
 use super::{BenchReport, Case, Cell};
 use crate::rows::H2;
 
@@ -68,11 +69,20 @@ pub fn write_share_table(m: &mut String, r: &BenchReport) {
     let _ = writeln!(m);
     let _ = writeln!(m, "The competitor is one HTTP/2 download from the same nginx (kernel TCP CUBIC or BBR), or, \"vs itself\", a second download of the row's own server with the same client. The h2 row is the TCP reference: HTTP/2 whose server-side TCP runs CUBIC (per-route congctl). Share = the row's bytes / both flows' bytes through the bottleneck in the window (router counters per client address); median and range over the runs that count.");
     let _ = writeln!(m);
-    let _ = writeln!(
+    table_head(
         m,
-        "| Case | Row | runs | share median | share min–max | row Mbit/s | competitor Mbit/s | queue drops row/competitor | notes |"
+        &[
+            "Case",
+            "Row",
+            "runs",
+            "share median",
+            "share min–max",
+            "row Mbit/s",
+            "competitor Mbit/s",
+            "queue drops row/competitor",
+            "notes",
+        ],
     );
-    let _ = writeln!(m, "|---|---|---|---|---|---|---|---|---|");
     for case in cases {
         for row in r
             .rows
