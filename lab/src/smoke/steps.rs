@@ -8,7 +8,7 @@ use super::probe::counted;
 use super::{H3Target, Report};
 use crate::client::{self, Expect, Proto, Sample};
 use crate::emu::{Counters, EmuConfig, RuleProto};
-use crate::scenario::{FileSpec, PathSpec, SmokeStep, BULK, MB1, MB4, MB5_7, SCENARIOS};
+use crate::scenario::{FileSpec, PathSpec, SmokeStep, TcpCc, BULK, MB1, MB4, MB5_7, SCENARIOS};
 use crate::servers::INGRESS_PORT;
 use crate::session::Session;
 use crate::share::{self, Window};
@@ -392,7 +392,7 @@ fn share_step(
     };
     crate::servers::make_file(&s.work, BULK.name, BULK.bytes)?;
     share::add_second_client(s)?;
-    share::set_route_cc(s, CLIENT2_V4, "cubic")?;
+    share::set_route_cc(s, CLIENT2_V4, TcpCc::Cubic.name())?;
     s.set(&p.emu(RuleProto::Any, Some(rate_mbit), 1))?;
     let w = Window {
         warm_up_s: 3.0,
@@ -412,7 +412,7 @@ fn share_step(
     r.check(
         &format!("{id} h3 h3-ingress beside h2 (TCP CUBIC) through {rate_mbit} Mbit/s"),
         x.invalid.is_none()
-            && x.other_tcp_cc == "cubic"
+            && x.other_tcp_cc == TcpCc::Cubic.name()
             && a > 0.05 * rate_mbit
             && b > 0.05 * rate_mbit
             && a + b <= 1.05 * rate_mbit
