@@ -408,6 +408,10 @@ fn record_stats(conn: &quinn::Connection, m: &Metrics) {
         forgiven = counters.map_or(0, |c| c.handshake_losses_forgiven),
         tolerated = counters.map_or(0, |c| c.random_losses_tolerated),
         cwnd = s.path.cwnd,
+        // Frames we sent saying the client's flow-control window, not the path, held us back.
+        data_blocked = s.frame_tx.data_blocked,
+        stream_data_blocked = s.frame_tx.stream_data_blocked,
+        css_entries = counters.map_or(0, |c| c.css_entries),
         "connection closed"
     );
 }
