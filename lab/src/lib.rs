@@ -41,6 +41,8 @@ use netns::LabNames;
 /// The lab's own minimal aioquic client (one HTTP/3 request, JSON result), written into a
 /// run's work directory when the project's test client is not at hand.
 pub const H3GET: &str = include_str!("../scripts/h3get.py");
+/// The LD_PRELOAD shim behind `bench --tcp-pacing`, compiled into a run's work directory.
+pub const TCP_PACING_SHIM: &str = include_str!("../scripts/tcp-pacing.c");
 
 #[derive(Debug, thiserror::Error)]
 pub enum LabError {

@@ -238,9 +238,33 @@ http {{
     )
 }
 
-pub fn start_ingress(ns: &str, work: &Work, pki: &Pki) -> Result<Proc, LabError> {
+/// The TCP pacing shim (`lab/scripts/tcp-pacing.c`), compiled with the system's `cc` into the
+/// work directory: preloaded into the ingress nginx, it turns on the kernel's own pacing for
+/// every connection nginx accepts.
+pub fn build_pacing_shim(work: &Work) -> Result<PathBuf, LabError> {
+    let src = work.path("tcp-pacing.c");
+    let lib = work.path("tcp-pacing.so");
+    fs::write(&src, crate::TCP_PACING_SHIM).map_err(io("write the pacing shim"))?;
+    netns::run(
+        "cc",
+        &["-O2", "-shared", "-fPIC", "-o", &s(&lib), &s(&src), "-ldl"],
+    )?;
+    Ok(lib)
+}
+
+/// Starts the ingress nginx; `pacing_shim` preloads [`build_pacing_shim`]'s library.
+pub fn start_ingress(
+    ns: &str,
+    work: &Work,
+    pki: &Pki,
+    pacing_shim: Option<&Path>,
+) -> Result<Proc, LabError> {
     let conf = work.path("nginx-ingress.conf");
     fs::write(&conf, nginx_ingress_conf(&work.dir, pki)).map_err(io("write nginx conf"))?;
+    let env: Vec<(&str, String)> = pacing_shim
+        .map(|p| ("LD_PRELOAD", s(p)))
+        .into_iter()
+        .collect();
     let p = Proc::spawn(
         "nginx-ingress",
         ns,
@@ -251,7 +275,7 @@ pub fn start_ingress(ns: &str, work: &Work, pki: &Pki) -> Result<Proc, LabError>
             "-g".into(),
             "daemon off;".into(),
         ],
-        &[],
+        &env,
         work.log("nginx-ingress"),
     )?;
     wait_tcp(

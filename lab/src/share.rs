@@ -119,15 +119,27 @@ pub fn clear_route_cc(s: &Session) {
     }
 }
 
-/// The congestion controls `ss -tin` shows for the server's TCP sockets. Pure: each socket's
-/// info line (indented) starts with the controller's name.
+/// The congestion controls `ss -tin` shows for the server's TCP sockets, with " paced" after
+/// those that carry a maximum pacing rate (`pacing_rate A/B`: SO_MAX_PACING_RATE is set, so
+/// the kernel paces the flow). Pure: each socket's info line (indented) starts with the
+/// controller's name.
 pub fn socket_ccs(ss: &str) -> Vec<String> {
     let mut v: Vec<String> = ss
         .lines()
         .filter(|l| l.starts_with([' ', '\t']))
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_alphanumeric()))
-        .map(str::to_string)
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            let cc = words.next()?;
+            let paced = words
+                .skip_while(|w| *w != "pacing_rate")
+                .nth(1)
+                .is_some_and(|rate| rate.contains('/'));
+            let plain = !cc.is_empty() && cc.bytes().all(|b| b.is_ascii_alphanumeric());
+            plain.then(|| match paced {
+                true => format!("{cc} paced"),
+                false => cc.to_string(),
+            })
+        })
         .collect();
     v.sort();
     v.dedup();
@@ -228,6 +240,11 @@ mod tests {
                    ESTAB 0 0 10.77.2.2:443 10.77.1.3:40004\n\t cubic wscale:7,7\n";
         assert_eq!(socket_ccs(out), vec!["bbr", "cubic"]);
         assert!(socket_ccs("").is_empty());
+        let paced = "ESTAB 0 0 10.77.2.2:443 10.77.1.3:40000\n\t cubic wscale:7,7 rtt:203/1 \
+                     pacing_rate 13352256bps/34359738352bps delivery_rate 1bps\n\
+                     ESTAB 0 0 10.77.2.2:443 10.77.1.4:40002\n\t bbr rtt:201/1 \
+                     pacing_rate 9000000bps delivery_rate 1bps\n";
+        assert_eq!(socket_ccs(paced), vec!["bbr", "cubic paced"]);
     }
 
     #[test]

@@ -412,6 +412,8 @@ fn record_stats(conn: &quinn::Connection, m: &Metrics) {
         data_blocked = s.frame_tx.data_blocked,
         stream_data_blocked = s.frame_tx.stream_data_blocked,
         css_entries = counters.map_or(0, |c| c.css_entries),
+        persistent_congestion = counters.map_or(0, |c| c.persistent_congestion),
+        app_limited_acks = counters.map_or(0, |c| c.app_limited_acks),
         "connection closed"
     );
 }

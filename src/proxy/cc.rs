@@ -130,6 +130,13 @@ pub struct CcCounters {
     pub css_entries: u64,
     /// 1 when HyStart++ ended the initial slow start (no loss did).
     pub slow_start_delay_exits: u64,
+    /// Collapses to the minimum window after persistent congestion (RFC 9002 7.6): TCP's
+    /// equivalent is a retransmission timeout.
+    pub persistent_congestion: u64,
+    /// Acknowledgements outside recovery that quinn flagged app-limited (the sender had nothing
+    /// it could send: the client's flow control or the upstream held it back), so the window
+    /// did not grow on them.
+    pub app_limited_acks: u64,
 }
 
 /// The counters of a connection's controller if it is a `cubic-hs` or `cubic-hs-lt` one. quinn
@@ -483,6 +490,7 @@ impl CubicHs {
         self.recovering = false;
 
         if app_limited {
+            self.counters.app_limited_acks += 1;
             self.app_limited_since.get_or_insert(now);
             return;
         }
@@ -682,6 +690,7 @@ impl Controller for CubicHs {
             self.recent.on_loss(lost_bytes);
         }
         if is_persistent_congestion {
+            self.counters.persistent_congestion += 1;
             // RFC 9002 7.6.2: collapse whatever phase we are in, the handshake included.
             let counted = !self.sent_in_recovery(sent);
             if counted {
@@ -925,6 +934,7 @@ mod tests {
         assert!(!cc.in_recovery());
         assert_eq!(cc.congestion_events(), 2);
         assert_eq!(stats.congestion_events(), 2);
+        assert_eq!(cc.counters().persistent_congestion, 1);
         // Recovery was reset: the next loss reduces again (floored at the minimum window).
         let later = sent + 6 * rtt;
         cc.on_congestion_event(later + rtt, later, false, PKT);
@@ -1210,6 +1220,7 @@ mod tests {
             cc.ack(start + Duration::from_secs(s), start, PKT, true, rtt);
         }
         assert_eq!(cc.window(), before);
+        assert_eq!(cc.counters().app_limited_acks, 20);
         let resume = start + Duration::from_secs(20);
         cc.ack(resume, resume - ms(1), PKT, false, rtt);
         let jump = cc.window() - before;

@@ -78,6 +78,14 @@ pub fn describe_run(env: &mut Env, a: &BenchArgs, proxy_bin: Option<&Path>) {
     );
     set("nginx", first_line("nginx", &["-v"]));
     set(
+        "tcp_pacing",
+        match a.tcp_pacing {
+            true => "paced by the kernel (SO_MAX_PACING_RATE on accepted sockets)",
+            false => "not paced (no fq qdisc; the kernel paces only BBR)",
+        }
+        .into(),
+    );
+    set(
         "caddy",
         format!(
             "Caddy {} (reverse proxy to the ingress)",

@@ -75,6 +75,13 @@ pub struct BenchArgs {
     /// default: the machine's (`net.ipv4.tcp_congestion_control`), named in the report.
     #[arg(long)]
     pub tcp_congestion_control: Option<String>,
+    /// Pace the ingress nginx's TCP connections (the HTTP/2 flows of S6 and every h2 row):
+    /// an LD_PRELOAD shim (`lab/scripts/tcp-pacing.c`, built with `cc`) sets
+    /// SO_MAX_PACING_RATE on each accepted socket, which turns on the kernel's own TCP
+    /// pacing. A paced TCP reference for kernels without the `fq` qdisc; S6 runs whose
+    /// sockets `ss` does not show paced do not count.
+    #[arg(long)]
+    pub tcp_pacing: bool,
     /// Keep only the cases whose id contains one of these (e.g. `S6-50ms-20mbit`).
     #[arg(long, value_delimiter = ',')]
     pub cells: Vec<String>,

@@ -53,7 +53,11 @@ impl<'a> Runner<'a> {
         not_run: &mut NotRun,
     ) -> Result<(), LabError> {
         let ns = self.s.names.server_ns.clone();
-        let ingress = servers::start_ingress(&ns, &self.s.work, &self.s.pki)?;
+        let shim = match self.args.tcp_pacing {
+            true => Some(servers::build_pacing_shim(&self.s.work)?),
+            false => None,
+        };
+        let ingress = servers::start_ingress(&ns, &self.s.work, &self.s.pki, shim.as_deref())?;
         self.s.keep(ingress);
         let inside = match &self.chroot {
             Some(root) => Some((root.clone(), self.s.mount_chroot(root)?.inside.clone())),

@@ -97,7 +97,7 @@ impl Runner<'_> {
         // No /metrics deltas here: the proxy records a connection when it closes, and the
         // client's time limit leaves it to the idle timeout, after the run.
         self.drain();
-        check_tcp_cc(&mut x, row.proto, against);
+        check_tcp_cc(&mut x, row.proto, against, self.args.tcp_pacing);
         eprintln!(
             "[{} {} {}/{}] {:<22} share {} ({:.1} vs {:.1} Mbit/s, queue drops {}/{}, tcp {}/{}){} load {}",
             case.scenario,
@@ -149,24 +149,28 @@ fn route_cc(against: Competitor) -> TcpCc {
 }
 
 /// What `ss` must show for the server's TCP sockets toward the first and the second client
-/// address ("" for none: an HTTP/3 flow). Pure.
-fn expected_tcp_cc(row: Proto, against: Competitor) -> (&'static str, &'static str) {
+/// address ("" for none: an HTTP/3 flow; " paced" after the name with `--tcp-pacing`). Pure.
+fn expected_tcp_cc(row: Proto, against: Competitor, paced: bool) -> (String, String) {
+    let name = |cc: TcpCc| match paced {
+        true => format!("{} paced", cc.name()),
+        false => cc.name().to_string(),
+    };
     let row_cc = match row {
-        Proto::H2 => TcpCc::Cubic.name(),
-        Proto::H3 => "",
+        Proto::H2 => name(TcpCc::Cubic),
+        Proto::H3 => String::new(),
     };
     let other_cc = match against {
-        Competitor::Tcp(cc) => cc.name(),
-        Competitor::Itself => row_cc,
+        Competitor::Tcp(cc) => name(cc),
+        Competitor::Itself => row_cc.clone(),
     };
     (row_cc, other_cc)
 }
 
-/// A run counts only if the server's sockets ran the controllers the case names (see
-/// [`expected_tcp_cc`]); an HTTP/3 row's own flow is not checked (the proxy's controller is
-/// its configuration).
-fn check_tcp_cc(x: &mut ShareSample, row: Proto, against: Competitor) {
-    let (row_cc, other_cc) = expected_tcp_cc(row, against);
+/// A run counts only if the server's sockets ran the controllers (and the pacing) the case
+/// names (see [`expected_tcp_cc`]); an HTTP/3 row's own flow is not checked (the proxy's
+/// controller is its configuration).
+fn check_tcp_cc(x: &mut ShareSample, row: Proto, against: Competitor, paced: bool) {
+    let (row_cc, other_cc) = expected_tcp_cc(row, against, paced);
     let mut wrong = Vec::new();
     if x.other_tcp_cc != other_cc {
         wrong.push(format!(
@@ -193,13 +197,25 @@ mod tests {
     fn each_competitor_names_the_controllers_ss_must_show() {
         let cubic = Competitor::Tcp(TcpCc::Cubic);
         let bbr = Competitor::Tcp(TcpCc::Bbr);
-        assert_eq!(expected_tcp_cc(Proto::H2, bbr), ("cubic", "bbr"));
-        assert_eq!(expected_tcp_cc(Proto::H3, cubic), ("", "cubic"));
+        let pair = |a: &str, b: &str| (a.to_string(), b.to_string());
+        assert_eq!(expected_tcp_cc(Proto::H2, bbr, false), pair("cubic", "bbr"));
+        assert_eq!(expected_tcp_cc(Proto::H3, cubic, false), pair("", "cubic"));
         assert_eq!(
-            expected_tcp_cc(Proto::H2, Competitor::Itself),
-            ("cubic", "cubic")
+            expected_tcp_cc(Proto::H2, Competitor::Itself, false),
+            pair("cubic", "cubic")
         );
-        assert_eq!(expected_tcp_cc(Proto::H3, Competitor::Itself), ("", ""));
+        assert_eq!(
+            expected_tcp_cc(Proto::H3, Competitor::Itself, false),
+            pair("", "")
+        );
+        assert_eq!(
+            expected_tcp_cc(Proto::H2, bbr, true),
+            pair("cubic paced", "bbr paced")
+        );
+        assert_eq!(
+            expected_tcp_cc(Proto::H3, cubic, true),
+            pair("", "cubic paced")
+        );
         assert_eq!(route_cc(Competitor::Itself), TcpCc::Cubic);
         assert_eq!(route_cc(bbr), TcpCc::Bbr);
     }
@@ -214,14 +230,21 @@ mod tests {
             ..ShareSample::default()
         };
         let mut x = ok("", "");
-        check_tcp_cc(&mut x, Proto::H3, Competitor::Itself);
+        check_tcp_cc(&mut x, Proto::H3, Competitor::Itself, false);
         assert_eq!(x.invalid, None);
         // A second HTTP/3 flow that turned out to be TCP: not the cell it claims to be.
         let mut x = ok("", "cubic");
-        check_tcp_cc(&mut x, Proto::H3, Competitor::Itself);
+        check_tcp_cc(&mut x, Proto::H3, Competitor::Itself, false);
         assert!(x.invalid.unwrap().contains("competing flow"));
         let mut x = ok("bbr", "cubic");
-        check_tcp_cc(&mut x, Proto::H2, Competitor::Tcp(TcpCc::Cubic));
+        check_tcp_cc(&mut x, Proto::H2, Competitor::Tcp(TcpCc::Cubic), false);
         assert!(x.invalid.unwrap().contains("the row's TCP ran \"bbr\""));
+        // --tcp-pacing whose shim did not take: the TCP flow was not paced.
+        let mut x = ok("", "cubic");
+        check_tcp_cc(&mut x, Proto::H3, Competitor::Tcp(TcpCc::Cubic), true);
+        assert!(x.invalid.unwrap().contains("not \"cubic paced\""));
+        let mut x = ok("", "cubic paced");
+        check_tcp_cc(&mut x, Proto::H3, Competitor::Tcp(TcpCc::Cubic), true);
+        assert_eq!(x.invalid, None);
     }
 }

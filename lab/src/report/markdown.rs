@@ -181,7 +181,7 @@ fn write_header(m: &mut String, r: &BenchReport) {
         }
     );
     let _ = writeln!(m, "- client: {} in the client namespace, fresh connection per transfer, rows round-robin within each case", e("client"));
-    let _ = writeln!(m, "- servers: {} as the TCP ingress (TLS 1.3 + h2, kernel TCP congestion control {}), certificate chain root+intermediate+leaf RSA, {} DER bytes; {}; {}", e("nginx"), e("tcp_cc"), e("chain_der_bytes"), e("caddy"), e("nginx_h3"));
+    let _ = writeln!(m, "- servers: {} as the TCP ingress (TLS 1.3 + h2, kernel TCP congestion control {}, TCP {}), certificate chain root+intermediate+leaf RSA, {} DER bytes; {}; {}", e("nginx"), e("tcp_cc"), r.env.get("tcp_pacing").map_or("not paced", String::as_str), e("chain_der_bytes"), e("caddy"), e("nginx_h3"));
     let _ = writeln!(m, "- path: RTT split evenly over both directions; random loss both ways, seeded per run (same seed for every row of a run); first-flight rule drops the last datagram (h3) or TLS segment (h2) of the server's first flight; MTU cases drop ICMP; {}", e("rate"));
     let _ = writeln!(m, "- times are curl's time_total in seconds over successful transfers (nearest-rank p90); failures counted separately; ×h2 = median / h2 median of the same case");
     let _ = writeln!(m);

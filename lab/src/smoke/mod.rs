@@ -149,7 +149,7 @@ fn smoke(a: &SmokeArgs, exe: &Path, report: &mut Report) -> Result<(), LabError>
 /// The ingress (h2), Caddy and our proxy (h3); returns the h3 servers.
 fn start_servers(s: &mut Session, exe: &Path) -> Result<Vec<H3Target>, LabError> {
     let ns = s.names.server_ns.clone();
-    let ingress = servers::start_ingress(&ns, &s.work, &s.pki)?;
+    let ingress = servers::start_ingress(&ns, &s.work, &s.pki, None)?;
     s.keep(ingress);
     let caddy = servers::start_caddy(&ns, &s.work, &s.pki, CADDY_PORT)?;
     s.keep(caddy);
