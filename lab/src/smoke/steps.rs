@@ -480,12 +480,21 @@ fn loopback_cpu(
                 "{id} {proto} {} over loopback from {server}, its CPU time read",
                 file.label
             ),
-            x.ok && crossed == 0 && cpu >= 0.0,
+            x.ok && crossed <= stray_packets(get.bytes) && cpu >= 0.0,
             format!(
-                "{}, {server} CPU {cpu:.3} s, router packets {crossed}",
-                describe(&x)
+                "{}, {server} CPU {cpu:.3} s, router packets {crossed} (at most {})",
+                describe(&x),
+                stray_packets(get.bytes)
             ),
         );
     }
     Ok(())
+}
+
+/// How many router packets an E1 transfer of `bytes` may see and still count as a loopback
+/// one: 1 % of its datagrams. A transfer routed through the router would cross it thousands
+/// of times; the few that do cross come from earlier steps' connections (S6's flows end at a
+/// time limit, and the proxy keeps probing their client until its idle timeout).
+fn stray_packets(bytes: u64) -> u64 {
+    bytes / 1200 / 100
 }
