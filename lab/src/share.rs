@@ -134,7 +134,7 @@ pub fn socket_ccs(ss: &str) -> Vec<String> {
                 .skip_while(|w| *w != "pacing_rate")
                 .nth(1)
                 .is_some_and(|rate| rate.contains('/'));
-            let plain = !cc.is_empty() && cc.bytes().all(|b| b.is_ascii_alphanumeric());
+            let plain = cc.bytes().all(|b| b.is_ascii_alphanumeric());
             plain.then(|| match paced {
                 true => format!("{cc} paced"),
                 false => cc.to_string(),

@@ -81,7 +81,7 @@ pub fn describe_run(env: &mut Env, a: &BenchArgs, proxy_bin: Option<&Path>) {
         "tcp_pacing",
         match a.tcp_pacing {
             true => "paced by the kernel (SO_MAX_PACING_RATE on accepted sockets)",
-            false => "not paced (no fq qdisc; the kernel paces only BBR)",
+            false => "not paced (the lab installs no fq qdisc, so the kernel paces only BBR)",
         }
         .into(),
     );

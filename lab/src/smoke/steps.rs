@@ -492,9 +492,10 @@ fn loopback_cpu(
 }
 
 /// How many router packets an E1 transfer of `bytes` may see and still count as a loopback
-/// one: 1 % of its datagrams. A transfer routed through the router would cross it thousands
-/// of times; the few that do cross come from earlier steps' connections (S6's flows end at a
-/// time limit, and the proxy keeps probing their client until its idle timeout).
+/// one: 1 % of its datagrams at QUIC's smallest size. A transfer routed through the router
+/// would cross it thousands of times; the few that do cross likely come from earlier steps'
+/// connections (S6's flows end at a time limit, and the proxy keeps probing their client until
+/// its idle timeout).
 fn stray_packets(bytes: u64) -> u64 {
-    bytes / 1200 / 100
+    bytes / u64::from(h3_ingress::proxy::transport::INITIAL_MTU) / 100
 }
