@@ -357,7 +357,10 @@ fn free_ports_are_bindable_on_both_families() {
         let b = std::net::TcpListener::bind(Family::V6.addr(t)).ok()?;
         Some((a, b))
     };
-    assert!((0..5).any(|_| bind_tcp(free_tcp_port()).is_some()));
+    assert!(
+        (0..5).any(|_| bind_tcp(free_tcp_port()).is_some()),
+        "five free TCP ports in a row could not be bound on both families"
+    );
     let bind_udp = |u| {
         let a = std::net::UdpSocket::bind(Family::V4.addr(u)).ok()?;
         let b = std::net::UdpSocket::bind(Family::V6.addr(u)).ok()?;
