@@ -11,7 +11,7 @@
 #
 # Usage: scripts/loopback-cpu.sh [--binary target/release/h3-ingress] [--size-mb 256] [--runs 3]
 #            [--chroot /work/trixie-root] [--max-udp-payload 1472] [--callgrind N_MB] [--perf]
-#            [--strace] [--keep]
+#            [--strace] [--keep] [--client curl|check]
 #   --max-udp-payload the proxy's path-MTU probing bound (transport.maxUdpPayloadBytes); pinned
 #                     because by default it follows the host's largest interface MTU, and the
 #                     packet size sets most of the cost per byte
@@ -20,6 +20,9 @@
 #   --perf            also record the proxy with `perf record -e cpu-clock` for one download
 #   --strace          also count the proxy's system calls (strace -c) for one download
 #   --keep            keep the work directory (certs, configs, logs, profiles)
+#   --client          the HTTP/3 client: curl 8.14 (default; 1200-byte datagrams, no UDP GRO) or
+#                     the binary's own `check` (quinn: path-MTU discovery to the payload bound,
+#                     UDP GRO, a 4 MiB receive buffer), to tell the client's share of the cost
 # Needs root (chroot), nginx, openssl; valgrind/perf for the profiling options.
 set -euo pipefail
 
@@ -32,6 +35,7 @@ MAX_UDP_PAYLOAD=1472
 PERF=0
 STRACE=0
 KEEP=0
+CLIENT=curl
 while [[ $# -gt 0 ]]; do
     case $1 in
         --binary) BIN=$2; shift 2 ;;
@@ -43,11 +47,13 @@ while [[ $# -gt 0 ]]; do
         --perf) PERF=1; shift ;;
         --strace) STRACE=1; shift ;;
         --keep) KEEP=1; shift ;;
+        --client) CLIENT=$2; shift 2 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
 
 die() { echo "loopback-cpu: $*" >&2; exit 1; }
+[[ $CLIENT == curl || $CLIENT == check ]] || die "--client must be curl or check, not $CLIENT"
 [[ $(id -u) -eq 0 ]] || die "needs root (chroot for curl)"
 [[ -x $BIN ]] || die "no binary at $BIN (cargo build --release)"
 [[ -x $CHROOT/usr/bin/curl ]] || die "no curl in $CHROOT (scripts/trixie-chroot.sh $CHROOT)"
@@ -56,7 +62,6 @@ TICK=$(getconf CLK_TCK)
 
 # The work directory lives inside the chroot so curl can read the CA file.
 WORK=$(mktemp -d "$CHROOT/tmp/h3i-cpu.XXXXXX")
-INSIDE=/tmp/$(basename "$WORK")
 PIDS=()
 cleanup() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -120,7 +125,7 @@ NGINX_MASTER=$!
 start_proxy() {
     RUST_LOG=${RUST_LOG:-info} "$@" proxy --config "$WORK/proxy.yaml" >>"$WORK/logs/proxy.log" 2>&1 &
     PROXY=$!
-    PIDS+=($PROXY)
+    PIDS+=("$PROXY")
     for _ in $(seq 1 200); do
         curl -sf "http://127.0.0.1:$ADMIN/readyz" >/dev/null 2>&1 && return 0
         sleep 0.1
@@ -138,7 +143,14 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 nginx_worker() { pgrep -P "$NGINX_MASTER" | head -1; }
 metric() { curl -s "http://127.0.0.1:$ADMIN/metrics" | awk -v n="$1" '$1 == n {print $2}'; }
 
-fetch() { # proto path -> "time_total size_download"
+fetch() { # proto path -> "time_total size_download http_version"
+    if [[ $1 == http3-only && $CLIENT == check ]]; then
+        "$BIN" check --json --timeout 300 --cacert "$WORK/ca.pem" --resolve "a.test:$PORT:127.0.0.1" \
+            "https://a.test:$PORT/$2" | python3 -c 'import json, sys
+h3 = json.load(sys.stdin)["h3"]
+print(h3["total_ms"] / 1000 if h3["ok"] else 0, h3["body_bytes"], 3)'
+        return
+    fi
     chroot "$CHROOT" curl -sk -o /dev/null --resolve "a.test:$PORT:127.0.0.1" "--$1" \
         -w '%{time_total} %{size_download} %{http_version}\n' "https://a.test:$PORT/$2"
 }
@@ -148,7 +160,7 @@ WORKER=$(nginx_worker)
 [[ -n $WORKER ]] || die "nginx did not start: $(cat "$WORK/logs/nginx.out" "$WORK/logs/error.log")"
 start_proxy "$BIN"
 
-echo "loopback-cpu: $(basename "$BIN") $(sha256sum "$BIN" | cut -c1-12), ${SIZE_MB} MB x $RUNS, max UDP payload $MAX_UDP_PAYLOAD, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "loopback-cpu: $(basename "$BIN") $(sha256sum "$BIN" | cut -c1-12), h3 client $CLIENT, ${SIZE_MB} MB x $RUNS, max UDP payload $MAX_UDP_PAYLOAD, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '| %-3s | %-8s | %7s | %8s | %9s | %9s | %11s | %13s | %10s |\n' \
     run proto seconds MB/s "proxy cpu" "nginx cpu" "proxy s/GB" "proxy+nginx" "h3 loss"
 printf '|-----|----------|---------|----------|-----------|-----------|-------------|---------------|------------|\n'
