@@ -3,14 +3,18 @@
 
 The traces come from a lab built with scripts/experiments/lab-queue-trace.patch and run with
 H3I_EXPERIMENT_QUEUE_TRACE=FILE (one bench invocation per file, one row, one run). Each line:
-time in ns, the client address's last octet, IP length, backlog bytes ahead, 1 if dropped.
-Octet 2 is the row's client (the loss-based flow), octet 3 the competing TCP download.
+time in ns, the client address's last octet, IP length, backlog bytes ahead, 1 if dropped, and
+`c2s` on client-to-server packets (later traces only). Octet 2 is the row's client (the
+loss-based flow), octet 3 the competing TCP download.
 
 Per flow, over the 60 s after the first 5 s in which both flows send: the arrival rate, the
 drops, the silences between consecutive arrivals (longer than 10, 25, 50 and 100 ms) and, for
-the loss-based flow, how long before each silence over 25 ms its own last drop was.
+the loss-based flow, how long before each silence over 25 ms its own last drop was. With
+client-to-server lines, also each client's packets per second toward the server (its
+acknowledgements), the server's packets per client packet, and per silence how many client
+packets reached the server during it (the router records them one one-way delay earlier).
 
-Usage: queue-trace-gaps.py TRACE...
+Usage: queue-trace-gaps.py [--one-way-ms 100] TRACE...
 """
 import bisect
 import sys
@@ -21,13 +25,16 @@ LOSS_BASED, COMPETITOR = 2, 3
 
 
 def load(path):
-    rows = []
+    """Server-to-client rows and client-to-server rows (time ns, octet, length)."""
+    rows, c2s = [], []
     with open(path) as f:
         for line in f:
             p = line.split()
             if len(p) == 5:
                 rows.append((int(p[0]), int(p[1]), int(p[2]), int(p[3]), p[4] == "1"))
-    return rows
+            elif len(p) == 6 and p[5] == "c2s":
+                c2s.append((int(p[0]), int(p[1]), int(p[2])))
+    return rows, c2s
 
 
 def since_drop_bucket(since_ms):
@@ -39,8 +46,8 @@ def since_drop_bucket(since_ms):
     return ">1 s"
 
 
-def summarise(path):
-    rows = load(path)
+def summarise(path, one_way_ns):
+    rows, c2s = load(path)
     first = max(next(r[0] for r in rows if r[1] == o) for o in (LOSS_BASED, COMPETITOR))
     last = min(max(r[0] for r in rows if r[1] == o) for o in (LOSS_BASED, COMPETITOR))
     start, end = first + WARMUP_NS, min(last, first + WARMUP_NS + WINDOW_NS)
@@ -56,9 +63,23 @@ def summarise(path):
         print(f"  {name}: {mbit:.2f} Mbit/s, drops {sum(1 for r in flow if r[4])}, "
               f"silences {counts}, {in_gaps:.2f} s in silences over 10 ms, "
               f"longest {max(gaps):.0f} ms")
+        back = [r[0] for r in c2s if r[1] == octet and start <= r[0] < end]
+        if back:
+            spacing = sorted((b - a) / 1e6 for a, b in zip(back, back[1:]))
+            print(f"    its client sent {len(back) / seconds:.0f} packets/s, "
+                  f"{len(flow) / len(back):.1f} server packets per client packet, spacing "
+                  f"median {spacing[len(spacing) // 2]:.1f} ms, "
+                  f"p90 {spacing[len(spacing) * 9 // 10]:.1f} ms")
+    silences(rows, c2s, start, end, one_way_ns)
+
+
+def silences(rows, c2s, start, end, one_way_ns):
+    """The row's silences over 25 ms by time since its own last drop, with the client packets
+    that reached the server while each lasted."""
     own = [r for r in rows if r[1] == LOSS_BASED and start - 2e9 <= r[0] < end]
     drops = [r[0] for r in own if r[4]]
     times = [r[0] for r in own if r[0] >= start]
+    back = sorted(r[0] + one_way_ns for r in c2s if r[1] == LOSS_BASED)
     buckets = {}
     for a, b in zip(times, times[1:]):
         gap = (b - a) / 1e6
@@ -66,16 +87,25 @@ def summarise(path):
             continue
         i = bisect.bisect_right(drops, a)
         key = since_drop_bucket((a - drops[i - 1]) / 1e6 if i else None)
-        n, total = buckets.get(key, (0, 0.0))
-        buckets[key] = (n + 1, total + gap / 1e3)
+        acks = bisect.bisect_left(back, b) - bisect.bisect_left(back, a)
+        buckets.setdefault(key, []).append((gap, acks))
     for key in ("<0.2 s", "0.2-0.5 s", "0.5-1 s", ">1 s", "none"):
         if key in buckets:
-            n, total = buckets[key]
-            print(f"    row's silences over 25 ms, own last drop {key} before: {n}, {total:.2f} s")
+            found = buckets[key]
+            total = sum(g for g, _ in found) / 1e3
+            line = f"    row's silences over 25 ms, own last drop {key} before: {len(found)}, {total:.2f} s"
+            if back:
+                acks = sorted(n for _, n in found)
+                line += f"; client packets reaching the server in each: median {acks[len(acks) // 2]}"
+            print(line)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
+    args = sys.argv[1:]
+    one_way_ms = 100.0
+    if args[:1] == ["--one-way-ms"]:
+        one_way_ms, args = float(args[1]), args[2:]
+    if not args:
         sys.exit(__doc__)
-    for p in sys.argv[1:]:
-        summarise(p)
+    for p in args:
+        summarise(p, one_way_ms * 1e6)
