@@ -142,6 +142,9 @@ def summarise(path, args):
     bin_ns = args.bin_ms * 1e6
     rate_bps = args.rate_mbit * 1e6
     n, f = bins(rows, start, end, bin_ns, rate_bps)
+    if n < 1:
+        print(f"{path}: no whole {args.bin_ms:.0f} ms bin in the window (the flows ended)")
+        return None
     sec = bin_ns / 1e9
     mbit = {o: [b / sec / 1e6 for b in f[o]["deliv"]] for o in f}
     share = [lb / (lb + c) if lb + c else 0.0
@@ -231,7 +234,8 @@ def main():
     ap.add_argument("traces", nargs="+")
     args = ap.parse_args()
     results = [(p, summarise(p, args)) for p in args.traces]
-    if args.plot:
+    results = [(p, r) for p, r in results if r is not None]
+    if args.plot and results:
         plot(results, args.plot)
 
 
