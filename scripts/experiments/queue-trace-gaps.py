@@ -19,22 +19,10 @@ Usage: queue-trace-gaps.py [--one-way-ms 100] TRACE...
 import bisect
 import sys
 
+from queue_trace import COMPETITOR, LOSS_BASED, load, window
+
 WARMUP_NS = 5e9
 WINDOW_NS = 60e9
-LOSS_BASED, COMPETITOR = 2, 3
-
-
-def load(path):
-    """Server-to-client rows and client-to-server rows (time ns, octet, length)."""
-    rows, c2s = [], []
-    with open(path) as f:
-        for line in f:
-            p = line.split()
-            if len(p) == 5:
-                rows.append((int(p[0]), int(p[1]), int(p[2]), int(p[3]), p[4] == "1"))
-            elif len(p) == 6 and p[5] == "c2s":
-                c2s.append((int(p[0]), int(p[1]), int(p[2])))
-    return rows, c2s
 
 
 def since_drop_bucket(since_ms):
@@ -48,9 +36,7 @@ def since_drop_bucket(since_ms):
 
 def summarise(path, one_way_ns):
     rows, c2s = load(path)
-    first = max(next(r[0] for r in rows if r[1] == o) for o in (LOSS_BASED, COMPETITOR))
-    last = min(max(r[0] for r in rows if r[1] == o) for o in (LOSS_BASED, COMPETITOR))
-    start, end = first + WARMUP_NS, min(last, first + WARMUP_NS + WINDOW_NS)
+    start, end = window(rows, WARMUP_NS, WINDOW_NS)
     seconds = (end - start) / 1e9
     print(f"{path}: {seconds:.1f} s")
     for octet, name in ((LOSS_BASED, "row's flow"), (COMPETITOR, "competitor")):

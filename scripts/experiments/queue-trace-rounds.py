@@ -5,7 +5,7 @@ flow's congestion events.
 
 Traces come from a lab built with scripts/experiments/lab-queue-trace.patch and run with
 H3I_EXPERIMENT_QUEUE_TRACE=FILE (one bench invocation per file, one row, one run; the format is
-in queue-trace-gaps.py). Octet 2 is the row's client (the loss-based flow), octet 3 the
+in queue_trace.py). Octet 2 is the row's client (the loss-based flow), octet 3 the
 competing TCP download (BBR in the cells this was written for).
 
 The drop-tail queue is first in, first out at a fixed rate, so a packet that was not dropped
@@ -35,24 +35,7 @@ Usage: queue-trace-rounds.py --rate-mbit 20 [--bin-ms 400] [--warmup-s 5] [--win
 import argparse
 import os
 
-LOSS_BASED, COMPETITOR = 2, 3
-
-
-def load(path):
-    rows = []
-    with open(path) as f:
-        for line in f:
-            p = line.split()
-            if len(p) == 5:
-                rows.append((int(p[0]), int(p[1]), int(p[2]), int(p[3]), p[4] == "1"))
-    return rows
-
-
-def window(rows, warmup_ns, window_ns):
-    first = max(next(r[0] for r in rows if r[1] == o) for o in (LOSS_BASED, COMPETITOR))
-    last = min(max(r[0] for r in rows if r[1] == o) for o in (LOSS_BASED, COMPETITOR))
-    start = first + warmup_ns
-    return start, min(last, start + window_ns)
+from queue_trace import COMPETITOR, LOSS_BASED, departure, load, window
 
 
 def bins(rows, start, end, bin_ns, rate_bps):
@@ -70,8 +53,7 @@ def bins(rows, start, end, bin_ns, rate_bps):
             if dropped:
                 f["drops"][i] += 1
         if not dropped:
-            d = t + (backlog + length) * 8e9 / rate_bps
-            j = int((d - start) // bin_ns)
+            j = int((departure(t, length, backlog, rate_bps) - start) // bin_ns)
             if 0 <= j < n:
                 f["deliv"][j] += length * 8
     return n, out
@@ -87,7 +69,7 @@ def inflight(rows, start, n, bin_ns, rate_bps, pipe_ns):
         for t, o, length, backlog, dropped in rows:
             if o == octet and not dropped:
                 arr.append((t, length))
-                dep.append((t + (backlog + length) * 8e9 / rate_bps, length))
+                dep.append((departure(t, length, backlog, rate_bps), length))
         dep.sort()
         series, ia, idq, ip_, queued, piped = [], 0, 0, 0, 0, 0
         for i in range(n):
@@ -137,7 +119,7 @@ def stretches(flags):
 
 
 def summarise(path, args):
-    rows = load(path)
+    rows, _ = load(path)
     start, end = window(rows, args.warmup_s * 1e9, args.window_s * 1e9)
     bin_ns = args.bin_ms * 1e6
     rate_bps = args.rate_mbit * 1e6
@@ -169,8 +151,9 @@ def summarise(path, args):
           f"p90 {pct(total, .9):.0f}")
     est = [max(mbit[COMPETITOR][max(0, i - 9):i + 1]) for i in range(n)]
     falls = sum(1 for a, b in zip(est, est[1:]) if b < a * 0.95)
-    print(f"  competitor's 10-bin maximum: median {pct(est[10:], .5):.2f}, p10 "
-          f"{pct(est[10:], .1):.2f}, min {min(est[10:]):.2f}; falls over 5 %: {falls}")
+    full = est[10:] or est  # once the maximum spans 10 bins, unless the window is shorter
+    print(f"  competitor's 10-bin maximum: median {pct(full, .5):.2f}, p10 "
+          f"{pct(full, .1):.2f}, min {min(full):.2f}; falls over 5 %: {falls}")
     ev = events(rows, start, end, args.event_gap_ms * 1e6)
     gaps = [(b - a) / 1e9 for a, b in zip(ev, ev[1:])]
     before, after = [], []
