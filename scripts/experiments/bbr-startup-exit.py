@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""When the competing TCP BBR flow left its start-up, and what the queue dropped until then.
+
+Input: pairs written by scripts/experiments/run-traced-s6.sh, given by their common stem
+(OUT_DIR/NAME): NAME.trace, the router's queue trace, and NAME.ss, the server namespace's
+`ss -tinH` polled every 0.1 s. Not run by CI.
+
+Per run it prints:
+- BBR's phases from `ss`: the first sample of the competitor's connection (client octet 3) is
+  time 0; each change of BBR v1's pacing gain is printed as time:gain:estimate in Mbit/s. A
+  gain of 2.89 is the start-up, 0.34 the drain that ends it, 0.75/1/1.25 the steady cycle.
+- The drops at the queue in the first 25 s after both flows send, per flow, and the loss-based
+  flow's drops grouped into overflow rounds: drops less than 0.4 s apart (one round trip with a
+  full queue at 200 ms) are one round, printed as start time:drops.
+
+Usage: bbr-startup-exit.py [--rounds-gap-s 0.4] STEM...
+"""
+import re
+import sys
+
+from queue_trace import COMPETITOR, LOSS_BASED, load
+
+HORIZON_NS = 25e9
+BBR_INFO = re.compile(r"bbr:\(bw:(\S+?)bps,mrtt:\S+?,pacing_gain:(\S+?),cwnd_gain:\S+?\)")
+UNITS = {"K": 1e3, "k": 1e3, "M": 1e6, "G": 1e9}
+
+
+def bits_per_second(text):
+    if text[-1] in UNITS:
+        return float(text[:-1]) * UNITS[text[-1]]
+    return float(text)
+
+
+def bbr_phases(path):
+    """(seconds since the competitor's first sample, pacing gain, estimate Mbit/s) per change."""
+    now, start, peer, last, phases = None, None, None, None, []
+    competitor = f"10.77.1.{COMPETITOR}:"
+    with open(path) as f:
+        for line in f:
+            if line.startswith("@"):
+                now = float(line.split()[1])
+                continue
+            if not line.startswith("\t"):
+                fields = line.split()
+                peer = fields[-1] if fields else None
+                continue
+            match = BBR_INFO.search(line)
+            if not (peer and peer.startswith(competitor) and match):
+                continue
+            start = now if start is None else start
+            gain = float(match.group(2))
+            if gain != last:
+                phases.append((now - start, gain, bits_per_second(match.group(1)) / 1e6))
+                last = gain
+    return phases
+
+
+def drop_rounds(path, gap_s):
+    rows, _ = load(path)
+    both = max(next(r[0] for r in rows if r[1] == o) for o in (LOSS_BASED, COMPETITOR))
+    drops = {LOSS_BASED: 0, COMPETITOR: 0}
+    rounds = []
+    for t, octet, _length, _backlog, dropped in rows:
+        if t - both > HORIZON_NS:
+            break
+        if not dropped or octet not in drops:
+            continue
+        drops[octet] += 1
+        if octet != LOSS_BASED:
+            continue
+        s = (t - both) / 1e9
+        if rounds and s - rounds[-1][1] < gap_s:
+            rounds[-1][1] = s
+            rounds[-1][2] += 1
+        else:
+            rounds.append([s, s, 1])
+    return drops, rounds
+
+
+def main(argv):
+    gap_s = 0.4
+    if len(argv) > 1 and argv[0] == "--rounds-gap-s":
+        gap_s = float(argv[1])
+        argv = argv[2:]
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    for stem in argv:
+        phases = bbr_phases(stem + ".ss")
+        exit_at = next(((t, bw) for t, gain, bw in phases if gain < 2), None)
+        drops, rounds = drop_rounds(stem + ".trace", gap_s)
+        print(stem)
+        if exit_at:
+            print(f"  BBR start-up ended at {exit_at[0]:.1f} s, estimate {exit_at[1]:.1f} Mbit/s")
+        else:
+            print("  BBR start-up did not end in the samples")
+        print("  BBR phases: " + " ".join(f"{t:.1f}:{g:.2f}:{bw:.1f}" for t, g, bw in phases[:8]))
+        print(f"  drops in the first 25 s: loss-based {drops[LOSS_BASED]}, BBR {drops[COMPETITOR]}")
+        print("  loss-based overflow rounds: " + " ".join(f"{a:.2f}:{n}" for a, _b, n in rounds))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
