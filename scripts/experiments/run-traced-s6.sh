@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One traced S6 run: a bench invocation of one row and one run, with the router's queue trace,
 # the server namespace's `ss -tin` every 0.1 s and a copy of the lab's logs (the proxy's
-# included, so RUST_LOG=info,h3_ingress::proxy::cc=debug shows each window cut).
+# included, so RUST_LOG=info,h3_ingress::proxy::cc=debug shows each window cut). The logs are
+# copied every 2 s while the bench runs, because it removes them on exit: the last 2 s may be
+# missing.
 #
 # The lab must be built with scripts/experiments/lab-queue-trace.patch applied. Run from the
 # checkout whose target/release holds that build. Not run by CI.
