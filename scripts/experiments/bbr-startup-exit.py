@@ -62,20 +62,17 @@ def bbr_phases(path):
     return phases
 
 
-def drop_rounds(path, gap_s):
-    rows, _ = load(path)
-    both = max(next(r[0] for r in rows if r[1] == o) for o in (LOSS_BASED, COMPETITOR))
+def drop_rounds(rows, gap_s):
+    start, end = window(rows, 0, HORIZON_NS)
     drops = {LOSS_BASED: 0, COMPETITOR: 0}
     rounds = []
     for t, octet, _length, _backlog, dropped in rows:
-        if t - both > HORIZON_NS:
-            break
-        if not dropped or octet not in drops:
+        if not (dropped and octet in drops and start <= t < end):
             continue
         drops[octet] += 1
         if octet != LOSS_BASED:
             continue
-        s = (t - both) / 1e9
+        s = (t - start) / 1e9
         if rounds and s - rounds[-1][1] < gap_s:
             rounds[-1][1] = s
             rounds[-1][2] += 1
@@ -84,9 +81,8 @@ def drop_rounds(path, gap_s):
     return drops, rounds
 
 
-def window_share(path, rate_bps):
+def window_share(rows, rate_bps):
     """The loss-based flow's share of the bytes that left the queue in the bench's window."""
-    rows, _ = load(path)
     start, end = window(rows, WARMUP_NS, WINDOW_NS)
     delivered = {LOSS_BASED: 0, COMPETITOR: 0}
     for t, octet, length, backlog, dropped in rows:
@@ -123,7 +119,8 @@ def report(label, stem, args):
     """Prints one run; returns (label, exit estimate, share) when both are known."""
     phases = bbr_phases(stem + ".ss")
     exit_at = next(((t, bw) for t, gain, bw in phases if gain < 2), None)
-    drops, rounds = drop_rounds(stem + ".trace", args.rounds_gap_s)
+    rows, _ = load(stem + ".trace")
+    drops, rounds = drop_rounds(rows, args.rounds_gap_s)
     print(f"{stem}" + (f" ({label})" if label else ""))
     if exit_at:
         print(f"  BBR start-up ended at {exit_at[0]:.1f} s, estimate {exit_at[1]:.1f} Mbit/s")
@@ -134,7 +131,7 @@ def report(label, stem, args):
     print("  loss-based overflow rounds: " + " ".join(f"{a:.2f}:{n}" for a, _b, n in rounds))
     if args.rate_mbit is None:
         return None
-    share = window_share(stem + ".trace", args.rate_mbit * 1e6)
+    share = window_share(rows, args.rate_mbit * 1e6)
     print(f"  loss-based share, 5-65 s: {share:.3f}")
     return (label, exit_at[1], share) if exit_at else None
 
