@@ -69,7 +69,7 @@ async fn probe_all(shared: &Arc<Shared>) {
         let sent = tokio_util::sync::CancellationToken::new();
         sent.cancel();
         let probe = match gen.upstream.send(req, sent).await {
-            Ok(resp) => {
+            Ok((resp, _lease)) => {
                 let values: Vec<String> = resp
                     .headers()
                     .get_all(header::ALT_SVC)

@@ -19,7 +19,7 @@ use super::metrics::{self, limit, rejected, status_class, OTHER_HOST};
 use super::request::{self, Reject, Validated};
 use super::state::{Generation, Shared};
 use super::streams::{self, ConnStreams, StreamHandle};
-use super::upstream::{Upstream, UpstreamBody};
+use super::upstream::{Upstream, UpstreamBody, UpstreamLease};
 
 /// Per QUIC connection facts every request on it shares.
 pub struct ConnCtx {
@@ -101,6 +101,8 @@ struct RequestCtx {
     share: Arc<StreamShare>,
     /// The read-ahead body's bytes, held until the request ends.
     reserved: Option<Reservation>,
+    /// The request's place on its upstream connection, held until the request ends.
+    lease: Option<UpstreamLease>,
 }
 
 /// Handles one request stream from `resolve_request` to the last byte.
@@ -174,6 +176,7 @@ impl RequestCtx {
             stopped: handle.stopped,
             share: handle.share,
             reserved: None,
+            lease: None,
         }
     }
 
@@ -302,7 +305,10 @@ impl RequestCtx {
             }
         };
         match result {
-            Ok(r) => Some(r),
+            Ok((r, lease)) => {
+                self.lease = Some(lease);
+                Some(r)
+            }
             Err(e) => {
                 let m = self.metrics();
                 m.upstream_errors

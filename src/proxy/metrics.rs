@@ -127,6 +127,8 @@ pub struct Metrics {
     registry: Registry,
     pub limits: IntCounterVec,
     pub buffered_request_bytes: IntGauge,
+    pub upstream_requests: IntGauge,
+    pub upstream_lanes_opened: IntCounter,
     pub requests: IntCounterVec,
     pub request_duration: HistogramVec,
     pub upstream_errors: IntCounterVec,
@@ -235,6 +237,16 @@ pub mod specs {
     pub const BUFFERED_REQUEST_BYTES: Spec = spec(
         "h3_ingress_buffered_request_bytes",
         "Request bytes (header sections, read-ahead bodies) currently held against limits.bufferedRequestBytes.",
+        &[],
+    );
+    pub const UPSTREAM_REQUESTS: Spec = spec(
+        "h3_ingress_upstream_requests",
+        "Requests holding a place on an upstream connection now (from sending the request to the end of its response).",
+        &[],
+    );
+    pub const UPSTREAM_LANES_OPENED: Spec = spec(
+        "h3_ingress_upstream_lanes_opened_total",
+        "Upstream client lanes opened: each carries at most 100 concurrent requests on its own connections, so more than one per configuration means requests beyond one HTTP/2 connection's streams.",
         &[],
     );
     pub const BODY_BYTES: Spec = spec(
@@ -436,6 +448,14 @@ impl Registrar<'_> {
 }
 
 impl Metrics {
+    /// The upstream lanes' share of these metrics.
+    pub fn lanes(&self) -> super::lanes::LaneMetrics {
+        super::lanes::LaneMetrics {
+            in_flight: self.upstream_requests.clone(),
+            opened: self.upstream_lanes_opened.clone(),
+        }
+    }
+
     pub fn new() -> Arc<Self> {
         use specs::*;
         let registry = Registry::new();
@@ -452,6 +472,8 @@ impl Metrics {
         let m = Metrics {
             limits,
             buffered_request_bytes: r.gauge(&BUFFERED_REQUEST_BYTES),
+            upstream_requests: r.gauge(&UPSTREAM_REQUESTS),
+            upstream_lanes_opened: r.counter(&UPSTREAM_LANES_OPENED),
             requests: r.counter_vec(&REQUESTS),
             request_duration: r.histogram_vec(&REQUEST_DURATION),
             upstream_errors: r.counter_vec(&UPSTREAM_ERRORS),

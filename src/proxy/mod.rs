@@ -26,6 +26,7 @@ pub mod endpoint;
 pub mod frames;
 pub mod handler;
 pub mod keys;
+pub mod lanes;
 pub mod logs;
 pub mod metrics;
 pub mod procnet;

@@ -1,9 +1,10 @@
 //! The client side: every HTTP/3 request goes to the existing TCP ingress over hyper.
 //!
 //! TLS uses the request's host as SNI so the ingress picks the right virtual host; h2 when
-//! the ingress offers it, else HTTP/1.1. Connections are pooled per host, except with PROXY
-//! protocol, where each QUIC connection gets its own upstream connections (the header names
-//! one client).
+//! the ingress offers it, else HTTP/1.1. Connections are pooled per host in lanes of at most
+//! [`STREAMS_PER_UPSTREAM_CONNECTION`] requests (`lanes.rs`), except with PROXY protocol,
+//! where each QUIC connection gets its own upstream connections (the header names one
+//! client).
 
 use std::fmt;
 use std::future::Future;
@@ -28,6 +29,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_util::sync::CancellationToken;
 
+use super::lanes::{LaneMetrics, Lanes, Lease};
 use super::logs::{limited, Reason};
 
 use crate::api::UpstreamVerify;
@@ -382,10 +384,32 @@ pub fn client_tls(
     Ok(Arc::new(cfg))
 }
 
+/// Requests one upstream connection carries at once. At or below the stream limits of the
+/// ingresses this proxy fronts (nginx and the controllers built on it 128, HAProxy 100), so a
+/// request never waits inside the HTTP/2 client for another request's stream to end.
+pub const STREAMS_PER_UPSTREAM_CONNECTION: usize = 100;
+
+/// The h2 window of one upstream stream: what a response whose client does not read can hold
+/// in this process. 512 KiB is a brake on no hop inside a cluster (512 MB/s per request at
+/// 1 ms RTT, above what one QUIC stream carries); 256 KiB cost the proxy 10 % more CPU per
+/// byte on loopback (window updates), 1 MiB nothing more than 512 KiB.
+const UPSTREAM_STREAM_WINDOW: u32 = 512 * 1024;
+
+/// The connection window covers every stream's window, so streams whose clients stop
+/// reading cannot use up the connection's window and stall the other requests on it.
+const UPSTREAM_CONNECTION_WINDOW: u32 =
+    UPSTREAM_STREAM_WINDOW * STREAMS_PER_UPSTREAM_CONNECTION as u32;
+
+type PooledClient = Client<Connector, UpstreamBody>;
+
+/// A request's place on an upstream connection, held until the request ends.
+pub type UpstreamLease = Lease<PooledClient>;
+
 /// A pooled hyper client for one configuration generation.
 #[derive(Clone)]
 pub struct Upstream {
-    client: Client<Connector, UpstreamBody>,
+    lanes: Arc<Lanes<PooledClient>>,
+    lane_metrics: LaneMetrics,
     config: Arc<UpstreamConfig>,
     tls: Option<Arc<rustls::ClientConfig>>,
 }
@@ -398,21 +422,32 @@ impl fmt::Debug for Upstream {
     }
 }
 
-fn build_client(connector: Connector) -> Client<Connector, UpstreamBody> {
+fn build_client(connector: Connector) -> PooledClient {
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(60))
         .pool_max_idle_per_host(64)
-        // Large h2 windows: a loopback or LAN hop to the ingress must never be the brake.
-        // Not adaptive: hyper's adaptive window replaces these with the 64 KiB default and
-        // grows from there, which made every new upstream connection stall for window
-        // updates at loopback speed.
-        .http2_initial_stream_window_size(4 * 1024 * 1024)
-        .http2_initial_connection_window_size(16 * 1024 * 1024)
+        // Fixed windows, not adaptive: hyper's adaptive window replaces these with the
+        // 64 KiB default and grows from there, which made every new upstream connection stall
+        // for window updates at loopback speed.
+        .http2_initial_stream_window_size(UPSTREAM_STREAM_WINDOW)
+        .http2_initial_connection_window_size(UPSTREAM_CONNECTION_WINDOW)
         .build(connector)
 }
 
+fn lanes(connector: Connector, metrics: LaneMetrics) -> Arc<Lanes<PooledClient>> {
+    Arc::new(Lanes::new(
+        STREAMS_PER_UPSTREAM_CONNECTION,
+        metrics,
+        move || build_client(connector.clone()),
+    ))
+}
+
 impl Upstream {
-    pub fn new(config: &UpstreamConfig, hosts: &HostTable) -> Result<Self, UpstreamSetupError> {
+    pub fn new(
+        config: &UpstreamConfig,
+        hosts: &HostTable,
+        lane_metrics: LaneMetrics,
+    ) -> Result<Self, UpstreamSetupError> {
         let tls = if config.tls {
             Some(client_tls(config.verify, hosts)?)
         } else {
@@ -427,7 +462,8 @@ impl Upstream {
             }),
         };
         Ok(Self {
-            client: build_client(connector),
+            lanes: lanes(connector, lane_metrics.clone()),
+            lane_metrics,
             config: Arc::new(config.clone()),
             tls,
         })
@@ -447,7 +483,8 @@ impl Upstream {
             }),
         };
         Upstream {
-            client: build_client(connector),
+            lanes: lanes(connector, self.lane_metrics.clone()),
+            lane_metrics: self.lane_metrics.clone(),
             config: self.config.clone(),
             tls: self.tls.clone(),
         }
@@ -463,19 +500,22 @@ impl Upstream {
 
     /// Sends a request; the error says which status the client should get. The response
     /// timeout runs from `body_sent` (the upstream has read the whole request body), so an
-    /// upload of any length gets its full time for the answer.
+    /// upload of any length gets its full time for the answer. Keep the lease until the
+    /// response body is done: it is the request's place on its upstream connection.
     pub async fn send(
         &self,
         req: http::Request<UpstreamBody>,
         body_sent: CancellationToken,
-    ) -> Result<http::Response<hyper::body::Incoming>, UpstreamError> {
+    ) -> Result<(http::Response<hyper::body::Incoming>, UpstreamLease), UpstreamError> {
         let limit = self.config.response_timeout;
         let deadline = async {
             body_sent.cancelled().await;
             tokio::time::sleep(limit).await;
         };
+        let lease = self.lanes.lease();
+        let response = lease.client().request(req);
         tokio::select! {
-            r = self.client.request(req) => r.map_err(classify),
+            r = response => r.map(|r| (r, lease)).map_err(classify),
             _ = deadline => Err(UpstreamError::Timeout(limit)),
         }
     }
