@@ -139,6 +139,8 @@ class StallServer:
 # ---------------------------------------------------------------- nginx
 
 
+BIG_BYTES = 8 << 20
+
 NGINX_CONF = """
 daemon off;
 worker_processes 1;
@@ -159,6 +161,7 @@ http {{
         ssl_certificate_key {key};
         location = /stall-headers {{ proxy_pass http://127.0.0.1:{stall_headers}; proxy_buffering off; proxy_read_timeout 300s; }}
         location = /stall-silent {{ proxy_pass http://127.0.0.1:{stall_silent}; proxy_read_timeout 300s; }}
+        location = /big {{ alias {d}/big.bin; }}
         location / {{ return 200 "ok\\n"; }}
     }}
 }}
@@ -175,6 +178,11 @@ class Nginx:
         conf = NGINX_CONF.format(d=self.dir, port=self.port, host=HOST, cert=cert, key=key,
                                  stall_headers=self.stall_headers.port, stall_silent=self.stall_silent.port)
         (self.dir / "nginx.conf").write_text(conf)
+        # /big: a response larger than every window on the way, for clients that stop
+        # reading. nginx's workers run as nobody: the path must be theirs to read.
+        (self.dir / "big.bin").write_bytes(b"x" * BIG_BYTES)
+        for path, mode in ((d, 0o755), (self.dir, 0o755), (self.dir / "big.bin", 0o644)):
+            os.chmod(path, mode)
         nginx = os.environ.get("H3I_NGINX", "/usr/sbin/nginx")
         self.proc = subprocess.Popen([nginx, "-p", str(self.dir), "-c", str(self.dir / "nginx.conf")],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -347,7 +355,8 @@ class Legit:
 
 
 class Client(QuicConnectionProtocol):
-    """An aioquic connection that records per-stream resets, STOP_SENDING and responses."""
+    """An aioquic connection that records per-stream resets, STOP_SENDING, responses and
+    which responses ended (the peer's FIN)."""
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
@@ -355,6 +364,7 @@ class Client(QuicConnectionProtocol):
         self.resets: dict[int, int] = {}
         self.stops: dict[int, int] = {}
         self.status: dict[int, int] = {}
+        self.ended: set[int] = set()
         self.closed_with: int | None = None
         self.changed = asyncio.Event()
 
@@ -365,6 +375,8 @@ class Client(QuicConnectionProtocol):
             self.stops[event.stream_id] = event.error_code
         elif isinstance(event, qe.ConnectionTerminated):
             self.closed_with = event.error_code
+        elif isinstance(event, qe.StreamDataReceived) and event.end_stream:
+            self.ended.add(event.stream_id)
         for ev in self.h3.handle_event(event):
             headers = getattr(ev, "headers", None)
             if headers is not None and ev.stream_id not in self.status:
@@ -381,6 +393,12 @@ class Client(QuicConnectionProtocol):
     def unsent(self, stream_id: int) -> int:
         s = self._quic._streams.get(stream_id)
         return len(s.sender._buffer) if s is not None else 0
+
+    def stop_granting_credit(self):
+        """Never raise MAX_DATA or MAX_STREAM_DATA again: a client that stops reading, as far
+        as the server can tell (aioquic grants credit as data arrives, not as it is read)."""
+        self._quic._write_stream_limits = lambda **_: None
+        self._quic._write_connection_limits = lambda **_: None
 
     def ping(self):
         self._quic.send_ping(int(time.monotonic() * 1000))
@@ -402,9 +420,13 @@ def var(v: int) -> bytes:
     return (v | 0xC000_0000_0000_0000).to_bytes(8, "big")
 
 
-def open_client(env: "Env"):
-    """`async with open_client(env) as c:` an HTTP/3 connection to the proxy."""
-    return connect("127.0.0.1", env.proxy.port, configuration=client_config(env.ca), create_protocol=Client)
+def open_client(env: "Env", **settings):
+    """`async with open_client(env) as c:` an HTTP/3 connection to the proxy; `settings` are
+    QuicConfiguration attributes (max_data=..., max_stream_data=...)."""
+    config = client_config(env.ca)
+    for k, v in settings.items():
+        setattr(config, k, v)
+    return connect("127.0.0.1", env.proxy.port, configuration=config, create_protocol=Client)
 
 
 async def wait_until(pred, timeout: float, step: float = 0.05) -> float | None:
