@@ -66,7 +66,6 @@ async def run(env: lib.Env) -> lib.Outcome:
         (f"{lanes:g} lanes opened (100 requests each)", lanes >= 3),
     ]
     numbers = lib.base_numbers(env, rss, lanes, r)
-    numbers["lanes opened"] = f"{lanes:g}"
     numbers["upstream requests peak"] = f"{peak_held:g}"
     numbers["released after"] = f"{released:.1f} s" if released is not None else "never"
     return lib.Outcome(numbers, checks)
