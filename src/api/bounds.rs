@@ -32,6 +32,10 @@ pub const CONNECT_TIMEOUT_SECONDS: Bound = Bound::new("upstream.connectTimeoutSe
 pub const RESPONSE_TIMEOUT_SECONDS: Bound = Bound::new("upstream.responseTimeoutSeconds", 1, 3600);
 pub const RESPONSE_BODY_IDLE_TIMEOUT_SECONDS: Bound =
     Bound::new("upstream.responseBodyIdleTimeoutSeconds", 1, 3600);
+/// Above 1000 the upstream connection window (this many stream windows) nears h2's 2 GiB
+/// maximum, and no ingress announces more streams than that by default.
+pub const MAX_STREAMS_PER_CONNECTION: Bound =
+    Bound::new("upstream.maxStreamsPerConnection", 1, 1000);
 
 pub const RECEIVE_BUFFER_BYTES: Bound = Bound::new("socket.receiveBufferBytes", 65_536, 1 << 30);
 pub const SEND_BUFFER_BYTES: Bound = Bound {
@@ -103,11 +107,12 @@ pub const SOURCE_PREFIX_LENGTH_IPV4: Bound = Bound::new("limits.sourcePrefixLeng
 pub const SOURCE_PREFIX_LENGTH_IPV6: Bound = Bound::new("limits.sourcePrefixLengthIpv6", 16, 128);
 
 /// Every bound, for tests that hold the schema and the check to them.
-pub const ALL: [Bound; 31] = [
+pub const ALL: [Bound; 32] = [
     PORT,
     CONNECT_TIMEOUT_SECONDS,
     RESPONSE_TIMEOUT_SECONDS,
     RESPONSE_BODY_IDLE_TIMEOUT_SECONDS,
+    MAX_STREAMS_PER_CONNECTION,
     RECEIVE_BUFFER_BYTES,
     SEND_BUFFER_BYTES,
     INITIAL_WINDOW_PACKETS,

@@ -94,6 +94,12 @@ pub const DEFAULT_RESPONSE_BODY_IDLE_TIMEOUT_SECONDS: u32 = 60;
 fn default_response_body_idle_timeout() -> u32 {
     DEFAULT_RESPONSE_BODY_IDLE_TIMEOUT_SECONDS
 }
+/// At or below the stream limits the ingresses announce by default (nginx and the
+/// controllers built on it 128, HAProxy 100).
+pub const DEFAULT_MAX_STREAMS_PER_CONNECTION: u32 = 100;
+fn default_max_streams_per_connection() -> u32 {
+    DEFAULT_MAX_STREAMS_PER_CONNECTION
+}
 
 /// The existing TCP ingress every request is forwarded to.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
@@ -115,6 +121,12 @@ pub struct Upstream {
     /// Send a PROXY protocol v2 header on a per-client upstream connection.
     #[serde(default)]
     pub proxy_protocol: bool,
+    /// Requests one connection to the upstream carries at once; further requests open
+    /// another connection. At most the upstream's HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS, or
+    /// requests past it wait for other requests to end.
+    #[serde(default = "default_max_streams_per_connection")]
+    #[schemars(range(min = bounds::MAX_STREAMS_PER_CONNECTION.min, max = bounds::MAX_STREAMS_PER_CONNECTION.max))]
+    pub max_streams_per_connection: u32,
     /// Seconds to wait for the TCP (and TLS) connection to the upstream.
     #[serde(default = "default_connect_timeout")]
     #[schemars(range(min = bounds::CONNECT_TIMEOUT_SECONDS.min, max = bounds::CONNECT_TIMEOUT_SECONDS.max))]

@@ -99,6 +99,8 @@ pub struct UpstreamConfig {
     pub tls: bool,
     pub verify: UpstreamVerify,
     pub proxy_protocol: bool,
+    /// Requests per upstream connection (a lane's cap).
+    pub max_streams_per_connection: u32,
     pub connect_timeout: Duration,
     /// Counted from the end of the request body.
     pub response_timeout: Duration,
@@ -379,6 +381,10 @@ fn upstream(u: &Upstream, errs: &mut Errors) -> Option<UpstreamConfig> {
     errs.check(bounds::CONNECT_TIMEOUT_SECONDS, u.connect_timeout_seconds);
     errs.check(bounds::RESPONSE_TIMEOUT_SECONDS, u.response_timeout_seconds);
     errs.check(
+        bounds::MAX_STREAMS_PER_CONNECTION,
+        u.max_streams_per_connection,
+    );
+    errs.check(
         bounds::RESPONSE_BODY_IDLE_TIMEOUT_SECONDS,
         u.response_body_idle_timeout_seconds,
     );
@@ -387,6 +393,7 @@ fn upstream(u: &Upstream, errs: &mut Errors) -> Option<UpstreamConfig> {
         tls: u.tls,
         verify: u.verify,
         proxy_protocol: u.proxy_protocol,
+        max_streams_per_connection: u.max_streams_per_connection,
         connect_timeout: Duration::from_secs(u.connect_timeout_seconds.into()),
         response_timeout: Duration::from_secs(u.response_timeout_seconds.into()),
         response_body_idle_timeout: Duration::from_secs(

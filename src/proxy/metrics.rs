@@ -246,7 +246,7 @@ pub mod specs {
     );
     pub const UPSTREAM_LANES_OPENED: Spec = spec(
         "h3_ingress_upstream_lanes_opened_total",
-        "Upstream client lanes opened: each carries at most 100 concurrent requests on its own connections, so more than one per configuration means requests beyond one HTTP/2 connection's streams (with proxyProtocol, each client connection has its own lanes).",
+        "Upstream client lanes opened: each carries at most upstream.maxStreamsPerConnection concurrent requests on its own connections, so more than one per configuration means requests beyond one HTTP/2 connection's streams (with proxyProtocol, each client connection has its own lanes).",
         &[],
     );
     pub const BODY_BYTES: Spec = spec(
