@@ -100,6 +100,14 @@ def _rows() -> list[tuple[str, list[tuple[int, dict[str, Any]]]]]:
             "browsers never switch to HTTP/3.",
             [(f"min by (host) (h3_ingress_alt_svc_advertised{{{HSEL}}})", "{{host}}")],
             "bool_yes_no", min_=0, max_=1)),
+        (24, _panel(
+            "Requests held on connections to the TCP ingress",
+            "Requests from sending to the TCP ingress to the end of their response. Each upstream "
+            "connection carries at most upstream.maxStreamsPerConnection of them; lanes opened "
+            "counts the extra connections that took (docs/reliability.md, Upstream connections).",
+            [(f"sum(h3_ingress_upstream_requests{{{SEL}}})", "requests held"),
+             (f"sum(increase(h3_ingress_upstream_lanes_opened_total{{{SEL}}}[{RATE}]))", "lanes opened")],
+            "short", min_=0)),
     ]
     udp = [
         (12, _panel(
