@@ -32,8 +32,8 @@ pub const CONNECT_TIMEOUT_SECONDS: Bound = Bound::new("upstream.connectTimeoutSe
 pub const RESPONSE_TIMEOUT_SECONDS: Bound = Bound::new("upstream.responseTimeoutSeconds", 1, 3600);
 pub const RESPONSE_BODY_IDLE_TIMEOUT_SECONDS: Bound =
     Bound::new("upstream.responseBodyIdleTimeoutSeconds", 1, 3600);
-/// Above 1000 the upstream connection window (this many stream windows) nears h2's 2 GiB
-/// maximum, and no ingress announces more streams than that by default.
+/// The upstream connection window is this many 512 KiB stream windows: at 1000, 500 MiB, a
+/// quarter of h2's 2 GiB maximum. nginx and HAProxy announce 100-128 streams by default.
 pub const MAX_STREAMS_PER_CONNECTION: Bound =
     Bound::new("upstream.maxStreamsPerConnection", 1, 1000);
 
