@@ -25,8 +25,9 @@ pub struct LaneMetrics {
     pub opened: IntCounter,
 }
 
+#[cfg(test)]
 impl LaneMetrics {
-    /// Metrics registered nowhere, for lanes nobody scrapes (tests).
+    /// Metrics registered nowhere, for lanes nobody scrapes.
     pub fn unregistered() -> Self {
         Self {
             in_flight: IntGauge::new("in_flight", "-").expect("valid gauge"),
@@ -38,7 +39,8 @@ impl LaneMetrics {
 struct Lane<T> {
     client: T,
     in_flight: AtomicUsize,
-    metrics: LaneMetrics,
+    /// The process-wide gauge, lowered when a lease drops.
+    gauge: IntGauge,
 }
 
 /// The clients and the per-lane cap; `make` builds a lane's client.
@@ -63,7 +65,7 @@ impl<T> Lease<T> {
 impl<T> Drop for Lease<T> {
     fn drop(&mut self) {
         self.lane.in_flight.fetch_sub(1, Ordering::AcqRel);
-        self.lane.metrics.in_flight.dec();
+        self.lane.gauge.dec();
     }
 }
 
@@ -97,11 +99,15 @@ impl<T> Lanes<T> {
         let lane = Arc::new(Lane {
             client: (self.make)(),
             in_flight: AtomicUsize::new(1),
-            metrics: self.metrics.clone(),
+            gauge: self.metrics.in_flight.clone(),
         });
         self.metrics.opened.inc();
         lanes.push(lane.clone());
         Lease { lane }
+    }
+
+    pub fn metrics(&self) -> &LaneMetrics {
+        &self.metrics
     }
 
     /// How many lanes exist (the peak concurrency so far, divided by the cap, rounded up).
