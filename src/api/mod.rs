@@ -6,6 +6,7 @@ pub mod altsvc;
 pub mod bounds;
 pub mod gateway;
 mod listener;
+pub mod mirror;
 mod report;
 mod service;
 mod settings;

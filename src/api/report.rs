@@ -67,20 +67,81 @@ pub struct HostReport {
     pub requests_last5m: u64,
 }
 
-/// The whole `/status` document of one pod.
+/// At most this many failures are listed in a [`MirrorReport`]; the rest are only counted,
+/// so a report stays small whatever the number of hosts.
+pub const MAX_REPORTED_FAILURES: usize = 20;
+
+/// A certificate mirror the pod could not serve from, or one host of it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct MirrorFailure {
+    /// The mirror Secret's name.
+    #[serde(default)]
+    pub mirror: String,
+    /// `namespace/name` of the Secret it copies.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub source: String,
+    /// The host, when only one host of the mirror failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// A constant from `api::reasons`.
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+/// Kubernetes mode: what a pod applied of its listener's certificate mirrors (see
+/// `api::mirror`). Sized by [`MAX_REPORTED_FAILURES`], not by the number of hosts.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct MirrorReport {
+    /// Whether the first list of the mirrors is complete and applied.
+    #[serde(default)]
+    pub synced: bool,
+    /// Mirrors in the applied configuration.
+    #[serde(default)]
+    pub count: u64,
+    /// `api::mirror::digest` of the applied mirrors' names and resource versions.
+    #[serde(default)]
+    pub digest: String,
+    #[serde(default)]
+    pub failed: Vec<MirrorFailure>,
+    /// All failures, listed or not.
+    #[serde(default)]
+    pub failed_count: u64,
+}
+
+/// The whole `/status` document of one pod. Its size does not grow with the hosts: the
+/// per-host view is `/hosts`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct StatusReport {
+    #[serde(default)]
     pub version: String,
+    #[serde(default)]
     pub port: u16,
+    #[serde(default)]
     pub sockets: Vec<SocketReport>,
+    /// Hosts with a loaded certificate.
+    #[serde(default)]
+    pub hosts_loaded: u64,
+    /// Transitional: the per-host list moves to `/hosts`; removed once nothing reads it here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<HostReport>,
+    /// Kubernetes mode only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirrors: Option<MirrorReport>,
     /// Sum of `sockets[].drops`.
+    #[serde(default)]
     pub udp_drops: u64,
     /// Host-wide UDP receive-buffer errors (/proc/net/snmp + snmp6).
+    #[serde(default)]
     pub udp_host_receive_buffer_errors: u64,
+    #[serde(default)]
     pub requests_total: u64,
     /// Increments on every applied configuration.
+    #[serde(default)]
     pub config_generation: u64,
     /// Changes the running pod refused because they need new sockets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -208,6 +208,8 @@ impl Shared {
             port: self.port,
             udp_drops: sockets.iter().map(|s| s.drops).sum(),
             sockets,
+            hosts_loaded: gen.config.hosts.len() as u64,
+            mirrors: None,
             hosts,
             udp_host_receive_buffer_errors: host_receive_buffer_errors,
             requests_total: counts.values().map(|(total, _)| total).sum(),
