@@ -24,10 +24,14 @@ pub struct ProxyArgs {
         conflicts_with = "listener"
     )]
     pub config: Option<PathBuf>,
-    /// Kubernetes mode: serve this Http3Listener, its annotated Ingresses and their
-    /// Secrets, following changes live.
-    #[arg(long)]
+    /// Kubernetes mode: serve this Http3Listener and the hosts of its certificate mirrors,
+    /// following changes live.
+    #[arg(long, requires = "hosts_namespace")]
     pub listener: Option<String>,
+    /// Kubernetes mode: the namespace holding the listener's certificate mirrors (Secrets of
+    /// type h3-ingress.dev/host-certificate that the operator writes).
+    #[arg(long, env = "H3I_HOSTS_NAMESPACE", requires = "listener")]
+    pub hosts_namespace: Option<String>,
     /// Kubernetes mode: the secret the QUIC endpoint keys are derived from (the operator
     /// mounts the listener's keys Secret here). Standalone mode uses `keys.file`.
     #[arg(long, requires = "listener")]
@@ -50,16 +54,16 @@ pub enum RunError {
     Watch(#[from] source::kube::WatchError),
     #[error("the listener watch ended before a configuration arrived")]
     SourceEnded,
-    #[error("no configuration source: give --config FILE or --listener NAME")]
+    #[error("no configuration source: give --config FILE or --listener NAME --hosts-namespace NS")]
     NoSource,
 }
 
 /// Runs the proxy fed by the source `args` names until `shutdown`.
 pub async fn run(args: ProxyArgs, shutdown: CancellationToken) -> Result<(), RunError> {
-    match (args.config, args.listener) {
-        (Some(path), _) => file(path, shutdown).await,
-        (None, Some(name)) => kube(name, args.keys_file, shutdown).await,
-        (None, None) => Err(RunError::NoSource),
+    match (args.config, args.listener, args.hosts_namespace) {
+        (Some(path), _, _) => file(path, shutdown).await,
+        (None, Some(name), Some(ns)) => kube(name, ns, args.keys_file, shutdown).await,
+        _ => Err(RunError::NoSource),
     }
 }
 
@@ -78,39 +82,61 @@ pub async fn file(path: PathBuf, shutdown: CancellationToken) -> Result<(), RunE
 /// [`kube_with_keys`] on the cluster this process runs in (or KUBECONFIG's).
 pub async fn kube(
     name: String,
+    hosts_namespace: String,
     keys_file: Option<PathBuf>,
     shutdown: CancellationToken,
 ) -> Result<(), RunError> {
     let client = ::kube::Client::try_default()
         .await
         .map_err(RunError::Kube)?;
-    kube_with_keys(client, name, keys_file, shutdown, None).await
+    let source = KubeSource {
+        listener: name,
+        hosts_namespace,
+    };
+    kube_with_keys(client, source, keys_file, shutdown, None).await
+}
+
+/// What Kubernetes mode watches: a listener and the namespace of its certificate mirrors.
+#[derive(Debug, Clone)]
+pub struct KubeSource {
+    pub listener: String,
+    pub hosts_namespace: String,
 }
 
 /// [`kube_with_keys`] with random per-process endpoint keys.
 pub async fn kube_with(
     client: ::kube::Client,
-    name: String,
+    source: KubeSource,
     shutdown: CancellationToken,
     ready: Option<oneshot::Sender<RunningProxy>>,
 ) -> Result<(), RunError> {
-    kube_with_keys(client, name, None, shutdown, ready).await
+    kube_with_keys(client, source, None, shutdown, ready).await
 }
 
-/// Serves the listener `name` until `shutdown`: waits for its first usable configuration,
-/// starts the proxy on it and applies every later one live. Socket changes are refused by
+/// Serves the listener of `source` until `shutdown`: waits for its first usable
+/// configuration (the listener and every mirror loaded), starts the proxy on it and applies
+/// every later one live. Socket changes are refused by
 /// the proxy and rolled out by the operator (the pod template carries their hash). The
 /// endpoint keys come from `keys_file`.
 pub async fn kube_with_keys(
     client: ::kube::Client,
-    name: String,
+    source: KubeSource,
     keys_file: Option<PathBuf>,
     shutdown: CancellationToken,
     ready: Option<oneshot::Sender<RunningProxy>>,
 ) -> Result<(), RunError> {
     let (tx, mut updates) = mpsc::channel(UPDATE_QUEUE);
-    let watch = tokio::spawn(source::kube::watch_listener(client, name.clone(), tx));
-    info!(listener = %name, "waiting for the Http3Listener, its Ingresses and Secrets");
+    let KubeSource {
+        listener: name,
+        hosts_namespace,
+    } = source;
+    info!(listener = %name, %hosts_namespace, "waiting for the Http3Listener and its certificate mirrors");
+    let watch = tokio::spawn(source::kube::watch_listener(
+        client,
+        name.clone(),
+        hosts_namespace,
+        tx,
+    ));
     let initial = loop {
         tokio::select! {
             u = updates.recv() => match u {

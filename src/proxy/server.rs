@@ -33,17 +33,6 @@ pub struct RunningProxy {
     pub shared: Arc<Shared>,
 }
 
-fn export_host_metrics(metrics: &Metrics, config: &ProxyConfig) {
-    metrics.hosts.set(config.hosts.len() as i64);
-    metrics.certificate_expiry.reset();
-    for h in config.hosts.iter() {
-        metrics
-            .certificate_expiry
-            .with_label_values(&[&h.name])
-            .set(h.not_after);
-    }
-}
-
 /// Runs the data plane on `initial` until `shutdown` fires, applying `updates` live, then
 /// drains. `keys_file` (Kubernetes: the listener's Secret) takes precedence over the
 /// configuration's `keys.file`.
@@ -60,7 +49,7 @@ pub async fn serve(
     let bound = endpoint::bind_all(&initial.listen, &metrics)?;
     let upstream = Upstream::new(&initial.upstream, &initial.hosts, metrics.lanes())?;
     let keys = load_keys(keys_file.as_deref().or(initial.keys_file.as_deref()))?;
-    export_host_metrics(&metrics, &initial);
+    metrics.follow_config(&initial);
     let first = Generation {
         id: 1,
         config: initial,
@@ -227,13 +216,13 @@ pub fn apply(shared: &Arc<Shared>, families: &[Family], mut next: ProxyConfig) -
     if let Err(e) = endpoint::reconfigure(families, &gen, m, &shared.cc_stats) {
         return rejected(shared, e);
     }
-    export_host_metrics(m, &gen.config);
+    m.follow_config(&gen.config);
     shared
         .budget
         .resize(gen.config.limits.buffered_request_bytes);
-    let hosts: Vec<&str> = gen.config.hosts.names().collect();
     let id = gen.id;
-    info!(generation = id, ?hosts, "configuration applied live");
+    let hosts = gen.config.hosts.len();
+    info!(generation = id, hosts, "configuration applied live");
     shared.current.store(gen);
     m.config_reloads.with_label_values(&[reload::APPLIED]).inc();
     altsvc::probe_soon(shared);

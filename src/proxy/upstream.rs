@@ -176,13 +176,15 @@ pub fn proxy_v2_header(a: ProxyAddrs) -> Vec<u8> {
 
 struct ConnectorInner {
     address: String,
+    /// The hosts, when some have their own upstream (`HostEntry::upstream`).
+    routes: Option<Arc<HostTable>>,
     tls: Option<Arc<rustls::ClientConfig>>,
     connect_timeout: Duration,
     proxy: Option<ProxyAddrs>,
 }
 
-/// Connects to the configured upstream address whatever the URI's host is; the URI host is
-/// only used as SNI (and, by the pool, as the key).
+/// Connects to the configured upstream address, or the host's own one (a Gateway run by its
+/// own proxy); the URI host is otherwise only used as SNI (and, by the pool, as the key).
 #[derive(Clone)]
 pub struct Connector {
     inner: Arc<ConnectorInner>,
@@ -207,7 +209,7 @@ impl tower::Service<Uri> for Connector {
                 .trim_end_matches(']')
                 .to_string();
             let deadline = tokio::time::Instant::now() + inner.connect_timeout;
-            let addr = inner.address.clone();
+            let addr = inner.address_for(&host);
             let work = async {
                 let tcp = connect_tcp(&addr).await?;
                 let _ = tcp.set_nodelay(true);
@@ -247,6 +249,28 @@ impl tower::Service<Uri> for Connector {
             }
         })
     }
+}
+
+impl ConnectorInner {
+    fn address_for(&self, host: &str) -> String {
+        let own = self
+            .routes
+            .as_ref()
+            .and_then(|r| r.lookup(host)?.upstream.as_ref());
+        match own {
+            Some(a) => a.to_string(),
+            None => self.address.clone(),
+        }
+    }
+}
+
+/// The hosts to consult for a per-host upstream: `None` (no lookup per connection) when no
+/// host has one.
+fn routes(hosts: &HostTable) -> Option<Arc<HostTable>> {
+    hosts
+        .iter()
+        .any(|h| h.upstream.is_some())
+        .then(|| Arc::new(hosts.clone()))
 }
 
 async fn connect_tcp(addr: &str) -> Result<TcpStream, ConnectError> {
@@ -400,6 +424,7 @@ pub type UpstreamLease = Lease<PooledClient>;
 pub struct Upstream {
     lanes: Arc<Lanes<PooledClient>>,
     config: Arc<UpstreamConfig>,
+    routes: Option<Arc<HostTable>>,
     tls: Option<Arc<rustls::ClientConfig>>,
 }
 
@@ -442,9 +467,11 @@ impl Upstream {
         } else {
             None
         };
+        let routes = routes(hosts);
         let connector = Connector {
             inner: Arc::new(ConnectorInner {
                 address: config.address.to_string(),
+                routes: routes.clone(),
                 tls: tls.clone(),
                 connect_timeout: config.connect_timeout,
                 proxy: None,
@@ -453,6 +480,7 @@ impl Upstream {
         Ok(Self {
             lanes: lanes(connector, config.max_streams_per_connection, lane_metrics),
             config: Arc::new(config.clone()),
+            routes,
             tls,
         })
     }
@@ -465,6 +493,7 @@ impl Upstream {
         let connector = Connector {
             inner: Arc::new(ConnectorInner {
                 address: self.config.address.to_string(),
+                routes: self.routes.clone(),
                 tls: self.tls.clone(),
                 connect_timeout: self.config.connect_timeout,
                 proxy: Some(ProxyAddrs { client, local }),
@@ -477,6 +506,7 @@ impl Upstream {
                 self.lanes.metrics().clone(),
             ),
             config: self.config.clone(),
+            routes: self.routes.clone(),
             tls: self.tls.clone(),
         }
     }
