@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::state::{AltSvcProbe, Generation, Shared};
-use crate::config::{HostTable, ProxyConfig};
+use crate::config::HostTable;
 
 /// A host is probed again at most this often.
 pub const PERIOD: Duration = Duration::from_secs(300);
@@ -42,17 +42,6 @@ pub fn advertises_h3(value: &str, port: u16) -> bool {
             .next()
             .is_some_and(|a| a.trim() == want)
     })
-}
-
-/// What `/hosts` and the log say about a probe of `host`: nothing when the header is there,
-/// else why not or how to add it. Computed when asked, so the probe keeps no text per host.
-pub fn message(p: &AltSvcProbe, host: &str, port: u16, config: &ProxyConfig) -> String {
-    match (&p.failure, p.advertised) {
-        (Some(why), _) => format!("probing the TCP ingress failed: {why}"),
-        (None, true) => String::new(),
-        // No controller: the data plane cannot tell which one the ingress is.
-        (None, false) => crate::api::altsvc::advice(None, host, port, config.alt_svc_max_age),
-    }
 }
 
 /// The host to probe at `now`: one never probed first (in name order), else the one probed
@@ -164,7 +153,8 @@ async fn probe(shared: &Shared, gen: &Generation, name: &str) {
         if advertised {
             info!(host = %name, "TCP ingress advertises HTTP/3 (Alt-Svc) for this host");
         } else {
-            warn!(host = %name, "{}", message(&probe, name, port, &gen.config));
+            let max_age = gen.config.alt_svc_max_age;
+            warn!(host = %name, "{}", probe.message(name, port, max_age));
         }
     }
 }

@@ -42,6 +42,19 @@ pub struct AltSvcProbe {
     pub at: Instant,
 }
 
+impl AltSvcProbe {
+    /// What `/hosts` and the log say about this probe of `host`: nothing when the header is
+    /// there, else why not or how to add it. Computed when asked, so no text is kept per host.
+    pub fn message(&self, host: &str, port: u16, max_age: u32) -> String {
+        match (&self.failure, self.advertised) {
+            (Some(why), _) => format!("probing the TCP ingress failed: {why}"),
+            (None, true) => String::new(),
+            // No controller: the data plane cannot tell which one the ingress is.
+            (None, false) => crate::api::altsvc::advice(None, host, port, max_age),
+        }
+    }
+}
+
 /// A socket as reported when it was bound (or failed to), with its inode (0 when unbound) to
 /// find its drop counter.
 pub type SocketEntry = (SocketReport, u64);
@@ -214,7 +227,7 @@ impl Shared {
             }
             if let Some(p) = probes.get(&h.name) {
                 r.alt_svc_advertised = Some(p.advertised);
-                r.alt_svc_message = super::altsvc::message(p, &h.name, self.port, config);
+                r.alt_svc_message = p.message(&h.name, self.port, config.alt_svc_max_age);
             }
             out.push(r);
         }
