@@ -257,14 +257,12 @@ fn digest_of(pairs: &[(&str, &str)]) -> String {
     mirror::digest(pairs.iter().copied())
 }
 
+type Source = tokio::task::JoinHandle<Result<(), h3_ingress::proxy::source::kube::WatchError>>;
+
 /// A source against a mock API server whose mirrors are `mirrors`.
 fn start_source(
     mirrors: &[(&str, Value)],
-) -> (
-    Arc<Mutex<World>>,
-    mpsc::Receiver<ConfigUpdate>,
-    tokio::task::JoinHandle<Result<(), h3_ingress::proxy::source::kube::WatchError>>,
-) {
+) -> (Arc<Mutex<World>>, mpsc::Receiver<ConfigUpdate>, Source) {
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<RespBody>>();
     let client = Client::new(svc, "default");
     let world = Arc::new(Mutex::new(World::default()));
@@ -353,7 +351,7 @@ async fn mirrors_in_configs_out_and_nothing_else_is_asked_for() {
 async fn continue_when_broken_or_gone(
     world: Arc<Mutex<World>>,
     mut rx: mpsc::Receiver<ConfigUpdate>,
-    source: tokio::task::JoinHandle<Result<(), h3_ingress::proxy::source::kube::WatchError>>,
+    source: Source,
     a_sha: String,
 ) {
     // 6. A broken mirror (its key belongs to another certificate) is a failure; the others

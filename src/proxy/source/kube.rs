@@ -76,7 +76,7 @@ pub enum Step {
     Keep(String),
     /// Inputs give the configuration already sent.
     Unchanged,
-    Send(Box<ProxyConfig>, Fingerprint),
+    Send(Box<ProxyConfig>, Box<Fingerprint>),
 }
 
 /// Decides what to send, given the inputs and the fingerprint of what was sent last. Pure.
@@ -97,7 +97,7 @@ pub fn step(s: &Snapshot<'_>, last: Option<&Fingerprint>, now_unix: i64) -> Step
     }
     match mirrors::build(listener, s.mirrors, now_unix) {
         Err(e) => Step::Keep(format!("invalid Http3Listener spec: {e}")),
-        Ok(c) => Step::Send(Box::new(c), fingerprint),
+        Ok(c) => Step::Send(Box::new(c), Box::new(fingerprint)),
     }
 }
 
@@ -133,7 +133,7 @@ impl Reported {
             }
             Step::Send(c, fingerprint) => {
                 self.rejected = None;
-                self.config = Some(fingerprint);
+                self.config = Some(*fingerprint);
                 Some(ConfigUpdate::Apply(c))
             }
         }
@@ -581,22 +581,22 @@ mod tests {
         };
         assert!(c.hosts.lookup("a.example.com").is_some());
         assert!(matches!(
-            step(&snap(true, true, Some(&l), &m), Some(&fp), now()),
+            step(&snap(true, true, Some(&l), &m), Some(&*fp), now()),
             Step::Unchanged
         ));
         assert!(
-            matches!(step(&snap(true, true, None, &m), Some(&fp), now()), Step::Keep(w) if w.contains("does not exist"))
+            matches!(step(&snap(true, true, None, &m), Some(&*fp), now()), Step::Keep(w) if w.contains("does not exist"))
         );
         let mut bad = l.clone();
         bad.spec.upstream.address = "x".into();
         assert!(
-            matches!(step(&snap(true, true, Some(&bad), &m), Some(&fp), now()), Step::Keep(w) if w.contains("spec.upstream.address"))
+            matches!(step(&snap(true, true, Some(&bad), &m), Some(&*fp), now()), Step::Keep(w) if w.contains("spec.upstream.address"))
         );
         // A status write (a new resourceVersion, the same spec) changes nothing.
         let mut rewritten = l.clone();
         rewritten.metadata.resource_version = Some("99".into());
         assert!(matches!(
-            step(&snap(true, true, Some(&rewritten), &m), Some(&fp), now()),
+            step(&snap(true, true, Some(&rewritten), &m), Some(&*fp), now()),
             Step::Unchanged
         ));
         // A rotated mirror (a new resourceVersion) is a new configuration...
@@ -606,7 +606,7 @@ mod tests {
             &["a.example.com"],
             &["a.example.com"],
         )]);
-        let Step::Send(c2, _) = step(&snap(true, true, Some(&l), &rotated), Some(&fp), now())
+        let Step::Send(c2, _) = step(&snap(true, true, Some(&l), &rotated), Some(&*fp), now())
         else {
             panic!("a rotated mirror must produce a new config")
         };
@@ -614,7 +614,7 @@ mod tests {
         assert_ne!(leaf(&c), leaf(&c2));
         // ...and so is the passage of time past the certificate's expiry.
         let far = c.hosts.lookup("a.example.com").unwrap().not_after + 1;
-        let Step::Send(expired, _) = step(&snap(true, true, Some(&l), &m), Some(&fp), far) else {
+        let Step::Send(expired, _) = step(&snap(true, true, Some(&l), &m), Some(&*fp), far) else {
             panic!("expiry must produce a new config")
         };
         assert!(expired.hosts.is_empty());
@@ -644,7 +644,7 @@ mod tests {
             r.update(Step::Send(c, fp.clone()), Some(4)),
             Some(ConfigUpdate::Apply(_))
         ));
-        assert_eq!(r.config.as_ref(), Some(&fp));
+        assert_eq!(r.config.as_ref(), Some(&*fp));
         // Deleted, back unchanged, deleted again: two rejections.
         let gone = "the Http3Listener does not exist (deleted?)";
         assert!(invalid(r.update(keep(gone), None)));
