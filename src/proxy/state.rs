@@ -236,3 +236,60 @@ impl Shared {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::cc::CcStats;
+    use crate::proxy::lanes::LaneMetrics;
+    use crate::proxy::source::mirrors::{self, tests as m};
+
+    fn shared(config: ProxyConfig) -> Shared {
+        let upstream =
+            Upstream::new(&config.upstream, &config.hosts, LaneMetrics::unregistered()).unwrap();
+        let first = Generation {
+            id: 1,
+            config,
+            upstream,
+        };
+        Shared::new(first, Metrics::new(), CcStats::new(), 443, vec![])
+    }
+
+    #[test]
+    fn status_stays_small_and_hosts_lists_every_host() {
+        let set = m::set(vec![
+            m::input("m1", "1", &["a.test"], &["a.test"]),
+            m::input("m2", "1", &["b.test"], &["b.test", "c.test"]),
+        ]);
+        let s = shared(mirrors::build(&m::listener(), &set, m::now()).unwrap());
+        s.metrics
+            .per_host
+            .count_request("a.test", None, 200, crate::proxy::metrics::FAMILY_IPV4);
+
+        let status = s.status_report(|_, _| None, 0);
+        assert_eq!(status.hosts_loaded, 2);
+        assert!(status.hosts.is_empty());
+        assert_eq!(status.requests_total, 1);
+        let r = status.mirrors.as_ref().unwrap();
+        assert_eq!((r.count, r.failed_count), (2, 1));
+        assert_eq!(r.digest, mirrors::digest(&set));
+
+        let hosts = s.hosts_report();
+        let view: Vec<(&str, &str, u64)> = hosts
+            .iter()
+            .map(|h| (h.name.as_str(), h.state.as_str(), h.requests))
+            .collect();
+        assert_eq!(
+            view,
+            [
+                ("a.test", "Serving", 1),
+                ("b.test", "Serving", 0),
+                ("c.test", "NotServing", 0)
+            ]
+        );
+        assert_eq!(hosts[0].secret.as_deref(), Some("shop/m1-tls"));
+        assert_eq!(hosts[0].source, "Ingress shop/m1");
+        assert_eq!(hosts[2].reason, reasons::CERTIFICATE_DOES_NOT_MATCH_HOST);
+        assert_eq!(hosts[2].mirror, "m2");
+    }
+}

@@ -675,6 +675,70 @@ mod tests {
         assert_eq!(metrics.in_flight.get(), 0);
     }
 
+    /// A plain HTTP server answering every request with `body`.
+    async fn answering(body: &'static str) -> std::net::SocketAddr {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (s, _) = l.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |_req| async move {
+                        let b = http_body_util::Full::new(Bytes::from_static(body.as_bytes()));
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(b))
+                    });
+                    let io = TokioIo::new(s);
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, svc)
+                        .await;
+                });
+            }
+        });
+        addr
+    }
+
+    /// A host with its own upstream (a Gateway run by its own proxy) is connected there, over
+    /// real sockets; the others, wildcards included, go to the configuration's upstream.
+    #[tokio::test]
+    async fn a_host_with_its_own_upstream_is_sent_there() {
+        use http_body_util::{BodyExt, Empty};
+        let (shared, own) = (answering("shared").await, answering("own").await);
+        let ck = rcgen::generate_simple_self_signed(vec!["*.test".to_string()]).unwrap();
+        let cert = crate::config::Certificate::from_pem(
+            ck.cert.pem().as_bytes(),
+            ck.signing_key.serialize_pem().as_bytes(),
+        )
+        .unwrap();
+        let mut hosts = HostTable::default();
+        let mut gw = cert.entry("gw.test".into());
+        gw.upstream = Some(crate::config::parse_host_port(&own.to_string()).unwrap());
+        hosts.insert(gw);
+        hosts.insert(cert.entry("*.test".into()));
+        let config = UpstreamConfig {
+            address: crate::config::parse_host_port(&shared.to_string()).unwrap(),
+            tls: false,
+            verify: UpstreamVerify::ServedCertificate,
+            proxy_protocol: false,
+            max_streams_per_connection: 100,
+            connect_timeout: Duration::from_secs(5),
+            response_timeout: Duration::from_secs(5),
+            response_body_idle_timeout: Duration::from_secs(5),
+        };
+        let upstream = Upstream::new(&config, &hosts, LaneMetrics::unregistered()).unwrap();
+        for (host, want) in [("gw.test", "own"), ("a.test", "shared")] {
+            let req = http::Request::get(format!("http://{host}/"))
+                .body(Empty::new().map_err(|never| match never {}).boxed())
+                .unwrap();
+            let sent = CancellationToken::new();
+            sent.cancel();
+            let (resp, _lease) = upstream.send(req, sent).await.unwrap();
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(body, want.as_bytes(), "{host}");
+        }
+        // Without any host of its own, no table is kept for the connector.
+        assert!(routes(&HostTable::default()).is_none());
+    }
+
     #[test]
     fn error_statuses() {
         assert_eq!(UpstreamError::Timeout(Duration::from_secs(1)).status(), 504);
