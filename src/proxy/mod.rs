@@ -12,6 +12,7 @@
 //!   buffered-request budget
 //! - [`handler`], [`request`], [`body`], [`upstream`]: one request, phase by phase
 //! - [`logs`]: the rate limiter of every log line a client or the upstream can cause
+//! - [`memory`]: freed memory handed back to the kernel
 //! - [`admin`], [`metrics`], [`procnet`], [`altsvc`], [`window`]: what the proxy reports
 
 pub mod accept;
@@ -28,6 +29,7 @@ pub mod handler;
 pub mod keys;
 pub mod lanes;
 pub mod logs;
+pub mod memory;
 pub mod metrics;
 pub mod procnet;
 pub mod request;

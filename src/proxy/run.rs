@@ -10,7 +10,7 @@ use tracing::{info, warn};
 
 use super::server::{self, RunningProxy};
 use super::source::{self, ConfigUpdate, UPDATE_QUEUE};
-use super::ProxyError;
+use super::{memory, ProxyError};
 use crate::config::{self, ConfigError};
 use crate::lifecycle;
 
@@ -75,6 +75,7 @@ pub async fn file(path: PathBuf, shutdown: CancellationToken) -> Result<(), RunE
     let (tx, rx) = mpsc::channel(UPDATE_QUEUE);
     let reloads = source::file::reload_on_hangup(path, hangups, tx, shutdown.clone());
     tokio::spawn(reloads);
+    tokio::spawn(memory::trim_periodically(shutdown.clone()));
     server::serve(initial, rx, shutdown, None, None).await?;
     Ok(())
 }
@@ -137,6 +138,7 @@ pub async fn kube_with_keys(
         hosts_namespace,
         tx,
     ));
+    tokio::spawn(memory::trim_periodically(shutdown.clone()));
     let initial = loop {
         tokio::select! {
             u = updates.recv() => match u {
