@@ -20,6 +20,7 @@ use http_body_util::{BodyExt, Empty};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::logs::CauseLog;
 use super::state::{AltSvcProbe, Generation, Shared};
 use crate::config::HostTable;
 
@@ -27,6 +28,8 @@ use crate::config::HostTable;
 pub const PERIOD: Duration = Duration::from_secs(300);
 /// At most one probe per this interval, whatever the number of hosts.
 pub const INTERVAL: Duration = Duration::from_secs(1);
+/// A change of a host's result is logged at most once per this window and kind of result.
+const LOG_WINDOW: Duration = Duration::from_secs(60);
 
 /// Asks the probe loop to look for new hosts now (after a configuration change).
 pub fn probe_soon(shared: &Shared) {
@@ -71,6 +74,7 @@ pub async fn probe_loop(shared: Arc<Shared>, shutdown: CancellationToken) {
         _ = tokio::time::sleep(Duration::from_millis(500)) => {}
         _ = shutdown.cancelled() => return,
     }
+    let mut log = CauseLog::new(LOG_WINDOW);
     let mut budget = tokio::time::interval(INTERVAL);
     budget.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -82,7 +86,7 @@ pub async fn probe_loop(shared: Arc<Shared>, shutdown: CancellationToken) {
         };
         match host {
             Some(host) => {
-                probe(&shared, &gen, &host).await;
+                probe(&shared, &gen, &host, &mut log).await;
                 tokio::select! {
                     _ = budget.tick() => {}
                     _ = shutdown.cancelled() => return,
@@ -99,7 +103,7 @@ pub async fn probe_loop(shared: Arc<Shared>, shutdown: CancellationToken) {
 }
 
 /// Probes one configured host and records the result.
-async fn probe(shared: &Shared, gen: &Generation, name: &str) {
+async fn probe(shared: &Shared, gen: &Generation, name: &str, log: &mut CauseLog) {
     let Some(entry) = gen.config.hosts.get(name) else {
         return;
     };
@@ -148,14 +152,29 @@ async fn probe(shared: &Shared, gen: &Generation, name: &str) {
         .expect("probe lock")
         .insert(name.to_string(), probe.clone())
         .map(|p| p.advertised);
-    // Log transitions only: the probe repeats.
-    if before != Some(advertised) {
-        if advertised {
-            info!(host = %name, "TCP ingress advertises HTTP/3 (Alt-Svc) for this host");
-        } else {
-            let max_age = gen.config.alt_svc_max_age;
-            warn!(host = %name, "{}", probe.message(name, port, max_age));
-        }
+    // Log transitions only (the probe repeats), and at most one line a minute per kind of
+    // result: at 10,000 hosts an ingress without Alt-Svc would otherwise log one a second.
+    if before == Some(advertised) {
+        return;
+    }
+    let cause = match (advertised, probe.failure.is_some()) {
+        (true, _) => "advertised",
+        (false, false) => "not advertised",
+        (false, true) => "probe failed",
+    };
+    let Some(held) = log.allow(cause, Instant::now()) else {
+        return;
+    };
+    let others = if held > 0 {
+        format!(" ({held} more hosts since the last such line; /hosts lists them)")
+    } else {
+        String::new()
+    };
+    if advertised {
+        info!(host = %name, "TCP ingress advertises HTTP/3 (Alt-Svc) for this host{others}");
+    } else {
+        let max_age = gen.config.alt_svc_max_age;
+        warn!(host = %name, "{}{others}", probe.message(name, port, max_age));
     }
 }
 
