@@ -491,7 +491,8 @@ pub async fn watch_listener(
     let (mut listeners, mut secrets) = (listeners.boxed(), secrets.boxed());
     let mut inputs = Inputs::new();
     let mut reported = Reported::default();
-    let mut failures = CauseLog::new(WATCH_ERROR_WINDOW);
+    // Watch failures, and the configurations sent: each at most once a minute per cause.
+    let mut lines = CauseLog::new(WATCH_ERROR_WINDOW);
     let mut recheck = tokio::time::interval_at(Instant::now() + RECHECK, RECHECK);
     loop {
         let deadline = inputs.debounce.deadline();
@@ -499,7 +500,7 @@ pub async fn watch_listener(
             ev = listeners.next() => {
                 match ev {
                     Some(Ok(ev)) => inputs.on_listener(ev),
-                    Some(Err(e)) => log_failure(&mut failures, "listener", &namespace, &e),
+                    Some(Err(e)) => log_failure(&mut lines, "listener", &namespace, &e),
                     None => return Ok(()),
                 }
                 false
@@ -507,7 +508,7 @@ pub async fn watch_listener(
             ev = secrets.next() => {
                 match ev {
                     Some(Ok(ev)) => inputs.on_mirror(ev).await,
-                    Some(Err(e)) => log_failure(&mut failures, "mirrors", &namespace, &e),
+                    Some(Err(e)) => log_failure(&mut lines, "mirrors", &namespace, &e),
                     None => return Ok(()),
                 }
                 false
@@ -525,14 +526,19 @@ pub async fn watch_listener(
             continue;
         };
         if let ConfigUpdate::Apply(c) = &update {
-            let r = c.mirrors.as_ref();
-            info!(
-                listener = %listener,
-                hosts = c.hosts.len(),
-                mirrors = r.map_or(0, |r| r.count),
-                failed = r.map_or(0, |r| r.failed_count),
-                "new configuration from Kubernetes"
-            );
+            // Under a steady stream of mirror changes a configuration is sent every second:
+            // one line a minute says how many.
+            if let Some(held) = lines.allow("configuration sent", std::time::Instant::now()) {
+                let r = c.mirrors.as_ref();
+                info!(
+                    listener = %listener,
+                    hosts = c.hosts.len(),
+                    mirrors = r.map_or(0, |r| r.count),
+                    failed = r.map_or(0, |r| r.failed_count),
+                    earlier_unlogged = held,
+                    "new configuration from Kubernetes"
+                );
+            }
         }
         if tx.send(update).await.is_err() {
             return Ok(());
