@@ -25,7 +25,7 @@ use tracing::{info, warn};
 
 use crate::api::gateway::{Gateway, HTTPRoute, ReferenceGrant};
 use crate::config::gateway::GatewayObjects;
-use crate::operator::watches::ChangeFilter;
+use crate::watch::ChangeFilter;
 
 /// Called whenever a watched object changes in a way the host resolution reads.
 pub type OnChange = Arc<dyn Fn() + Send + Sync>;

@@ -8,6 +8,7 @@
 //! - [`proxy`]: the data plane (sockets, TLS, QUIC, HTTP/3 -> TCP ingress, metrics)
 //! - [`operator`]: the Kubernetes controller
 //! - [`gateway_api`]: the optional watches of Gateways, HTTPRoutes and ReferenceGrants
+//! - [`watch`]: watch events reduced to the changes a consumer reads
 //! - [`check`]: an HTTP/3 + HTTP/2 client that proves h3 really runs
 //! - [`demo`]: everything on localhost with no cluster and no files
 //! - [`plugin`]: `kubectl h3-ingress` (this binary installed as `kubectl-h3_ingress`)
@@ -23,3 +24,4 @@ pub mod logging;
 pub mod operator;
 pub mod plugin;
 pub mod proxy;
+pub mod watch;

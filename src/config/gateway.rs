@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::kube::{CertSource, WantedHost};
+use super::wanted::{CertSource, GatewayOrigin, WantedHost};
 use crate::api::gateway::{
     Gateway, GatewayListener, HTTPRoute, ObjectReference, ParentReference, ReferenceGrant, GROUP,
 };
@@ -37,26 +37,6 @@ pub struct GatewayObjects {
     pub gateways: Vec<Arc<Gateway>>,
     pub routes: Vec<Arc<HTTPRoute>>,
     pub grants: Vec<Arc<ReferenceGrant>>,
-}
-
-/// Where a Gateway API host came from: the route (none when the Gateway itself is annotated),
-/// the Gateway and its listener.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GatewayOrigin {
-    pub http_route: Option<String>,
-    pub gateway: String,
-    pub listener: String,
-}
-
-impl GatewayOrigin {
-    /// "HTTPRoute ns/name, Gateway ns/name listener https", as status and events say it.
-    pub fn text(&self) -> String {
-        let gw = format!("Gateway {} listener {}", self.gateway, self.listener);
-        match &self.http_route {
-            Some(r) => format!("HTTPRoute {r}, {gw}"),
-            None => gw,
-        }
-    }
 }
 
 fn key(meta: &ObjectMeta) -> String {

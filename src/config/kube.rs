@@ -13,7 +13,8 @@ use std::sync::Arc;
 
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass, IngressSpec, IngressTLS};
 
-use super::gateway::{wanted_from_gateway_api, GatewayObjects, GatewayOrigin};
+use super::gateway::{wanted_from_gateway_api, GatewayObjects};
+pub use super::wanted::{CertSource, GatewayOrigin, WantedHost};
 use super::{
     build, host_matches, ConfigError, HostEntry, HostError, HostTable, ProxyConfig, Settings,
 };
@@ -117,34 +118,6 @@ pub fn targets_listener(ing: &Ingress, listener_name: &str, listener_class: Opti
             _ => false,
         },
     }
-}
-
-/// Where a wanted host's certificate should come from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CertSource {
-    Secret(SecretRef),
-    /// No usable `spec.tls` entry; the text says why (it becomes the status message).
-    NoTls(String),
-    /// Not servable for another reason (a Gateway API rule); the Secret, when one is named
-    /// but may not be used, is reported too. h3-ingress never reads a refused Secret.
-    Refused {
-        reason: &'static str,
-        message: String,
-        secret: Option<SecretRef>,
-    },
-}
-
-/// One host that an Ingress, an HTTPRoute, a Gateway or the listener's own `spec.hosts` asks
-/// to serve over HTTP/3.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WantedHost {
-    /// As written (normalised later, so a bad name is reported, not dropped).
-    pub name: String,
-    /// `namespace/name` of the Ingress, `None` for `spec.hosts` and the Gateway API.
-    pub ingress: Option<String>,
-    /// The HTTPRoute, Gateway and Gateway listener, for Gateway API hosts.
-    pub gateway: Option<GatewayOrigin>,
-    pub cert: CertSource,
 }
 
 /// The hosts an Ingress asks for, with where each one's certificate lives. Pure annotation and

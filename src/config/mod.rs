@@ -9,6 +9,7 @@ pub mod file;
 pub mod gateway;
 mod hosts;
 pub mod kube;
+pub mod wanted;
 
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};

@@ -14,7 +14,7 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::controller::Context;
+use super::context::Context;
 use super::resources::{self, Desired};
 use super::status::Blocker;
 use super::watches::owned_by;

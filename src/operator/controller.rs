@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{future, StreamExt};
@@ -16,7 +16,7 @@ use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event as KubeEvent, EventType, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::{mpsc, watch};
@@ -24,6 +24,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::apply::{self, ApplyError};
+pub use super::context::{Caches, Context};
 use super::events::{self, PlannedEvent, Target};
 use super::metrics::{results, AdminState, OperatorMetrics};
 use super::reports::{status_address, HttpReportFetcher, ReportFetcher};
@@ -34,10 +35,8 @@ use super::{conflicts, leader, FIELD_MANAGER};
 use crate::api::altsvc::{controller_of, IngressController};
 use crate::api::gateway::{Gateway, HTTPRoute};
 use crate::api::{reasons, Http3Listener, Http3ListenerStatus, SecretRef};
-use crate::config::gateway::GatewayObjects;
 use crate::config::kube::{
-    default_class, ingress_key, referenced_secrets, resolve_hosts, with_default_class,
-    ResolvedHosts, SecretMap,
+    ingress_key, referenced_secrets, resolve_hosts, ResolvedHosts, SecretMap,
 };
 use crate::gateway_api::GatewayApiWatch;
 
@@ -76,126 +75,6 @@ pub enum Error {
     Signals(#[source] std::io::Error),
     #[error("the Ingress cache never filled")]
     IngressCache,
-}
-
-/// The operator's caches: what reconciles read instead of asking the API server.
-#[derive(Clone)]
-pub struct Caches {
-    /// All Ingresses, kept by a reflector the controller polls.
-    pub ingresses: Store<Ingress>,
-    /// All listeners (the controller's own store), for port conflicts between them.
-    pub listeners: Store<Http3Listener>,
-    /// All IngressClasses: which one is the default.
-    pub classes: Store<IngressClass>,
-    /// The Roles, RoleBindings and Services the operator made, for pruning.
-    pub owned: OwnedStores,
-    /// Gateways, HTTPRoutes and ReferenceGrants; `None` leaves the Gateway API out entirely.
-    pub gateway_api: Option<Arc<GatewayApiWatch>>,
-}
-
-/// Everything a reconciliation needs; shared by all of them.
-pub struct Context {
-    pub client: Client,
-    pub params: Params,
-    pub pod_defaults: PodDefaults,
-    pub ingresses: Store<Ingress>,
-    pub listeners: Store<Http3Listener>,
-    pub classes: Store<IngressClass>,
-    pub owned: OwnedStores,
-    pub gateway_api: Option<Arc<GatewayApiWatch>>,
-    pub leader: watch::Receiver<bool>,
-    pub reports: Arc<dyn ReportFetcher>,
-    pub recorder: Recorder,
-    pub metrics: Arc<OperatorMetrics>,
-    /// Secrets each listener references, so a Secret change re-reconciles only when it matters.
-    pub secret_interest: Mutex<BTreeMap<String, BTreeSet<SecretRef>>>,
-    /// Prompt looks in a row per listener whose pods are still loading a host.
-    pub settling: Mutex<BTreeMap<String, u32>>,
-}
-
-impl Context {
-    pub fn new(
-        client: Client,
-        params: Params,
-        caches: Caches,
-        leader: watch::Receiver<bool>,
-        reports: Arc<dyn ReportFetcher>,
-        reporter: Reporter,
-        metrics: Arc<OperatorMetrics>,
-    ) -> Self {
-        Self {
-            recorder: Recorder::new(client.clone(), reporter),
-            client,
-            params,
-            pod_defaults: PodDefaults::default(),
-            ingresses: caches.ingresses,
-            listeners: caches.listeners,
-            classes: caches.classes,
-            owned: caches.owned,
-            gateway_api: caches.gateway_api,
-            leader,
-            reports,
-            metrics,
-            secret_interest: Mutex::new(BTreeMap::new()),
-            settling: Mutex::new(BTreeMap::new()),
-        }
-    }
-
-    /// What goes into every data plane pod besides the listener's spec.
-    pub fn with_pod_defaults(mut self, pod: PodDefaults) -> Self {
-        self.pod_defaults = pod;
-        self
-    }
-
-    /// Every Ingress as the listeners see it: one without a class belongs to the default
-    /// IngressClass (the data plane counts them the same way).
-    pub fn ingresses(&self) -> Vec<Arc<Ingress>> {
-        let classes = self.classes.state();
-        let default = default_class(classes.iter().map(|c| c.as_ref()));
-        with_default_class(&self.ingresses.state(), default.as_deref())
-    }
-
-    /// The Gateway API objects seen so far (none without the Gateway API).
-    pub fn gateway_objects(&self) -> GatewayObjects {
-        self.gateway_api
-            .as_ref()
-            .map(|g| g.objects())
-            .unwrap_or_default()
-    }
-
-    /// Whether the Gateway API kinds have been listed (or found not served) once; before
-    /// that every route's host would look unwanted.
-    pub fn gateway_api_synced(&self) -> bool {
-        self.gateway_api.as_ref().is_none_or(|g| g.synced())
-    }
-
-    /// Whether some listener references this Secret.
-    pub fn wants_secret(&self, namespace: &str, name: &str) -> bool {
-        let interest = self.secret_interest.lock().expect("not poisoned");
-        interest.values().any(|set| {
-            set.iter()
-                .any(|s| s.namespace == namespace && s.name == name)
-        })
-    }
-}
-
-/// Whether a change to this Ingress can affect some listener: it carries one of our
-/// annotations, or a listener's status lists it (so removing the annotation is noticed).
-pub fn ingress_is_relevant(ing: &Ingress, listeners: &[Arc<Http3Listener>]) -> bool {
-    let ours = ing
-        .metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.keys().any(|k| k.starts_with("h3-ingress.dev/")));
-    if ours {
-        return true;
-    }
-    let key = ingress_key(ing);
-    listeners.iter().any(|l| {
-        l.status
-            .as_ref()
-            .is_some_and(|s| s.hosts.iter().any(|h| h.ingress.as_deref() == Some(&key)))
-    })
 }
 
 async fn fetch_secrets(
@@ -772,6 +651,7 @@ fn tokio_stream_from_watch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use super::super::watches::ingress_is_relevant;
     use crate::api::{annotations, HostStatus, Http3ListenerSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 

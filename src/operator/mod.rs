@@ -7,6 +7,7 @@
 pub mod apply;
 pub mod cli;
 pub mod conflicts;
+pub mod context;
 pub mod controller;
 pub mod events;
 pub mod leader;

@@ -10,9 +10,6 @@
 //! The objects the operator prunes (Roles, RoleBindings, Services) are kept in metadata-only
 //! caches ([`OwnedStores`]), so a reconcile lists nothing cluster-wide.
 
-use std::collections::hash_map::DefaultHasher;
-use std::collections::{HashMap, HashSet};
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use futures_util::{future, Stream, StreamExt};
@@ -27,91 +24,11 @@ use kube::{Client, Resource, ResourceExt};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::controller::{ingress_is_relevant, Context};
+use super::context::Context;
 use super::labels;
 use crate::api::Http3Listener;
-
-/// Identity of a watched object: a recreated object (new uid) is a new object.
-type ObjKey = (Option<String>, String, Option<String>);
-
-fn obj_key<K: Resource>(o: &K) -> ObjKey {
-    let m = o.meta();
-    (
-        m.namespace.clone(),
-        m.name.clone().unwrap_or_default(),
-        m.uid.clone(),
-    )
-}
-
-fn hash_of(v: &impl Hash) -> u64 {
-    let mut h = DefaultHasher::new();
-    v.hash(&mut h);
-    h.finish()
-}
-
-/// Passes a watched object only when its key (what a reconcile reads from it) changed since
-/// the last event for it; deletions always pass. After a relist, objects not seen again are
-/// forgotten. Pure, so the filtering is tested without a watch.
-pub struct ChangeFilter<K> {
-    key: fn(&K) -> u64,
-    seen: HashMap<ObjKey, u64>,
-    relisting: Option<HashSet<ObjKey>>,
-}
-
-impl<K: Resource> ChangeFilter<K> {
-    pub fn new(key: fn(&K) -> u64) -> Self {
-        Self {
-            key,
-            seen: HashMap::new(),
-            relisting: None,
-        }
-    }
-
-    /// The object the event carries, when it should trigger.
-    pub fn accept(&mut self, ev: watcher::Event<K>) -> Option<K> {
-        match ev {
-            watcher::Event::Init => {
-                self.relisting = Some(HashSet::new());
-                None
-            }
-            watcher::Event::InitDone => {
-                if let Some(listed) = self.relisting.take() {
-                    self.seen.retain(|k, _| listed.contains(k));
-                }
-                None
-            }
-            watcher::Event::InitApply(o) | watcher::Event::Apply(o) => {
-                let k = obj_key(&o);
-                if let Some(listed) = &mut self.relisting {
-                    listed.insert(k.clone());
-                }
-                let value = (self.key)(&o);
-                (self.seen.insert(k, value) != Some(value)).then_some(o)
-            }
-            watcher::Event::Delete(o) => {
-                self.seen.remove(&obj_key(&o));
-                Some(o)
-            }
-        }
-    }
-}
-
-/// A watch event stream reduced to the objects [`ChangeFilter`] passes (errors pass through,
-/// for the controller to log and back off).
-pub fn changes<K, S>(stream: S, key: fn(&K) -> u64) -> impl Stream<Item = Result<K, watcher::Error>>
-where
-    K: Resource,
-    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
-{
-    stream
-        .scan(ChangeFilter::new(key), |f, ev| {
-            future::ready(Some(match ev {
-                Ok(e) => f.accept(e).map(Ok),
-                Err(e) => Some(Err(e)),
-            }))
-        })
-        .filter_map(future::ready)
-}
+use crate::config::kube::ingress_key as ingress_name;
+pub use crate::watch::{changes, hash_of, ChangeFilter};
 
 /// What a reconcile reads from a listener: its spec, and whether it is being deleted. Status,
 /// labels and annotations (and so every status write of ours) do not count.
@@ -374,6 +291,25 @@ where
     out
 }
 
+/// Whether a change to this Ingress can affect some listener: it carries one of our
+/// annotations, or a listener's status lists it (so removing the annotation is noticed).
+pub fn ingress_is_relevant(ing: &Ingress, listeners: &[Arc<Http3Listener>]) -> bool {
+    let ours = ing
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.keys().any(|k| k.starts_with("h3-ingress.dev/")));
+    if ours {
+        return true;
+    }
+    let key = ingress_name(ing);
+    listeners.iter().any(|l| {
+        l.status
+            .as_ref()
+            .is_some_and(|s| s.hosts.iter().any(|h| h.ingress.as_deref() == Some(&key)))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -436,7 +372,7 @@ mod tests {
             .accept(watcher::Event::InitApply(listener(1, "x")))
             .is_none());
         f.accept(watcher::Event::InitDone);
-        assert_eq!(f.seen.len(), 1, "the vanished object is forgotten");
+        assert_eq!(f.remembered(), 1, "the vanished object is forgotten");
         // If it comes back it is new again.
         assert!(f.accept(watcher::Event::Apply(other)).is_some());
     }
