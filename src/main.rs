@@ -81,7 +81,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Operator(a) => {
             logging::init(logging::SERVER);
-            h3_ingress::operator::controller::run(a.options()).await?;
+            h3_ingress::operator::run::run(a.options()).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Render {
@@ -90,6 +90,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             data_plane_image,
         } => {
             let params = h3_ingress::operator::resources::Params {
+                hosts_namespace: format!("{namespace}-hosts"),
                 namespace,
                 default_image: data_plane_image,
             };

@@ -169,16 +169,23 @@ pub struct Http3ListenerStatus {
     /// "serving/wanted", for `kubectl get`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hosts_summary: Option<String>,
+    /// Wanted hosts by state and reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["state", "reason"]))]
+    pub host_counts: Vec<HostCount>,
+    /// Hosts not served, in name order, at most `MAX_STATUS_HOSTS` of them (served hosts are
+    /// counted, not listed: `kubectl h3-ingress status` shows every host).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<HostStatus>,
+    /// Hosts not served that `hosts` leaves out.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hosts_omitted: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes: Option<NodesStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub udp: Option<UdpStatus>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub requests: Vec<HostRequests>,
-    /// When `udp.drops` and `requests` were read from the pods. Counters alone are rewritten
-    /// at most once a minute, so a busy listener does not write its status on every reconcile.
+    /// When `udp.drops` was read from the pods. Counters alone are rewritten at most once a
+    /// minute, so a busy listener does not write its status on every reconcile.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub counters_time: Option<Time>,
 }
@@ -258,13 +265,19 @@ pub struct UdpStatus {
     pub clamped: bool,
 }
 
+/// How many wanted hosts are in one state for one reason.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
-pub struct HostRequests {
-    pub host: String,
-    /// HTTP/3 requests served for this host since the pods started, summed over pods.
-    pub total: i64,
-    /// HTTP/3 requests in the last five minutes, summed over pods.
-    #[serde(default)]
-    pub last5m: i64,
+pub struct HostCount {
+    pub state: String,
+    pub reason: String,
+    pub count: i64,
+}
+
+/// Not-served hosts listed in a listener's status; the rest are counted in `hostsOmitted`.
+/// 50 entries of a few hundred bytes keep the object far below etcd's 1.5 MiB limit.
+pub const MAX_STATUS_HOSTS: usize = 50;
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }

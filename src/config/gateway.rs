@@ -822,7 +822,7 @@ mod tests {
         assert_eq!(h.gateway_listener.as_deref(), Some("https"));
         assert_eq!(h.secret.as_deref(), Some("infra/wild"));
         assert_eq!(h.ingress, None);
-        assert!(r.table.lookup("a.example.com").is_some());
+        assert!(r.serves("a.example.com"));
         let mut l = listener("public", None);
         l.spec.gateway_class_name = Some("gw".into());
         let refs: Vec<_> = referenced_secrets(&l, std::iter::empty::<&Ingress>(), &o)
@@ -859,7 +859,7 @@ mod tests {
                 "{}",
                 h.message
             );
-            assert!(r.table.is_empty());
+            assert!(r.served.is_empty());
         }
         // Accepted=False is not acceptance either.
         let mut route = (*Route::default().build()).clone();
@@ -1197,7 +1197,7 @@ mod tests {
             }
             .build();
             let r = resolve(&objs(vec![g], vec![route], vec![]), &s);
-            assert_eq!(r.table.lookup("a.example.com").is_some(), served, "{ann:?}");
+            assert_eq!(r.serves("a.example.com"), served, "{ann:?}");
             assert_eq!(
                 r.reports.len(),
                 usize::from(served),
@@ -1470,7 +1470,7 @@ mod tests {
         }
         .build();
         let r = resolve(&objs(vec![g], vec![route], vec![]), &s);
-        assert!(r.table.is_empty());
+        assert!(r.served.is_empty());
         assert_eq!(r.reports.len(), 1);
         assert_eq!(r.reports[0].name, NO_HOSTNAME);
         assert!(

@@ -27,6 +27,15 @@ pub struct OperatorMetrics {
     pub events: IntCounterVec,
     pub pod_report_errors: IntCounter,
     pub leader: IntGauge,
+    /// Objects applied (only those that changed: zero at steady state).
+    pub applies: IntCounter,
+    /// Certificate mirrors written and deleted.
+    pub mirror_writes: IntCounter,
+    pub mirror_deletes: IntCounter,
+    /// Source Secrets read (a GET only when its resourceVersion moved).
+    pub secret_reads: IntCounter,
+    /// Hosts wanted, summed over listeners (set by each reconcile).
+    pub hosts: IntGauge,
 }
 
 impl OperatorMetrics {
@@ -71,8 +80,35 @@ impl OperatorMetrics {
             "1 while this replica holds the leader Lease",
         )
         .expect("metric");
+        let counter = |name: &str, help: &str| IntCounter::new(name, help).expect("metric");
+        let applies = counter(
+            "h3_ingress_operator_applies_total",
+            "Objects applied because they changed (an unchanged object is not applied)",
+        );
+        let mirror_writes = counter(
+            "h3_ingress_operator_mirror_writes_total",
+            "Certificate mirrors written to the hosts namespace",
+        );
+        let mirror_deletes = counter(
+            "h3_ingress_operator_mirror_deletes_total",
+            "Certificate mirrors deleted from the hosts namespace",
+        );
+        let secret_reads = counter(
+            "h3_ingress_operator_secret_reads_total",
+            "Source Secrets read (once per resourceVersion)",
+        );
+        let hosts = IntGauge::new(
+            "h3_ingress_operator_hosts",
+            "Hosts the listeners want, served or not",
+        )
+        .expect("metric");
         for c in [
-            Box::new(reconciles.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(applies.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(mirror_writes.clone()),
+            Box::new(mirror_deletes.clone()),
+            Box::new(secret_reads.clone()),
+            Box::new(hosts.clone()),
+            Box::new(reconciles.clone()),
             Box::new(reconcile_seconds.clone()),
             Box::new(status_writes.clone()),
             Box::new(events.clone()),
@@ -95,6 +131,11 @@ impl OperatorMetrics {
             events,
             pod_report_errors,
             leader,
+            applies,
+            mirror_writes,
+            mirror_deletes,
+            secret_reads,
+            hosts,
         })
     }
 

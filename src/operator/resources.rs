@@ -2,16 +2,17 @@
 //!
 //! Per listener: a ServiceAccount and a hostNetwork DaemonSet in the operator's namespace (and
 //! a Service there when `spec.service` asks), a ClusterRole + ClusterRoleBinding (read its own
-//! listener, Ingresses and IngressClasses), and a Role + RoleBinding in each namespace holding a
-//! referenced Secret, naming only those Secrets. Every object carries an owner reference to the
-//! listener so deleting it removes them all.
+//! listener, by name), and a Role + RoleBinding in the hosts namespace (read the certificate
+//! mirrors, `api::mirror`; that namespace holds nothing else). The data plane reads no Ingress,
+//! no Gateway and no user's Secret. Every object carries an owner reference to the listener so
+//! deleting it removes them all.
 //!
 //! Plus the listener's QUIC keys Secret ([`keys_secret`]): random bytes, created once and
 //! never changed (immutable), mounted into every data plane pod, so a restarted pod and its
 //! neighbours answer the listener's old connections with stateless resets and accept each
 //! other's Retry tokens.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{
     DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet,
@@ -32,7 +33,7 @@ use k8s_openapi::ByteString;
 use kube::{Resource, ResourceExt};
 
 use crate::api::{
-    check_max_unavailable, Http3Listener, ListenerService, SecretRef, ServiceType,
+    check_max_unavailable, Http3Listener, ListenerService, ServiceType,
     RECOMMENDED_SYSCTL_BUFFER_MAX,
 };
 use crate::config::{build, ConfigError, HostTable, ProxyConfig, Settings};
@@ -85,6 +86,8 @@ pub struct Params {
     pub namespace: String,
     /// Data plane image when `spec.image` is empty (normally the operator's own image).
     pub default_image: String,
+    /// Where the certificate mirrors live (`api::mirror`), read by every data plane.
+    pub hosts_namespace: String,
 }
 
 /// What the operator puts into every data plane pod whatever the listener says, from its
@@ -96,6 +99,8 @@ pub struct PodDefaults {
     pub image_pull_secrets: Vec<String>,
     /// Image of the opt-in init container when `spec.tuneImage` is empty.
     pub tune_image: String,
+    /// `priorityClassName` of every data plane pod (none: the cluster's default priority).
+    pub priority_class_name: Option<String>,
 }
 
 impl Default for PodDefaults {
@@ -103,6 +108,7 @@ impl Default for PodDefaults {
         Self {
             image_pull_secrets: Vec::new(),
             tune_image: TUNE_IMAGE.to_string(),
+            priority_class_name: None,
         }
     }
 }
@@ -124,7 +130,8 @@ pub struct Desired {
     pub service_account: ServiceAccount,
     pub cluster_role: ClusterRole,
     pub cluster_role_binding: ClusterRoleBinding,
-    /// One per namespace that holds a referenced Secret, sorted by namespace.
+    /// The Role in the hosts namespace (one; a list, so Roles of earlier versions, one per
+    /// namespace of a referenced Secret, are pruned like any Role no longer wanted).
     pub roles: Vec<Role>,
     pub role_bindings: Vec<RoleBinding>,
     pub daemon_set: DaemonSet,
@@ -443,6 +450,7 @@ fn data_plane_container(
     listener: &Http3Listener,
     config: &ProxyConfig,
     image: String,
+    hosts_namespace: &str,
 ) -> Container {
     let port = i32::from(config.listen.port);
     let metrics_port = i32::from(config.metrics_address.port());
@@ -463,6 +471,8 @@ fn data_plane_container(
             listener.name_any(),
             "--keys-file".into(),
             format!("{KEYS_MOUNT_PATH}/{KEYS_SECRET_KEY}"),
+            "--hosts-namespace".into(),
+            hosts_namespace.to_string(),
         ]),
         env: Some(vec![
             env_from_field("NODE_NAME", "spec.nodeName"),
@@ -529,6 +539,7 @@ fn data_plane_pod(
         ),
         node_selector: Some(node_selector(listener)),
         image_pull_secrets: pod.pull_secrets(),
+        priority_class_name: pod.priority_class_name.clone(),
         tolerations: (!spec.tolerations.is_empty()).then(|| spec.tolerations.clone()),
         security_context: Some(PodSecurityContext {
             seccomp_profile: Some(SeccompProfile {
@@ -584,7 +595,7 @@ pub fn daemon_set(
         .clone()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| params.default_image.clone());
-    let container = data_plane_container(listener, config, image);
+    let container = data_plane_container(listener, config, image, &params.hosts_namespace);
     let template_annotations: BTreeMap<String, String> =
         [(SOCKET_HASH_ANNOTATION.to_string(), socket_hash(config))]
             .into_iter()
@@ -617,8 +628,6 @@ pub fn daemon_set(
         status: None,
     })
 }
-
-use crate::api::gateway::GROUP as GATEWAY_GROUP;
 
 fn rule(group: &str, resource: &str, names: Option<Vec<String>>) -> PolicyRule {
     PolicyRule {
@@ -691,10 +700,9 @@ pub fn service(listener: &Http3Listener, params: &Params) -> Result<Option<Servi
     }))
 }
 
-/// Builds every object for a listener; `secrets` are the Secrets its hosts reference.
+/// Builds every object for a listener.
 pub fn desired(
     listener: &Http3Listener,
-    secrets: &BTreeSet<SecretRef>,
     params: &Params,
     pod: &PodDefaults,
 ) -> Result<Desired, BuildError> {
@@ -711,16 +719,11 @@ pub fn desired(
         metadata: meta(listener, rbac_name(&name), None)?,
         // list/watch with resourceNames are authorised for `metadata.name=` field selectors,
         // which is how the data plane watches its one listener.
-        rules: Some(vec![
-            rule("h3-ingress.dev", "http3listeners", Some(vec![name.clone()])),
-            rule("networking.k8s.io", "ingresses", None),
-            // Which class is the cluster's default, for Ingresses that name none.
-            rule("networking.k8s.io", "ingressclasses", None),
-            // Hosts from the Gateway API (read only; none of it exists without its CRDs).
-            rule(GATEWAY_GROUP, "gateways", None),
-            rule(GATEWAY_GROUP, "httproutes", None),
-            rule(GATEWAY_GROUP, "referencegrants", None),
-        ]),
+        rules: Some(vec![rule(
+            "h3-ingress.dev",
+            "http3listeners",
+            Some(vec![name.clone()]),
+        )]),
         aggregation_rule: None,
     };
     let cluster_role_binding = ClusterRoleBinding {
@@ -732,28 +735,22 @@ pub fn desired(
         },
         subjects: Some(vec![subject(&name, params)]),
     };
-
-    let mut by_ns: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-    for s in secrets {
-        by_ns.entry(&s.namespace).or_default().push(s.name.clone());
-    }
-    let mut roles = Vec::new();
-    let mut role_bindings = Vec::new();
-    for (ns, names) in by_ns {
-        roles.push(Role {
-            metadata: meta(listener, rbac_name(&name), Some(ns))?,
-            rules: Some(vec![rule("", "secrets", Some(names))]),
-        });
-        role_bindings.push(RoleBinding {
-            metadata: meta(listener, rbac_name(&name), Some(ns))?,
-            role_ref: RoleRef {
-                api_group: Some("rbac.authorization.k8s.io".into()),
-                kind: "Role".into(),
-                name: rbac_name(&name),
-            },
-            subjects: Some(vec![subject(&name, params)]),
-        });
-    }
+    // The mirrors of every listener share the namespace and RBAC cannot select by label, so
+    // a data plane may read other listeners' mirrors there; it reads nothing else.
+    let ns = params.hosts_namespace.as_str();
+    let roles = vec![Role {
+        metadata: meta(listener, rbac_name(&name), Some(ns))?,
+        rules: Some(vec![rule("", "secrets", None)]),
+    }];
+    let role_bindings = vec![RoleBinding {
+        metadata: meta(listener, rbac_name(&name), Some(ns))?,
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: rbac_name(&name),
+        },
+        subjects: Some(vec![subject(&name, params)]),
+    }];
 
     Ok(Desired {
         service_account,
@@ -785,20 +782,12 @@ pub(crate) mod tests {
         Params {
             namespace: "h3-system".into(),
             default_image: "ghcr.io/h3-ingress/h3-ingress:0.1.0".into(),
+            hosts_namespace: "h3-system-hosts".into(),
         }
     }
 
     fn base() -> serde_json::Value {
         serde_json::json!({"upstream": {"address": "ingress-nginx-controller.ingress-nginx:443"}})
-    }
-
-    fn refs(list: &[(&str, &str)]) -> BTreeSet<SecretRef> {
-        list.iter()
-            .map(|(ns, n)| SecretRef {
-                namespace: ns.to_string(),
-                name: n.to_string(),
-            })
-            .collect()
     }
 
     fn pod(ds: &DaemonSet) -> &PodSpec {
@@ -808,7 +797,7 @@ pub(crate) mod tests {
     #[test]
     fn default_daemon_set_is_host_network_locked_down_and_runs_as_root_for_port_443() {
         let l = listener("public", base());
-        let d = desired(&l, &BTreeSet::new(), &params(), &PodDefaults::default()).unwrap();
+        let d = desired(&l, &params(), &PodDefaults::default()).unwrap();
         let ds = &d.daemon_set;
         assert_eq!(ds.metadata.name.as_deref(), Some("h3-ingress-public"));
         assert_eq!(ds.metadata.namespace.as_deref(), Some("h3-system"));
@@ -898,7 +887,6 @@ pub(crate) mod tests {
         spec["port"] = 8443.into();
         let d = desired(
             &listener("alt", spec.clone()),
-            &BTreeSet::new(),
             &params(),
             &PodDefaults::default(),
         )
@@ -911,13 +899,7 @@ pub(crate) mod tests {
         assert_eq!(sc.run_as_user, Some(NON_ROOT_UID));
 
         spec["socket"] = serde_json::json!({"forceBuffers": true});
-        let d = desired(
-            &listener("alt", spec),
-            &BTreeSet::new(),
-            &params(),
-            &PodDefaults::default(),
-        )
-        .unwrap();
+        let d = desired(&listener("alt", spec), &params(), &PodDefaults::default()).unwrap();
         let sc = pod(&d.daemon_set).containers[0]
             .security_context
             .clone()
@@ -932,7 +914,7 @@ pub(crate) mod tests {
     #[test]
     fn the_keys_secret_is_immutable_owned_and_mounted_read_only() {
         let l = listener("k", base());
-        let d = desired(&l, &BTreeSet::new(), &params(), &PodDefaults::default()).unwrap();
+        let d = desired(&l, &params(), &PodDefaults::default()).unwrap();
         let s = &d.keys_secret;
         assert_eq!(s.metadata.name.as_deref(), Some("h3-ingress-keys-k"));
         assert_eq!(s.metadata.namespace.as_deref(), Some("h3-system"));
@@ -943,7 +925,7 @@ pub(crate) mod tests {
         let p = pod(&d.daemon_set);
         let c = &p.containers[0];
         let args = c.args.as_ref().unwrap();
-        assert_eq!(args[3..], ["--keys-file", "/etc/h3-ingress/keys/key"]);
+        assert_eq!(args[3..5], ["--keys-file", "/etc/h3-ingress/keys/key"]);
         let mount = &c.volume_mounts.as_ref().unwrap()[1];
         assert_eq!(
             (mount.mount_path.as_str(), mount.read_only),
@@ -962,13 +944,7 @@ pub(crate) mod tests {
     #[test]
     fn data_plane_memory_limit_follows_the_request_budget() {
         let memory = |spec: serde_json::Value| {
-            let d = desired(
-                &listener("m", spec),
-                &BTreeSet::new(),
-                &params(),
-                &PodDefaults::default(),
-            )
-            .unwrap();
+            let d = desired(&listener("m", spec), &params(), &PodDefaults::default()).unwrap();
             let r = pod(&d.daemon_set).containers[0].resources.clone().unwrap();
             r.limits.unwrap()["memory"].0.clone()
         };
@@ -998,13 +974,7 @@ pub(crate) mod tests {
         spec["socket"] = serde_json::json!({"receiveBufferBytes": 16777216});
         spec["metrics"] = serde_json::json!({"address": "127.0.0.1:9476"});
         spec["http"] = serde_json::json!({"drainTimeoutSeconds": 120});
-        let d = desired(
-            &listener("all", spec),
-            &BTreeSet::new(),
-            &params(),
-            &PodDefaults::default(),
-        )
-        .unwrap();
+        let d = desired(&listener("all", spec), &params(), &PodDefaults::default()).unwrap();
         let p = pod(&d.daemon_set);
         assert_eq!(
             p.containers[0].image.as_deref(),
@@ -1122,13 +1092,7 @@ pub(crate) mod tests {
             assert_eq!(restart, rolled, "{field}: {value}");
         }
         // And the hash lands in the pod template.
-        let d = desired(
-            &base_l,
-            &BTreeSet::new(),
-            &params(),
-            &PodDefaults::default(),
-        )
-        .unwrap();
+        let d = desired(&base_l, &params(), &PodDefaults::default()).unwrap();
         let ann = d
             .daemon_set
             .spec
@@ -1141,61 +1105,24 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn rbac_is_read_only_and_names_only_the_referenced_secrets() {
+    fn rbac_is_read_only_its_listener_and_the_hosts_namespace() {
         let l = listener("public", base());
-        let d = desired(
-            &l,
-            &refs(&[("shop", "shop-tls"), ("blog", "b"), ("shop", "api-tls")]),
-            &params(),
-            &PodDefaults::default(),
-        )
-        .unwrap();
+        let d = desired(&l, &params(), &PodDefaults::default()).unwrap();
         let cr_rules = d.cluster_role.rules.as_ref().unwrap();
+        assert_eq!(cr_rules.len(), 1, "{cr_rules:?}");
         assert_eq!(cr_rules[0].resources.as_ref().unwrap(), &["http3listeners"]);
         assert_eq!(cr_rules[0].resource_names.as_ref().unwrap(), &["public"]);
-        assert_eq!(cr_rules[1].resources.as_ref().unwrap(), &["ingresses"]);
-        assert!(cr_rules[1].resource_names.is_none());
-        let gateway_api: Vec<_> = cr_rules[3..]
-            .iter()
-            .map(|r| (r.api_groups.clone().unwrap(), r.resources.clone().unwrap()))
-            .collect();
-        let g = || vec!["gateway.networking.k8s.io".to_string()];
-        assert_eq!(
-            gateway_api,
-            [
-                (g(), vec!["gateways".to_string()]),
-                (g(), vec!["httproutes".to_string()]),
-                (g(), vec!["referencegrants".to_string()]),
-            ]
-        );
-        let all_rules = cr_rules
-            .iter()
-            .chain(d.roles.iter().flat_map(|r| r.rules.as_ref().unwrap()));
-        for r in all_rules {
+        assert_eq!(d.roles.len(), 1);
+        let role = &d.roles[0];
+        assert_eq!(role.metadata.namespace.as_deref(), Some("h3-system-hosts"));
+        let rules = role.rules.as_ref().unwrap();
+        assert_eq!(rules.len(), 1);
+        assert_eq!(rules[0].resources.as_ref().unwrap(), &["secrets"]);
+        for r in cr_rules.iter().chain(rules) {
             assert_eq!(r.verbs, ["get", "list", "watch"], "{r:?}");
         }
-        let roles: Vec<_> = d
-            .roles
-            .iter()
-            .map(|r| {
-                (
-                    r.metadata.namespace.clone().unwrap(),
-                    r.rules.as_ref().unwrap()[0].resource_names.clone().unwrap(),
-                )
-            })
-            .collect();
-        assert_eq!(
-            roles,
-            [
-                ("blog".to_string(), vec!["b".to_string()]),
-                (
-                    "shop".to_string(),
-                    vec!["api-tls".to_string(), "shop-tls".to_string()]
-                ),
-            ]
-        );
-        assert_eq!(d.role_bindings.len(), 2);
-        let sub = &d.role_bindings[1].subjects.as_ref().unwrap()[0];
+        assert_eq!(d.role_bindings.len(), 1);
+        let sub = &d.role_bindings[0].subjects.as_ref().unwrap()[0];
         assert_eq!(
             (sub.name.as_str(), sub.namespace.as_deref()),
             ("h3-ingress-public", Some("h3-system"))
@@ -1204,12 +1131,9 @@ pub(crate) mod tests {
             d.cluster_role_binding.role_ref.name,
             "h3-ingress-data-plane-public"
         );
-        assert!(
-            desired(&l, &BTreeSet::new(), &params(), &PodDefaults::default())
-                .unwrap()
-                .roles
-                .is_empty()
-        );
+        let args = pod(&d.daemon_set).containers[0].args.clone().unwrap();
+        let at = args.iter().position(|a| a == "--hosts-namespace").unwrap();
+        assert_eq!(args[at + 1], "h3-system-hosts");
     }
 
     #[test]
@@ -1217,13 +1141,7 @@ pub(crate) mod tests {
         let mut spec = base();
         spec["service"] = serde_json::json!({});
         let l = listener("public", spec);
-        let d = desired(
-            &l,
-            &refs(&[("shop", "s")]),
-            &params(),
-            &PodDefaults::default(),
-        )
-        .unwrap();
+        let d = desired(&l, &params(), &PodDefaults::default()).unwrap();
         let metas = [
             &d.service_account.metadata,
             &d.service.as_ref().unwrap().metadata,
@@ -1260,48 +1178,30 @@ pub(crate) mod tests {
     fn invalid_listeners_are_refused_with_the_reason() {
         let mut l = listener("public", base());
         l.spec.upstream.address = "nope".into();
-        let e = desired(&l, &BTreeSet::new(), &params(), &PodDefaults::default()).unwrap_err();
+        let e = desired(&l, &params(), &PodDefaults::default()).unwrap_err();
         assert!(e.to_string().starts_with("spec.upstream.address"), "{e}");
         let long = listener(&"x".repeat(64), base());
         assert!(matches!(
-            desired(&long, &BTreeSet::new(), &params(), &PodDefaults::default()),
+            desired(&long, &params(), &PodDefaults::default()),
             Err(BuildError::NameTooLong(_))
         ));
         let mut no_uid = listener("public", base());
         no_uid.metadata.uid = None;
         assert_eq!(
-            desired(
-                &no_uid,
-                &BTreeSet::new(),
-                &params(),
-                &PodDefaults::default()
-            )
-            .unwrap_err(),
+            desired(&no_uid, &params(), &PodDefaults::default()).unwrap_err(),
             BuildError::NoUid
         );
     }
 
     #[test]
     fn pods_select_linux_nodes_unless_the_user_chose_an_os() {
-        let d = desired(
-            &listener("l", base()),
-            &BTreeSet::new(),
-            &params(),
-            &PodDefaults::default(),
-        )
-        .unwrap();
+        let d = desired(&listener("l", base()), &params(), &PodDefaults::default()).unwrap();
         let sel = pod(&d.daemon_set).node_selector.clone().unwrap();
         assert_eq!(sel.len(), 1);
         assert_eq!(sel["kubernetes.io/os"], "linux");
         let mut spec = base();
         spec["nodeSelector"] = serde_json::json!({"kubernetes.io/os": "other", "pool": "edge"});
-        let d = desired(
-            &listener("l", spec),
-            &BTreeSet::new(),
-            &params(),
-            &PodDefaults::default(),
-        )
-        .unwrap();
+        let d = desired(&listener("l", spec), &params(), &PodDefaults::default()).unwrap();
         let sel = pod(&d.daemon_set).node_selector.clone().unwrap();
         assert_eq!(
             (sel["kubernetes.io/os"].as_str(), sel["pool"].as_str()),
@@ -1314,13 +1214,7 @@ pub(crate) mod tests {
         let mut spec = base();
         spec["tuneNodeBufferLimits"] = true.into();
         let none = PodDefaults::default();
-        let d = desired(
-            &listener("l", spec.clone()),
-            &BTreeSet::new(),
-            &params(),
-            &none,
-        )
-        .unwrap();
+        let d = desired(&listener("l", spec.clone()), &params(), &none).unwrap();
         assert!(d.service_account.image_pull_secrets.is_none());
         assert!(pod(&d.daemon_set).image_pull_secrets.is_none());
         let init = &pod(&d.daemon_set).init_containers.as_ref().unwrap()[0];
@@ -1330,14 +1224,9 @@ pub(crate) mod tests {
         let opts = PodDefaults {
             image_pull_secrets: vec!["regcred".into(), "mirror".into()],
             tune_image: pinned.into(),
+            priority_class_name: Some("system-node-critical".into()),
         };
-        let d = desired(
-            &listener("l", spec.clone()),
-            &BTreeSet::new(),
-            &params(),
-            &opts,
-        )
-        .unwrap();
+        let d = desired(&listener("l", spec.clone()), &params(), &opts).unwrap();
         let names = |v: &Option<Vec<LocalObjectReference>>| {
             v.as_ref()
                 .unwrap()
@@ -1357,7 +1246,7 @@ pub(crate) mod tests {
         assert_eq!(init.image.as_deref(), Some(pinned));
 
         spec["tuneImage"] = "busybox:1.37.0".into();
-        let d = desired(&listener("l", spec), &BTreeSet::new(), &params(), &opts).unwrap();
+        let d = desired(&listener("l", spec), &params(), &opts).unwrap();
         let init = &pod(&d.daemon_set).init_containers.as_ref().unwrap()[0];
         assert_eq!(init.image.as_deref(), Some("busybox:1.37.0"), "spec wins");
     }
@@ -1365,12 +1254,7 @@ pub(crate) mod tests {
     #[test]
     fn rollouts_replace_a_tenth_of_the_nodes_by_default_and_follow_the_spec() {
         let max = |spec: serde_json::Value| {
-            let d = desired(
-                &listener("l", spec),
-                &BTreeSet::new(),
-                &params(),
-                &PodDefaults::default(),
-            )?;
+            let d = desired(&listener("l", spec), &params(), &PodDefaults::default())?;
             let ru = d
                 .daemon_set
                 .spec
@@ -1398,7 +1282,6 @@ pub(crate) mod tests {
     fn the_service_carries_udp_on_the_listener_port_to_its_pods_only() {
         let d = desired(
             &listener("public", base()),
-            &BTreeSet::new(),
             &params(),
             &PodDefaults::default(),
         )
@@ -1415,7 +1298,6 @@ pub(crate) mod tests {
         });
         let d = desired(
             &listener("public", spec),
-            &BTreeSet::new(),
             &params(),
             &PodDefaults::default(),
         )
@@ -1475,7 +1357,6 @@ pub(crate) mod tests {
         spec["service"] = serde_json::json!({"type": "NodePort", "nodePort": 30443, "externalTrafficPolicy": "Cluster"});
         let d = desired(
             &listener("np", spec.clone()),
-            &BTreeSet::new(),
             &params(),
             &PodDefaults::default(),
         )
@@ -1488,13 +1369,7 @@ pub(crate) mod tests {
         assert_eq!((p.port, p.node_port), (8443, Some(30443)));
 
         spec["service"]["loadBalancerIP"] = "192.0.2.10".into();
-        let e = desired(
-            &listener("np", spec),
-            &BTreeSet::new(),
-            &params(),
-            &PodDefaults::default(),
-        )
-        .unwrap_err();
+        let e = desired(&listener("np", spec), &params(), &PodDefaults::default()).unwrap_err();
         assert!(
             e.to_string().contains("need service.type: LoadBalancer"),
             "{e}"

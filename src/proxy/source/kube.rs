@@ -312,7 +312,7 @@ impl Watches {
             ),
         ];
         let notify = changed.clone();
-        let gateway_api = GatewayApiWatch::start(&client, Arc::new(move || notify.notify_one()));
+        let gateway_api = GatewayApiWatch::start(&client, Arc::new(move |_| notify.notify_one()));
         Self {
             gateway_api,
             client,
