@@ -108,6 +108,9 @@ enum PluginCommand {
         /// instead of the cluster.
         #[arg(short = 'f', long)]
         filename: Option<PathBuf>,
+        /// With -f: a data plane pod's `/hosts` (JSON) saved earlier, for the served hosts.
+        #[arg(long, requires = "filename")]
+        hosts_file: Option<PathBuf>,
     },
     /// Run `h3-ingress check https://HOST:PORT/ --resolve HOST:PORT:NODE-IP` against a node
     /// that serves HOST over HTTP/3.
@@ -151,12 +154,20 @@ pub fn main() -> ExitCode {
 async fn run(cli: PluginCli) -> Result<ExitCode, PluginError> {
     let (kubeconfig, context) = (cli.kubeconfig.as_deref(), cli.context.as_deref());
     match cli.command {
-        PluginCommand::Status { listener, filename } => {
+        PluginCommand::Status {
+            listener,
+            filename,
+            hosts_file,
+        } => {
             let (listeners, views) = match filename {
-                Some(path) => (
-                    listeners_from_file(&path, listener.as_deref())?,
-                    Views::new(),
-                ),
+                Some(path) => {
+                    let listeners = listeners_from_file(&path, listener.as_deref())?;
+                    let views = match hosts_file {
+                        Some(f) => views_from_file(&f, &listeners)?,
+                        None => Views::new(),
+                    };
+                    (listeners, views)
+                }
                 None => {
                     let client = client(kubeconfig, context).await?;
                     let listeners = fetch_listeners(&client, listener.as_deref()).await?;
@@ -191,6 +202,21 @@ async fn run(cli: PluginCli) -> Result<ExitCode, PluginError> {
             Err(exec_check(&exe, &args))
         }
     }
+}
+
+/// A saved `/hosts` document, as the view of every listener given.
+fn views_from_file(path: &Path, listeners: &[Http3Listener]) -> Result<Views, PluginError> {
+    let read = |e| PluginError::Read {
+        path: path.to_path_buf(),
+        source: e,
+    };
+    let text = std::fs::read_to_string(path).map_err(read)?;
+    let hosts: Vec<HostReport> = serde_json::from_str(&text)
+        .map_err(|e| read(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
+    Ok(listeners
+        .iter()
+        .map(|l| (l.metadata.name.clone().unwrap_or_default(), Ok(hosts.clone())))
+        .collect())
 }
 
 /// The listeners of a file, or only the one named.

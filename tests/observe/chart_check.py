@@ -51,18 +51,21 @@ CONTRACT = rules(
     ("", ["secrets"], ["get", "list", "watch"]),
     ("", ["events"], ["create", "patch"]),
     ("events.k8s.io", ["events"], ["create", "patch"]),
-    ("rbac.authorization.k8s.io", ["clusterroles", "clusterrolebindings"], ["create", "patch"]),
+    ("rbac.authorization.k8s.io", ["clusterroles", "clusterrolebindings"], ["get", "list", "watch", "create", "patch"]),
     ("rbac.authorization.k8s.io", ["roles", "rolebindings"], ["get", "list", "watch", "create", "patch", "delete"]),
 )
 # The same, in the release namespace only: the data plane objects it runs there.
 NAMESPACED = rules(
     ("apps", ["daemonsets"], ["get", "list", "watch", "create", "patch"]),
-    ("", ["serviceaccounts"], ["create", "patch"]),
+    ("", ["serviceaccounts"], ["get", "list", "watch", "create", "patch"]),
     ("", ["services"], ["get", "list", "watch", "create", "patch", "delete"]),
-    ("", ["pods", "events"], ["list"]),
+    ("", ["pods"], ["get", "list", "watch"]),
+    ("", ["events"], ["list"]),
     # The listeners' QUIC keys Secrets (created once, never changed).
     ("", ["secrets"], ["create"]),
 )
+# In the hosts namespace only: the certificate mirrors.
+HOSTS = rules(("", ["secrets"], ["get", "list", "watch", "create", "patch", "delete"]))
 LEASES = {("coordination.k8s.io", "leases", v) for v in ["get", "list", "watch", "create", "update", "patch"]}
 
 
@@ -123,7 +126,15 @@ def properties(name: str, objs, notes: str, monitoring: bool, all_on: bool) -> N
     check(cluster == CONTRACT, f"{name}: ClusterRole differs from the expected rules: extra {sorted(cluster - CONTRACT)}, "
                                f"missing {sorted(CONTRACT - cluster)}")
     roles = {r["metadata"]["name"]: r for r in k["Role"]}
-    check(set(roles) == {"h3-ingress-operator", "h3-ingress-leader-election"}, f"{name}: Roles {sorted(roles)}")
+    check(set(roles) == {"h3-ingress-operator", "h3-ingress-leader-election", "h3-ingress-operator-hosts"},
+          f"{name}: Roles {sorted(roles)}")
+    if "h3-ingress-operator-hosts" in roles:
+        hosts = roles.pop("h3-ingress-operator-hosts")
+        check(grants(hosts) == HOSTS, f"{name}: the hosts namespace Role is not exactly the mirror rules")
+        check(hosts["metadata"].get("namespace") == "h3-ingress-hosts",
+              f"{name}: the mirrors Role is not in the hosts namespace")
+        (nsobj,) = [n for n in k.get("Namespace", []) if n["metadata"]["name"] == "h3-ingress-hosts"] or [None]
+        check(nsobj is not None, f"{name}: the hosts namespace is not created")
     if "h3-ingress-operator" in roles:
         ns = grants(roles["h3-ingress-operator"])
         check(ns == NAMESPACED, f"{name}: the operator's Role differs: extra {sorted(ns - NAMESPACED)}, "
@@ -131,7 +142,7 @@ def properties(name: str, objs, notes: str, monitoring: bool, all_on: bool) -> N
     if "h3-ingress-leader-election" in roles:
         check(grants(roles["h3-ingress-leader-election"]) == LEASES,
               f"{name}: leader-election Role is not exactly the lease rules")
-    for r in k["Role"]:
+    for r in roles.values():
         check(r["metadata"].get("namespace") == "h3-ingress", f"{name}: Role {r['metadata']['name']} not in the release namespace")
     sa = k["ServiceAccount"][0]["metadata"]["name"]
     for b in k["ClusterRoleBinding"] + k["RoleBinding"]:

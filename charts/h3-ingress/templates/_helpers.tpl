@@ -55,6 +55,20 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end -}}
 
+{{/* The namespace of the certificate mirrors (see values `hosts`). */}}
+{{- define "h3-ingress.hostsNamespace" -}}
+{{- default (printf "%s-hosts" (.Release.Namespace | default "default")) .Values.hosts.namespace -}}
+{{- end -}}
+
+{{/* The data plane's priority class: the one named, else the chart's own when it creates one. */}}
+{{- define "h3-ingress.dataPlanePriorityClass" -}}
+{{- if .Values.dataPlane.priorityClassName -}}
+{{- .Values.dataPlane.priorityClassName -}}
+{{- else if .Values.dataPlane.priorityClass.create -}}
+{{- include "h3-ingress.fullname" . }}-data-plane
+{{- end -}}
+{{- end -}}
+
 {{- define "h3-ingress.image" -}}
 {{- if .Values.image.digest -}}
 {{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
