@@ -101,12 +101,19 @@ fn hash_of(v: &impl std::hash::Hash) -> u64 {
     h.finish()
 }
 
-/// What the resolution reads from a Gateway: its spec and annotations.
+/// What the resolution reads from a Gateway: its spec, annotations and reported addresses
+/// (where its hosts are forwarded).
 pub fn gateway_key(g: &Gateway) -> u64 {
+    let addresses: Vec<&str> = g
+        .status
+        .iter()
+        .flat_map(|s| s.addresses.iter().map(|a| a.value.as_str()))
+        .collect();
     hash_of(&(
         g.metadata.generation,
         &g.metadata.annotations,
         g.metadata.deletion_timestamp.is_some(),
+        addresses,
     ))
 }
 

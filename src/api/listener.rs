@@ -137,6 +137,21 @@ pub struct Http3ListenerSpec {
     pub service: Option<ListenerService>,
     #[serde(default)]
     pub rollout: Rollout,
+    /// Where to forward the hosts of a Gateway (`gatewayClassName`) instead of the address its
+    /// controller reports in `status.addresses` (the port is the Gateway listener's). A Gateway
+    /// with neither gets `upstream.address`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gateway_upstreams: Vec<GatewayUpstream>,
+}
+
+/// The upstream of one Gateway's hosts.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayUpstream {
+    pub namespace: String,
+    pub name: String,
+    /// `host:port` of the proxy that serves this Gateway.
+    pub address: String,
 }
 
 /// A host served with the certificate of a TLS Secret.

@@ -607,6 +607,37 @@ pub fn wanted_from_gateway_api(listener: &Http3Listener, objs: &GatewayObjects) 
     out
 }
 
+/// Where to forward the hosts that come through listener `section` of Gateway `gateway`
+/// (`namespace/name`): the listener's `gatewayUpstreams` entry for it, else the first address
+/// the Gateway's controller reports (`status.addresses`) with the Gateway listener's port;
+/// `None` (the listener's `upstream.address`) when the Gateway has neither.
+pub fn gateway_upstream(
+    listener: &Http3Listener,
+    gateways: &[Arc<Gateway>],
+    gateway: &str,
+    section: &str,
+) -> Option<String> {
+    let (ns, name) = gateway.split_once('/')?;
+    if let Some(o) = listener
+        .spec
+        .gateway_upstreams
+        .iter()
+        .find(|o| o.namespace == ns && o.name == name)
+    {
+        return Some(o.address.clone());
+    }
+    let gw = find_gateway(gateways, ns, name)?;
+    let address = gw.status.as_ref()?.addresses.first()?.value.clone();
+    let port = gw.spec.listeners.iter().find(|l| l.name == section)?.port;
+    // An IPv6 literal needs brackets in host:port.
+    let host = if address.contains(':') && !address.starts_with('[') {
+        format!("[{address}]")
+    } else {
+        address
+    };
+    Some(format!("{host}:{port}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -628,7 +659,40 @@ mod tests {
                 gateway_class_name: class.into(),
                 listeners: serde_json::from_value(listeners).unwrap(),
             },
+            status: None,
         })
+    }
+
+    #[test]
+    fn each_gateway_is_forwarded_to_its_own_address_unless_overridden() {
+        let mut l = listener("public", None);
+        let mut g = (*https_gateway()).clone();
+        // No address reported: the listener's upstream.address (None here).
+        assert_eq!(
+            gateway_upstream(&l, &[Arc::new(g.clone())], "infra/gw", "https"),
+            None
+        );
+        g.status = Some(crate::api::gateway::GatewayStatus {
+            addresses: serde_json::from_value(json!([{"type": "IPAddress", "value": "fd00::7"},
+                {"value": "10.0.0.7"}]))
+            .unwrap(),
+        });
+        let gws = [Arc::new(g)];
+        assert_eq!(
+            gateway_upstream(&l, &gws, "infra/gw", "https").as_deref(),
+            Some("[fd00::7]:443")
+        );
+        // An unknown section or Gateway: nothing to say.
+        assert_eq!(gateway_upstream(&l, &gws, "infra/gw", "other"), None);
+        assert_eq!(gateway_upstream(&l, &gws, "infra/none", "https"), None);
+        l.spec.gateway_upstreams = serde_json::from_value(
+            json!([{"namespace": "infra", "name": "gw", "address": "envoy-gw.infra.svc:8443"}]),
+        )
+        .unwrap();
+        assert_eq!(
+            gateway_upstream(&l, &gws, "infra/gw", "https").as_deref(),
+            Some("envoy-gw.infra.svc:8443")
+        );
     }
 
     /// A Gateway `infra/gw` of class `gw` with one HTTPS listener `https` for `*.example.com`

@@ -298,6 +298,8 @@ pub struct ServedHost {
     pub source: String,
     /// `namespace/name` of the Gateway it comes through (Gateway API hosts).
     pub gateway: Option<String>,
+    /// The name of that Gateway's listener (section).
+    pub gateway_listener: Option<String>,
 }
 
 /// Served hosts plus a report for every wanted host (served or not, with the reason).
@@ -526,6 +528,7 @@ pub fn resolve_wanted(
                     secret: sref.clone(),
                     source: source_text(&w),
                     gateway: w.gateway.as_ref().map(|g| g.gateway.clone()),
+                    gateway_listener: w.gateway.as_ref().map(|g| g.listener.clone()),
                 });
             }
             Err((reason, message)) => reports.push(not_serving(&w, Some(sref), reason, message)),

@@ -30,7 +30,8 @@ use super::{conflicts, labels, mirrors, resources, FIELD_MANAGER};
 use crate::api::gateway::{Gateway, HTTPRoute};
 use crate::api::mirror::mirror_name;
 use crate::api::{reasons, HostStatus, Http3Listener, Http3ListenerStatus};
-use crate::config::kube::{resolve_wanted, wanted_for_listener};
+use crate::config::gateway::gateway_upstream;
+use crate::config::kube::{resolve_wanted, wanted_for_listener, ServedHost};
 use crate::config::wanted::{CertSource, WantedHost};
 
 /// How often a listener is reconciled without any change, to refresh the pods' reports.
@@ -323,7 +324,12 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
     ctx.metrics.secret_reads.inc_by(read as u64);
     let now = Timestamp::now();
     let resolved = resolve_wanted(wanted, &ctx.secrets, now.as_second());
-    let desired = mirrors::desired(&name, &resolved, |s| ctx.secrets.pair(s), |_| None);
+    let gateways = ctx.gateway_objects().gateways;
+    let upstream = |h: &ServedHost| {
+        let (gw, section) = (h.gateway.as_deref()?, h.gateway_listener.as_deref()?);
+        gateway_upstream(listener, &gateways, gw, section)
+    };
+    let desired = mirrors::desired(&name, &resolved, |s| ctx.secrets.pair(s), upstream);
     let mirror_of: BTreeMap<String, String> = resolved
         .served
         .iter()

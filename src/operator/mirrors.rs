@@ -22,7 +22,7 @@ use crate::api::mirror::{
     HOSTS_KEY, KEY_KEY, LISTENER_LABEL, SECRET_TYPE, SOURCE_ANNOTATION,
 };
 use crate::api::{Http3Listener, SecretRef};
-use crate::config::kube::{secret_key, ResolvedHosts};
+use crate::config::kube::{secret_key, ResolvedHosts, ServedHost};
 
 /// Mirror writes in flight at once (a new listener at 10,000 hosts writes that many).
 pub const WRITE_CONCURRENCY: usize = 16;
@@ -45,7 +45,7 @@ pub fn desired(
     listener: &str,
     resolved: &ResolvedHosts,
     pairs: impl Fn(&SecretRef) -> Option<Arc<TlsPair>>,
-    upstream: impl Fn(Option<&str>) -> Option<String>,
+    upstream: impl Fn(&ServedHost) -> Option<String>,
 ) -> Vec<DesiredMirror> {
     resolved
         .by_secret()
@@ -57,7 +57,7 @@ pub fn desired(
                     .iter()
                     .map(|h| MirroredHost {
                         name: h.name.clone(),
-                        upstream: upstream(h.gateway.as_deref()),
+                        upstream: upstream(h),
                         source: h.source.clone(),
                     })
                     .collect(),
@@ -258,7 +258,6 @@ pub async fn sync(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::kube::ServedHost;
 
     fn sref(name: &str) -> SecretRef {
         SecretRef {
@@ -273,6 +272,7 @@ mod tests {
             secret: sref(secret),
             source: format!("Ingress shop/{host}"),
             gateway: None,
+            gateway_listener: None,
         }
     }
 

@@ -246,6 +246,14 @@ pub fn validate(listener: &Http3Listener) -> Result<ProxyConfig, BuildError> {
     if let Some(svc) = &listener.spec.service {
         check_service(svc)?;
     }
+    for (i, g) in listener.spec.gateway_upstreams.iter().enumerate() {
+        crate::config::parse_host_port(&g.address).map_err(|why| {
+            BuildError::InvalidField(format!(
+                "gatewayUpstreams[{i}].address: {:?} is not host:port ({why})",
+                g.address
+            ))
+        })?;
+    }
     Ok(build(
         Settings::from(&listener.spec),
         HostTable::default(),
