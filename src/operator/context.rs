@@ -165,6 +165,12 @@ impl Context {
         memory.get(listener).cloned().unwrap_or_default()
     }
 
+    /// How an object (`kind/namespace/name`) was last applied for `listener`.
+    pub fn applied(&self, listener: &str, key: &str) -> Option<Applied> {
+        let memory = self.memory.lock().expect("not poisoned");
+        memory.get(listener)?.applied.get(key).cloned()
+    }
+
     /// Changes what is remembered of `listener`.
     pub fn remember(&self, listener: &str, f: impl FnOnce(&mut Memory)) {
         let mut memory = self.memory.lock().expect("not poisoned");

@@ -246,11 +246,14 @@ fn controller(
     let ingresses = watches::ingress_changes(client, w.ingress_writer).flat_map(move |ing| {
         let classes = c.classes.state();
         let default = default_class(classes.iter().map(|c| c.as_ref()));
-        let memory = c.memory.lock().expect("not poisoned").clone();
+        let listeners = c.listeners.state();
+        // Computed under the lock, not on a copy: thousands of Ingress events arrive while a
+        // cluster's hosts are created, and the memory holds every host's status.
+        let memory = c.memory.lock().expect("not poisoned");
         refs(triggers::ingress_listeners(
             &ing,
             default.as_deref(),
-            &c.listeners.state(),
+            &listeners,
             &memory,
         ))
     });
@@ -261,7 +264,7 @@ fn controller(
     });
     let c = ctx.clone();
     let gateways = stream_from_channel(gateway_rx).flat_map(move |change| {
-        let memory = c.memory.lock().expect("not poisoned").clone();
+        let listeners = c.listeners.state();
         let class_of = |key: &str| {
             let (ns, name) = key.split_once('/')?;
             let gw = c.gateway_api.as_ref()?;
@@ -270,11 +273,9 @@ fn controller(
                 .get(&ObjectRef::<Gateway>::new(name).within(ns))?;
             Some(found.spec.gateway_class_name.clone())
         };
+        let memory = c.memory.lock().expect("not poisoned");
         refs(triggers::gateway_listeners(
-            &change,
-            class_of,
-            &c.listeners.state(),
-            &memory,
+            &change, class_of, &listeners, &memory,
         ))
     });
     Controller::for_stream(
