@@ -215,7 +215,12 @@ fn views_from_file(path: &Path, listeners: &[Http3Listener]) -> Result<Views, Pl
         .map_err(|e| read(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
     Ok(listeners
         .iter()
-        .map(|l| (l.metadata.name.clone().unwrap_or_default(), Ok(hosts.clone())))
+        .map(|l| {
+            (
+                l.metadata.name.clone().unwrap_or_default(),
+                Ok(hosts.clone()),
+            )
+        })
         .collect())
 }
 
