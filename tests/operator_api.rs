@@ -1177,6 +1177,30 @@ async fn a_rotated_secret_costs_one_read_and_one_mirror_write() {
     assert!(answered.is_empty(), "{:?}", lines(&answered));
 }
 
+/// As a rotation happens: the reconcile asks the pods right after writing the mirror, before
+/// they can have loaded it. The host is still served with the certificate they have, so it
+/// stays `Serving` (no status write, no Ready flip, no warning); the listener is looked at
+/// again soon, and once the pods report the new digest nothing more is written.
+#[tokio::test]
+async fn a_renewed_certificate_keeps_its_host_serving_while_the_pods_load_it() {
+    let (mut h, _) = settled().await;
+    let rotated = tls_secret("8");
+    h.secret_changed("8");
+    let before = Counts::of(&h.metrics);
+    let script = vec![secret_read(rotated.clone()), mirror_write(&rotated, "202")];
+    let (action, answered) = h.run(script).await;
+    assert_eq!(answered.len(), 2, "{:?}", lines(&answered));
+    assert_eq!(action, Action::requeue(SETTLE_REQUEUE));
+    assert_eq!(Counts::of(&h.metrics).status_writes, before.status_writes);
+    assert_eq!(Counts::of(&h.metrics).events, before.events);
+
+    h.feed(&answered);
+    h.fetcher.set(pod_report(&digest_at("202")));
+    let (action, answered) = h.run(vec![]).await;
+    assert!(answered.is_empty(), "{:?}", lines(&answered));
+    assert_eq!(action, Action::requeue(REQUEUE));
+}
+
 /// What the listener no longer needs goes: the mirror of a Secret no host uses now, and the
 /// per-namespace Role and RoleBinding an earlier version made next to a user's Secret. Other
 /// listeners' objects stay.

@@ -5,7 +5,7 @@
 //! holder writes; a standby replica keeps its caches warm and does nothing else. The wiring
 //! is [`super::run`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,7 +29,7 @@ use super::status::{self, Blocker, PodReport};
 use super::{conflicts, labels, mirrors, resources, FIELD_MANAGER};
 use crate::api::gateway::{Gateway, HTTPRoute};
 use crate::api::mirror::mirror_name;
-use crate::api::{reasons, HostStatus, Http3Listener, Http3ListenerStatus};
+use crate::api::{host_states, reasons, HostStatus, Http3Listener, Http3ListenerStatus};
 use crate::config::kube::{resolve_wanted, wanted_for_listener};
 use crate::config::wanted::{CertSource, WantedHost};
 
@@ -331,11 +331,16 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         .collect();
     let observed = observe_data_plane(listener, desired, ctx).await?;
     let memory = ctx.memory_of(&name);
+    let served_before: BTreeSet<String> = (memory.hosts.iter().flatten())
+        .filter(|h| h.state == host_states::SERVING)
+        .map(|h| h.name.clone())
+        .collect();
     let view = observed.mirrors.as_ref().map(|m| status::MirrorView {
         digest: &m.digest,
         versions: &m.versions,
         mirror_of: &mirror_of,
         last_synced: &memory.last_synced,
+        served_before: &served_before,
     });
     let inputs = status::Inputs {
         generation: listener.metadata.generation,
