@@ -216,13 +216,16 @@ impl GatewayApiWatch {
     }
 }
 
+/// What [`follow`] compares (a hash of what the resolution reads) and reports of an object.
+type Describe<K> = (fn(&K) -> u64, fn(&K) -> GatewayChange);
+
 /// A reflector for one kind whose changes (per `key`) call `on_change` with what `describe`
 /// says of the object; a kind that is not served counts as synced and empty, logged once
 /// until it becomes available. Cached objects lose their managed fields and
 /// last-applied-configuration annotation, which nothing here reads.
 fn follow<K>(
     api: Api<K>,
-    (key, describe): (fn(&K) -> u64, fn(&K) -> GatewayChange),
+    (key, describe): Describe<K>,
     what: &'static str,
     synced: Arc<AtomicBool>,
     on_change: OnChange,

@@ -5,7 +5,7 @@
 //! holder writes; a standby replica keeps its caches warm and does nothing else. The wiring
 //! is [`super::run`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,7 +29,7 @@ use super::status::{self, Blocker, PodReport};
 use super::{conflicts, labels, mirrors, resources, FIELD_MANAGER};
 use crate::api::gateway::{Gateway, HTTPRoute};
 use crate::api::mirror::mirror_name;
-use crate::api::{reasons, HostStatus, Http3Listener, Http3ListenerStatus};
+use crate::api::{host_states, reasons, HostStatus, Http3Listener, Http3ListenerStatus};
 use crate::config::gateway::gateway_upstream;
 use crate::config::kube::{resolve_wanted, wanted_for_listener, ServedHost};
 use crate::config::wanted::{CertSource, WantedHost};
@@ -207,13 +207,16 @@ impl Observed {
         }
     }
 
-    fn failed(e: ApplyError) -> Result<Self, Error> {
+    /// A failed apply the API server answered, for the status (with the mirrors already
+    /// written, if any); `Err` when it did not answer at all.
+    fn failed(e: ApplyError, mirrors: Option<mirrors::Synced>) -> Result<Self, Box<ApplyError>> {
         let Some(blocker) = apply::blocker(&e) else {
-            return Err(e.into());
+            return Err(Box::new(e));
         };
         Ok(Self {
             blocker: Some(blocker),
             failure: Some(e),
+            mirrors,
             ..Default::default()
         })
     }
@@ -246,7 +249,7 @@ async fn observe_data_plane(
     // Mirrors first: a new pod that starts with the DaemonSet finds its hosts.
     let synced = match mirrors::sync(ctx, listener, wanted).await {
         Ok(s) => s,
-        Err(e) => return Observed::failed(e),
+        Err(e) => return Observed::failed(e, None).map_err(|e| Error::Apply(*e)),
     };
     ctx.metrics.mirror_writes.inc_by(synced.written as u64);
     ctx.metrics.mirror_deletes.inc_by(synced.deleted as u64);
@@ -256,7 +259,7 @@ async fn observe_data_plane(
     };
     let ds = match applied {
         Ok(ds) => ds,
-        Err(e) => return Observed::failed(e),
+        Err(e) => return Observed::failed(e, Some(synced)).map_err(|e| Error::Apply(*e)),
     };
     let metrics = resources::validate(listener)
         .map(|c| c.metrics_address)
@@ -337,11 +340,16 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         .collect();
     let observed = observe_data_plane(listener, desired, ctx).await?;
     let memory = ctx.memory_of(&name);
+    let served_before: BTreeSet<String> = (memory.hosts.iter().flatten())
+        .filter(|h| h.state == host_states::SERVING)
+        .map(|h| h.name.clone())
+        .collect();
     let view = observed.mirrors.as_ref().map(|m| status::MirrorView {
         digest: &m.digest,
         versions: &m.versions,
         mirror_of: &mirror_of,
         last_synced: &memory.last_synced,
+        served_before: &served_before,
     });
     let inputs = status::Inputs {
         generation: listener.metadata.generation,

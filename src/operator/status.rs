@@ -162,6 +162,11 @@ pub struct MirrorView<'a> {
     /// all of them were up to date: a host whose mirror is unchanged since is served even
     /// while the pods load another one.
     pub last_synced: &'a BTreeMap<String, String>,
+    /// The hosts `Serving` at the previous reconcile. One of them whose mirror changed since
+    /// the last sync (a renewed certificate, a host added next to it) is still served, from
+    /// the version the pods have, until they apply the new one: it stays `Serving`, so a
+    /// routine renewal neither flips `Ready` nor costs status writes and warnings.
+    pub served_before: &'a BTreeSet<String>,
 }
 
 /// Whether a pod applied exactly the mirrors the operator wrote.
@@ -248,7 +253,9 @@ fn host_status(
     let unchanged = mirror.is_some_and(|name| {
         m.last_synced.get(name).is_some() && m.last_synced.get(name) == m.versions.get(name)
     });
-    if behind > 0 && !unchanged {
+    let reloading = mirror.is_some_and(|name| m.last_synced.contains_key(name))
+        && m.served_before.contains(&wanted.name);
+    if behind > 0 && !unchanged && !reloading {
         pending(
             &mut h,
             format!("not loaded yet by {behind} of {} data plane pods", ok.len()),
@@ -744,6 +751,7 @@ mod tests {
             .collect()
     });
     static NOTHING: BTreeMap<String, String> = BTreeMap::new();
+    static NONE_SERVED: BTreeSet<String> = BTreeSet::new();
 
     fn view(last_synced: &'static BTreeMap<String, String>) -> MirrorView<'static> {
         MirrorView {
@@ -751,6 +759,7 @@ mod tests {
             versions: &VERSIONS,
             mirror_of: &MIRROR_OF,
             last_synced,
+            served_before: &NONE_SERVED,
         }
     }
 
@@ -875,6 +884,18 @@ mod tests {
         let st = states(&inp);
         assert_eq!(st[0].1, reasons::CONFIG_PENDING);
         assert_eq!(st[1].1, reasons::SERVING);
+        // a was served from m-a at version 1, which the pods still have (its certificate was
+        // renewed): still served while they load version 2.
+        static A_SERVED: LazyLock<BTreeSet<String>> =
+            LazyLock::new(|| ["a.example.com".to_string()].into_iter().collect());
+        let mut renewed = view(&B_ONLY);
+        renewed.served_before = &A_SERVED;
+        inp.mirrors = Some(renewed.clone());
+        assert!(states(&inp).iter().all(|(_, r)| r == reasons::SERVING));
+        // Served before, but from a mirror the pods never had: pending.
+        renewed.last_synced = &NOTHING;
+        inp.mirrors = Some(renewed);
+        assert_eq!(states(&inp)[0].1, reasons::CONFIG_PENDING);
 
         // No pod answers: pending, with the reason.
         let silent = [PodReport {
