@@ -626,6 +626,7 @@ pub fn aggregate(inp: &Inputs) -> Http3ListenerStatus {
         udp,
         requests,
         counters_time,
+        ..Default::default()
     };
     carry_transition_times(inp.previous, &mut status);
     status
