@@ -59,11 +59,13 @@ fn main() {
             git(&dir, &["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into())
         }
     };
-    // Only a commit-like value goes into version strings and image tags.
-    let commit = if commit.len() <= 40 && commit.bytes().all(|b| b.is_ascii_hexdigit()) {
-        commit.to_ascii_lowercase()
-    } else {
-        "unknown".to_string()
-    };
+    // Only a commit-like value goes into version strings and image tags, 12 digits as `git
+    // rev-parse --short=12` gives (a full hash from `git rev-parse HEAD` is cut to that).
+    let commit =
+        if (7..=40).contains(&commit.len()) && commit.bytes().all(|b| b.is_ascii_hexdigit()) {
+            commit[..commit.len().min(12)].to_ascii_lowercase()
+        } else {
+            "unknown".to_string()
+        };
     println!("cargo:rustc-env=H3I_GIT_COMMIT={commit}");
 }

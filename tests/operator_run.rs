@@ -117,6 +117,21 @@ struct World {
     daemon_set: Option<Value>,
     watches: BTreeMap<String, mpsc::UnboundedSender<Bytes>>,
     unexpected: Vec<String>,
+    /// The served Http3Listener CRD; `None`: this binary's own.
+    crd: Option<Value>,
+    /// Server-side applies of the CRD by the operator.
+    crd_patches: Vec<Value>,
+    /// Watch events for a path whose watch is not open yet (an API server replays them from
+    /// the list's resourceVersion).
+    backlog: BTreeMap<String, Vec<Bytes>>,
+}
+
+const CRDS: &str = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+
+fn served_crd(w: &World) -> Value {
+    w.crd
+        .clone()
+        .unwrap_or_else(|| serde_json::to_value(h3_ingress::api::crd()).unwrap())
 }
 
 fn respond(w: &mut World, method: &str, path: &str, query: &str, body: Value) -> (u16, Value) {
@@ -152,6 +167,31 @@ fn respond(w: &mut World, method: &str, path: &str, query: &str, body: Value) ->
             (200, list(vec![listener(status.as_ref())]))
         }
         ("GET", "/apis/networking.k8s.io/v1/ingresses") => (200, list(vec![ingress()])),
+        ("GET", CRDS) => {
+            assert!(
+                query.contains("fieldSelector=metadata.name%3Dhttp3listeners.h3-ingress.dev"),
+                "the CRD is read by name: {query}"
+            );
+            (200, list(vec![served_crd(w)]))
+        }
+        ("PATCH", p) if p == format!("{CRDS}/http3listeners.h3-ingress.dev") => {
+            assert!(
+                query.contains("fieldManager=h3-ingress-operator"),
+                "{query}"
+            );
+            assert!(query.contains("force=true"), "{query}");
+            let mut crd = body.clone();
+            crd["metadata"]["resourceVersion"] = "99".into();
+            w.crd_patches.push(body);
+            w.crd = Some(crd.clone());
+            let mut line = serde_json::to_vec(&json!({"type": "MODIFIED", "object": crd})).unwrap();
+            line.push(b'\n');
+            match w.watches.get(CRDS) {
+                Some(tx) => drop(tx.send(Bytes::from(line))),
+                None => w.backlog.entry(CRDS.into()).or_default().push(line.into()),
+            }
+            (200, crd)
+        }
         ("GET", "/apis/networking.k8s.io/v1/ingressclasses") => (200, list(vec![])),
         ("GET", "/api/v1/secrets") => (200, list(vec![])),
         ("GET", "/api/v1/namespaces/shop/secrets/web-tls") => (200, secret()),
@@ -246,6 +286,9 @@ async fn api_server(mut handle: Handle, world: Arc<Mutex<World>>) {
         let mut w = world.lock().unwrap();
         if method == "GET" && query.contains("watch=true") {
             let (tx, rx) = mpsc::unbounded_channel();
+            for line in w.backlog.remove(&path).unwrap_or_default() {
+                let _ = tx.send(line);
+            }
             w.watches.insert(path, tx);
             send.send_response(Response::builder().status(200).body(streaming(rx)).unwrap());
             continue;
@@ -413,6 +456,7 @@ async fn the_operator_elects_itself_reconciles_writes_status_once_and_releases_t
             image_pull_secrets: vec!["regcred".into()],
             tune_image: "busybox@sha256:test".into(),
         },
+        crd_upgrade: true,
     };
     let op = tokio::spawn(run_with(
         client,
@@ -474,6 +518,15 @@ async fn the_operator_elects_itself_reconciles_writes_status_once_and_releases_t
         "{status}"
     );
     assert_eq!(status["hostsSummary"], "1/1");
+    let crd = condition(status, "CRDCurrent");
+    assert_eq!(
+        (crd["status"].as_str(), crd["reason"].as_str()),
+        (Some("True"), Some("CRDMatches"))
+    );
+    assert!(
+        w.crd_patches.is_empty(),
+        "the served CRD is this binary's: not applied again"
+    );
     assert!(
         w.applied.iter().any(|a| a.starts_with("DaemonSet ")),
         "{:?}",
@@ -482,6 +535,8 @@ async fn the_operator_elects_itself_reconciles_writes_status_once_and_releases_t
     let pod = &w.daemon_set.as_ref().unwrap()["spec"]["template"]["spec"];
     assert_eq!(pod["imagePullSecrets"], json!([{"name": "regcred"}]));
     assert_eq!(pod["nodeSelector"], json!({"kubernetes.io/os": "linux"}));
+    // A reused tag (not VERSION-COMMIT, no digest) is pulled every time a pod starts.
+    assert_eq!(pod["containers"][0]["imagePullPolicy"], "Always");
     assert!(
         w.events.iter().any(|e| e["reason"] == "Http3Enabled"),
         "{:?}",
@@ -498,5 +553,179 @@ async fn the_operator_elects_itself_reconciles_writes_status_once_and_releases_t
     assert!(
         last["spec"]["holderIdentity"].is_null(),
         "lease not released: {last}"
+    );
+}
+
+fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
+    status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition in {status}"))
+}
+
+const UPSTREAM_SCHEMA: &str =
+    "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/upstream/properties";
+
+/// The CRD of a release from before schema revisions: this binary's without the annotations
+/// and without `upstream.servedCertificateGraceSeconds`.
+fn older_crd() -> Value {
+    let mut crd = serde_json::to_value(h3_ingress::api::crd()).unwrap();
+    crd["metadata"]["annotations"] = json!({});
+    let upstream = crd.pointer_mut(UPSTREAM_SCHEMA).unwrap();
+    let removed = upstream
+        .as_object_mut()
+        .unwrap()
+        .remove("servedCertificateGraceSeconds");
+    assert!(removed.is_some());
+    crd
+}
+
+/// A later release's CRD: the next revision, with `upstream.futureSetting`.
+fn newer_crd() -> Value {
+    let mut crd = serde_json::to_value(h3_ingress::api::crd()).unwrap();
+    let next = h3_ingress::api::schema::SCHEMA_REVISION + 1;
+    crd["metadata"]["annotations"]["h3-ingress.dev/schema-revision"] = next.to_string().into();
+    let upstream = crd.pointer_mut(UPSTREAM_SCHEMA).unwrap();
+    upstream["futureSetting"] = json!({"type": "integer", "default": 1});
+    crd
+}
+
+/// Runs the operator (its own leader) on `world` until the first status patch, then stops it;
+/// returns its last /metrics.
+async fn first_status(world: &Arc<Mutex<World>>, crd_upgrade: bool) -> String {
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<RespBody>>();
+    tokio::spawn(api_server(handle, world.clone()));
+    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin_addr = admin.local_addr().unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let opts = Options {
+        namespace: NS.into(),
+        leader_election: false,
+        lease_name: "h3-ingress-operator".into(),
+        data_plane_image: "ghcr.io/h3-ingress/h3-ingress:test".into(),
+        admin_address: admin_addr,
+        pod_defaults: Default::default(),
+        crd_upgrade,
+    };
+    let client = Client::new(svc, "default");
+    let op = tokio::spawn(run_with(
+        client,
+        opts,
+        Some(admin),
+        Arc::new(Fetcher),
+        shutdown.clone(),
+    ));
+    for _ in 0..200 {
+        if !world.lock().unwrap().status_patches.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Events are published after the status write.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let metrics = http_get(admin_addr, "/metrics").await;
+    shutdown.cancel();
+    let done = tokio::time::timeout(Duration::from_secs(10), op).await;
+    assert!(matches!(done, Ok(Ok(Ok(())))), "{done:?}");
+    let w = world.lock().unwrap();
+    assert!(!w.status_patches.is_empty(), "no status patch within 10 s");
+    assert!(w.unexpected.is_empty(), "{:#?}", w.unexpected);
+    metrics
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_crd_is_reported_with_a_warning_and_left_alone_when_not_allowed() {
+    let world = Arc::new(Mutex::new(World {
+        crd: Some(older_crd()),
+        ..Default::default()
+    }));
+    let metrics = first_status(&world, false).await;
+    let w = world.lock().unwrap();
+    let c = condition(&w.status_patches[0]["status"], "CRDCurrent");
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("False"), Some("CRDOutdated")),
+        "{c}"
+    );
+    let message = c["message"].as_str().unwrap();
+    assert!(
+        message.contains("revision 0 (not annotated)")
+            && message.contains("drops spec.upstream.servedCertificateGraceSeconds"),
+        "{message}"
+    );
+    let warning = w
+        .events
+        .iter()
+        .find(|e| e["reason"] == "CRDOutdated")
+        .unwrap_or_else(|| panic!("no CRDOutdated event: {:?}", w.events));
+    assert_eq!(warning["type"], "Warning");
+    assert!(w.crd_patches.is_empty(), "--no-crd-upgrade applied the CRD");
+    assert!(
+        metrics.contains("h3_ingress_operator_crd_schema_revision{of=\"served\"} 0"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_crd_is_upgraded_by_the_operator_before_any_listener_sees_it() {
+    let world = Arc::new(Mutex::new(World {
+        crd: Some(older_crd()),
+        ..Default::default()
+    }));
+    let metrics = first_status(&world, true).await;
+    let w = world.lock().unwrap();
+    assert_eq!(w.crd_patches.len(), 1, "one server-side apply of the CRD");
+    let applied = &w.crd_patches[0];
+    assert_eq!(
+        applied["metadata"]["annotations"]["h3-ingress.dev/schema-revision"],
+        h3_ingress::api::schema::SCHEMA_REVISION.to_string()
+    );
+    assert!(applied
+        .pointer(&format!("{UPSTREAM_SCHEMA}/servedCertificateGraceSeconds"))
+        .is_some());
+    for patch in &w.status_patches {
+        let c = condition(&patch["status"], "CRDCurrent");
+        assert_eq!(
+            (c["status"].as_str(), c["reason"].as_str()),
+            (Some("True"), Some("CRDMatches"))
+        );
+    }
+    assert!(
+        !w.events.iter().any(|e| e["reason"] == "CRDOutdated"),
+        "{:?}",
+        w.events
+    );
+    assert!(
+        metrics.contains("h3_ingress_operator_crd_upgrades_total{result=\"ok\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_crd_is_tolerated_and_never_downgraded() {
+    let world = Arc::new(Mutex::new(World {
+        crd: Some(newer_crd()),
+        ..Default::default()
+    }));
+    first_status(&world, true).await;
+    let w = world.lock().unwrap();
+    let c = condition(&w.status_patches[0]["status"], "CRDCurrent");
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("True"), Some("CRDNewer")),
+        "{c}"
+    );
+    assert!(
+        c["message"]
+            .as_str()
+            .unwrap()
+            .ends_with("reads past spec.upstream.futureSetting"),
+        "{c}"
+    );
+    assert!(
+        w.crd_patches.is_empty(),
+        "an older operator must not apply its CRD over a newer one"
     );
 }

@@ -37,6 +37,9 @@ pub mod conditions {
     pub const SOCKETS_BOUND: &str = "SocketsBound";
     pub const BUFFERS_APPLIED: &str = "BuffersApplied";
     pub const DEGRADED: &str = "Degraded";
+    /// Whether the CRD the API server serves reads every field this operator writes and reads
+    /// (`api::schema`): False while an older CRD would drop some.
+    pub const CRD_CURRENT: &str = "CRDCurrent";
 }
 
 /// Reasons for conditions and per-host states. CamelCase, stable: users alert on them.
@@ -75,6 +78,17 @@ pub mod reasons {
     pub const AS_EXPECTED: &str = "AsExpected";
     /// Pods still run socket settings the spec no longer has; the DaemonSet is rolling them.
     pub const ROLLOUT_PENDING: &str = "RolloutPending";
+    // CRDCurrent
+    /// The served CRD has this operator's schema revision and hash.
+    pub const CRD_MATCHES: &str = "CRDMatches";
+    /// The served CRD is newer than this operator: fields it adds are read past (True).
+    pub const CRD_NEWER: &str = "CRDNewer";
+    /// The served CRD is older than this operator: the API server drops fields it lacks.
+    pub const CRD_OUTDATED: &str = "CRDOutdated";
+    /// The served CRD claims this operator's revision but its schema differs (edited by hand).
+    pub const CRD_MODIFIED: &str = "CRDModified";
+    /// The operator cannot read the CRD (RBAC), so it cannot tell.
+    pub const CRD_UNREADABLE: &str = "CRDUnreadable";
     // Per host
     pub const SERVING: &str = "Serving";
     pub const NO_TLS: &str = "NoTLS";

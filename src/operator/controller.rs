@@ -111,6 +111,8 @@ pub struct Context {
     pub secret_interest: Mutex<BTreeMap<String, BTreeSet<SecretRef>>>,
     /// Prompt looks in a row per listener whose pods are still loading a host.
     pub settling: Mutex<BTreeMap<String, u32>>,
+    /// Version skew: the served CRD against this binary's schema (`operator::crd`).
+    pub crd: Arc<super::crd::CrdCheck>,
 }
 
 impl Context {
@@ -138,7 +140,14 @@ impl Context {
             metrics,
             secret_interest: Mutex::new(BTreeMap::new()),
             settling: Mutex::new(BTreeMap::new()),
+            crd: super::crd::CrdCheck::disabled(),
         }
+    }
+
+    /// The check of the served CRD whose verdict the status carries as `CRDCurrent`.
+    pub fn with_crd_check(mut self, crd: Arc<super::crd::CrdCheck>) -> Self {
+        self.crd = crd;
+        self
     }
 
     /// What goes into every data plane pod besides the listener's spec.
@@ -407,8 +416,9 @@ async fn observe_data_plane(
 /// The leader's reconciliation: apply the data plane, read its pods, write the status.
 async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<Action, Error> {
     let name = listener.name_any();
-    if !ctx.gateway_api_synced() {
+    if !ctx.gateway_api_synced() || ctx.crd.pending() {
         // Its first lists are on the way; the sync itself triggers every listener again.
+        // (Likewise the first verdict on the served CRD, operator::crd.)
         return Ok(Action::requeue(Duration::from_secs(5)));
     }
     let ingresses = ctx.ingresses();
@@ -443,7 +453,10 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         previous: listener.status.as_ref(),
         now,
     };
-    let next = status::aggregate(&inputs);
+    let mut next = status::aggregate(&inputs);
+    // Version skew: the CRDCurrent condition (operator::crd).
+    let (crd, previous) = (ctx.crd.verdict(), listener.status.as_ref());
+    super::crd::set_condition(&mut next, crd.as_ref(), previous, now, inputs.generation);
     let loading = status::hosts_loading(&inputs);
     write_status(ctx, listener, next).await?;
     match observed.failure {
@@ -519,6 +532,8 @@ async fn write_status(
 
 /// One reconciliation. A replica that does not hold the Lease makes no API call at all.
 pub async fn reconcile(listener: Arc<Http3Listener>, ctx: Arc<Context>) -> Result<Action, Error> {
+    // Version skew: fields a newer CRD added are read past, and said once.
+    crate::skew::note_unknown_fields(&listener);
     if !*ctx.leader.borrow() {
         ctx.metrics
             .reconciles
@@ -558,6 +573,8 @@ pub struct Options {
     pub admin_address: SocketAddr,
     /// Image pull secrets and the tune container's image for every data plane pod.
     pub pod_defaults: PodDefaults,
+    /// Version skew: apply this operator's CRD over an older served one (`operator::crd`).
+    pub crd_upgrade: bool,
 }
 
 fn identity() -> String {
@@ -638,6 +655,19 @@ pub async fn run_with(
         owned.clone(),
         ready,
     ));
+    // Version skew: watch the served CRD (and upgrade an older one when allowed).
+    let (crd_tx, crd_rx) = mpsc::unbounded_channel();
+    let crd_check = super::crd::CrdCheck::start(
+        &client,
+        super::crd::Policy {
+            upgrade: opts.crd_upgrade,
+        },
+        leader_rx.clone(),
+        metrics.clone(),
+        Arc::new(move || {
+            let _ = crd_tx.send(());
+        }),
+    );
 
     let ctx = Arc::new(
         Context::new(
@@ -661,7 +691,8 @@ pub async fn run_with(
             },
             metrics,
         )
-        .with_pod_defaults(opts.pod_defaults.clone()),
+        .with_pod_defaults(opts.pod_defaults.clone())
+        .with_crd_check(crd_check),
     );
 
     tracing::info!(
@@ -688,6 +719,7 @@ pub async fn run_with(
     .reconcile_all_on(watches::class_trigger(&client, class_writer))
     .reconcile_all_on(stream_from_channel(any_listener_rx))
     .reconcile_all_on(stream_from_channel(gateway_rx))
+    .reconcile_all_on(stream_from_channel(crd_rx))
     .reconcile_all_on(
         tokio_stream_from_watch(leader_rx)
             .filter_map(|is_leader| future::ready(is_leader.then_some(()))),

@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 use crate::admin::AdminSource;
@@ -19,6 +19,12 @@ pub mod results {
     pub const STANDBY: &str = "standby";
 }
 
+/// Outcomes of the operator's upgrades of the CRD, the values of the `result` label.
+pub mod crd_upgrade {
+    pub const OK: &str = "ok";
+    pub const ERROR: &str = "error";
+}
+
 pub struct OperatorMetrics {
     registry: Registry,
     pub reconciles: IntCounterVec,
@@ -27,6 +33,10 @@ pub struct OperatorMetrics {
     pub events: IntCounterVec,
     pub pod_report_errors: IntCounter,
     pub leader: IntGauge,
+    /// Schema revision of the served CRD (`of="served"`, -1 when unreadable) and of this
+    /// operator (`of="operator"`).
+    pub crd_revision: IntGaugeVec,
+    pub crd_upgrades: IntCounterVec,
 }
 
 impl OperatorMetrics {
@@ -71,8 +81,43 @@ impl OperatorMetrics {
             "1 while this replica holds the leader Lease",
         )
         .expect("metric");
+        let build_info = IntGaugeVec::new(
+            Opts::new(
+                "h3_ingress_operator_build_info",
+                "Always 1; the labels name the build: the crate version and the git commit",
+            ),
+            &["version", "commit"],
+        )
+        .expect("metric");
+        build_info
+            .with_label_values(&[crate::version::VERSION, crate::version::COMMIT])
+            .set(1);
+        let crd_revision = IntGaugeVec::new(
+            Opts::new(
+                "h3_ingress_operator_crd_schema_revision",
+                "Schema revision of the served Http3Listener CRD (of=served; -1 until read) and of this operator (of=operator); served below operator means the API server drops fields",
+            ),
+            &["of"],
+        )
+        .expect("metric");
+        crd_revision.with_label_values(&["served"]).set(-1);
+        crd_revision.with_label_values(&["operator"]);
+        let crd_upgrades = IntCounterVec::new(
+            Opts::new(
+                "h3_ingress_operator_crd_upgrades_total",
+                "Server-side applies of this operator's CRD over an older served one, by result",
+            ),
+            &["result"],
+        )
+        .expect("metric");
+        for r in [crd_upgrade::OK, crd_upgrade::ERROR] {
+            crd_upgrades.with_label_values(&[r]);
+        }
         for c in [
-            Box::new(reconciles.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(build_info) as Box<dyn prometheus::core::Collector>,
+            Box::new(crd_revision.clone()),
+            Box::new(crd_upgrades.clone()),
+            Box::new(reconciles.clone()),
             Box::new(reconcile_seconds.clone()),
             Box::new(status_writes.clone()),
             Box::new(events.clone()),
@@ -95,6 +140,8 @@ impl OperatorMetrics {
             events,
             pod_report_errors,
             leader,
+            crd_revision,
+            crd_upgrades,
         })
     }
 

@@ -8,6 +8,7 @@ pub mod apply;
 pub mod cli;
 pub mod conflicts;
 pub mod controller;
+pub mod crd;
 pub mod events;
 pub mod leader;
 pub mod metrics;
