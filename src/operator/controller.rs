@@ -644,6 +644,8 @@ pub async fn run_with(
     let (class_store, class_writer) = reflector::store::<IngressClass>();
     let (owned, _owned_watches) = OwnedStores::start(&client, &opts.namespace);
     let (gateway_tx, gateway_rx) = mpsc::unbounded_channel();
+    // Version skew: the served CRD's check; its changes reconcile all, as Gateway API syncs do.
+    let crd = super::crd::watch(&client, opts.crd_upgrade, &leader_rx, &metrics, &gateway_tx);
     let gateway_api = Arc::new(GatewayApiWatch::start(
         &client,
         Arc::new(move || {
@@ -655,19 +657,6 @@ pub async fn run_with(
         owned.clone(),
         ready,
     ));
-    // Version skew: watch the served CRD (and upgrade an older one when allowed).
-    let (crd_tx, crd_rx) = mpsc::unbounded_channel();
-    let crd_check = super::crd::CrdCheck::start(
-        &client,
-        super::crd::Policy {
-            upgrade: opts.crd_upgrade,
-        },
-        leader_rx.clone(),
-        metrics.clone(),
-        Arc::new(move || {
-            let _ = crd_tx.send(());
-        }),
-    );
 
     let ctx = Arc::new(
         Context::new(
@@ -692,7 +681,7 @@ pub async fn run_with(
             metrics,
         )
         .with_pod_defaults(opts.pod_defaults.clone())
-        .with_crd_check(crd_check),
+        .with_crd_check(crd),
     );
 
     tracing::info!(
@@ -719,7 +708,6 @@ pub async fn run_with(
     .reconcile_all_on(watches::class_trigger(&client, class_writer))
     .reconcile_all_on(stream_from_channel(any_listener_rx))
     .reconcile_all_on(stream_from_channel(gateway_rx))
-    .reconcile_all_on(stream_from_channel(crd_rx))
     .reconcile_all_on(
         tokio_stream_from_watch(leader_rx)
             .filter_map(|is_leader| future::ready(is_leader.then_some(()))),

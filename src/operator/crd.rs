@@ -460,6 +460,27 @@ impl Shell {
     }
 }
 
+/// [`CrdCheck::start`] as the controller wires it: `upgrade` from `--crd-upgrade`, a change of
+/// the verdict sent on `reconcile_all`.
+pub fn watch(
+    client: &Client,
+    upgrade: bool,
+    leader: &watch::Receiver<bool>,
+    metrics: &Arc<OperatorMetrics>,
+    reconcile_all: &tokio::sync::mpsc::UnboundedSender<()>,
+) -> Arc<CrdCheck> {
+    let tx = reconcile_all.clone();
+    CrdCheck::start(
+        client,
+        Policy { upgrade },
+        leader.clone(),
+        metrics.clone(),
+        Arc::new(move || {
+            let _ = tx.send(());
+        }),
+    )
+}
+
 async fn sleep_until(at: Option<tokio::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,

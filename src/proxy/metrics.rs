@@ -453,6 +453,27 @@ impl Registrar<'_> {
     }
 }
 
+/// What an upstream exports: its lanes' metrics, and the handshakes its `servedCertificate`
+/// verifier accepted with a replaced or renewed leaf.
+#[derive(Clone)]
+pub struct UpstreamMetrics {
+    pub lanes: super::lanes::LaneMetrics,
+    pub certificate_grace: prometheus::IntCounterVec,
+}
+
+#[cfg(test)]
+impl UpstreamMetrics {
+    /// Metrics registered nowhere, for upstreams nobody scrapes.
+    pub fn unregistered() -> Self {
+        let opts = prometheus::Opts::new("grace", "-");
+        Self {
+            lanes: super::lanes::LaneMetrics::unregistered(),
+            certificate_grace: prometheus::IntCounterVec::new(opts, &["leaf"])
+                .expect("valid counter"),
+        }
+    }
+}
+
 impl Metrics {
     /// The upstream lanes' share of these metrics.
     pub fn lanes(&self) -> super::lanes::LaneMetrics {
@@ -463,8 +484,8 @@ impl Metrics {
     }
 
     /// The upstream's share: its lanes', and the certificate grace counter.
-    pub fn upstream(&self) -> super::upstream::UpstreamMetrics {
-        super::upstream::UpstreamMetrics {
+    pub fn upstream(&self) -> UpstreamMetrics {
+        UpstreamMetrics {
             lanes: self.lanes(),
             certificate_grace: self.upstream_certificate_grace.clone(),
         }

@@ -294,8 +294,8 @@ mod tests {
     use super::*;
     use crate::api::FileConfig;
     use crate::config::{self, HostEntry, HostTable};
+    use crate::proxy::metrics::UpstreamMetrics;
     use crate::proxy::state::NotReady;
-    use crate::proxy::upstream::UpstreamMetrics;
     use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 
     fn config(port: u16, hosts: &[&str]) -> ProxyConfig {

@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::lanes::{LaneMetrics, Lanes, Lease};
 use super::logs::{limited, Reason};
+use super::metrics::UpstreamMetrics;
 use super::renewal::Renewals;
 
 use crate::api::UpstreamVerify;
@@ -428,27 +429,6 @@ type PooledClient = Client<Connector, UpstreamBody>;
 
 /// A request's place on an upstream connection, held until the request ends.
 pub type UpstreamLease = Lease<PooledClient>;
-
-/// What an upstream exports: its lanes' metrics, and the handshakes its `servedCertificate`
-/// verifier accepted with a replaced or renewed leaf.
-#[derive(Clone)]
-pub struct UpstreamMetrics {
-    pub lanes: LaneMetrics,
-    pub certificate_grace: prometheus::IntCounterVec,
-}
-
-#[cfg(test)]
-impl UpstreamMetrics {
-    /// Metrics registered nowhere, for upstreams nobody scrapes.
-    pub fn unregistered() -> Self {
-        let opts = prometheus::Opts::new("grace", "-");
-        Self {
-            lanes: LaneMetrics::unregistered(),
-            certificate_grace: prometheus::IntCounterVec::new(opts, &["leaf"])
-                .expect("valid counter"),
-        }
-    }
-}
 
 /// A pooled hyper client for one configuration generation.
 #[derive(Clone)]
