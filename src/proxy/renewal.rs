@@ -115,19 +115,22 @@ impl Renewals {
         }
     }
 
-    /// Whether `presented` (not our leaf) may stand in for it: the leaf `host` served before,
-    /// or a renewal of `ours` (our chain, leaf first), within `grace`. Records the first
+    /// Whether the upstream's leaf (not ours) may stand in for ours: the leaf `host` served
+    /// before, or a renewal of `ours` (our chain, leaf first), within `grace`. Records the first
     /// sighting of a renewal.
     pub fn judge(
         &self,
         host: &str,
         ours: &[CertificateDer<'_>],
-        presented: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        now: UnixTime,
+        theirs: &Presented<'_>,
         grace: Duration,
     ) -> Option<Leaf> {
+        let Presented {
+            leaf: presented,
+            intermediates,
+            server_name,
+            now,
+        } = *theirs;
         let (secs, grace) = (now.as_secs() as i64, grace.as_secs() as i64);
         if grace == 0 {
             return None;
@@ -152,6 +155,15 @@ impl Renewals {
         let first = *next.entry(key).or_insert(secs);
         (secs - first <= grace).then_some(Leaf::Next)
     }
+}
+
+/// What the upstream presented in one handshake.
+#[derive(Clone, Copy)]
+pub struct Presented<'a> {
+    pub leaf: &'a CertificateDer<'a>,
+    pub intermediates: &'a [CertificateDer<'a>],
+    pub server_name: &'a ServerName<'a>,
+    pub now: UnixTime,
 }
 
 /// Why a leaf is not a renewal of ours (for tests and logs).
@@ -343,9 +355,12 @@ mod tests {
             };
         // Our issuer from our chain, or from the chain the upstream sends.
         assert_eq!(check(&[ours.clone(), ca.der()], &next, &[]), Ok(()));
-        assert_eq!(check(&[ours.clone()], &next, &[ca.der()]), Ok(()));
         assert_eq!(
-            check(&[ours.clone()], &next, &[]),
+            check(std::slice::from_ref(&ours), &next, &[ca.der()]),
+            Ok(())
+        );
+        assert_eq!(
+            check(std::slice::from_ref(&ours), &next, &[]),
             Err(NotRenewal::IssuerUnknown)
         );
         // Not newer: our own leaf, or an older one.
@@ -400,7 +415,13 @@ mod tests {
         assert_eq!(verdict(&[]), Err(NotRenewal::Invalid));
         assert_eq!(verdict(&[forged.der()]), Err(NotRenewal::Invalid));
         assert_eq!(
-            is_renewal(&[ours.clone()], &theirs, &[forged.der()], &host, now(NOW)),
+            is_renewal(
+                std::slice::from_ref(&ours),
+                &theirs,
+                &[forged.der()],
+                &host,
+                now(NOW)
+            ),
             Err(NotRenewal::IssuerUnknown)
         );
         // Another issuer name altogether.
@@ -428,7 +449,13 @@ mod tests {
         let grace = Duration::from_secs(300);
         let judge = |r: &Renewals, t: &HostTable, p: &CertificateDer<'_>, at: i64, g: Duration| {
             let ours = &t.lookup("a.test").unwrap().certified_key.cert;
-            r.judge("a.test", ours, p, &[], &host, now(at), g)
+            let theirs = Presented {
+                leaf: p,
+                intermediates: &[],
+                server_name: &host,
+                now: now(at),
+            };
+            r.judge("a.test", ours, &theirs, g)
         };
 
         // This proxy switched first: the ingress still presents l1.

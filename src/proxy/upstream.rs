@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use super::lanes::{LaneMetrics, Lanes, Lease};
 use super::logs::{limited, Reason};
 use super::metrics::UpstreamMetrics;
-use super::renewal::Renewals;
+use super::renewal::{Presented, Renewals};
 
 use crate::api::UpstreamVerify;
 use crate::config::{HostTable, UpstreamConfig};
@@ -309,16 +309,14 @@ impl ServerCertVerifier for ServedCertificateVerifier {
         if entry.leaf().as_ref() == end_entity.as_ref() {
             return Ok(ServerCertVerified::assertion());
         }
-        let ours = &entry.certified_key.cert;
-        let renewal = self.renewals.judge(
-            &entry.name,
-            ours,
-            end_entity,
+        let theirs = Presented {
+            leaf: end_entity,
             intermediates,
             server_name,
             now,
-            self.grace,
-        );
+        };
+        let ours = &entry.certified_key.cert;
+        let renewal = self.renewals.judge(&entry.name, ours, &theirs, self.grace);
         if let Some(leaf) = renewal {
             self.renewals
                 .accepted
