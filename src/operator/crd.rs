@@ -145,9 +145,9 @@ pub const UPGRADE_HINT: &str = "upgrade it with `kubectl apply --server-side --f
 /// The `CRDCurrent` condition's status ("True", "False", "Unknown"), reason and message.
 pub fn condition_of(v: &Verdict) -> (&'static str, &'static str, String) {
     let ours = format!(
-        "this operator's ({}) is {}",
-        crate::version::BUILD,
-        schema::SCHEMA_REVISION
+        "this operator's {} ({})",
+        schema::SCHEMA_REVISION,
+        crate::version::BUILD
     );
     let served = revision(v.served);
     let dropped = || {
@@ -165,7 +165,7 @@ pub fn condition_of(v: &Verdict) -> (&'static str, &'static str, String) {
         Kind::Matches => (
             "True",
             reasons::CRD_MATCHES,
-            format!("the served CRD has schema revision {served}, as {ours}"),
+            format!("the served CRD has schema revision {served}, the same as {ours}"),
         ),
         Kind::Newer => {
             let ignored = if v.ignored.is_empty() {
@@ -190,13 +190,13 @@ pub fn condition_of(v: &Verdict) -> (&'static str, &'static str, String) {
         Kind::Modified if v.dropped.is_empty() => (
             "True",
             reasons::CRD_MODIFIED,
-            format!("the served CRD claims schema revision {served} but differs from {ours}; it drops nothing this operator uses"),
+            format!("the served CRD claims schema revision {served}, the same as {ours}, but its schema differs; it drops nothing this operator uses"),
         ),
         Kind::Modified => (
             "False",
             reasons::CRD_MODIFIED,
             format!(
-                "the served CRD claims schema revision {served} but differs from {ours}: {}; {UPGRADE_HINT}",
+                "the served CRD claims schema revision {served}, the same as {ours}, but its schema differs: {}; {UPGRADE_HINT}",
                 dropped()
             ),
         ),
@@ -586,9 +586,9 @@ mod tests {
         assert_eq!(c.observed_generation, Some(3));
         assert!(
             c.message.starts_with(&format!(
-                "the served CRD has schema revision 0 (not annotated), older than this operator's ({}) is {}: the API server drops spec.upstream.servedCertificateGraceSeconds from every listener",
-                crate::version::BUILD,
-                schema::SCHEMA_REVISION
+                "the served CRD has schema revision 0 (not annotated), older than this operator's {} ({}): the API server drops spec.upstream.servedCertificateGraceSeconds from every listener",
+                schema::SCHEMA_REVISION,
+                crate::version::BUILD
             )),
             "{}",
             c.message

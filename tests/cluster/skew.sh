@@ -129,7 +129,7 @@ nginx_use() { # HOST SOURCE-BASENAME: nginx on every node presents that certific
     for node in "${NODES[@]}"; do
         cp "$tmp/pki/$2.crt" "$tmp/nginx-$node/$1.crt"
         cp "$tmp/pki/$2.key" "$tmp/nginx-$node/$1.key"
-        ip netns exec "$node" nginx -p "$tmp/nginx-$node/" -c "$tmp/nginx-$node/nginx.conf" -s reload
+        ip netns exec "$node" nginx -p "$tmp/nginx-$node/" -c "$tmp/nginx-$node/nginx.conf" -s reload 2>/dev/null
     done
 }
 
@@ -310,6 +310,23 @@ info "data plane, both nodes: handshakes accepted with the next leaf $next, the 
 ((next > 0 && previous > 0)) || fail "both orders should have used the grace (next $next, previous $previous)"
 ((tls_errors == 0)) || fail "$tls_errors upstream TLS errors"
 SUMMARY+=("(c) rotation both orders: $(cut -d, -f1 <"$tmp/load.out" | head -n 1), grace next $next / previous $previous, TLS errors $tls_errors")
+
+step "(c) control: with upstream.servedCertificateGraceSeconds 0 the same nginx-first switch fails until the Secret follows"
+kubectl patch h3l "$LISTENER" --type=merge -p '{"spec": {"upstream": {"servedCertificateGraceSeconds": 0}}}' >/dev/null
+chained_leaf v4 "${HOSTS[0]}"
+V4=$(der_sha256 "$tmp/pki/v4.crt")
+sleep 3 # the data plane applies the listener change live
+nginx_use "${HOSTS[0]}" v4
+refused=0
+for ip in "${IPS[@]}"; do
+    rep=$("$PY" "$JPY" h3 --addr "$ip" --host "${HOSTS[0]}" --cacert "$tmp/pki/ca.crt" --path /whoami 2>&1) || true
+    [[ $rep == *"status 502"* ]] && refused=$((refused + 1))
+    info "$ip: ${rep:0:150}"
+done
+((refused == ${#IPS[@]})) || fail "without the grace the nginx-first switch should get 502 on every node ($refused of ${#IPS[@]})"
+tls_secret "$NS_APP" "${HOSTS[0]%%.*}-tls" v4
+wait_ok 60 "both nodes serve v4 once the Secret follows" served_everywhere "${HOSTS[0]}" "$V4"
+SUMMARY+=("(c) control, grace 0: the nginx-first switch got 502 on $refused of ${#IPS[@]} nodes until the Secret followed")
 
 step "done"
 printf '\n%s\n' "${SUMMARY[@]}"
