@@ -12,6 +12,7 @@
 //! - [`check`]: an HTTP/3 + HTTP/2 client that proves h3 really runs
 //! - [`demo`]: everything on localhost with no cluster and no files
 //! - [`plugin`]: `kubectl h3-ingress` (this binary installed as `kubectl-h3_ingress`)
+//! - [`skew`]: reading listeners a newer CRD wrote; [`version`]: what this build is
 
 pub mod admin;
 pub mod api;
@@ -24,4 +25,6 @@ pub mod logging;
 pub mod operator;
 pub mod plugin;
 pub mod proxy;
+pub mod skew;
+pub mod version;
 pub mod watch;

@@ -13,7 +13,7 @@ use h3_ingress::{lifecycle, logging};
 #[derive(Parser)]
 #[command(
     name = "h3-ingress",
-    version,
+    version = h3_ingress::version::LONG,
     about = "HTTP/3 for a cluster whose TCP ingress has none"
 )]
 struct Cli {

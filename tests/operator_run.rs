@@ -40,6 +40,8 @@ const LISTENERS: &str = "/apis/h3-ingress.dev/v1alpha1/http3listeners";
 const DAEMON_SETS: &str = "/apis/apps/v1/daemonsets";
 const SECRETS: &str = "/api/v1/secrets";
 const WEB_TLS: &str = "/api/v1/namespaces/shop/secrets/web-tls";
+const CRDS: &str = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+const CRD_NAME: &str = "http3listeners.h3-ingress.dev";
 /// The label selector of every watch of what the operator makes (`watches::owned_selector`).
 const OWNED: &str =
     "app.kubernetes.io/managed-by=h3-ingress-operator,app.kubernetes.io/component=data-plane";
@@ -212,6 +214,10 @@ struct World {
     watch_requests: Vec<(String, String, bool)>,
     /// `METHOD path` of every request but the Lease's and watches.
     requests: Vec<String>,
+    /// Every watch event sent (resource, namespace, resourceVersion, type, object), so a
+    /// watch opened from an older resourceVersion gets what happened since, as from an API
+    /// server (the operator may write between its list and its watch).
+    history: Vec<(String, String, u64, String, Value)>,
     unexpected: Vec<String>,
 }
 
@@ -252,7 +258,18 @@ impl World {
         self.put(&t, object);
     }
 
-    fn tell(&self, t: &Target, kind: &str, object: &Value) {
+    fn tell(&mut self, t: &Target, kind: &str, object: &Value) {
+        let rv = object["metadata"]["resourceVersion"]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(self.rv);
+        self.history.push((
+            t.all.clone(),
+            t.ns.clone().unwrap_or_default(),
+            rv,
+            kind.to_string(),
+            object.clone(),
+        ));
         let ns = t.ns.as_deref();
         for w in &self.watches {
             let here = w.all == t.all && (w.ns.is_none() || w.ns.as_deref() == ns);
@@ -294,9 +311,16 @@ impl World {
     }
 
     /// The cluster as the test starts: the listener, an annotated Ingress, its TLS Secret, an
-    /// unrelated Secret, and the listener's pod (the DaemonSet controller is not simulated).
+    /// unrelated Secret, the listener's pod (the DaemonSet controller is not simulated) and
+    /// this binary's CRD.
     fn seeded() -> Self {
+        Self::with_crd(serde_json::to_value(h3_ingress::api::crd()).unwrap())
+    }
+
+    /// [`World::seeded`] serving `crd` as the Http3Listener CRD.
+    fn with_crd(crd: Value) -> Self {
         let mut w = World::default();
+        w.put(&target(&format!("{CRDS}/{CRD_NAME}")), crd);
         w.put(&target(&format!("{LISTENERS}/public")), listener());
         w.put(
             &target("/apis/networking.k8s.io/v1/namespaces/shop/ingresses/web"),
@@ -317,8 +341,9 @@ impl World {
 }
 
 /// The resources the operator lists and watches (`Target::all`).
-const LISTED: [&str; 12] = [
+const LISTED: [&str; 13] = [
     LISTENERS,
+    CRDS,
     "/apis/networking.k8s.io/v1/ingresses",
     "/apis/networking.k8s.io/v1/ingressclasses",
     SECRETS,
@@ -434,6 +459,22 @@ fn open_watch(w: &mut World, path: &str, query: &str, metadata: bool) -> RespBod
     w.watch_requests
         .push((t.all.clone(), selector.clone(), metadata));
     let (tx, rx) = mpsc::unbounded_channel();
+    let since: u64 = param(query, "resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(u64::MAX);
+    for (all, ns, rv, kind, object) in &w.history {
+        let here = *all == t.all && t.ns.as_ref().is_none_or(|n| n == ns);
+        if here && *rv > since && selected(object, &selector) {
+            let object = if metadata {
+                metadata_only(object)
+            } else {
+                object.clone()
+            };
+            let mut line = serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap();
+            line.push(b'\n');
+            let _ = tx.send(Bytes::from(line));
+        }
+    }
     w.watches.push(Watch {
         all: t.all,
         ns: t.ns,
@@ -783,6 +824,7 @@ async fn the_operator_elects_itself_reconciles_writes_status_and_releases_the_le
         data_plane_image: "ghcr.io/h3-ingress/h3-ingress:test".into(),
         hosts_namespace: HOSTS.into(),
         admin_address: admin_addr,
+        crd_upgrade: true,
         // What the operator's --image-pull-secrets, --tune-image and
         // --data-plane-priority-class give every data plane pod.
         pod_defaults: h3_ingress::operator::resources::PodDefaults {
@@ -834,6 +876,15 @@ async fn the_operator_elects_itself_reconciles_writes_status_and_releases_the_le
             "{status}"
         );
         assert_eq!(status["hostsSummary"], "1/1");
+        let crd = condition(status, "CRDCurrent");
+        assert_eq!(
+            (crd["status"].as_str(), crd["reason"].as_str()),
+            (Some("True"), Some("CRDMatches"))
+        );
+        assert!(
+            !w.applied.iter().any(|a| a.contains(CRDS)),
+            "the served CRD is this binary's: not applied again"
+        );
         assert!(
             w.events
                 .iter()
@@ -895,5 +946,183 @@ fn finally_consistent(w: &World) {
     assert!(
         last["spec"]["holderIdentity"].is_null(),
         "lease not released: {last}"
+    );
+}
+
+fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
+    status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition in {status}"))
+}
+
+const UPSTREAM_SCHEMA: &str =
+    "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/upstream/properties";
+
+/// The CRD of a release from before schema revisions: this binary's without the annotations
+/// and without `upstream.servedCertificateGraceSeconds`.
+fn older_crd() -> Value {
+    let mut crd = serde_json::to_value(h3_ingress::api::crd()).unwrap();
+    crd["metadata"]["annotations"] = json!({});
+    let upstream = crd.pointer_mut(UPSTREAM_SCHEMA).unwrap();
+    let removed = upstream
+        .as_object_mut()
+        .unwrap()
+        .remove("servedCertificateGraceSeconds");
+    assert!(removed.is_some());
+    crd
+}
+
+/// A later release's CRD: the next revision, with `upstream.futureSetting`.
+fn newer_crd() -> Value {
+    let mut crd = serde_json::to_value(h3_ingress::api::crd()).unwrap();
+    let next = h3_ingress::api::schema::SCHEMA_REVISION + 1;
+    crd["metadata"]["annotations"]["h3-ingress.dev/schema-revision"] = next.to_string().into();
+    let upstream = crd.pointer_mut(UPSTREAM_SCHEMA).unwrap();
+    upstream["futureSetting"] = json!({"type": "integer", "default": 1});
+    crd
+}
+
+/// The CRD patches (server-side applies) the operator made.
+fn crd_patches(w: &World) -> Vec<&String> {
+    w.applied.iter().filter(|a| a.contains(CRDS)).collect()
+}
+
+/// Runs the operator (its own leader) on `world` until the first status patch, then stops it;
+/// returns its last /metrics.
+async fn first_status(world: &Arc<Mutex<World>>, crd_upgrade: bool) -> String {
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<RespBody>>();
+    tokio::spawn(api_server(handle, world.clone()));
+    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin_addr = admin.local_addr().unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let opts = Options {
+        namespace: NS.into(),
+        leader_election: false,
+        lease_name: "h3-ingress-operator".into(),
+        data_plane_image: "ghcr.io/h3-ingress/h3-ingress:test".into(),
+        hosts_namespace: HOSTS.into(),
+        admin_address: admin_addr,
+        pod_defaults: Default::default(),
+        crd_upgrade,
+    };
+    let fetcher = Fetcher {
+        world: world.clone(),
+        seen: Mutex::default(),
+    };
+    let client = Client::new(svc, "default");
+    let op = tokio::spawn(run_with(
+        client,
+        opts,
+        Some(admin),
+        Arc::new(fetcher),
+        shutdown.clone(),
+    ));
+    for _ in 0..200 {
+        if !world.lock().unwrap().status_patches.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Events are published after the status write.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let metrics = http_get(admin_addr, "/metrics").await;
+    shutdown.cancel();
+    let done = tokio::time::timeout(Duration::from_secs(10), op).await;
+    assert!(matches!(done, Ok(Ok(Ok(())))), "{done:?}");
+    let w = world.lock().unwrap();
+    assert!(!w.status_patches.is_empty(), "no status patch within 10 s");
+    assert!(w.unexpected.is_empty(), "{:#?}", w.unexpected);
+    metrics
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_crd_is_reported_with_a_warning_and_left_alone_when_not_allowed() {
+    let world = Arc::new(Mutex::new(World::with_crd(older_crd())));
+    let metrics = first_status(&world, false).await;
+    let w = world.lock().unwrap();
+    let c = condition(&w.status_patches[0]["status"], "CRDCurrent");
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("False"), Some("CRDOutdated")),
+        "{c}"
+    );
+    let message = c["message"].as_str().unwrap();
+    assert!(
+        message.contains("revision 0 (not annotated)")
+            && message.contains("drops spec.upstream.servedCertificateGraceSeconds"),
+        "{message}"
+    );
+    let warning = w
+        .events
+        .iter()
+        .find(|e| e["reason"] == "CRDOutdated")
+        .unwrap_or_else(|| panic!("no CRDOutdated event: {:?}", w.events));
+    assert_eq!(warning["type"], "Warning");
+    assert!(
+        crd_patches(&w).is_empty(),
+        "--no-crd-upgrade applied the CRD"
+    );
+    assert!(
+        metrics.contains("h3_ingress_operator_crd_schema_revision{of=\"served\"} 0"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_crd_is_upgraded_by_the_operator_before_any_listener_sees_it() {
+    let world = Arc::new(Mutex::new(World::with_crd(older_crd())));
+    let metrics = first_status(&world, true).await;
+    let w = world.lock().unwrap();
+    assert_eq!(crd_patches(&w).len(), 1, "one server-side apply of the CRD");
+    let applied = w.get(&target(&format!("{CRDS}/{CRD_NAME}"))).unwrap();
+    assert_eq!(
+        applied["metadata"]["annotations"]["h3-ingress.dev/schema-revision"],
+        h3_ingress::api::schema::SCHEMA_REVISION.to_string()
+    );
+    assert!(applied
+        .pointer(&format!("{UPSTREAM_SCHEMA}/servedCertificateGraceSeconds"))
+        .is_some());
+    for patch in &w.status_patches {
+        let c = condition(&patch["status"], "CRDCurrent");
+        assert_eq!(
+            (c["status"].as_str(), c["reason"].as_str()),
+            (Some("True"), Some("CRDMatches"))
+        );
+    }
+    assert!(
+        !w.events.iter().any(|e| e["reason"] == "CRDOutdated"),
+        "{:?}",
+        w.events
+    );
+    assert!(
+        metrics.contains("h3_ingress_operator_crd_upgrades_total{result=\"ok\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_crd_is_tolerated_and_never_downgraded() {
+    let world = Arc::new(Mutex::new(World::with_crd(newer_crd())));
+    first_status(&world, true).await;
+    let w = world.lock().unwrap();
+    let c = condition(&w.status_patches[0]["status"], "CRDCurrent");
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("True"), Some("CRDNewer")),
+        "{c}"
+    );
+    assert!(
+        c["message"]
+            .as_str()
+            .unwrap()
+            .ends_with("reads past spec.upstream.futureSetting"),
+        "{c}"
+    );
+    assert!(
+        crd_patches(&w).is_empty(),
+        "an older operator must not apply its CRD over a newer one"
     );
 }

@@ -17,6 +17,7 @@ use super::settings::{
     AddressValidationSettings, AltSvcSettings, HttpSettings, LimitsSettings, MetricsSettings,
     SocketSettings, TransportSettings, Upstream,
 };
+use super::unknown::{collect_unknown_fields, UnknownFields};
 use super::{bounds, Addresses};
 
 fn default_port() -> u16 {
@@ -73,7 +74,9 @@ fn default_port() -> u16 {
         json_path = ".metadata.creationTimestamp"
     )
 )]
-#[serde(rename_all = "camelCase")]
+// `remote = "Self"`: the derived (de)serialisers become inherent functions, which
+// `collect_unknown_fields!` wraps to record the fields a newer CRD adds (`api::unknown`).
+#[serde(rename_all = "camelCase", remote = "Self")]
 // The API server checks this after defaulting, as `config::build` does for the file.
 #[schemars(extend("x-kubernetes-validations" = [{
     "rule": "self.addressValidation.halfOpenThreshold < self.limits.halfOpenConnections",
@@ -142,6 +145,10 @@ pub struct Http3ListenerSpec {
     /// with neither gets `upstream.address`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gateway_upstreams: Vec<GatewayUpstream>,
+    /// Fields of the served object this binary does not know (never serialised).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub unknown_fields: UnknownFields,
 }
 
 /// The upstream of one Gateway's hosts.
@@ -153,6 +160,8 @@ pub struct GatewayUpstream {
     /// `host:port` of the proxy that serves this Gateway.
     pub address: String,
 }
+
+collect_unknown_fields!(Http3ListenerSpec);
 
 /// A host served with the certificate of a TLS Secret.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
@@ -172,7 +181,7 @@ pub struct SecretRef {
 }
 
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", remote = "Self")]
 pub struct Http3ListenerStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
@@ -203,6 +212,24 @@ pub struct Http3ListenerStatus {
     /// minute, so a busy listener does not write its status on every reconcile.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub counters_time: Option<Time>,
+    /// Fields of the served status this binary does not know (never serialised).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub unknown_fields: UnknownFields,
+}
+
+collect_unknown_fields!(Http3ListenerStatus);
+
+impl Http3Listener {
+    /// Every field of this listener's spec and status that this binary does not know, as
+    /// `spec.upstream.futureSetting`.
+    pub fn unknown_fields(&self) -> Vec<String> {
+        let spec = self.spec.unknown_fields.paths().iter();
+        let status = self.status.iter().flat_map(|s| s.unknown_fields.paths());
+        spec.map(|p| format!("spec.{p}"))
+            .chain(status.map(|p| format!("status.{p}")))
+            .collect()
+    }
 }
 
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]

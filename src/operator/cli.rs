@@ -23,6 +23,13 @@ pub struct OperatorArgs {
     pub no_leader_election: bool,
     #[arg(long, default_value = "h3-ingress-operator")]
     pub lease_name: String,
+    /// Apply this binary's Http3Listener CRD (server-side) when the served one is older; never
+    /// over a newer one (the default).
+    #[arg(long, overrides_with = "no_crd_upgrade")]
+    pub crd_upgrade: bool,
+    /// Leave the CRD alone (it is still checked, and an older one reported on every listener).
+    #[arg(long)]
+    pub no_crd_upgrade: bool,
     /// Data plane image for listeners without spec.image.
     #[arg(long, env = "H3_INGRESS_IMAGE", default_value = super::DEFAULT_IMAGE)]
     pub data_plane_image: String,
@@ -87,6 +94,7 @@ impl OperatorArgs {
             hosts_namespace: self.hosts_namespace(),
             admin_address: self.admin_address,
             pod_defaults: self.pod_defaults(),
+            crd_upgrade: !self.no_crd_upgrade,
         }
     }
 }
@@ -130,6 +138,16 @@ mod tests {
         assert_eq!(a.options().data_plane_image, super::super::DEFAULT_IMAGE);
         assert!(a.options().leader_election);
         assert_eq!(a.options().hosts_namespace, "h3-ingress-hosts");
+        assert!(
+            a.options().crd_upgrade,
+            "upgrading an older CRD is the default"
+        );
+        assert!(!parse(&["--no-crd-upgrade"]).options().crd_upgrade);
+        assert!(
+            parse(&["--no-crd-upgrade", "--crd-upgrade"])
+                .options()
+                .crd_upgrade
+        );
 
         let a = parse(&[
             "--image-pull-secrets",

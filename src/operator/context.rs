@@ -89,6 +89,8 @@ pub struct Context {
     pub memory: Mutex<BTreeMap<String, Memory>>,
     /// Set once every cache listed once; reconciles wait for it.
     pub caches_ready: Arc<AtomicBool>,
+    /// Version skew: the served CRD against this binary's schema (`operator::crd`).
+    pub crd: Arc<super::crd::CrdCheck>,
 }
 
 impl Context {
@@ -118,7 +120,14 @@ impl Context {
             metrics,
             memory: Mutex::new(BTreeMap::new()),
             caches_ready: Arc::new(AtomicBool::new(false)),
+            crd: super::crd::CrdCheck::disabled(),
         }
+    }
+
+    /// The check of the served CRD whose verdict the status carries as `CRDCurrent`.
+    pub fn with_crd_check(mut self, crd: Arc<super::crd::CrdCheck>) -> Self {
+        self.crd = crd;
+        self
     }
 
     /// What goes into every data plane pod besides the listener's spec.

@@ -308,8 +308,9 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         // data plane serves would be deleted.
         return Ok(Action::requeue(CACHE_WAIT));
     }
-    if !ctx.gateway_api_synced() {
+    if !ctx.gateway_api_synced() || ctx.crd.pending() {
         // Its first lists are on the way; the sync itself triggers every listener again.
+        // (Likewise the first verdict on the served CRD, operator::crd.)
         return Ok(Action::requeue(Duration::from_secs(5)));
     }
     let (wanted, seen) = gather(listener, ctx);
@@ -364,7 +365,10 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         now,
     };
     let hosts = status::host_statuses(&inputs);
-    let next = status::aggregate(&inputs, &hosts);
+    let mut next = status::aggregate(&inputs, &hosts);
+    // Version skew: the CRDCurrent condition (operator::crd).
+    let (crd, previous) = (ctx.crd.verdict(), listener.status.as_ref());
+    super::crd::set_condition(&mut next, crd.as_ref(), previous, now, inputs.generation);
     let up_to_date = status::pods_up_to_date(&inputs);
     ctx.metrics.hosts.set(resolved.reports.len() as i64);
     write_status(ctx, listener, next, memory.hosts.as_deref(), &hosts).await?;
@@ -429,6 +433,8 @@ async fn write_status(
 
 /// One reconciliation. A replica that does not hold the Lease makes no API call at all.
 pub async fn reconcile(listener: Arc<Http3Listener>, ctx: Arc<Context>) -> Result<Action, Error> {
+    // Version skew: fields a newer CRD added are read past, and said once.
+    crate::skew::note_unknown_fields(&listener);
     if !*ctx.leader.borrow() {
         ctx.metrics
             .reconciles

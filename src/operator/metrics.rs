@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 use crate::admin::AdminSource;
@@ -17,6 +17,12 @@ pub mod results {
     pub const ERROR: &str = "error";
     /// Not the leader: nothing written.
     pub const STANDBY: &str = "standby";
+}
+
+/// Outcomes of the operator's upgrades of the CRD, the values of the `result` label.
+pub mod crd_upgrade {
+    pub const OK: &str = "ok";
+    pub const ERROR: &str = "error";
 }
 
 pub struct OperatorMetrics {
@@ -36,6 +42,10 @@ pub struct OperatorMetrics {
     pub secret_reads: IntCounter,
     /// Hosts wanted, summed over listeners (set by each reconcile).
     pub hosts: IntGauge,
+    /// Schema revision of the served CRD (`of="served"`, -1 when unreadable) and of this
+    /// operator (`of="operator"`).
+    pub crd_revision: IntGaugeVec,
+    pub crd_upgrades: IntCounterVec,
 }
 
 impl OperatorMetrics {
@@ -102,12 +112,16 @@ impl OperatorMetrics {
             "Hosts the listeners want, served or not",
         )
         .expect("metric");
+        let (build_info, crd_revision, crd_upgrades) = crd_metrics();
         for c in [
             Box::new(applies.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(mirror_writes.clone()),
             Box::new(mirror_deletes.clone()),
             Box::new(secret_reads.clone()),
             Box::new(hosts.clone()),
+            Box::new(build_info),
+            Box::new(crd_revision.clone()),
+            Box::new(crd_upgrades.clone()),
             Box::new(reconciles.clone()),
             Box::new(reconcile_seconds.clone()),
             Box::new(status_writes.clone()),
@@ -136,6 +150,8 @@ impl OperatorMetrics {
             mirror_deletes,
             secret_reads,
             hosts,
+            crd_revision,
+            crd_upgrades,
         })
     }
 
@@ -146,6 +162,44 @@ impl OperatorMetrics {
             .expect("text encoding cannot fail");
         String::from_utf8(buf).expect("prometheus text is UTF-8")
     }
+}
+
+/// The build and CRD metrics: `h3_ingress_operator_build_info{version,commit}`, the schema
+/// revisions (`of` served, -1 until read, and operator) and the CRD upgrades by result.
+fn crd_metrics() -> (IntGaugeVec, IntGaugeVec, IntCounterVec) {
+    let build_info = IntGaugeVec::new(
+        Opts::new(
+            "h3_ingress_operator_build_info",
+            "Always 1; the labels name the build: the crate version and the git commit",
+        ),
+        &["version", "commit"],
+    )
+    .expect("metric");
+    build_info
+        .with_label_values(&[crate::version::VERSION, crate::version::COMMIT])
+        .set(1);
+    let crd_revision = IntGaugeVec::new(
+        Opts::new(
+            "h3_ingress_operator_crd_schema_revision",
+            "Schema revision of the served Http3Listener CRD (of=served; -1 until read) and of this operator (of=operator); served below operator means the API server drops fields",
+        ),
+        &["of"],
+    )
+    .expect("metric");
+    crd_revision.with_label_values(&["served"]).set(-1);
+    crd_revision.with_label_values(&["operator"]);
+    let crd_upgrades = IntCounterVec::new(
+        Opts::new(
+            "h3_ingress_operator_crd_upgrades_total",
+            "Server-side applies of this operator's CRD over an older served one, by result",
+        ),
+        &["result"],
+    )
+    .expect("metric");
+    for r in [crd_upgrade::OK, crd_upgrade::ERROR] {
+        crd_upgrades.with_label_values(&[r]);
+    }
+    (build_info, crd_revision, crd_upgrades)
 }
 
 /// The operator's [`AdminSource`]: `/readyz` answers 200 once the caches are filled.

@@ -9,6 +9,7 @@ pub mod cli;
 pub mod conflicts;
 pub mod context;
 pub mod controller;
+pub mod crd;
 pub mod events;
 pub mod leader;
 pub mod metrics;

@@ -469,10 +469,12 @@ fn data_plane_container(
         protocol: Some(protocol.into()),
         host_ip: None,
     };
+    // Version skew: IfNotPresent only for a tag that names one build (crate::version).
+    let pull_policy = crate::version::pull_policy(&image);
     Container {
         name: CONTAINER_NAME.into(),
         image: Some(image),
-        image_pull_policy: Some("IfNotPresent".into()),
+        image_pull_policy: Some(pull_policy.into()),
         args: Some(vec![
             "proxy".into(),
             "--listener".into(),

@@ -47,6 +47,8 @@ pub struct Options {
     pub admin_address: SocketAddr,
     /// Image pull secrets and the tune container's image for every data plane pod.
     pub pod_defaults: PodDefaults,
+    /// Version skew: apply this operator's CRD over an older served one (`operator::crd`).
+    pub crd_upgrade: bool,
 }
 
 fn identity() -> String {
@@ -111,6 +113,9 @@ pub async fn run_with(
     tokio::spawn(export_leadership(leader_rx.clone(), metrics.clone()));
     let (w, _tasks) = Wiring::start(&client, &opts);
     let (gateway_tx, gateway_rx) = mpsc::unbounded_channel();
+    // Version skew: the served CRD's check; a new verdict reconciles every listener.
+    let (crd_tx, crd_rx) = mpsc::unbounded_channel();
+    let crd = super::crd::watch(&client, opts.crd_upgrade, &leader_rx, &metrics, &crd_tx);
     let gateway_api = Arc::new(GatewayApiWatch::start(
         &client,
         Arc::new(move |change| {
@@ -143,7 +148,8 @@ pub async fn run_with(
             },
             metrics,
         )
-        .with_pod_defaults(opts.pod_defaults.clone()),
+        .with_pod_defaults(opts.pod_defaults.clone())
+        .with_crd_check(crd),
     );
     tokio::spawn(ready_once_filled(ctx.clone(), ready));
     tracing::info!(
@@ -153,7 +159,12 @@ pub async fn run_with(
         identity = %id,
         "operator starting"
     );
-    controller(&client, &opts, w, gateway_rx, leader_rx, ctx.clone())
+    let triggers = Triggers {
+        gateway_rx,
+        crd_rx,
+        leader_rx,
+    };
+    controller(&client, &opts, w, triggers, ctx.clone())
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(reconcile, error_policy, ctx)
         .for_each(|r| {
@@ -228,18 +239,30 @@ impl Wiring {
     }
 }
 
+/// The channels the Controller's triggers read besides the watches.
+struct Triggers {
+    gateway_rx: mpsc::UnboundedReceiver<GatewayChange>,
+    /// The served CRD's verdict changed.
+    crd_rx: mpsc::UnboundedReceiver<()>,
+    leader_rx: watch::Receiver<bool>,
+}
+
 /// The Controller with every trigger: a listener's own changes; its DaemonSet's; Ingress,
 /// Secret and Gateway API changes mapped to the listeners they concern; IngressClass changes
-/// (the default class), any listener's spec change (ports may change hands) and becoming
-/// leader reconcile every listener.
+/// (the default class), any listener's spec change (ports may change hands), a new verdict on
+/// the served CRD and becoming leader reconcile every listener.
 fn controller(
     client: &Client,
     opts: &Options,
     w: Wiring,
-    gateway_rx: mpsc::UnboundedReceiver<GatewayChange>,
-    leader_rx: watch::Receiver<bool>,
+    t: Triggers,
     ctx: Arc<Context>,
 ) -> Controller<Http3Listener> {
+    let Triggers {
+        gateway_rx,
+        crd_rx,
+        leader_rx,
+    } = t;
     let (any_listener_tx, any_listener_rx) = mpsc::unbounded_channel();
     let refs = |names: Vec<String>| stream::iter(names.into_iter().map(|n| ObjectRef::new(&n)));
     let c = ctx.clone();
@@ -291,6 +314,7 @@ fn controller(
     .reconcile_on(gateways)
     .reconcile_all_on(watches::class_trigger(client, w.class_writer))
     .reconcile_all_on(stream_from_channel(any_listener_rx))
+    .reconcile_all_on(stream_from_channel(crd_rx))
     .reconcile_all_on(
         tokio_stream_from_watch(leader_rx)
             .filter_map(|is_leader| future::ready(is_leader.then_some(()))),

@@ -638,6 +638,7 @@ pub fn aggregate(inp: &Inputs, hosts: &[HostStatus]) -> Http3ListenerStatus {
         nodes: Some(nodes),
         udp,
         counters_time,
+        ..Default::default()
     };
     carry_transition_times(inp.previous, &mut status);
     status

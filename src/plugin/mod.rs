@@ -233,6 +233,9 @@ fn listeners_from_file(path: &Path, name: Option<&str>) -> Result<Vec<Http3Liste
             return Err(PluginError::ListenerNotFound(name.to_string()));
         }
     }
+    for note in all.iter().filter_map(unknown_fields_note) {
+        eprintln!("{note}");
+    }
     Ok(all)
 }
 
@@ -300,10 +303,10 @@ pub async fn fetch_listeners(
     name: Option<&str>,
 ) -> Result<Vec<Http3Listener>, PluginError> {
     let api: Api<Http3Listener> = Api::all(client.clone());
-    match name {
+    let listeners = match name {
         Some(name) => match api.get_opt(name).await.map_err(PluginError::Api)? {
-            Some(l) => Ok(vec![l]),
-            None => Err(PluginError::ListenerNotFound(name.to_string())),
+            Some(l) => vec![l],
+            None => return Err(PluginError::ListenerNotFound(name.to_string())),
         },
         None => {
             let mut items = api
@@ -312,9 +315,30 @@ pub async fn fetch_listeners(
                 .map_err(PluginError::Api)?
                 .items;
             items.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-            Ok(items)
+            items
+        }
+    };
+    for l in &listeners {
+        if let Some(note) = unknown_fields_note(l) {
+            eprintln!("{note}");
         }
     }
+    Ok(listeners)
+}
+
+/// The plugin's line for a listener with fields it does not know (a CRD newer than this
+/// binary); it runs once per invocation, so each listener's line comes once.
+pub fn unknown_fields_note(l: &Http3Listener) -> Option<String> {
+    let fields = l.unknown_fields();
+    (!fields.is_empty()).then(|| {
+        format!(
+            "note: Http3Listener {} has fields this kubectl-h3_ingress ({}) does not know, \
+             shown as if absent: {}; the served CRD is newer, upgrade the plugin",
+            l.metadata.name.as_deref().unwrap_or("?"),
+            crate::version::BUILD,
+            fields.join(", ")
+        )
+    })
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -852,6 +876,33 @@ status:
         [("nginx".to_string(), Ok(vec![shop, apps]))]
             .into_iter()
             .collect()
+    }
+
+    #[test]
+    fn listeners_a_newer_crd_wrote_are_read_with_a_note_naming_the_new_fields() {
+        let newer = LISTENER
+            .replace("  port: 8443\n", "  port: 8443\n  futureTop: 1\n")
+            .replace(
+                "    address: ingress-nginx-controller.ingress-nginx.svc:443\n",
+                "    address: ingress-nginx-controller.ingress-nginx.svc:443\n    futureSetting: x\n",
+            );
+        let ls = parse_listeners(&newer).unwrap();
+        assert_eq!(ls.len(), 1);
+        assert_eq!(ls[0].spec.port, 8443);
+        let note = unknown_fields_note(&ls[0]).expect("a note");
+        assert!(
+            note.contains("Http3Listener nginx")
+                && note.ends_with(
+                    "spec.futureTop, spec.upstream.futureSetting; the served CRD is newer, upgrade the plugin"
+                ),
+            "{note}"
+        );
+        let known = parse_listeners(LISTENER).unwrap();
+        assert_eq!(unknown_fields_note(&known[0]), None);
+        assert!(
+            render_status(&ls, &Views::new()) == render_status(&known, &Views::new()),
+            "the same table"
+        );
     }
 
     #[test]

@@ -129,6 +129,7 @@ pub struct Metrics {
     pub buffered_request_bytes: IntGauge,
     pub upstream_requests: IntGauge,
     pub upstream_lanes_opened: IntCounter,
+    pub upstream_certificate_grace: IntCounterVec,
     pub requests: IntCounterVec,
     pub request_duration: HistogramVec,
     pub upstream_errors: IntCounterVec,
@@ -202,8 +203,8 @@ pub mod specs {
 
     pub const BUILD_INFO: Spec = spec(
         "h3_ingress_build_info",
-        "Always 1; the version label names the build.",
-        &["version"],
+        "Always 1; the labels name the build: the crate version and the git commit.",
+        &["version", "commit"],
     );
     // Requests.
     pub const REQUESTS: Spec = spec(
@@ -248,6 +249,11 @@ pub mod specs {
         "h3_ingress_upstream_lanes_opened_total",
         "Upstream client lanes opened: each carries at most upstream.maxStreamsPerConnection concurrent requests on its own connections, so more than one per configuration means requests beyond one HTTP/2 connection's streams (with proxyProtocol, each client connection has its own lanes).",
         &[],
+    );
+    pub const UPSTREAM_CERTIFICATE_GRACE: Spec = spec(
+        "h3_ingress_upstream_certificate_grace_total",
+        "TLS handshakes with the TCP ingress accepted under upstream.verify: servedCertificate with another leaf than the one served, while a certificate renewal reaches both sides: the leaf this proxy served before its switch (previous) or the renewal it has not loaded yet (next).",
+        &["leaf"],
     );
     pub const BODY_BYTES: Spec = spec(
         "h3_ingress_body_bytes_total",
@@ -447,12 +453,41 @@ impl Registrar<'_> {
     }
 }
 
+/// What an upstream exports: its lanes' metrics, and the handshakes its `servedCertificate`
+/// verifier accepted with a replaced or renewed leaf.
+#[derive(Clone)]
+pub struct UpstreamMetrics {
+    pub lanes: super::lanes::LaneMetrics,
+    pub certificate_grace: prometheus::IntCounterVec,
+}
+
+#[cfg(test)]
+impl UpstreamMetrics {
+    /// Metrics registered nowhere, for upstreams nobody scrapes.
+    pub fn unregistered() -> Self {
+        let opts = prometheus::Opts::new("grace", "-");
+        Self {
+            lanes: super::lanes::LaneMetrics::unregistered(),
+            certificate_grace: prometheus::IntCounterVec::new(opts, &["leaf"])
+                .expect("valid counter"),
+        }
+    }
+}
+
 impl Metrics {
     /// The upstream lanes' share of these metrics.
     pub fn lanes(&self) -> super::lanes::LaneMetrics {
         super::lanes::LaneMetrics {
             in_flight: self.upstream_requests.clone(),
             opened: self.upstream_lanes_opened.clone(),
+        }
+    }
+
+    /// The upstream's share: its lanes', and the certificate grace counter.
+    pub fn upstream(&self) -> UpstreamMetrics {
+        UpstreamMetrics {
+            lanes: self.lanes(),
+            certificate_grace: self.upstream_certificate_grace.clone(),
         }
     }
 
@@ -463,7 +498,7 @@ impl Metrics {
         let udp_sockets = SocketInodes::default();
         r.register_collector(UdpProcCollector::new(udp_sockets.clone()));
         r.gauge_vec(&BUILD_INFO)
-            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .with_label_values(&[crate::version::VERSION, crate::version::COMMIT])
             .set(1);
         let limits = r.counter_vec(&LIMITS);
         for l in limit::ALL {
@@ -474,6 +509,7 @@ impl Metrics {
             buffered_request_bytes: r.gauge(&BUFFERED_REQUEST_BYTES),
             upstream_requests: r.gauge(&UPSTREAM_REQUESTS),
             upstream_lanes_opened: r.counter(&UPSTREAM_LANES_OPENED),
+            upstream_certificate_grace: r.counter_vec(&UPSTREAM_CERTIFICATE_GRACE),
             requests: r.counter_vec(&REQUESTS),
             request_duration: r.histogram_vec(&REQUEST_DURATION),
             upstream_errors: r.counter_vec(&UPSTREAM_ERRORS),
@@ -509,6 +545,9 @@ impl Metrics {
         // leaves rate() and the dashboard empty until then, and absent() alerts guessing.
         for kind in upstream_error::ALL {
             m.upstream_errors.with_label_values(&[kind]);
+        }
+        for leaf in super::renewal::leaf::ALL {
+            m.upstream_certificate_grace.with_label_values(&[leaf]);
         }
         for reason in rejected::ALL {
             m.rejected_requests.with_label_values(&[reason]);
@@ -656,7 +695,12 @@ mod tests {
                 .receive_buffer_errors
         );
         assert!(v >= snmp.receive_buffer_errors);
-        assert!(text.contains("h3_ingress_build_info{version="));
+        let build = format!(
+            "h3_ingress_build_info{{commit=\"{}\",version=\"{}\"}} 1",
+            crate::version::COMMIT,
+            crate::version::VERSION
+        );
+        assert!(text.contains(&build), "{build} in {text}");
     }
 
     #[test]

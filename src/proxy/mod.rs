@@ -30,6 +30,7 @@ pub mod lanes;
 pub mod logs;
 pub mod metrics;
 pub mod procnet;
+pub mod renewal;
 pub mod request;
 pub mod run;
 pub mod server;

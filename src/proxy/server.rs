@@ -58,7 +58,7 @@ pub async fn serve(
     let cc_stats = CcStats::new();
     // Sockets first: everything else is pointless without them.
     let bound = endpoint::bind_all(&initial.listen, &metrics)?;
-    let upstream = Upstream::new(&initial.upstream, &initial.hosts, metrics.lanes())?;
+    let upstream = Upstream::new(&initial.upstream, &initial.hosts, metrics.upstream())?;
     let keys = load_keys(keys_file.as_deref().or(initial.keys_file.as_deref()))?;
     export_host_metrics(&metrics, &initial);
     let first = Generation {
@@ -215,7 +215,8 @@ pub fn apply(shared: &Arc<Shared>, families: &[Family], mut next: ProxyConfig) -
         next.listen = old.config.listen.clone();
         next.metrics_address = old.config.metrics_address;
     }
-    let upstream = match Upstream::new(&next.upstream, &next.hosts, shared.metrics.lanes()) {
+    // servedCertificate: the successor remembers the leaves this reload replaces.
+    let upstream = match old.upstream.successor(&next.upstream, &next.hosts) {
         Ok(u) => u,
         Err(e) => return rejected(shared, e.into()),
     };
@@ -293,7 +294,7 @@ mod tests {
     use super::*;
     use crate::api::FileConfig;
     use crate::config::{self, HostEntry, HostTable};
-    use crate::proxy::lanes::LaneMetrics;
+    use crate::proxy::metrics::UpstreamMetrics;
     use crate::proxy::state::NotReady;
     use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 
@@ -312,7 +313,8 @@ mod tests {
     }
 
     fn shared(c: ProxyConfig) -> Arc<Shared> {
-        let upstream = Upstream::new(&c.upstream, &c.hosts, LaneMetrics::unregistered()).unwrap();
+        let upstream =
+            Upstream::new(&c.upstream, &c.hosts, UpstreamMetrics::unregistered()).unwrap();
         let first = Generation {
             id: 1,
             config: c,

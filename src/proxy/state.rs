@@ -204,7 +204,7 @@ impl Shared {
             })
             .collect();
         StatusReport {
-            version: env!("CARGO_PKG_VERSION").to_string(),
+            version: crate::version::BUILD.to_string(),
             port: self.port,
             udp_drops: sockets.iter().map(|s| s.drops).sum(),
             sockets,

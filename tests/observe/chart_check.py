@@ -53,7 +53,13 @@ CONTRACT = rules(
     ("events.k8s.io", ["events"], ["create", "patch"]),
     ("rbac.authorization.k8s.io", ["clusterroles", "clusterrolebindings"], ["get", "list", "watch", "create", "patch"]),
     ("rbac.authorization.k8s.io", ["roles", "rolebindings"], ["get", "list", "watch", "create", "patch", "delete"]),
+    # The one CRD by name: read it (CRDCurrent), and with crd.upgrade (default) apply it.
+    ("apiextensions.k8s.io", ["customresourcedefinitions[http3listeners.h3-ingress.dev]"],
+     ["get", "list", "watch", "patch"]),
 )
+# crd.upgrade=false: the same without patching the CRD.
+CONTRACT_NO_CRD_UPGRADE = CONTRACT - {
+    ("apiextensions.k8s.io", "customresourcedefinitions[http3listeners.h3-ingress.dev]", "patch")}
 # The same, in the release namespace only: the data plane objects it runs there.
 NAMESPACED = rules(
     ("apps", ["daemonsets"], ["get", "list", "watch", "create", "patch"]),
@@ -70,14 +76,22 @@ LEASES = {("coordination.k8s.io", "leases", v) for v in ["get", "list", "watch",
 
 
 def grants(role: dict) -> set[tuple[str, str, str]]:
+    """(group, resource, verb) of every rule; a rule restricted to resourceNames gives
+    `resource[name]` per name."""
     out = set()
     for rule in role["rules"]:
+        names = rule.get("resourceNames")
         for g in rule["apiGroups"]:
             for r in rule["resources"]:
                 for v in rule["verbs"]:
                     check("*" not in (g, r, v), f"{role['kind']} {role['metadata']['name']} uses a wildcard")
-                    out.add((g, r, v))
+                    out |= {(g, f"{r}[{n}]", v) for n in names} if names else {(g, r, v)}
     return out
+
+
+def unnamed(rules_: set[tuple[str, str, str]]) -> set[tuple[str, str, str]]:
+    """The rules with their resourceNames dropped: a rule on a resource covers it by name."""
+    return {(g, r.split("[")[0], v) for g, r, v in rules_}
 
 
 def by_kind(objs):
@@ -99,6 +113,9 @@ def properties(name: str, objs, notes: str, monitoring: bool, all_on: bool) -> N
     check(sc.get("capabilities") == {"drop": ["ALL"]}, f"{name}: capabilities not exactly drop ALL")
     check(psc.get("seccompProfile", {}).get("type") == "RuntimeDefault", f"{name}: no RuntimeDefault seccomp")
     check(c["args"][0] == "operator" and "--leader-election" in c["args"], f"{name}: operator args {c['args']}")
+    check("--crd-upgrade" in c["args"], f"{name}: the operator does not upgrade an older CRD: {c['args']}")
+    # The appVersion tag of a working-tree chart is reused by every build: always pulled.
+    check(c["imagePullPolicy"] == "Always", f"{name}: pull policy {c['imagePullPolicy']} for {c['image']}")
     env = {e["name"]: e for e in c["env"]}
     check(env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace",
           f"{name}: POD_NAMESPACE not from the downward API")
@@ -225,6 +242,32 @@ def negative_cases() -> None:
     check("H3IngressNoH3Traffic" not in alerts and len(alerts) == 9, f"disabledAlerts left {alerts}")
 
 
+def crd_upgrade_and_pull_policy() -> None:
+    """crd.upgrade=false drops the CRD patch rule and tells the operator; the pull policy is
+    IfNotPresent only for an image that names one build (a digest, a VERSION-COMMIT tag)."""
+    def operator(values):
+        k = by_kind(helmlib.objects(helmlib.render(values)))
+        (dep,) = k["Deployment"]
+        return k["ClusterRole"][0], dep["spec"]["template"]["spec"]["containers"][0]
+    cr, c = operator({"crd": {"upgrade": False}})
+    check(grants(cr) == CONTRACT_NO_CRD_UPGRADE,
+          f"crd.upgrade=false: ClusterRole extra {sorted(grants(cr) - CONTRACT_NO_CRD_UPGRADE)}, "
+          f"missing {sorted(CONTRACT_NO_CRD_UPGRADE - grants(cr))}")
+    check("--no-crd-upgrade" in c["args"], f"crd.upgrade=false: operator args {c['args']}")
+    cases = [
+        ({"image": {"tag": "0.1.0-3f2a9c1b7d4e"}}, "IfNotPresent"),
+        ({"image": {"digest": "sha256:" + "a" * 64}}, "IfNotPresent"),
+        ({"image": {"tag": "0.1.0"}}, "Always"),
+        ({"image": {"tag": "latest"}}, "Always"),
+        ({"image": {"tag": "0.1.0", "pullPolicy": "IfNotPresent"}}, "IfNotPresent"),
+        ({"image": {"pullPolicy": "Never"}}, "Never"),
+    ]
+    for values, want in cases:
+        _, c = operator(values)
+        check(c["imagePullPolicy"] == want, f"{values}: pull policy {c['imagePullPolicy']}, want {want}")
+    print(f"crd.upgrade=false: no CRD patch rule, --no-crd-upgrade; pull policy right in {len(cases)} image cases")
+
+
 def values_documented() -> None:
     """Every leaf key of values.yaml has a `# --` comment (helm-docs style) right above it."""
     lines = (CHART / "values.yaml").read_text().splitlines()
@@ -293,7 +336,7 @@ def operator_holds_what_it_grants(binary: Path, objs) -> None:
             if obj.get("kind") in ("Role", "ClusterRole"):
                 made += 1
                 granted |= grants(obj)
-    missing = sorted(granted - held)
+    missing = sorted(unnamed(granted) - held)
     check(made > 0 and not missing, f"the operator grants rules it does not hold (needs bind/escalate): {missing}")
     print(f"RBAC escalation: {made} data-plane Roles/ClusterRoles grant {len(granted)} (group, resource, verb); "
           f"the operator holds {'all of them' if not missing else 'NOT ' + str(missing)} without bind/escalate")
@@ -343,6 +386,7 @@ def main() -> int:
                   f"{len(serious)} warnings/errors" + ("".join("\n    " + m for m in msgs) if msgs else ""))
             check(not serious and report["total_charts_linted"] == 1, f"helm lint [{label}] kube {kv}: {msgs}")
     negative_cases()
+    crd_upgrade_and_pull_policy()
     values_documented()
     print(f"validated {total} rendered objects (CRD included) in {len(cases)} renders")
     if failures:

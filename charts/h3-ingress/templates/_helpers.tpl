@@ -77,6 +77,21 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end -}}
 
+{{/*
+The operator's pull policy: image.pullPolicy, or when empty IfNotPresent only for an image that
+names one build (a digest, or a VERSION-COMMIT tag as scripts/release.sh makes: the rule of the
+binary's version::image_is_unique, which picks the data plane's), else Always.
+*/}}
+{{- define "h3-ingress.pullPolicy" -}}
+{{- if .Values.image.pullPolicy -}}
+{{- .Values.image.pullPolicy -}}
+{{- else if regexMatch "(@sha256:[0-9a-f]+|:[^:/]+-[0-9a-f]{7,40})$" (include "h3-ingress.image" .) -}}
+IfNotPresent
+{{- else -}}
+Always
+{{- end -}}
+{{- end -}}
+
 {{/* The names of imagePullSecrets, comma-separated, for the operator's --image-pull-secrets. */}}
 {{- define "h3-ingress.pullSecretNames" -}}
 {{- $names := list -}}

@@ -402,6 +402,8 @@ impl Watches {
         let all_ingresses = self.ingresses();
         let gateway_api = self.gateway_api.objects();
         if let (true, Some(l)) = (synced, current.as_deref()) {
+            // Version skew: fields a newer CRD added are read past, and said once.
+            crate::skew::note_unknown_fields(l);
             self.follow_secrets(l, &all_ingresses, &gateway_api);
         }
         let (secrets, pending) = self.secrets();
