@@ -2,6 +2,12 @@
 //! `transport.handshakeTimeoutSeconds`), HTTP/3 setup, one task per request stream, GOAWAY on
 //! drain or at `http.maxConnectionAgeSeconds`, transport statistics at the end.
 //!
+//! A process superseded by a newer generation on its host ([`super::handover`]) keeps
+//! accepting the rare connection the socket-selection program still sends it (a client's
+//! random CID that looks like one of its own): such a *stray* is served, and gets its
+//! GOAWAY after its first request (or [`STRAY_GRACE`] without one), so the client moves on
+//! to the newest process without a refused request.
+//!
 //! Every connection attempt passes through [`admit`], the one place where the proxy decides
 //! what to do with it: a Retry, a refusal at a cap ([`super::admission`]), or a handshake.
 
@@ -28,22 +34,26 @@ use super::state::Shared;
 use super::streams::{self, ConnStreams, StreamLimits};
 use crate::api::HttpSettings;
 
-/// Accepts connections on `endpoint` until it closes or `drain` is cancelled; each one runs
-/// on `tracker` so the drain can wait for them.
+/// How long a stray connection of a superseded process may stay without a request before it
+/// gets its GOAWAY.
+pub const STRAY_GRACE: Duration = Duration::from_secs(2);
+
+/// Accepts connections on `endpoint` until it closes or `stop` is cancelled; each one runs
+/// on `tracker` so the drain can wait for them, under the drain token current when it came.
 pub async fn accept_loop(
     endpoint: quinn::Endpoint,
     family: &'static str,
     shared: Arc<Shared>,
     tracker: TaskTracker,
-    drain: CancellationToken,
+    stop: CancellationToken,
 ) {
     loop {
         let incoming = tokio::select! {
             i = endpoint.accept() => i,
-            _ = drain.cancelled() => break,
+            _ = stop.cancelled() => break,
         };
         let Some(incoming) = incoming else { break };
-        admit(incoming, family, &shared, &tracker, &drain);
+        admit(incoming, family, &shared, &tracker);
     }
 }
 
@@ -54,7 +64,6 @@ fn admit(
     family: &'static str,
     shared: &Arc<Shared>,
     tracker: &TaskTracker,
-    drain: &CancellationToken,
 ) {
     let gen = shared.current.load();
     let policy = Policy {
@@ -80,7 +89,13 @@ fn admit(
                 shared.guard.pin(remote);
             }
             let span = info_span!("conn", client = %remote, family);
-            let conn = connection(incoming, ticket, family, shared.clone(), drain.clone());
+            let drain = Drain {
+                // Its own child: a stray cancels it alone; a drain cancels them all.
+                token: shared.drain_token().child_token(),
+                close: shared.close_token(),
+                stray: shared.superseded.load(std::sync::atomic::Ordering::Relaxed),
+            };
+            let conn = connection(incoming, ticket, family, shared.clone(), drain);
             tracker.spawn(conn.instrument(span));
         }
         Verdict::Retry(cap) => {
@@ -212,13 +227,22 @@ fn conn_ctx(
     }
 }
 
+/// When a connection gets its GOAWAY: when `token` is cancelled, or (a stray, accepted by a
+/// superseded process) after its first request.
+struct Drain {
+    token: CancellationToken,
+    stray: bool,
+    /// Cancelled at a drain deadline: close now.
+    close: CancellationToken,
+}
+
 /// One connection from handshake to close. `ticket` holds its place in the caps until then.
 async fn connection(
     incoming: quinn::Incoming,
     mut ticket: Ticket,
     family: &'static str,
     shared: Arc<Shared>,
-    drain: CancellationToken,
+    drain: Drain,
 ) {
     let m = shared.metrics.clone();
     let remote = incoming.remote_address();
@@ -294,10 +318,20 @@ async fn serve_requests(
     mut h3conn: H3Conn,
     conn: &quinn::Connection,
     ctx: Arc<ConnCtx>,
-    drain: CancellationToken,
+    drain: Drain,
     life: Lifetime,
 ) {
     let mut requests = JoinSet::new();
+    // A stray's GOAWAY waits for its first request (then it covers it) or the grace.
+    let mut deferring = drain.stray;
+    let stray_over = tokio::time::sleep(if drain.stray {
+        STRAY_GRACE
+    } else {
+        Duration::ZERO
+    });
+    tokio::pin!(stray_over);
+    let close = drain.close;
+    let drain = drain.token;
     let mut goaway_sent = false;
     // Responses finished during the drain may still sit unacknowledged in quinn's send
     // buffer; closing the connection then would cut them off.
@@ -310,7 +344,15 @@ async fn serve_requests(
     tokio::pin!(age, grace_over);
     loop {
         tokio::select! {
-            _ = drain.cancelled(), if !goaway_sent => {
+            _ = close.cancelled() => {
+                conn.close(VarInt::from_u32(H3_NO_ERROR), b"drain deadline");
+                return;
+            }
+            _ = &mut stray_over, if deferring => {
+                deferring = false;
+                drain.cancel();
+            }
+            _ = drain.cancelled(), if !goaway_sent && !deferring => {
                 goaway_sent = true;
                 send_goaway(&mut h3conn).await;
                 if requests.is_empty() {
@@ -345,6 +387,10 @@ async fn serve_requests(
                     };
                     let request = handler::handle(resolver, handle, ctx.clone());
                     requests.spawn(request.in_current_span());
+                    if deferring {
+                        deferring = false;
+                        drain.cancel();
+                    }
                 }
                 Ok(None) => break,
                 Err(e) => {

@@ -27,15 +27,18 @@ pub enum Reason {
     UpstreamCertificate,
     /// The buffered-request budget refused a request.
     RequestBudget,
+    /// Another process sharing the port misbehaved (bad message, no answer, another user).
+    Handover,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 5] = [
+    pub const ALL: [Reason; 6] = [
         Reason::UnknownSni,
         Reason::UpstreamFailed,
         Reason::UpstreamMidResponse,
         Reason::UpstreamCertificate,
         Reason::RequestBudget,
+        Reason::Handover,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -45,6 +48,7 @@ impl Reason {
             Reason::UpstreamMidResponse => "upstream_mid_response",
             Reason::UpstreamCertificate => "upstream_certificate",
             Reason::RequestBudget => "request_budget",
+            Reason::Handover => "handover",
         }
     }
 
@@ -91,13 +95,7 @@ impl RateLimitedLog {
 
     pub const fn new() -> Self {
         RateLimitedLog {
-            slots: [
-                Slot::new(),
-                Slot::new(),
-                Slot::new(),
-                Slot::new(),
-                Slot::new(),
-            ],
+            slots: [const { Slot::new() }; Reason::ALL.len()],
         }
     }
 
