@@ -34,8 +34,8 @@ use super::state::Shared;
 use super::streams::{self, ConnStreams, StreamLimits};
 use crate::api::HttpSettings;
 
-/// How long a stray connection of a superseded process may stay without a request before it
-/// gets its GOAWAY.
+/// How long a drained connection that has not sent a request yet (a stray of a superseded
+/// process, or one whose handshake crossed the drain) may stay before it gets its GOAWAY.
 pub const STRAY_GRACE: Duration = Duration::from_secs(2);
 
 /// Accepts connections on `endpoint` until it closes or `stop` is cancelled; each one runs
@@ -305,15 +305,20 @@ fn jitter() -> f64 {
     f64::from(u16::from_le_bytes(b)) / 65_536.0
 }
 
+/// GOAWAY naming the first request stream not accepted (h3's `shutdown(1)`: the one after
+/// the last accepted), so a client never retries a request that was processed.
 async fn send_goaway(h3conn: &mut H3Conn) {
-    if let Err(e) = h3conn.shutdown(0).await {
+    if let Err(e) = h3conn.shutdown(1).await {
         debug!(error = %e, "sending GOAWAY failed");
     }
 }
 
 /// Runs every request of one connection. On drain, or when the connection reaches its
 /// maximum age, sends GOAWAY and lets the requests in flight finish; after the maximum age
-/// they get `life.grace`, then the connection is closed.
+/// they get `life.grace`, then the connection is closed. A connection drained before its
+/// first request (its handshake crossed the drain, or a stray) gets its GOAWAY after that
+/// request, or after [`STRAY_GRACE`] without one: a GOAWAY before it would refuse the
+/// request the client has most likely just sent.
 async fn serve_requests(
     mut h3conn: H3Conn,
     conn: &quinn::Connection,
@@ -322,16 +327,13 @@ async fn serve_requests(
     life: Lifetime,
 ) {
     let mut requests = JoinSet::new();
-    // A stray's GOAWAY waits for its first request (then it covers it) or the grace.
-    let mut deferring = drain.stray;
-    let stray_over = tokio::time::sleep(if drain.stray {
-        STRAY_GRACE
-    } else {
-        Duration::ZERO
-    });
-    tokio::pin!(stray_over);
-    let close = drain.close;
-    let drain = drain.token;
+    if drain.stray {
+        drain.token.cancel();
+    }
+    let (close, drain) = (drain.close, drain.token);
+    let mut served = false;
+    // Drained while fresh: GOAWAY after the first request, or at `fresh_over`.
+    let mut goaway_due = false;
     let mut goaway_sent = false;
     // Responses finished during the drain may still sit unacknowledged in quinn's send
     // buffer; closing the connection then would cut them off.
@@ -341,43 +343,38 @@ async fn serve_requests(
     let far = Instant::now() + Duration::from_secs(10 * 365 * 86_400);
     let age = tokio::time::sleep_until(life.max_age.map_or(far, |a| Instant::now() + a));
     let grace_over = tokio::time::sleep_until(far);
-    tokio::pin!(age, grace_over);
+    let fresh_over = tokio::time::sleep_until(far);
+    tokio::pin!(age, grace_over, fresh_over);
     loop {
-        tokio::select! {
+        let goaway = tokio::select! {
             _ = close.cancelled() => {
                 conn.close(VarInt::from_u32(H3_NO_ERROR), b"drain deadline");
                 return;
             }
-            _ = &mut stray_over, if deferring => {
-                deferring = false;
-                drain.cancel();
-            }
-            _ = drain.cancelled(), if !goaway_sent && !deferring => {
-                goaway_sent = true;
-                send_goaway(&mut h3conn).await;
-                if requests.is_empty() {
-                    break;
+            _ = drain.cancelled(), if !goaway_sent && !goaway_due => {
+                if served {
+                    true
+                } else {
+                    goaway_due = true;
+                    fresh_over.as_mut().reset(Instant::now() + STRAY_GRACE);
+                    false
                 }
-                wait_for_client_close = true;
             }
+            _ = &mut fresh_over, if goaway_due && !goaway_sent => true,
             _ = &mut age, if !goaway_sent => {
-                goaway_sent = true;
                 let m = &ctx.shared.metrics;
                 m.limits.with_label_values(&[limit::CONNECTION_AGE]).inc();
                 let d = Instant::now() + life.grace;
                 deadline = Some(d);
                 grace_over.as_mut().reset(d);
-                send_goaway(&mut h3conn).await;
-                if requests.is_empty() {
-                    break;
-                }
-                wait_for_client_close = true;
+                true
             }
             _ = &mut grace_over, if deadline.is_some() => break,
             Some(_) = requests.join_next(), if !requests.is_empty() => {
                 if goaway_sent && requests.is_empty() {
                     break;
                 }
+                false
             }
             r = h3conn.accept() => match r {
                 Ok(Some(resolver)) => {
@@ -387,10 +384,8 @@ async fn serve_requests(
                     };
                     let request = handler::handle(resolver, handle, ctx.clone());
                     requests.spawn(request.in_current_span());
-                    if deferring {
-                        deferring = false;
-                        drain.cancel();
-                    }
+                    served = true;
+                    goaway_due && !goaway_sent
                 }
                 Ok(None) => break,
                 Err(e) => {
@@ -400,18 +395,25 @@ async fn serve_requests(
                     break;
                 }
             }
+        };
+        if goaway {
+            goaway_sent = true;
+            send_goaway(&mut h3conn).await;
+            if requests.is_empty() {
+                break;
+            }
+            wait_for_client_close = true;
         }
     }
     let finish = finish_requests(&mut h3conn, conn, requests, wait_for_client_close);
-    match deadline {
-        // The drain deadline bounds a drain from outside.
-        None => finish.await,
-        Some(d) => {
-            if tokio::time::timeout_at(d, finish).await.is_err() {
-                debug!("maximum connection age: grace period over, closing");
-                conn.close(VarInt::from_u32(H3_NO_ERROR), b"maximum connection age");
-            }
+    // The grace after the maximum age, or a drain deadline (the close token), bounds it.
+    tokio::select! {
+        _ = finish => {}
+        _ = tokio::time::sleep_until(deadline.unwrap_or(far)) => {
+            debug!("maximum connection age: grace period over, closing");
+            conn.close(VarInt::from_u32(H3_NO_ERROR), b"maximum connection age");
         }
+        _ = close.cancelled() => conn.close(VarInt::from_u32(H3_NO_ERROR), b"drain deadline"),
     }
 }
 
