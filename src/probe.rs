@@ -27,7 +27,9 @@ use tracing::{debug, warn};
 pub const DEFAULT_SOCKET: &str = "/tmp/h3-ingress-probe.sock";
 /// How long one probe may take, both ways; below the probes' `timeoutSeconds`.
 pub const TIMEOUT: Duration = Duration::from_secs(2);
-const MAX_LINE: usize = 64;
+/// A question is one short word; an answer may carry a reason.
+const MAX_QUESTION: usize = 64;
+const MAX_ANSWER: usize = 4096;
 
 /// A kubelet question.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -114,7 +116,7 @@ pub fn serve(
 async fn one(stream: UnixStream, source: &dyn ProbeSource) -> io::Result<()> {
     let (r, mut w) = stream.into_split();
     let mut line = String::new();
-    BufReader::new(r.take(MAX_LINE as u64))
+    BufReader::new(r.take(MAX_QUESTION as u64))
         .read_line(&mut line)
         .await?;
     w.write_all(answer(source, &line).as_bytes()).await
@@ -148,7 +150,7 @@ pub async fn ask(path: &Path, check: Check) -> Result<String, ProbeError> {
             .await
             .map_err(io)?;
         let mut line = String::new();
-        BufReader::new(s.take(MAX_LINE as u64))
+        BufReader::new(s.take(MAX_ANSWER as u64))
             .read_line(&mut line)
             .await
             .map_err(io)?;

@@ -394,3 +394,52 @@ fn quic_client() -> quinn::Endpoint {
     ep.set_default_client_config(quinn::ClientConfig::new(Arc::new(quic)));
     ep
 }
+
+/// The roll from h3-ingress 0.1.0, whose sockets have no SO_REUSEPORT: the new process cannot
+/// join them. It must not crash (a crash loop): it runs, answers startup, stays not ready
+/// with the reason in the probe and `/status`, retries every second, and serves as soon as
+/// the old sockets close.
+#[test]
+fn a_port_held_without_reuseport_keeps_the_new_process_waiting_not_crashing() {
+    let pki = Arc::new(TestPki::generate().unwrap());
+    let nginx = nginx(&pki);
+    let port = free_udp_port();
+    let held = std::net::UdpSocket::bind(("127.0.0.1", port)).expect("the old release's socket");
+    let mut p = ProxyProcess::start_unready(config(&pki, port, nginx.port(), json!({}))).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(p.still_running(), "exited:\n{}", p.log());
+    assert!(p.probe("live") && p.probe("startup"), "{}", p.log());
+    let (ready, why) = p.probe_output("ready");
+    assert!(!ready, "{why}");
+    assert!(
+        why.contains("no UDP socket bound") && why.contains("SO_REUSEPORT"),
+        "{why}"
+    );
+    let status = p.status();
+    let waiting = status["rollout"]["waiting"].as_str().unwrap_or_default();
+    assert!(waiting.contains("retrying every second"), "{status}");
+    let unready = support::proxy::http_get(p.admin, "/readyz").unwrap();
+    assert_eq!(unready.0, 503, "{unready:?}");
+    drop(held);
+    let released = Instant::now();
+    while !p.probe("ready") {
+        assert!(
+            released.elapsed() < Duration::from_secs(5),
+            "not ready after the port was released:\n{}",
+            p.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let served = support::h3client::H3Client::new(format!("https://a.test:{port}/whoami"))
+        .resolve(format!("a.test:{port}:127.0.0.1"))
+        .cacert(&pki.ca_cert_path)
+        .run()
+        .unwrap();
+    assert_eq!(served.request(0)["status"], 200, "{:?}", served.json);
+    let warned = p.log().matches("UDP sockets not bound").count();
+    assert_eq!(warned, 1, "the retry is logged once:\n{}", p.log());
+    eprintln!(
+        "port held without SO_REUSEPORT: waited, not ready, served {} ms after the release",
+        released.elapsed().as_millis()
+    );
+}

@@ -29,16 +29,19 @@ pub enum Reason {
     RequestBudget,
     /// Another process sharing the port misbehaved (bad message, no answer, another user).
     Handover,
+    /// Another process sharing the port joined, left, or took the new connections.
+    Rollout,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 6] = [
+    pub const ALL: [Reason; 7] = [
         Reason::UnknownSni,
         Reason::UpstreamFailed,
         Reason::UpstreamMidResponse,
         Reason::UpstreamCertificate,
         Reason::RequestBudget,
         Reason::Handover,
+        Reason::Rollout,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -49,6 +52,7 @@ impl Reason {
             Reason::UpstreamCertificate => "upstream_certificate",
             Reason::RequestBudget => "request_budget",
             Reason::Handover => "handover",
+            Reason::Rollout => "rollout",
         }
     }
 

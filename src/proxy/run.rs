@@ -91,6 +91,7 @@ pub async fn run(args: ProxyArgs, shutdown: CancellationToken) -> Result<(), Run
         when_superseded: WhenSuperseded::Exit,
         rank: args.rank,
         probe: Some(probe),
+        identity: None,
     };
     match (args.config, args.listener) {
         (Some(path), _) => file(path, shutdown, opts).await,
@@ -169,8 +170,9 @@ pub async fn kube_with_options(
     name: String,
     shutdown: CancellationToken,
     ready: Option<oneshot::Sender<RunningProxy>>,
-    opts: ServeOptions,
+    mut opts: ServeOptions,
 ) -> Result<(), RunError> {
+    opts.identity = Some(format!("listener={name}"));
     let (tx, mut updates) = mpsc::channel(UPDATE_QUEUE);
     let watch = tokio::spawn(source::kube::watch_listener(client, name.clone(), tx));
     info!(listener = %name, "waiting for the Http3Listener, its Ingresses and Secrets");

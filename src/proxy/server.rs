@@ -14,13 +14,14 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{error, info, warn};
+use tracing::{error, info, warn, Level};
 
 use super::admin::AdminPort;
 use super::cc::CcStats;
 use super::endpoint::{self, Family};
 use super::handover::{self, Local, Role, View};
 use super::keys::{self, Keys, Origin};
+use super::logs::{limited, Reason};
 use super::metrics::{reload, Metrics};
 use super::source::ConfigUpdate;
 use super::state::{Generation, Shared};
@@ -57,6 +58,8 @@ pub struct ServeOptions {
     pub rank: u64,
     /// Told when the data plane runs, for `h3-ingress probe`.
     pub probe: Option<Arc<super::probe::ProbeState>>,
+    /// Who shares the port with whom besides port and addresses (Kubernetes: the listener).
+    pub identity: Option<String>,
 }
 
 impl Default for ServeOptions {
@@ -66,6 +69,7 @@ impl Default for ServeOptions {
             when_superseded: WhenSuperseded::Exit,
             rank: 0,
             probe: None,
+            identity: None,
         }
     }
 }
@@ -106,7 +110,12 @@ pub async fn serve(
     let cc_stats = CcStats::new();
     let upstream = Upstream::new(&initial.upstream, &initial.hosts, metrics.lanes())?;
     let listen = initial.listen.clone();
-    let spec = handover::Spec::new(&listen, initial.metrics_address, opts.rank);
+    let spec = handover::Spec::new(
+        &listen,
+        opts.identity.as_deref(),
+        initial.metrics_address,
+        opts.rank,
+    );
     let mut handover = handover::start(spec);
     let Some(joined) = until(&shutdown, handover.joined()).await else {
         return Ok(());
@@ -231,10 +240,20 @@ async fn wait_sockets(
     let sockets = handover.sockets();
     tokio::pin!(sockets);
     let mut tick = tokio::time::interval(handover::RETRY);
+    // The admin endpoint says why meanwhile, when this process is the one to answer it.
+    let admin_role = |admin: &mut AdminPort, v: &View| match v.role {
+        Role::Newest => admin.resume(),
+        _ => admin.pause(),
+    };
+    admin_role(admin, &view.borrow_and_update());
     loop {
         tokio::select! {
             s = &mut sockets => return s.map(Some).map_err(|e| ProxyError::Handover(e.to_string())),
-            _ = view.changed() => publish(shared, &view.borrow_and_update()),
+            _ = view.changed() => {
+                let v = view.borrow_and_update().clone();
+                publish(shared, &v);
+                admin_role(admin, &v);
+            }
             _ = tick.tick() => try_bind_admin_with(admin, shared, &tell)?,
             _ = shutdown.cancelled() => return Ok(None),
         }
@@ -336,7 +355,11 @@ impl Running<'_> {
         match v.role {
             Role::Newest => {
                 if superseded.take().is_some() {
-                    info!("the newer process is gone: taking new connections again");
+                    limited!(
+                        Level::INFO,
+                        Reason::Handover,
+                        "the newer process is gone: taking new connections again"
+                    );
                 }
                 self.shared.superseded.store(false, Ordering::Relaxed);
                 self.admin.resume();
@@ -346,7 +369,9 @@ impl Running<'_> {
                 self.shared.superseded.store(true, Ordering::Relaxed);
                 self.shared.drain_connections();
                 self.admin.pause();
-                info!(
+                limited!(
+                    Level::INFO,
+                    Reason::Rollout,
                     connections = self.tracker.len(),
                     drain_timeout = ?self.drain_timeout(),
                     "superseded by a newer process on this host: GOAWAY sent, draining"

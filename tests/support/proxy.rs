@@ -61,10 +61,19 @@ impl ProxyProcess {
         Self::start_logging(config, None)
     }
 
-    fn start_logging(
-        mut config: serde_json::Value,
-        rust_log: Option<String>,
-    ) -> Result<ProxyProcess> {
+    fn start_logging(config: serde_json::Value, rust_log: Option<String>) -> Result<ProxyProcess> {
+        let mut p = Self::launch(config, rust_log)?;
+        p.wait_ready(Duration::from_secs(20))?;
+        Ok(p)
+    }
+
+    /// Starts the proxy like [`ProxyProcess::start`] without waiting for it to be ready.
+    pub fn start_unready(config: serde_json::Value) -> Result<ProxyProcess> {
+        let log = std::env::var("H3I_PROXY_LOG").unwrap_or_else(|_| "info,h3_ingress=debug".into());
+        Self::launch(config, Some(log))
+    }
+
+    fn launch(mut config: serde_json::Value, rust_log: Option<String>) -> Result<ProxyProcess> {
         let dir = tempfile::Builder::new()
             .prefix("h3i-proxy-")
             .tempdir()
@@ -78,9 +87,7 @@ impl ProxyProcess {
         std::fs::write(&path, serde_json::to_string_pretty(&config).unwrap())
             .ctx(|| format!("writing {}", path.display()))?;
         let dir = std::sync::Arc::new(dir);
-        let mut p = Self::spawn(dir, "proxy.log", "probe.sock", port, admin, rust_log)?;
-        p.wait_ready(Duration::from_secs(20))?;
-        Ok(p)
+        Self::spawn(dir, "proxy.log", "probe.sock", port, admin, rust_log)
     }
 
     fn spawn(
@@ -152,13 +159,26 @@ impl ProxyProcess {
 
     /// `h3-ingress probe CHECK` against this process: true when it answers ok.
     pub fn probe(&self, check: &str) -> bool {
-        Command::new(binary())
+        self.probe_output(check).0
+    }
+
+    /// `h3-ingress probe CHECK`: whether it answered ok, and what it printed.
+    pub fn probe_output(&self, check: &str) -> (bool, String) {
+        match Command::new(binary())
             .args(["probe", check, "--socket"])
             .arg(&self.probe_socket)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
+            .output()
+        {
+            Ok(o) => (
+                o.status.success(),
+                format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                ),
+            ),
+            Err(e) => (false, e.to_string()),
+        }
     }
 
     fn wait_ready(&mut self, timeout: Duration) -> Result<()> {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tracing::{info, warn, Level};
+use tracing::{debug, info, warn, Level};
 
 use super::group::{CreateError, Group};
 use super::membership::{apply_local, Membership};
@@ -166,10 +166,10 @@ async fn greet(conn: Conn, tx: mpsc::Sender<Event>) {
         ),
         Err(e) => {
             limited!(Level::WARN, Reason::Handover, error = %e, "refused a process");
-            let wait = ToMember::Wait {
-                reason: format!("refused: {e}"),
+            let refused = ToMember::Refused {
+                reason: e.to_string(),
             };
-            let _ = conn.send(&wire::encode(&wait), &[]).await;
+            let _ = conn.send(&wire::encode(&refused), &[]).await;
         }
     }
 }
@@ -240,7 +240,9 @@ impl Hub {
         for slot in late {
             self.awaiting.remove(&slot);
             if !self.links.contains_key(&slot) {
-                info!(
+                limited!(
+                    Level::INFO,
+                    Reason::Rollout,
                     slot,
                     "a process did not reconnect after the take-over; slot freed"
                 );
@@ -289,7 +291,12 @@ impl Hub {
             Event::Gone(slot) => {
                 self.awaiting.remove(&slot);
                 if self.links.remove(&slot).is_some() {
-                    info!(slot, "a process sharing the port is gone; slot freed");
+                    limited!(
+                        Level::INFO,
+                        Reason::Rollout,
+                        slot,
+                        "a process sharing the port is gone; slot freed"
+                    );
                     self.table.remove(slot);
                 }
             }
@@ -326,7 +333,7 @@ impl Hub {
                 }
                 Err(e) => {
                     let reason = format!("adding a slot: {e}");
-                    warn!("{reason}");
+                    limited!(Level::WARN, Reason::Handover, %reason, "a new process gets no slot");
                     let _ = send(&conn, &ToMember::Wait { reason }, &[]).await;
                     return;
                 }
@@ -348,7 +355,14 @@ impl Hub {
         if !send(&conn, &welcome, &fds).await {
             return;
         }
-        info!(slot, generation, rank, "a new process joined the port");
+        limited!(
+            Level::INFO,
+            Reason::Rollout,
+            slot,
+            generation,
+            rank,
+            "a new process joined the port"
+        );
         self.table.upsert(Member {
             slot,
             generation,
@@ -389,7 +403,9 @@ impl Hub {
         }
         match self.group.merge(sockets, fds, admin) {
             Ok(0) => {}
-            Ok(n) => info!(
+            Ok(n) => limited!(
+                Level::INFO,
+                Reason::Rollout,
                 slot = member.slot,
                 sockets = n,
                 "took sockets from a reconnecting process"
@@ -412,7 +428,7 @@ impl Hub {
             let r = routing.clone().expect("checked");
             match self.group.attach(&r) {
                 Ok(()) => {
-                    info!(
+                    debug!(
                         newest_slot = r.newest,
                         live = r.routes.len(),
                         "socket-selection program attached"

@@ -72,15 +72,15 @@ pub(super) async fn run(spec: Spec, mut report: Report) {
 /// Joins the hub, becomes it, or gives up and goes solo after [`ENTRY_BOUND`] without an
 /// answer; a hub that says "wait" is asked again every [`RETRY`] for as long as it says so.
 async fn enter(spec: &Spec, report: &mut Report) -> Entry {
-    let mut deadline = Instant::now() + ENTRY_BOUND;
+    let mut deadline = Instant::now() + spec.entry_bound;
     loop {
         if Instant::now() > deadline {
             return Entry::Solo(format!(
-                "no process answered on {} within {ENTRY_BOUND:?}",
-                spec.name
+                "no process answered on {} within {:?}",
+                spec.name, spec.entry_bound
             ));
         }
-        match Conn::connect(&spec.name, ANSWER_TIMEOUT).await {
+        match Conn::connect(&spec.name, spec.entry_bound.min(ANSWER_TIMEOUT)).await {
             Err(e) => return Entry::Solo(format!("connecting to {}: {e}", spec.name)),
             Ok(Connected::NoListener) => match Listener::bind(&spec.name) {
                 Ok(l) => return Entry::Hub(l),
@@ -94,7 +94,7 @@ async fn enter(spec: &Spec, report: &mut Report) -> Entry {
                 Answer::Wait(reason) => {
                     report.view(|v| v.waiting = Some(reason));
                     tokio::time::sleep(RETRY).await;
-                    deadline = Instant::now() + ENTRY_BOUND;
+                    deadline = Instant::now() + spec.entry_bound;
                 }
                 Answer::Gone => tokio::time::sleep(Duration::from_millis(50)).await,
                 Answer::Refused(why) => return Entry::Solo(why),
@@ -125,7 +125,8 @@ async fn ask(conn: &Conn, spec: &Spec) -> Answer {
     if let Err(e) = conn.send(&wire::encode(&join), &[]).await {
         return Answer::Refused(format!("asking {} for a slot: {e}", spec.name));
     }
-    let reply = match tokio::time::timeout(ANSWER_TIMEOUT, conn.recv()).await {
+    let reply = match tokio::time::timeout(spec.entry_bound.min(ANSWER_TIMEOUT), conn.recv()).await
+    {
         Err(_) => return Answer::Refused(format!("{} did not answer", spec.name)),
         Ok(Ok(None)) => return Answer::Gone,
         Ok(Err(e)) => return Answer::Refused(format!("{}: {e}", spec.name)),
@@ -149,6 +150,7 @@ async fn ask(conn: &Conn, spec: &Spec) -> Answer {
             fds,
         }),
         Ok(ToMember::Wait { reason }) => Answer::Wait(reason),
+        Ok(ToMember::Refused { reason }) => Answer::Refused(format!("{}: {reason}", spec.name)),
         Ok(other) => Answer::Refused(format!("{}: unexpected answer {other:?}", spec.name)),
         Err(e) => Answer::Refused(format!("{}: {e}", spec.name)),
     }
@@ -237,7 +239,7 @@ async fn serve(m: &mut Membership, report: &mut Report) -> bool {
                             limited!(Level::WARN, Reason::Handover, error = %e, "new sockets unusable");
                         }
                     }
-                    Ok(ToMember::Wait { reason }) => {
+                    Ok(ToMember::Wait { reason } | ToMember::Refused { reason }) => {
                         limited!(Level::WARN, Reason::Handover, %reason, "the hub dropped this process");
                         return true;
                     }
@@ -277,7 +279,9 @@ async fn take_over(mut m: Membership, report: &mut Report) -> Next {
         .iter()
         .position(|s| *s == m.me.slot)
         .unwrap_or(order.len());
-    info!(
+    limited!(
+        Level::INFO,
+        Reason::Rollout,
         dead_slot = dead,
         position = pos,
         "the coordinating process is gone; taking over"

@@ -63,11 +63,22 @@ pub const REJOIN_GRACE: Duration = Duration::from_secs(3);
 /// whose port is held.
 pub const RETRY: Duration = Duration::from_secs(1);
 
-/// The abstract socket name of a listen configuration: one per port and address set.
-pub fn name(listen: &ListenConfig) -> String {
+/// The abstract socket name of a listen configuration: one per port and address set, and
+/// per `identity` (the listener's name under Kubernetes, so the pods of two listeners that
+/// were given the same port never hand it over to each other: the second one waits).
+/// The port stays readable (`ss -xl`); addresses and identity are hashed, so the name fits
+/// the 107 bytes of an abstract address whatever they are.
+pub fn name(listen: &ListenConfig, identity: Option<&str>) -> String {
+    use sha2::Digest;
     let v4 = listen.ipv4.map_or("-".to_string(), |a| a.to_string());
     let v6 = listen.ipv6.map_or("-".to_string(), |a| a.to_string());
-    format!("h3-ingress/udp/{}/{v4}/{v6}", listen.port)
+    let what = format!("{v4}|{v6}|{}", identity.unwrap_or(""));
+    let digest = sha2::Sha256::digest(what.as_bytes());
+    format!(
+        "h3-ingress/udp/{}/{}",
+        listen.port,
+        hex::encode(&digest[..8])
+    )
 }
 
 /// What a process is, as the server needs it.
@@ -131,15 +142,23 @@ pub struct Spec {
     pub addrs: Vec<SocketAddr>,
     pub admin: SocketAddr,
     pub rank: u64,
+    /// [`ENTRY_BOUND`], shorter in tests.
+    pub entry_bound: Duration,
 }
 
 impl Spec {
-    pub fn new(listen: &ListenConfig, admin: SocketAddr, rank: u64) -> Spec {
+    pub fn new(
+        listen: &ListenConfig,
+        identity: Option<&str>,
+        admin: SocketAddr,
+        rank: u64,
+    ) -> Spec {
         Spec {
-            name: name(listen),
+            name: name(listen, identity),
             addrs: socket::addresses(listen),
             admin,
             rank,
+            entry_bound: ENTRY_BOUND,
         }
     }
 }
@@ -228,3 +247,6 @@ pub fn start(spec: Spec) -> Handle {
         tx,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -66,6 +66,8 @@ pub enum ToMember {
     },
     /// Not now (no free slot, the group is not bound yet): ask again later.
     Wait { reason: String },
+    /// Never (another protocol, a slot taken by another process): go on without this hub.
+    Refused { reason: String },
     /// The live generations and the slot of the coordinating process, after every change.
     Table { table: Table, hub: usize },
     /// Sockets added to the group (a new slot): every process holds every socket.
@@ -167,7 +169,7 @@ pub fn to_member(bytes: &[u8], fds: usize) -> Result<ToMember, WireError> {
             tags(&[], false, fds)?;
         }
         ToMember::Sockets { sockets } => tags(sockets, false, fds)?,
-        ToMember::Wait { .. } => tags(&[], false, fds)?,
+        ToMember::Wait { .. } | ToMember::Refused { .. } => tags(&[], false, fds)?,
     }
     Ok(m)
 }
