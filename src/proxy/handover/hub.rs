@@ -25,6 +25,8 @@ use crate::proxy::steer::RoutingTable;
 /// How long one message to a member may take before the member counts as gone (a stuck
 /// process must not stall the hub).
 const SEND_TIMEOUT: Duration = Duration::from_secs(1);
+/// Connections still to say who they are; more are closed at once.
+const MAX_GREETINGS: usize = 16;
 
 pub(super) struct Hub {
     listener: Listener,
@@ -120,10 +122,20 @@ pub(super) async fn run(mut hub: Hub, report: &mut Report) {
     }
     hub.recompute(report).await;
     let mut tick = tokio::time::interval(RETRY);
+    let greeting = Arc::new(tokio::sync::Semaphore::new(MAX_GREETINGS));
     loop {
         tokio::select! {
             c = hub.listener.accept() => match c {
-                Ok(c) => { tokio::spawn(greet(c, tx.clone())); }
+                Ok(c) => match greeting.clone().try_acquire_owned() {
+                    Ok(permit) => {
+                        let tx = tx.clone();
+                        tokio::spawn(async move {
+                            greet(c, tx).await;
+                            drop(permit);
+                        });
+                    }
+                    Err(_) => limited!(Level::WARN, Reason::Handover, "too many processes connecting at once; closed one"),
+                },
                 Err(e) => limited!(Level::WARN, Reason::Handover, error = %e, "accept failed"),
             },
             Some(ev) = rx.recv() => hub.event(ev, &tx).await,
