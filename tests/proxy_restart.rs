@@ -176,14 +176,14 @@ fn a_second_process_on_the_same_config_takes_over_without_a_failed_request() {
     assert!(n_new >= 60, "{n_new} new-connection requests");
     assert!(fails.is_empty(), "new connections failed: {fails:?}");
     // New connections never waited for the old process's drain (which lasts as long as the
-    // slow download).
+    // slow download, 10 s); the bound leaves room for a loaded machine.
     let slowest = new
         .as_array()
         .unwrap()
         .iter()
         .map(|r| r["ms"].as_f64().unwrap())
         .fold(0.0, f64::max);
-    assert!(slowest < 1500.0, "a new connection took {slowest} ms");
+    assert!(slowest < 3000.0, "a new connection took {slowest} ms");
 
     let (kept_ok, kept_retried) = check_kept(&report, &nginx);
     assert!(kept_ok >= 60, "{kept_ok} kept-connection requests");
@@ -214,8 +214,9 @@ fn a_second_process_on_the_same_config_takes_over_without_a_failed_request() {
         gone >= slow_end - 0.3,
         "first exited before the download ended"
     );
+    // Its last connection closing (quinn's draining state) and the exit, not the 30 s drain.
     assert!(
-        gone <= slow_end + 3.0,
+        gone <= slow_end + 5.0,
         "first exited {} s after its last connection",
         gone - slow_end
     );
@@ -424,7 +425,7 @@ fn a_port_held_without_reuseport_keeps_the_new_process_waiting_not_crashing() {
     let released = Instant::now();
     while !p.probe("ready") {
         assert!(
-            released.elapsed() < Duration::from_secs(5),
+            released.elapsed() < Duration::from_secs(10),
             "not ready after the port was released:\n{}",
             p.log()
         );
@@ -442,4 +443,106 @@ fn a_port_held_without_reuseport_keeps_the_new_process_waiting_not_crashing() {
         "port held without SO_REUSEPORT: waited, not ready, served {} ms after the release",
         released.elapsed().as_millis()
     );
+}
+
+/// A configuration for an in-process proxy on `port`, loopback only, one self-signed host.
+fn in_process_config(port: u16) -> h3_ingress::config::ProxyConfig {
+    use h3_ingress::config::{self, HostEntry, HostTable};
+    use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+    let yaml = format!(
+        "port: {port}\naddresses: {{ipv4: 127.0.0.1, ipv6: null}}\n\
+         metrics: {{address: '127.0.0.1:0'}}\nupstream: {{address: '127.0.0.1:9'}}\n\
+         http: {{drainTimeoutSeconds: 2}}\n"
+    );
+    let file: h3_ingress::api::FileConfig = serde_norway::from_str(&yaml).unwrap();
+    let ck = rcgen::generate_simple_self_signed(vec!["a.test".to_string()]).unwrap();
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(ck.signing_key.serialize_der()));
+    let mut table = HostTable::default();
+    let now = config::file::unix_now();
+    table.insert(HostEntry::from_der("a.test", vec![ck.cert.der().clone()], key, now).unwrap());
+    config::build((&file).into(), table, "").unwrap()
+}
+
+/// One in-process generation: its task, its shutdown token, what it shares.
+struct InProcess {
+    task: tokio::task::JoinHandle<Result<(), h3_ingress::proxy::ProxyError>>,
+    shutdown: tokio_util::sync::CancellationToken,
+    running: h3_ingress::proxy::RunningProxy,
+    _updates: tokio::sync::mpsc::Sender<h3_ingress::proxy::ConfigUpdate>,
+}
+
+async fn in_process(port: u16, when: h3_ingress::proxy::WhenSuperseded) -> InProcess {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (updates, updates_rx) = tokio::sync::mpsc::channel(1);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let opts = h3_ingress::proxy::ServeOptions {
+        when_superseded: when,
+        ..Default::default()
+    };
+    let cfg = in_process_config(port);
+    let task = tokio::spawn(h3_ingress::proxy::serve(
+        cfg,
+        updates_rx,
+        shutdown.clone(),
+        Some(tx),
+        opts,
+    ));
+    let running = rx.await.expect("the proxy runs");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !running.shared.is_ready() {
+        assert!(Instant::now() < deadline, "not ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    InProcess {
+        task,
+        shutdown,
+        running,
+        _updates: updates,
+    }
+}
+
+/// Superseded and idle: standalone, the process exits by itself; under Kubernetes it never
+/// does (the kubelet would restart the container) and waits, not ready, for SIGTERM.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_superseded_process_exits_standalone_and_waits_for_sigterm_under_kubernetes() {
+    use h3_ingress::proxy::WhenSuperseded;
+    for when in [WhenSuperseded::Exit, WhenSuperseded::AwaitSignal] {
+        let port = free_udp_port();
+        let old = in_process(port, when).await;
+        let new = in_process(port, WhenSuperseded::AwaitSignal).await;
+        let rollout = |p: &InProcess| p.running.shared.rollout().unwrap();
+        // Ready is the process's own view; the role follows once the hub has the news.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while rollout(&new).role != "newest" || rollout(&new).generations != 2 {
+            assert!(Instant::now() < deadline, "{:?}", rollout(&new));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let (mut old_task, old_shutdown) = (old.task, old.shutdown);
+        let ended = tokio::time::timeout(Duration::from_secs(4), &mut old_task).await;
+        match when {
+            WhenSuperseded::Exit => {
+                ended.expect("exited on its own").unwrap().unwrap();
+            }
+            WhenSuperseded::AwaitSignal => {
+                ended.expect_err("still running after 4 s, idle");
+                let r = &old.running.shared;
+                assert_eq!(r.rollout().unwrap().role, "superseded");
+                assert_eq!(
+                    r.readiness().map_err(|e| r.not_ready_text(e)),
+                    Err("superseded by a newer process on this host; draining".into())
+                );
+                old_shutdown.cancel();
+                let done = tokio::time::timeout(Duration::from_secs(5), old_task).await;
+                done.expect("exits on SIGTERM").unwrap().unwrap();
+            }
+        }
+        // The survivor coordinates alone.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while rollout(&new).generations != 1 || !rollout(&new).coordinating {
+            assert!(Instant::now() < deadline, "{:?}", rollout(&new));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        new.shutdown.cancel();
+        new.task.await.unwrap().unwrap();
+    }
 }

@@ -140,7 +140,14 @@ pub(super) async fn run(mut hub: Hub, report: &mut Report) {
             },
             Some(ev) = rx.recv() => hub.event(ev, &tx).await,
             l = report.local.recv() => {
-                let Some(l) = l else { return };
+                let Some(l) = l else {
+                    // The process is ending: the members must see it now (their readers
+                    // hold the connections too).
+                    for c in hub.links.values() {
+                        c.shutdown();
+                    }
+                    return;
+                };
                 apply_local(&mut hub.me, &mut hub.secret, &mut hub.group, l);
             }
             _ = tick.tick() => hub.tick(report),
