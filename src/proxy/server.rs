@@ -248,7 +248,14 @@ async fn wait_sockets(
     admin_role(admin, &view.borrow_and_update());
     loop {
         tokio::select! {
-            s = &mut sockets => return s.map(Some).map_err(|e| ProxyError::Handover(e.to_string())),
+            s = &mut sockets => {
+                let why = view.borrow().waiting.clone();
+                return match (s, why) {
+                    (Ok(s), _) => Ok(Some(s)),
+                    (Err(_), Some(why)) => Err(ProxyError::NoSockets(why)),
+                    (Err(e), None) => Err(ProxyError::Handover(e.to_string())),
+                };
+            }
             _ = view.changed() => {
                 let v = view.borrow_and_update().clone();
                 publish(shared, &v);

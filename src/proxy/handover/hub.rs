@@ -235,12 +235,18 @@ impl Hub {
                     Err(e) => warn!(error = %e, "copying the sockets failed"),
                 }
             }
-            Err(e @ (CreateError::Busy(_) | CreateError::Failed(_))) => {
-                let why = e.to_string();
+            Err(CreateError::Busy(why)) => {
                 if self.blocked.as_deref() != Some(why.as_str()) {
                     warn!("UDP sockets not bound: {why}");
                 }
                 self.blocked = Some(why);
+            }
+            // No address can be bound at all (none on this host, no permission): as before
+            // the hand-over, the process fails with the reason rather than wait forever.
+            Err(CreateError::Failed(why)) => {
+                self.blocked = Some(why.clone());
+                report.view(|v| v.waiting = Some(why));
+                report.sockets_failed();
             }
         }
     }

@@ -195,6 +195,11 @@ impl Report {
             let _ = tx.send(s);
         }
     }
+
+    /// This process will get no sockets ([`View::waiting`] says why).
+    pub fn sockets_failed(&mut self) {
+        self.sockets = None;
+    }
 }
 
 /// Why the process cannot take part at all.
