@@ -117,8 +117,9 @@ impl Table {
         }
     }
 
-    /// The program's table: every live slot routed to its own index, new connections to the
-    /// newest. `None` without members.
+    /// The program's table: every live slot that has served (is or was ready: the others
+    /// have no connection and no marker yet) routed to its own index, new connections to
+    /// the newest. `None` without members.
     pub fn routing(&self) -> Option<RoutingTable> {
         let newest = self.newest()?;
         Some(RoutingTable {
@@ -126,6 +127,7 @@ impl Table {
             routes: self
                 .members
                 .iter()
+                .filter(|m| m.ready)
                 .map(|m| Route {
                     slot: m.slot,
                     index: m.slot as u32,
