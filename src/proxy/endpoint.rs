@@ -49,12 +49,12 @@ pub struct Bound {
 
 /// Sets up this process's own sockets (bound by it or by the process that handed the port
 /// over, see [`super::handover`]) with its own settings, and reports every configured
-/// address: those without a socket are reported unbound, with `why` when known.
+/// address: those without a socket are reported unbound, with `why` of the address.
 pub fn configure_all(
     sockets: Vec<UdpSocket>,
     listen: &ListenConfig,
     metrics: &Metrics,
-    why: &str,
+    why: impl Fn(SocketAddr) -> String,
 ) -> Result<Bound, ProxyError> {
     let mut bound = Vec::new();
     let mut reports = Vec::new();
@@ -75,7 +75,7 @@ pub fn configure_all(
     for addr in socket::addresses(listen) {
         let family = super::metrics::family_of(&addr);
         if !reports.iter().any(|(r, _)| r.family == family) {
-            reports.push(record_unbound(addr, why, metrics));
+            reports.push(record_unbound(addr, &why(addr), metrics));
         }
     }
     if bound.is_empty() {

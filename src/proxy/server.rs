@@ -145,8 +145,15 @@ pub async fn serve(
     let Some(sockets) = wait_sockets(&mut handover, &mut admin, &shared, &shutdown).await? else {
         return Ok(());
     };
-    let why = handover.view.borrow().waiting.clone().unwrap_or_default();
-    let bound = endpoint::configure_all(sockets, &listen, &shared.metrics, &why)?;
+    let unbound = handover.view.borrow().unbound.clone();
+    let why = |addr: SocketAddr| {
+        let known = unbound.iter().find(|(a, _)| a.ip() == addr.ip());
+        known.map_or_else(
+            || "the process that created the port's sockets could not bind it".to_string(),
+            |(_, e)| e.clone(),
+        )
+    };
+    let bound = endpoint::configure_all(sockets, &listen, &shared.metrics, why)?;
     shared.set_sockets(bound.reports);
     let id = endpoint::Identity {
         keys: &keys,

@@ -4,7 +4,8 @@
 //! fragmented and dropped (docs/field-reports.md, "000 dual-stack socket without DF"). We
 //! therefore bind an AF_INET socket for IPv4 and an AF_INET6 socket with IPV6_V6ONLY=1 for
 //! IPv6, set DF on both, and read every option back from the kernel so tests and metrics show
-//! what is really in effect.
+//! what is really in effect. Every socket is bound with SO_REUSEPORT, so the next generation
+//! of the data plane on the host can share the port ([`super::handover`]).
 
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};

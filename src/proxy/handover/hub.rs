@@ -225,9 +225,8 @@ impl Hub {
     fn create(&mut self, report: &mut Report) {
         match Group::create(&self.spec.addrs, |a| SocketTables::read().bound_to(a)) {
             Ok((group, failed)) => {
-                for (addr, e) in failed {
-                    warn!(%addr, error = %e, "UDP address not bound; this family is not served");
-                }
+                let unbound = failed.iter().map(|(a, e)| (*a, e.to_string())).collect();
+                report.view(|v| v.unbound = unbound);
                 self.group = group;
                 self.blocked = None;
                 match self.group.slot_sockets(0) {

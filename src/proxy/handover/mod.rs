@@ -95,6 +95,8 @@ pub struct View {
     pub solo: bool,
     /// Why the process does not serve yet, while it waits.
     pub waiting: Option<String>,
+    /// Configured addresses the port's first process could not bind, with the error.
+    pub unbound: Vec<(SocketAddr, String)>,
 }
 
 impl Default for View {
@@ -107,6 +109,7 @@ impl Default for View {
             hub: false,
             solo: false,
             waiting: Some("joining the processes sharing the port".into()),
+            unbound: Vec::new(),
         }
     }
 }
