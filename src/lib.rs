@@ -2,6 +2,8 @@
 //!
 //! - [`api`]: the `Http3Listener` CRD and shared settings types (no I/O)
 //! - [`admin`]: the `/healthz` `/readyz` `/metrics` `/status` endpoint of proxy and operator
+//! - [`probe`]: `h3-ingress probe`, the kubelet's live/ready/startup questions over a socket
+//!   in the pod's own `/tmp`
 //! - [`lifecycle`], [`logging`]: SIGTERM/SIGINT to a shutdown token, SIGHUP to reload
 //!   requests; log output and its default filter
 //! - [`config`]: the one validated configuration, built from a file or from Kubernetes objects
@@ -24,6 +26,7 @@ pub mod lifecycle;
 pub mod logging;
 pub mod operator;
 pub mod plugin;
+pub mod probe;
 pub mod proxy;
 pub mod skew;
 pub mod version;

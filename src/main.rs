@@ -47,6 +47,13 @@ enum Command {
         #[arg(long, env = "H3_INGRESS_IMAGE", default_value = h3_ingress::operator::DEFAULT_IMAGE)]
         data_plane_image: String,
     },
+    /// Ask the data plane of this pod (Kubernetes probes): live, ready or startup.
+    Probe {
+        check: h3_ingress::probe::Check,
+        /// The data plane's probe socket.
+        #[arg(long, default_value = h3_ingress::probe::DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
     /// Validate a standalone configuration file and print the result.
     Validate {
         /// YAML configuration file.
@@ -116,6 +123,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Err(RunError::Config(e)) => Ok(invalid_config(&e)),
                 Err(e) => Err(e.into()),
             }
+        }
+        Command::Probe { check, socket } => {
+            match h3_ingress::probe::ask(&socket, check).await {
+                Ok(line) => println!("{line}"),
+                Err(e) => {
+                    eprintln!("{e}");
+                    return Ok(ExitCode::FAILURE);
+                }
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Command::Check(args) => {
             logging::init(logging::QUIET);

@@ -36,6 +36,8 @@ pub const SCHEMA_HASHES: &[&str] = &[
     "sha256:a9bf0b7db8c4974c",
     // 2: the bounded status (hostCounts, hostsOmitted; requests gone) and gatewayUpstreams.
     "sha256:784afc34a6842977",
+    // 3: rollout.maxSurge (maxUnavailable defaults to 0; CEL refuses both at 0).
+    "sha256:04b3cadde5623ff1",
 ];
 
 /// This binary's schema revision.

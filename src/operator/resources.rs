@@ -18,10 +18,10 @@ use k8s_openapi::api::apps::v1::{
     DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    HTTPGetAction, LocalObjectReference, ObjectFieldSelector, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource,
-    SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
+    Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction,
+    LocalObjectReference, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Service,
+    ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
@@ -33,8 +33,7 @@ use k8s_openapi::ByteString;
 use kube::{Resource, ResourceExt};
 
 use crate::api::{
-    check_max_unavailable, Http3Listener, ListenerService, ServiceType,
-    RECOMMENDED_SYSCTL_BUFFER_MAX,
+    check_rollout, Http3Listener, ListenerService, ServiceType, RECOMMENDED_SYSCTL_BUFFER_MAX,
 };
 use crate::config::{build, ConfigError, HostTable, ProxyConfig, Settings};
 
@@ -241,8 +240,7 @@ pub fn validate(listener: &Http3Listener) -> Result<ProxyConfig, BuildError> {
     if name.len() > MAX_LISTENER_NAME {
         return Err(BuildError::NameTooLong(name));
     }
-    check_max_unavailable(&listener.spec.rollout.max_unavailable)
-        .map_err(BuildError::InvalidField)?;
+    check_rollout(&listener.spec.rollout).map_err(BuildError::InvalidField)?;
     if let Some(svc) = &listener.spec.service {
         check_service(svc)?;
     }
@@ -334,21 +332,28 @@ fn env_from_field(name: &str, path: &str) -> EnvVar {
     }
 }
 
-fn probe(c: &ProxyConfig, path: &str, period: i32) -> Probe {
-    let ip = c.metrics_address.ip();
+/// The path of the binary in the data plane image.
+pub const IMAGE_BINARY: &str = "/h3-ingress";
+/// Environment variable the pod template generation reaches the data plane in: among two
+/// pods of one listener on a node, the higher one takes the new connections.
+pub const RANK_ENV: &str = "H3_INGRESS_ROLLOUT_RANK";
+/// The label the DaemonSet controller puts the pod template generation in.
+const TEMPLATE_GENERATION_LABEL: &str = "pod-template-generation";
+/// How long the startup probe gives the data plane to load its configuration (all hosts
+/// and Secrets): 150 x 2 s.
+pub const STARTUP_PROBE_FAILURES: i32 = 150;
+
+/// `h3-ingress probe CHECK`, run in the container: the question goes to this pod's own
+/// process over a socket in its `/tmp`, never to the other pod of a rollout that shares the
+/// node's ports (an HTTP probe on the metrics port would reach whichever accepts).
+fn probe(check: &str, period: i32, failures: i32) -> Probe {
     Probe {
-        http_get: Some(HTTPGetAction {
-            path: Some(path.to_string()),
-            port: IntOrString::Int(c.metrics_address.port().into()),
-            // The kubelet probes the pod IP (the node's IP under hostNetwork); an endpoint
-            // bound to one specific address, e.g. 127.0.0.1, must be probed there.
-            host: (!ip.is_unspecified()).then(|| ip.to_string()),
-            scheme: Some("HTTP".into()),
-            ..Default::default()
+        exec: Some(ExecAction {
+            command: Some(vec![IMAGE_BINARY.into(), "probe".into(), check.into()]),
         }),
         period_seconds: Some(period),
-        timeout_seconds: Some(2),
-        failure_threshold: Some(3),
+        timeout_seconds: Some(3),
+        failure_threshold: Some(failures),
         ..Default::default()
     }
 }
@@ -452,23 +457,16 @@ fn tune_container(c: &ProxyConfig, image: String) -> Container {
     }
 }
 
-/// The data plane container: `h3-ingress proxy --listener NAME`, its ports on the node, probes
-/// on the metrics endpoint, locked down except for the capabilities the sockets need.
+/// The data plane container: `h3-ingress proxy --listener NAME`, exec probes through its own
+/// probe socket, locked down except for the capabilities the sockets need. It declares no
+/// ports: under hostNetwork a container port is a host port to the scheduler, which would
+/// keep the rollout's second pod off the node; the two share the ports with SO_REUSEPORT.
 fn data_plane_container(
     listener: &Http3Listener,
     config: &ProxyConfig,
     image: String,
     hosts_namespace: &str,
 ) -> Container {
-    let port = i32::from(config.listen.port);
-    let metrics_port = i32::from(config.metrics_address.port());
-    let host_port = |name: &str, port: i32, protocol: &str| ContainerPort {
-        name: Some(name.into()),
-        container_port: port,
-        host_port: Some(port),
-        protocol: Some(protocol.into()),
-        host_ip: None,
-    };
     // Version skew: IfNotPresent only for a tag that names one build (crate::version).
     let pull_policy = crate::version::pull_policy(&image);
     Container {
@@ -488,13 +486,17 @@ fn data_plane_container(
             env_from_field("NODE_NAME", "spec.nodeName"),
             env_from_field("POD_NAME", "metadata.name"),
             env_from_field("POD_NAMESPACE", "metadata.namespace"),
+            env_from_field(
+                RANK_ENV,
+                &format!("metadata.labels['{TEMPLATE_GENERATION_LABEL}']"),
+            ),
         ]),
-        ports: Some(vec![
-            host_port("quic", port, "UDP"),
-            host_port("metrics", metrics_port, "TCP"),
-        ]),
-        liveness_probe: Some(probe(config, "/healthz", 10)),
-        readiness_probe: Some(probe(config, "/readyz", 5)),
+        ports: None,
+        // Live answers from the first instant (before the configuration is loaded), so a
+        // slow load is never taken for a hang; the startup probe gives the load its time.
+        startup_probe: Some(probe("startup", 2, STARTUP_PROBE_FAILURES)),
+        liveness_probe: Some(probe("live", 10, 3)),
+        readiness_probe: Some(probe("ready", 2, 2)),
         resources: Some(data_plane_resources(listener, config)),
         security_context: Some(container_security(config)),
         volume_mounts: Some(vec![
@@ -617,11 +619,12 @@ pub fn daemon_set(
                 match_labels: Some(selector_labels(&name)),
                 match_expressions: None,
             },
-            // Two pods of one listener cannot share a node's UDP port: never surge.
+            // Surge: the new pod shares the node's ports with the old one (SO_REUSEPORT) and
+            // takes the new connections once ready; the old one drains, then is deleted.
             update_strategy: Some(DaemonSetUpdateStrategy {
                 type_: Some("RollingUpdate".into()),
                 rolling_update: Some(RollingUpdateDaemonSet {
-                    max_surge: Some(IntOrString::Int(0)),
+                    max_surge: Some(listener.spec.rollout.max_surge.clone()),
                     max_unavailable: Some(listener.spec.rollout.max_unavailable.clone()),
                 }),
             }),
@@ -836,19 +839,9 @@ pub(crate) mod tests {
             c.args.as_ref().unwrap()[..3],
             ["proxy", "--listener", "public"]
         );
-        let ports = c.ports.as_ref().unwrap();
-        assert_eq!(
-            (
-                ports[0].container_port,
-                ports[0].host_port,
-                ports[0].protocol.as_deref()
-            ),
-            (443, Some(443), Some("UDP"))
-        );
-        assert_eq!(
-            (ports[1].container_port, ports[1].protocol.as_deref()),
-            (9476, Some("TCP"))
-        );
+        // No container port: under hostNetwork it would be a host port to the scheduler and
+        // keep the rollout's surge pod off the node.
+        assert_eq!(c.ports, None);
         let sc = c.security_context.as_ref().unwrap();
         assert_eq!(sc.read_only_root_filesystem, Some(true));
         assert_eq!(sc.allow_privilege_escalation, Some(false));
@@ -858,24 +851,18 @@ pub(crate) mod tests {
         // Port 443 needs NET_BIND_SERVICE in the effective set, which only root gets.
         assert_eq!(sc.run_as_user, Some(0));
         assert_eq!(sc.run_as_non_root, Some(false));
-        let live = c
-            .liveness_probe
-            .as_ref()
-            .unwrap()
-            .http_get
-            .as_ref()
-            .unwrap();
-        assert_eq!(live.path.as_deref(), Some("/healthz"));
-        assert_eq!(live.port, IntOrString::Int(9476));
-        assert_eq!(live.host, None);
-        let ready = c
-            .readiness_probe
-            .as_ref()
-            .unwrap()
-            .http_get
-            .as_ref()
-            .unwrap();
-        assert_eq!(ready.path.as_deref(), Some("/readyz"));
+        let exec = |p: &Option<Probe>| {
+            let p = p.as_ref().unwrap();
+            (
+                p.exec.as_ref().unwrap().command.clone().unwrap(),
+                p.period_seconds.unwrap() * p.failure_threshold.unwrap(),
+            )
+        };
+        let cmd = |check: &str| vec!["/h3-ingress".to_string(), "probe".into(), check.into()];
+        assert_eq!(exec(&c.liveness_probe), (cmd("live"), 30));
+        assert_eq!(exec(&c.readiness_probe), (cmd("ready"), 4));
+        // Five minutes to load every host before the kubelet gives up.
+        assert_eq!(exec(&c.startup_probe), (cmd("startup"), 300));
         let env: Vec<_> = c
             .env
             .as_ref()
@@ -883,12 +870,33 @@ pub(crate) mod tests {
             .iter()
             .map(|e| e.name.as_str())
             .collect();
-        assert_eq!(env, ["NODE_NAME", "POD_NAME", "POD_NAMESPACE"]);
-        let strategy = ds.spec.update_strategy.as_ref().unwrap();
         assert_eq!(
-            strategy.rolling_update.as_ref().unwrap().max_surge,
-            Some(IntOrString::Int(0))
+            env,
+            [
+                "NODE_NAME",
+                "POD_NAME",
+                "POD_NAMESPACE",
+                "H3_INGRESS_ROLLOUT_RANK"
+            ]
         );
+        let rank = &c.env.as_ref().unwrap()[3];
+        let field = rank
+            .value_from
+            .as_ref()
+            .unwrap()
+            .field_ref
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            field.field_path,
+            "metadata.labels['pod-template-generation']"
+        );
+        let strategy = ds.spec.update_strategy.as_ref().unwrap();
+        let ru = strategy.rolling_update.as_ref().unwrap();
+        assert_eq!(ru.max_surge, Some(IntOrString::String("10%".into())));
+        assert_eq!(ru.max_unavailable, Some(IntOrString::Int(0)));
+        // The kubelet waits for the whole drain before it kills the old pod.
+        assert!(p.termination_grace_period_seconds.unwrap() >= 30);
     }
 
     #[test]
@@ -1025,14 +1033,9 @@ pub(crate) mod tests {
         assert!(script.contains("raise rmem_max 16777216"), "{script}");
         assert!(script.contains("raise wmem_max 7500000"), "{script}");
         assert!(script.contains("-lt"), "{script}");
-        let live = p.containers[0]
-            .liveness_probe
-            .as_ref()
-            .unwrap()
-            .http_get
-            .as_ref()
-            .unwrap();
-        assert_eq!(live.host.as_deref(), Some("127.0.0.1"));
+        // Probes ask the process itself, wherever its metrics endpoint is bound.
+        let live = p.containers[0].liveness_probe.as_ref().unwrap();
+        assert!(live.http_get.is_none() && live.exec.is_some());
     }
 
     #[test]
@@ -1262,8 +1265,8 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn rollouts_replace_a_tenth_of_the_nodes_by_default_and_follow_the_spec() {
-        let max = |spec: serde_json::Value| {
+    fn rollouts_surge_on_a_tenth_of_the_nodes_by_default_and_follow_the_spec() {
+        let strategy = |spec: serde_json::Value| {
             let d = desired(&listener("l", spec), &params(), &PodDefaults::default())?;
             let ru = d
                 .daemon_set
@@ -1272,20 +1275,25 @@ pub(crate) mod tests {
                 .unwrap()
                 .rolling_update
                 .unwrap();
-            assert_eq!(ru.max_surge, Some(IntOrString::Int(0)));
-            Ok::<_, BuildError>(ru.max_unavailable.unwrap())
+            Ok::<_, BuildError>((ru.max_surge.unwrap(), ru.max_unavailable.unwrap()))
         };
-        assert_eq!(max(base()).unwrap(), IntOrString::String("10%".into()));
+        let pct = |s: &str| IntOrString::String(s.into());
+        assert_eq!(strategy(base()).unwrap(), (pct("10%"), IntOrString::Int(0)));
         let mut spec = base();
-        spec["rollout"] = serde_json::json!({"maxUnavailable": 5});
-        assert_eq!(max(spec.clone()).unwrap(), IntOrString::Int(5));
-        spec["rollout"] = serde_json::json!({"maxUnavailable": "0%"});
-        let e = max(spec).unwrap_err();
-        assert!(
-            e.to_string()
-                .starts_with("spec.rollout.maxUnavailable: \"0%\""),
-            "{e}"
+        spec["rollout"] = serde_json::json!({"maxSurge": 2, "maxUnavailable": 1});
+        assert_eq!(
+            strategy(spec.clone()).unwrap(),
+            (IntOrString::Int(2), IntOrString::Int(1))
         );
+        // The roll from a release whose sockets cannot be shared: replace, never surge.
+        spec["rollout"] = serde_json::json!({"maxSurge": 0, "maxUnavailable": "10%"});
+        assert_eq!(
+            strategy(spec.clone()).unwrap(),
+            (IntOrString::Int(0), pct("10%"))
+        );
+        spec["rollout"] = serde_json::json!({"maxSurge": "0%"});
+        let e = strategy(spec).unwrap_err();
+        assert!(e.to_string().contains("cannot both be 0"), "{e}");
     }
 
     #[test]

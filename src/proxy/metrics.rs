@@ -16,6 +16,16 @@ use super::procnet::{HostCounters, SocketInodes, SocketTables, UdpHostCounters};
 
 pub const FAMILY_IPV4: &str = "ipv4";
 pub const FAMILY_IPV6: &str = "ipv6";
+
+/// The `family` label of an address.
+pub fn family_of(addr: &std::net::SocketAddr) -> &'static str {
+    if addr.is_ipv6() {
+        FAMILY_IPV6
+    } else {
+        FAMILY_IPV4
+    }
+}
+
 /// `host` label for requests whose `:authority` is not a configured host.
 pub const OTHER_HOST: &str = "other";
 
@@ -158,6 +168,8 @@ pub struct Metrics {
     pub certificate_expiry: IntGaugeVec,
     pub config_reloads: IntCounterVec,
     pub alt_svc_advertised: IntGaugeVec,
+    pub rollout_generations: IntGauge,
+    pub rollout_newest: IntGauge,
     /// Our sockets' inodes per family, read by the /proc collector at scrape time.
     pub udp_sockets: SocketInodes,
 }
@@ -401,6 +413,17 @@ pub mod specs {
         "1 when the TCP ingress answers the host with Alt-Svc h3 for our port, 0 when not.",
         HOST,
     );
+    // Rollouts on a host.
+    pub const ROLLOUT_GENERATIONS: Spec = spec(
+        "h3_ingress_rollout_generations",
+        "Process generations sharing this process's UDP port on its host, itself included.",
+        &[],
+    );
+    pub const ROLLOUT_NEWEST: Spec = spec(
+        "h3_ingress_rollout_newest",
+        "1 when this process takes the new connections of its host's port, 0 while it waits or drains for a newer one.",
+        &[],
+    );
 }
 
 /// Registers metrics from their [`Spec`]s on one registry.
@@ -538,6 +561,8 @@ impl Metrics {
             certificate_expiry: r.gauge_vec(&CERTIFICATE_EXPIRY),
             config_reloads: r.counter_vec(&CONFIG_RELOADS),
             alt_svc_advertised: r.gauge_vec(&ALT_SVC_ADVERTISED),
+            rollout_generations: r.gauge(&ROLLOUT_GENERATIONS),
+            rollout_newest: r.gauge(&ROLLOUT_NEWEST),
             udp_sockets,
             registry,
         };
@@ -741,6 +766,8 @@ mod tests {
             (&specs::CONNECTION_RTT, "histogram"),
             (&specs::LOST_PACKETS, "counter"),
             (&specs::HOSTS, "gauge"),
+            (&specs::ROLLOUT_NEWEST, "gauge"),
+            (&specs::ROLLOUT_GENERATIONS, "gauge"),
         ] {
             assert!(
                 text.contains(&format!(

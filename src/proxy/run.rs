@@ -8,7 +8,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::server::{self, RunningProxy};
+use super::probe::ProbeState;
+use super::server::{self, RunningProxy, ServeOptions, WhenSuperseded};
 use super::source::{self, ConfigUpdate, UPDATE_QUEUE};
 use super::ProxyError;
 use crate::config::{self, ConfigError};
@@ -32,6 +33,25 @@ pub struct ProxyArgs {
     /// mounts the listener's keys Secret here). Standalone mode uses `keys.file`.
     #[arg(long, requires = "listener")]
     pub keys_file: Option<PathBuf>,
+    /// Answer `h3-ingress probe` on this unix socket (Kubernetes mode: by default
+    /// /tmp/h3-ingress-probe.sock, in the pod's own /tmp).
+    #[arg(long)]
+    pub probe_socket: Option<PathBuf>,
+    /// Among processes sharing the port on this host, a higher rank takes the new
+    /// connections whatever the start order (the operator passes the pod template
+    /// generation, so a restarted container of an old pod never takes over from a new one).
+    #[arg(long, env = "H3_INGRESS_ROLLOUT_RANK", default_value = "0", value_parser = parse_rank)]
+    pub rank: u64,
+}
+
+/// A rank; empty is 0 (a pod without the template-generation label gets an empty variable).
+fn parse_rank(s: &str) -> Result<u64, String> {
+    if s.trim().is_empty() {
+        return Ok(0);
+    }
+    s.trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a whole number"))
 }
 
 /// Why a proxy run ended with an error.
@@ -54,53 +74,79 @@ pub enum RunError {
     NoSource,
 }
 
-/// Runs the proxy fed by the source `args` names until `shutdown`.
+/// Runs the proxy fed by the source `args` names until `shutdown`. The probe socket answers
+/// from the start, before the configuration is loaded.
 pub async fn run(args: ProxyArgs, shutdown: CancellationToken) -> Result<(), RunError> {
+    let probe_path = args.probe_socket.clone().or_else(|| {
+        args.listener
+            .as_ref()
+            .map(|_| PathBuf::from(crate::probe::DEFAULT_SOCKET))
+    });
+    let probe = ProbeState::new();
+    if let Some(p) = &probe_path {
+        crate::probe::serve_or_warn(p, probe.clone(), shutdown.clone());
+    }
+    let mut opts = ServeOptions {
+        keys_file: args.keys_file,
+        when_superseded: WhenSuperseded::Exit,
+        rank: args.rank,
+        probe: Some(probe),
+        identity: None,
+    };
     match (args.config, args.listener) {
-        (Some(path), _) => file(path, shutdown).await,
-        (None, Some(name)) => kube(name, args.keys_file, shutdown).await,
+        (Some(path), _) => file(path, shutdown, opts).await,
+        (None, Some(name)) => {
+            opts.when_superseded = WhenSuperseded::AwaitSignal;
+            kube(name, shutdown, opts).await
+        }
         (None, None) => Err(RunError::NoSource),
     }
 }
 
-/// Serves the configuration in `path` until `shutdown`, reloading it on SIGHUP. An invalid
+/// Serves the configuration in `path` until `shutdown` (or until a newer process on the
+/// same port has taken over and this one has drained), reloading it on SIGHUP. An invalid
 /// file at start is [`RunError::Config`], with every field error.
-pub async fn file(path: PathBuf, shutdown: CancellationToken) -> Result<(), RunError> {
+pub async fn file(
+    path: PathBuf,
+    shutdown: CancellationToken,
+    opts: ServeOptions,
+) -> Result<(), RunError> {
     let initial = config::file::load(&path)?;
     let hangups = lifecycle::hangups().map_err(RunError::Signals)?;
     let (tx, rx) = mpsc::channel(UPDATE_QUEUE);
     let reloads = source::file::reload_on_hangup(path, hangups, tx, shutdown.clone());
     tokio::spawn(reloads);
-    server::serve(initial, rx, shutdown, None, None).await?;
+    server::serve(initial, rx, shutdown, None, opts).await?;
     Ok(())
 }
 
-/// [`kube_with_keys`] on the cluster this process runs in (or KUBECONFIG's).
+/// [`kube_with_options`] on the cluster this process runs in (or KUBECONFIG's).
 pub async fn kube(
     name: String,
-    keys_file: Option<PathBuf>,
     shutdown: CancellationToken,
+    opts: ServeOptions,
 ) -> Result<(), RunError> {
     let client = ::kube::Client::try_default()
         .await
         .map_err(RunError::Kube)?;
-    kube_with_keys(client, name, keys_file, shutdown, None).await
+    kube_with_options(client, name, shutdown, None, opts).await
 }
 
-/// [`kube_with_keys`] with random per-process endpoint keys.
+/// [`kube_with_options`] with random per-process endpoint keys.
 pub async fn kube_with(
     client: ::kube::Client,
     name: String,
     shutdown: CancellationToken,
     ready: Option<oneshot::Sender<RunningProxy>>,
 ) -> Result<(), RunError> {
-    kube_with_keys(client, name, None, shutdown, ready).await
+    let opts = ServeOptions {
+        when_superseded: WhenSuperseded::AwaitSignal,
+        ..ServeOptions::default()
+    };
+    kube_with_options(client, name, shutdown, ready, opts).await
 }
 
-/// Serves the listener `name` until `shutdown`: waits for its first usable configuration,
-/// starts the proxy on it and applies every later one live. Socket changes are refused by
-/// the proxy and rolled out by the operator (the pod template carries their hash). The
-/// endpoint keys come from `keys_file`.
+/// [`kube_with_options`] with the endpoint keys from `keys_file`.
 pub async fn kube_with_keys(
     client: ::kube::Client,
     name: String,
@@ -108,6 +154,25 @@ pub async fn kube_with_keys(
     shutdown: CancellationToken,
     ready: Option<oneshot::Sender<RunningProxy>>,
 ) -> Result<(), RunError> {
+    let opts = ServeOptions {
+        keys_file,
+        when_superseded: WhenSuperseded::AwaitSignal,
+        ..ServeOptions::default()
+    };
+    kube_with_options(client, name, shutdown, ready, opts).await
+}
+
+/// Serves the listener `name` until `shutdown`: waits for its first usable configuration,
+/// starts the proxy on it and applies every later one live. Socket changes are refused by
+/// the proxy and rolled out by the operator (the pod template carries their hash).
+pub async fn kube_with_options(
+    client: ::kube::Client,
+    name: String,
+    shutdown: CancellationToken,
+    ready: Option<oneshot::Sender<RunningProxy>>,
+    mut opts: ServeOptions,
+) -> Result<(), RunError> {
+    opts.identity = Some(format!("listener={name}"));
     let (tx, mut updates) = mpsc::channel(UPDATE_QUEUE);
     let watch = tokio::spawn(source::kube::watch_listener(client, name.clone(), tx));
     info!(listener = %name, "waiting for the Http3Listener, its Ingresses and Secrets");
@@ -128,6 +193,6 @@ pub async fn kube_with_keys(
             _ = shutdown.cancelled() => return Ok(()),
         }
     };
-    server::serve(initial, updates, shutdown, ready, keys_file).await?;
+    server::serve(initial, updates, shutdown, ready, opts).await?;
     Ok(())
 }

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use http::HeaderValue;
+use tokio_util::sync::CancellationToken;
 
 use super::admission::Admission;
 use super::amplification::Guard;
@@ -21,7 +22,7 @@ use super::metrics::{limit, Metrics};
 use super::request;
 use super::upstream::Upstream;
 use super::window::{current_minute, RecentCounter};
-use crate::api::{SocketReport, StatusReport};
+use crate::api::{RolloutReport, SocketReport, StatusReport};
 use crate::config::ProxyConfig;
 
 /// Everything one configuration implies for requests; swapped atomically on reload.
@@ -46,6 +47,8 @@ pub type SocketEntry = (SocketReport, u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NotReady {
     Draining,
+    /// A newer generation on this host takes the new connections.
+    Superseded,
     NoHost,
     NoSocket,
 }
@@ -54,6 +57,7 @@ impl NotReady {
     pub fn as_str(self) -> &'static str {
         match self {
             NotReady::Draining => "draining",
+            NotReady::Superseded => "superseded by a newer process on this host; draining",
             NotReady::NoHost => "no host loaded",
             NotReady::NoSocket => "no UDP socket bound",
         }
@@ -68,7 +72,15 @@ pub struct Shared {
     pub budget: Arc<Budget>,
     /// The UDP port actually bound (differs from the config only when it asked for 0).
     pub port: u16,
-    sockets: Vec<SocketEntry>,
+    sockets: Mutex<Vec<SocketEntry>>,
+    rollout: Mutex<Option<RolloutReport>>,
+    /// A newer generation takes the new connections (see [`super::handover`]).
+    pub superseded: AtomicBool,
+    /// Cancelled to send GOAWAY on every connection accepted under it; a connection
+    /// accepted later gets the next token.
+    drain: Mutex<CancellationToken>,
+    /// Cancelled to close every connection accepted under it at once (a drain deadline).
+    close: Mutex<CancellationToken>,
     restart_required: Mutex<Vec<String>>,
     pub alt_svc_probes: Mutex<BTreeMap<String, AltSvcProbe>>,
     requests_by_host: Mutex<HashMap<String, (u64, RecentCounter)>>,
@@ -105,7 +117,11 @@ impl Shared {
             cc_stats,
             budget,
             port,
-            sockets,
+            sockets: Mutex::new(sockets),
+            rollout: Mutex::new(None),
+            superseded: AtomicBool::new(false),
+            drain: Mutex::new(CancellationToken::new()),
+            close: Mutex::new(CancellationToken::new()),
             restart_required: Mutex::new(Vec::new()),
             alt_svc_probes: Mutex::new(BTreeMap::new()),
             requests_by_host: Mutex::new(HashMap::new()),
@@ -143,16 +159,70 @@ impl Shared {
         }
     }
 
-    /// Ready: at least one socket bound and at least one host loaded, and not draining.
+    /// What each socket reported when it was bound (or failed to).
+    pub fn set_sockets(&self, sockets: Vec<SocketEntry>) {
+        *self.sockets.lock().expect("socket lock") = sockets;
+    }
+
+    pub fn set_rollout(&self, r: RolloutReport) {
+        *self.rollout.lock().expect("rollout lock") = Some(r);
+    }
+
+    pub fn rollout(&self) -> Option<RolloutReport> {
+        self.rollout.lock().expect("rollout lock").clone()
+    }
+
+    /// The drain token a connection accepted now serves under.
+    pub fn drain_token(&self) -> CancellationToken {
+        self.drain.lock().expect("drain lock").clone()
+    }
+
+    /// GOAWAY on every connection accepted so far; later ones get a fresh token.
+    pub fn drain_connections(&self) {
+        let mut d = self.drain.lock().expect("drain lock");
+        d.cancel();
+        *d = CancellationToken::new();
+    }
+
+    /// The token that closes a connection accepted now.
+    pub fn close_token(&self) -> CancellationToken {
+        self.close.lock().expect("close lock").clone()
+    }
+
+    /// Closes every connection accepted so far (later ones get a fresh token).
+    pub fn close_connections(&self) {
+        let mut c = self.close.lock().expect("close lock");
+        c.cancel();
+        *c = CancellationToken::new();
+    }
+
+    /// Ready: at least one socket bound and at least one host loaded, not draining and not
+    /// superseded.
     pub fn readiness(&self) -> Result<(), NotReady> {
+        let bound = self
+            .sockets
+            .lock()
+            .expect("socket lock")
+            .iter()
+            .any(|(r, _)| r.bound);
         if self.draining.load(Ordering::Relaxed) {
             Err(NotReady::Draining)
+        } else if self.superseded.load(Ordering::Relaxed) {
+            Err(NotReady::Superseded)
         } else if self.current.load().config.hosts.is_empty() {
             Err(NotReady::NoHost)
-        } else if !self.sockets.iter().any(|(r, _)| r.bound) {
+        } else if !bound {
             Err(NotReady::NoSocket)
         } else {
             Ok(())
+        }
+    }
+
+    /// Why the process is not ready, in words: the reason, and what it waits for.
+    pub fn not_ready_text(&self, r: NotReady) -> String {
+        match (r, self.rollout().map(|r| r.waiting)) {
+            (NotReady::NoSocket, Some(w)) if !w.is_empty() => format!("{}: {w}", r.as_str()),
+            _ => r.as_str().to_string(),
         }
     }
 
@@ -170,6 +240,8 @@ impl Shared {
         let gen = self.current.load();
         let sockets: Vec<SocketReport> = self
             .sockets
+            .lock()
+            .expect("socket lock")
             .iter()
             .map(|(r, inode)| {
                 let mut r = r.clone();
@@ -215,6 +287,7 @@ impl Shared {
             requests_total: counts.values().map(|(total, _)| total).sum(),
             config_generation: gen.id,
             restart_required: self.restart_required.lock().expect("restart lock").clone(),
+            rollout: self.rollout(),
         }
     }
 }

@@ -322,9 +322,9 @@ IFS='|' read -r sel ips_ds ips_sa img <<<"$(jp ds -n "$NS_OP" "$DP" -o jsonpath=
 [[ $(jp sa -n "$NS_OP" "$DP" -o jsonpath='{.imagePullSecrets[0].name}') == regcred ]] || fail "ServiceAccount $DP lacks imagePullSecrets regcred"
 [[ $ips_sa == "$DP" && $img == "$IMAGE_REPO:$app_version" ]] || fail "DaemonSet: serviceAccountName $ips_sa image $img"
 ok "pod template: serviceAccountName $DP, image $img, nodeSelector kubernetes.io/os=linux, imagePullSecrets regcred (also on the ServiceAccount)"
-max_unavailable=$(jp ds -n "$NS_OP" "$DP" -o jsonpath='{.spec.updateStrategy.rollingUpdate.maxUnavailable}')
-[[ $max_unavailable == 10% ]] || fail "DaemonSet maxUnavailable '$max_unavailable', want the default 10%"
-ok "rolling update maxUnavailable $max_unavailable"
+IFS='|' read -r max_surge max_unavailable <<<"$(jp ds -n "$NS_OP" "$DP" -o jsonpath='{.spec.updateStrategy.rollingUpdate.maxSurge}|{.spec.updateStrategy.rollingUpdate.maxUnavailable}')"
+[[ $max_surge == 10% && $max_unavailable == 0 ]] || fail "DaemonSet maxSurge '$max_surge' maxUnavailable '$max_unavailable', want the defaults 10% and 0"
+ok "rolling update maxSurge $max_surge, maxUnavailable $max_unavailable"
 
 # =============================================================================================
 step "the data plane runs on both nodes with its own ServiceAccount's token"
