@@ -232,7 +232,7 @@ async fn observe_data_plane(
     ctx: &Context,
 ) -> Result<Observed, Error> {
     let name = listener.name_any();
-    let d = match resources::desired(listener, &ctx.params, &ctx.pod_defaults) {
+    let mut d = match resources::desired(listener, &ctx.params, &ctx.pod_defaults) {
         Ok(d) => d,
         Err(e) => {
             // Leave the running data plane alone: it keeps serving its last good config.
@@ -245,6 +245,9 @@ async fn observe_data_plane(
         // operator never takes a serving data plane down over another object's edit.
         tracing::warn!(listener = %name, other = %c.other, port = c.port.port, "port conflict");
         return Ok(Observed::blocked(reasons::PORT_CONFLICT, c.message()));
+    }
+    if solo_pods(ctx, &name) {
+        resources::without_surge(&mut d.daemon_set, listener);
     }
     // Mirrors first: a new pod that starts with the DaemonSet finds its hosts.
     let synced = match mirrors::sync(ctx, listener, wanted).await {
@@ -275,6 +278,17 @@ async fn observe_data_plane(
         failed_create,
         mirrors: Some(synced),
         ..Default::default()
+    })
+}
+
+/// Whether some pod of the listener holds its port alone (from before hand-overs): then a
+/// roll must not surge ([`resources::without_surge`]).
+fn solo_pods(ctx: &Context, listener: &str) -> bool {
+    ctx.pods.state().iter().any(|p| {
+        let labels = p.labels();
+        labels.get(labels::INSTANCE).map(String::as_str) == Some(listener)
+            && labels.get(resources::HANDOVER_LABEL).is_none()
+            && p.metadata.deletion_timestamp.is_none()
     })
 }
 

@@ -43,6 +43,10 @@ use super::labels;
 pub const MAX_LISTENER_NAME: usize = 63;
 /// Pod template annotation whose change rolls the DaemonSet: a hash of what needs new sockets.
 pub const SOCKET_HASH_ANNOTATION: &str = "h3-ingress.dev/socket-hash";
+/// Pod template label of data planes that hand their port over (SO_REUSEPORT, `proxy::handover`)
+/// to a newer pod on the node; pods without it (0.1.0) hold the port alone.
+pub const HANDOVER_LABEL: &str = "h3-ingress.dev/handover";
+pub const HANDOVER_VERSION: &str = "1";
 /// Default image of the opt-in init container that raises the node's buffer limits. It needs a
 /// shell and nothing else, which the (distroless) data plane image does not have. Overridden
 /// by the operator's `--tune-image` and a listener's `spec.tuneImage`.
@@ -195,6 +199,32 @@ fn object_labels(listener: &str) -> BTreeMap<String, String> {
     let mut l = selector_labels(listener);
     l.insert(labels::MANAGED_BY.into(), labels::MANAGED_BY_VALUE.into());
     l
+}
+
+/// Labels of the data plane pods: the listener's, and that they hand their port over.
+fn pod_labels(listener: &str) -> BTreeMap<String, String> {
+    let mut l = object_labels(listener);
+    l.insert(HANDOVER_LABEL.into(), HANDOVER_VERSION.into());
+    l
+}
+
+/// A roll onto pods that share the port cannot start beside pods that hold it alone: the new
+/// pod would wait for a port the old one never gives up, and the old one is deleted only once
+/// the new one is ready. While such pods run, the DaemonSet replaces pods without surging
+/// (`rollout.maxUnavailable`, or 10 % when that is 0): one short gap per node, once.
+pub fn without_surge(ds: &mut DaemonSet, listener: &Http3Listener) {
+    let unavailable = match &listener.spec.rollout.max_unavailable {
+        IntOrString::Int(0) => IntOrString::String("10%".into()),
+        IntOrString::String(s) if s == "0%" => IntOrString::String("10%".into()),
+        other => other.clone(),
+    };
+    ds.spec.update_strategy = Some(DaemonSetUpdateStrategy {
+        type_: Some("RollingUpdate".into()),
+        rolling_update: Some(RollingUpdateDaemonSet {
+            max_surge: Some(IntOrString::Int(0)),
+            max_unavailable: Some(unavailable),
+        }),
+    });
 }
 
 /// Label selector (`k=v,...`) matching every object made for a listener.
@@ -630,7 +660,7 @@ pub fn daemon_set(
             }),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(object_labels(&name)),
+                    labels: Some(pod_labels(&name)),
                     annotations: Some(template_annotations),
                     ..Default::default()
                 }),
@@ -1294,6 +1324,42 @@ pub(crate) mod tests {
         spec["rollout"] = serde_json::json!({"maxSurge": "0%"});
         let e = strategy(spec).unwrap_err();
         assert!(e.to_string().contains("cannot both be 0"), "{e}");
+    }
+
+    #[test]
+    fn pods_that_hold_the_port_alone_are_replaced_without_surging() {
+        let l = listener("l", base());
+        let mut d = desired(&l, &params(), &PodDefaults::default()).unwrap();
+        let labels = d
+            .daemon_set
+            .spec
+            .template
+            .metadata
+            .clone()
+            .unwrap()
+            .labels
+            .unwrap();
+        assert_eq!(labels[HANDOVER_LABEL], HANDOVER_VERSION);
+        // The selector does not include it: pods of 0.1.0 still belong to the DaemonSet.
+        let selector = d.daemon_set.spec.selector.match_labels.clone().unwrap();
+        assert!(!selector.contains_key(HANDOVER_LABEL));
+        let template = d.daemon_set.spec.template.clone();
+        without_surge(&mut d.daemon_set, &l);
+        let ru = d
+            .daemon_set
+            .spec
+            .update_strategy
+            .unwrap()
+            .rolling_update
+            .unwrap();
+        assert_eq!(
+            (ru.max_surge.unwrap(), ru.max_unavailable.unwrap()),
+            (IntOrString::Int(0), IntOrString::String("10%".into()))
+        );
+        assert_eq!(
+            d.daemon_set.spec.template, template,
+            "the template is the same"
+        );
     }
 
     #[test]
