@@ -6,6 +6,11 @@
 # That reference is the chart's and the operator's default (the version is Cargo.toml's and the
 # chart's appVersion; a test holds them together). It is not published yet: tag the image for
 # your registry instead, push it, and set the chart's image.repository (docs/image.md).
+# scripts/release.sh does all of it with a tag per build, VERSION-COMMIT, and packages the chart
+# with that appVersion, so nodes never keep a cached image of another build under one tag.
+#
+# REVISION is also stamped into the binary (`h3-ingress --version`, /status, build_info): the
+# build context has no .git. Without it the binary reports commit "unknown".
 #
 # The build stage runs scripts/build-static.sh, the same script the test command runs, so the
 # build step is exercised without a Docker engine (tests/observe/dockerfile_check.py).
@@ -13,12 +18,13 @@
 ARG RUST_VERSION=1.95
 
 FROM docker.io/library/rust:${RUST_VERSION}-bookworm AS build
+ARG REVISION=unknown
 WORKDIR /src
 COPY . .
 # Cache mounts keep the registry and incremental builds between image builds.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    scripts/build-static.sh /out/h3-ingress
+    H3I_GIT_COMMIT="${REVISION}" scripts/build-static.sh /out/h3-ingress
 
 # distroless/static: no shell, no package manager, no libc; it does carry the CA bundle that
 # `upstream.verify: system` reads, /etc/passwd with the nonroot user, and tzdata.

@@ -209,7 +209,15 @@ pub async fn start(
     tokio::spawn(async move {
         // Keep the sender alive for the proxy's lifetime: the demo never reloads.
         let _keep = _updates_tx;
-        if let Err(e) = proxy::serve(cfg, updates_rx, sd.clone(), Some(ready_tx), None).await {
+        if let Err(e) = proxy::serve(
+            cfg,
+            updates_rx,
+            sd.clone(),
+            Some(ready_tx),
+            Default::default(),
+        )
+        .await
+        {
             tracing::error!("proxy failed: {e}");
             sd.cancel();
         }

@@ -21,14 +21,65 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::api::gateway::{Gateway, HTTPRoute, ReferenceGrant};
 use crate::config::gateway::GatewayObjects;
-use crate::operator::watches::ChangeFilter;
+use crate::watch::ChangeFilter;
+
+/// What changed, so a consumer can tell which of its listeners it concerns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GatewayChange {
+    /// A Gateway (`namespace/name`) of a class.
+    Gateway { key: String, class: String },
+    /// An HTTPRoute (`namespace/name`) and the Gateways (`namespace/name`) it names.
+    Route { key: String, parents: Vec<String> },
+    /// A ReferenceGrant (it may permit any Gateway's certificate).
+    Grant,
+    /// A kind was listed for the first time, or found not served.
+    Synced,
+}
 
 /// Called whenever a watched object changes in a way the host resolution reads.
-pub type OnChange = Arc<dyn Fn() + Send + Sync>;
+pub type OnChange = Arc<dyn Fn(GatewayChange) + Send + Sync>;
+
+fn key_of(m: &kube::api::ObjectMeta) -> String {
+    format!(
+        "{}/{}",
+        m.namespace.as_deref().unwrap_or_default(),
+        m.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// A Gateway's change.
+pub fn gateway_change(g: &Gateway) -> GatewayChange {
+    GatewayChange::Gateway {
+        key: key_of(&g.metadata),
+        class: g.spec.gateway_class_name.clone(),
+    }
+}
+
+/// An HTTPRoute's change, with the Gateways it attaches to (a parentRef's namespace defaults
+/// to the route's).
+pub fn route_change(r: &HTTPRoute) -> GatewayChange {
+    let ns = r.metadata.namespace.as_deref().unwrap_or_default();
+    GatewayChange::Route {
+        key: key_of(&r.metadata),
+        parents: r
+            .spec
+            .parent_refs
+            .iter()
+            .map(|p| format!("{}/{}", p.namespace.as_deref().unwrap_or(ns), p.name))
+            .collect(),
+    }
+}
+
+fn grant_change(_: &ReferenceGrant) -> GatewayChange {
+    GatewayChange::Grant
+}
+
+/// The annotation `kubectl apply` keeps the whole last object in: never read here.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// Whether a watch error means the kind is not served to us at all: no CRD (404) or no RBAC
 /// grant (403). Anything else is a passing API server problem.
@@ -50,12 +101,19 @@ fn hash_of(v: &impl std::hash::Hash) -> u64 {
     h.finish()
 }
 
-/// What the resolution reads from a Gateway: its spec and annotations.
+/// What the resolution reads from a Gateway: its spec, annotations and reported addresses
+/// (where its hosts are forwarded).
 pub fn gateway_key(g: &Gateway) -> u64 {
+    let addresses: Vec<&str> = g
+        .status
+        .iter()
+        .flat_map(|s| s.addresses.iter().map(|a| a.value.as_str()))
+        .collect();
     hash_of(&(
         g.metadata.generation,
         &g.metadata.annotations,
         g.metadata.deletion_timestamp.is_some(),
+        addresses,
     ))
 }
 
@@ -115,21 +173,21 @@ impl GatewayApiWatch {
         let synced: [Arc<AtomicBool>; 3] = Default::default();
         let (gateways, g) = follow(
             Api::<Gateway>::all(client.clone()),
-            gateway_key,
+            (gateway_key, gateway_change),
             "Gateway",
             synced[0].clone(),
             on_change.clone(),
         );
         let (routes, r) = follow(
             Api::<HTTPRoute>::all(client.clone()),
-            route_key,
+            (route_key, route_change),
             "HTTPRoute",
             synced[1].clone(),
             on_change.clone(),
         );
         let (grants, rg) = follow(
             Api::<ReferenceGrant>::all(client.clone()),
-            grant_key,
+            (grant_key, grant_change),
             "ReferenceGrant",
             synced[2].clone(),
             on_change,
@@ -158,11 +216,16 @@ impl GatewayApiWatch {
     }
 }
 
-/// A reflector for one kind whose changes (per `key`) call `on_change`; a kind that is not
-/// served counts as synced and empty, logged once until it becomes available.
+/// What [`follow`] compares (a hash of what the resolution reads) and reports of an object.
+type Describe<K> = (fn(&K) -> u64, fn(&K) -> GatewayChange);
+
+/// A reflector for one kind whose changes (per `key`) call `on_change` with what `describe`
+/// says of the object; a kind that is not served counts as synced and empty, logged once
+/// until it becomes available. Cached objects lose their managed fields and
+/// last-applied-configuration annotation, which nothing here reads.
 fn follow<K>(
     api: Api<K>,
-    key: fn(&K) -> u64,
+    (key, describe): Describe<K>,
     what: &'static str,
     synced: Arc<AtomicBool>,
     on_change: OnChange,
@@ -177,13 +240,24 @@ where
         + 'static,
 {
     let (store, writer) = reflector::store::<K>();
-    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+    let events = watcher(api, watcher::Config::default().any_semantic()).map(|ev| {
+        ev.map(|e| {
+            e.modify(|o| {
+                o.meta_mut().managed_fields = None;
+                if let Some(a) = o.meta_mut().annotations.as_mut() {
+                    a.remove(LAST_APPLIED);
+                }
+            })
+        })
+    });
+    let stream = reflector::reflector(writer, events)
         .filter(|ev| futures_util::future::ready(!matches!(ev, Ok(watcher::Event::Init))))
         .backoff(watcher::DefaultBackoff::default());
     let task = tokio::spawn(async move {
         let mut stream = Box::pin(stream);
         let mut filter = ChangeFilter::new(key);
         let mut unavailable = false;
+        let log = crate::watch::ErrorLog::default();
         while let Some(ev) = stream.next().await {
             match ev {
                 Ok(ev) => {
@@ -191,12 +265,12 @@ where
                     if done && std::mem::take(&mut unavailable) {
                         info!(kind = what, "Gateway API kind is served now; reading it");
                     }
-                    let fire = filter.accept(ev).is_some() || done;
+                    if let Some(o) = filter.accept(ev) {
+                        on_change(describe(&o));
+                    }
                     if done {
                         synced.store(true, Ordering::Release);
-                    }
-                    if fire {
-                        on_change();
+                        on_change(GatewayChange::Synced);
                     }
                 }
                 Err(e) if is_unavailable(&e) => {
@@ -207,10 +281,10 @@ where
                         unavailable = true;
                     }
                     if !synced.swap(true, Ordering::AcqRel) {
-                        on_change();
+                        on_change(GatewayChange::Synced);
                     }
                 }
-                Err(e) => warn!(kind = what, error = %e, "watch failed (retrying with backoff)"),
+                Err(e) => log.warn(what, &e),
             }
         }
     });

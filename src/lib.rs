@@ -2,15 +2,19 @@
 //!
 //! - [`api`]: the `Http3Listener` CRD and shared settings types (no I/O)
 //! - [`admin`]: the `/healthz` `/readyz` `/metrics` `/status` endpoint of proxy and operator
+//! - [`probe`]: `h3-ingress probe`, the kubelet's live/ready/startup questions over a socket
+//!   in the pod's own `/tmp`
 //! - [`lifecycle`], [`logging`]: SIGTERM/SIGINT to a shutdown token, SIGHUP to reload
 //!   requests; log output and its default filter
 //! - [`config`]: the one validated configuration, built from a file or from Kubernetes objects
 //! - [`proxy`]: the data plane (sockets, TLS, QUIC, HTTP/3 -> TCP ingress, metrics)
 //! - [`operator`]: the Kubernetes controller
 //! - [`gateway_api`]: the optional watches of Gateways, HTTPRoutes and ReferenceGrants
+//! - [`watch`]: watch events reduced to the changes a consumer reads
 //! - [`check`]: an HTTP/3 + HTTP/2 client that proves h3 really runs
 //! - [`demo`]: everything on localhost with no cluster and no files
 //! - [`plugin`]: `kubectl h3-ingress` (this binary installed as `kubectl-h3_ingress`)
+//! - [`skew`]: reading listeners a newer CRD wrote; [`version`]: what this build is
 
 pub mod admin;
 pub mod api;
@@ -22,4 +26,8 @@ pub mod lifecycle;
 pub mod logging;
 pub mod operator;
 pub mod plugin;
+pub mod probe;
 pub mod proxy;
+pub mod skew;
+pub mod version;
+pub mod watch;

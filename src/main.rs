@@ -13,7 +13,7 @@ use h3_ingress::{lifecycle, logging};
 #[derive(Parser)]
 #[command(
     name = "h3-ingress",
-    version,
+    version = h3_ingress::version::LONG,
     about = "HTTP/3 for a cluster whose TCP ingress has none"
 )]
 struct Cli {
@@ -46,6 +46,13 @@ enum Command {
         namespace: String,
         #[arg(long, env = "H3_INGRESS_IMAGE", default_value = h3_ingress::operator::DEFAULT_IMAGE)]
         data_plane_image: String,
+    },
+    /// Ask the data plane of this pod (Kubernetes probes): live, ready or startup.
+    Probe {
+        check: h3_ingress::probe::Check,
+        /// The data plane's probe socket.
+        #[arg(long, default_value = h3_ingress::probe::DEFAULT_SOCKET)]
+        socket: PathBuf,
     },
     /// Validate a standalone configuration file and print the result.
     Validate {
@@ -81,7 +88,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Operator(a) => {
             logging::init(logging::SERVER);
-            h3_ingress::operator::controller::run(a.options()).await?;
+            h3_ingress::operator::run::run(a.options()).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Render {
@@ -90,6 +97,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             data_plane_image,
         } => {
             let params = h3_ingress::operator::resources::Params {
+                hosts_namespace: format!("{namespace}-hosts"),
                 namespace,
                 default_image: data_plane_image,
             };
@@ -115,6 +123,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Err(RunError::Config(e)) => Ok(invalid_config(&e)),
                 Err(e) => Err(e.into()),
             }
+        }
+        Command::Probe { check, socket } => {
+            match h3_ingress::probe::ask(&socket, check).await {
+                Ok(line) => println!("{line}"),
+                Err(e) => {
+                    eprintln!("{e}");
+                    return Ok(ExitCode::FAILURE);
+                }
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Command::Check(args) => {
             logging::init(logging::QUIET);

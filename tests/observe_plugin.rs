@@ -20,18 +20,25 @@ const LISTENER: &str = r#"{
   "spec": {"port": 8443, "upstream": {"address": "ingress-nginx-controller.ingress-nginx.svc:443"}},
   "status": {
     "observedGeneration": 1, "hostsSummary": "1/2",
-    "conditions": [{"type": "Ready", "status": "True", "reason": "AllHostsServing", "message": "",
+    "conditions": [{"type": "Ready", "status": "True", "reason": "SomeHostsServing", "message": "",
                     "lastTransitionTime": "2026-11-30T00:00:00Z"}],
+    "hostCounts": [{"state": "NotServing", "reason": "NoTLS", "count": 1},
+                   {"state": "Serving", "reason": "Serving", "count": 1}],
     "hosts": [
-      {"name": "shop.example.com", "ingress": "web/shop", "secret": "web/shop-tls",
-       "state": "Serving", "reason": "Serving", "altSvcAdvertised": true},
       {"name": "api.example.com", "ingress": "web/shop", "secret": "web/api-tls",
        "state": "NotServing", "reason": "NoTLS", "message": "api.example.com is not in spec.tls"}
     ],
-    "nodes": {"desired": 2, "ready": 2, "summary": "2/2"},
-    "requests": [{"host": "shop.example.com", "total": 42}]
+    "nodes": {"desired": 2, "ready": 2, "summary": "2/2"}
   }
 }"#;
+/// A data plane pod's `/hosts`: the served hosts, which the status only counts.
+const HOSTS: &str = r#"[
+  {"name": "shop.example.com", "state": "Serving", "reason": "Serving", "ingress": "web/shop",
+   "secret": "web/shop-tls", "altSvcAdvertised": true, "requests": 42, "requestsLast5m": 3}
+]"#;
+
+/// Where the plugin reads `/hosts`: the pod's metrics port through the API server's pod proxy.
+const HOSTS_PROXY: &str = "/api/v1/namespaces/h3-ingress/pods/nginx-dp-x:9476/proxy/hosts";
 
 fn pods() -> String {
     r#"{"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [
@@ -42,7 +49,7 @@ fn pods() -> String {
         .to_string()
 }
 
-/// Answers the three requests the plugin makes, and 404 otherwise; records every path.
+/// Answers the requests the plugin makes, and 404 otherwise; records every path.
 async fn fake_api_server() -> (SocketAddr, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -65,6 +72,7 @@ async fn fake_api_server() -> (SocketAddr, std::sync::Arc<std::sync::Mutex<Vec<S
                             ),
                             "/apis/h3-ingress.dev/v1alpha1/http3listeners/nginx" => (200, LISTENER.to_string()),
                             "/api/v1/pods" => (200, pods()),
+                            HOSTS_PROXY => (200, HOSTS.to_string()),
                             _ => (
                                 404,
                                 r#"{"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}"#.to_string(),
@@ -126,7 +134,10 @@ async fn status_from_a_file() {
     let (dir, plugin) = plugin_dir();
     let file = dir.path().join("h3l.json");
     std::fs::write(&file, LISTENER).unwrap();
-    let out = run(&plugin, &["status", "-f", file.to_str().unwrap()]).await;
+    let hosts = dir.path().join("hosts.json");
+    std::fs::write(&hosts, HOSTS).unwrap();
+    let (file, hosts) = (file.to_str().unwrap(), hosts.to_str().unwrap());
+    let out = run(&plugin, &["status", "-f", file, "--hosts-file", hosts]).await;
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(
@@ -138,8 +149,15 @@ async fn status_from_a_file() {
         stdout.contains("api.example.com: api.example.com is not in spec.tls"),
         "{stdout}"
     );
+    // Without a pod's /hosts, the status alone: counts, and the host not served.
+    let out = run(&plugin, &["status", "-f", file]).await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("1 Serving/Serving"), "{stdout}");
+    assert!(!stdout.contains("shop.example.com"), "{stdout}");
+    assert!(stdout.contains("api.example.com"), "{stdout}");
 
-    let out = run(&plugin, &["status", "other", "-f", file.to_str().unwrap()]).await;
+    let out = run(&plugin, &["status", "other", "-f", file]).await;
     assert!(!out.status.success());
     assert!(text(&out).1.contains("Http3Listener \"other\" not found"));
 }
@@ -186,17 +204,22 @@ async fn status_and_check_against_an_api_server() {
         "{stderr}"
     );
 
+    // With one listener, a host it does not serve is checked there all the same: the
+    // check itself says why it fails.
     let out = run(
         &plugin,
         &["check", "nope.example.com", "--dry-run", "--kubeconfig", kc],
     )
     .await;
-    assert!(!out.status.success());
-    assert!(text(&out)
-        .1
-        .contains("no Http3Listener serves nope.example.com"));
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("--resolve nope.example.com:8443:192.0.2.7"),
+        "{stdout}"
+    );
 
     let paths = seen.lock().unwrap().clone();
+    assert!(paths.iter().any(|p| p == HOSTS_PROXY), "{paths:?}");
     assert!(
         paths.iter().any(|p| p.starts_with("/api/v1/pods?")
             && p.contains("app.kubernetes.io%2Finstance%3Dnginx")),

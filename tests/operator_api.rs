@@ -1,45 +1,72 @@
 //! The operator's API traffic, checked request by request against a scripted API server
 //! (kube's tower-test mock, in the style of kube-rs/controller-rs's `ApiServerVerifier`):
-//! server-side applies with one field manager, Secret reads, stale RBAC deletion, pod listing,
-//! the status patch (only when changed, only by the leader), events, and the Lease.
+//! each referenced Secret read once per resourceVersion, one certificate mirror per Secret
+//! written only when its content changes, server-side applies of what changed only, obsolete
+//! mirrors and RBAC deleted, the status patch (only when changed, only by the leader), events,
+//! and the Lease.
+//!
+//! The caches a reconcile reads are filled by hand, and filled again from what the scripted
+//! API server answered (its resourceVersions and generations), as the operator's watches
+//! would; a second reconcile on the same `Context` then shows what a reconcile costs at
+//! steady state, after a Secret rotation, and while pods load.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{Request, Response};
-use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::api::networking::v1::{Ingress, IngressRule, IngressSpec, IngressTLS};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::{
+    Ingress, IngressClass, IngressRule, IngressSpec, IngressTLS,
+};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::ByteString;
+use kube::api::PartialObjectMeta;
 use kube::client::Body;
+use kube::core::PartialObjectMetaExt;
 use kube::runtime::controller::Action;
 use kube::runtime::events::Reporter;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, store::Writer, Store};
 use kube::runtime::watcher;
 use kube::Client;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
+use h3_ingress::api::mirror::{self, HostsDocument, MirroredHost};
 use h3_ingress::api::{
-    annotations, reasons, HostReport, Http3Listener, Http3ListenerSpec, Http3ListenerStatus,
-    SocketReport, StatusReport,
+    annotations, reasons, HostCount, HostStatus, Http3Listener, Http3ListenerSpec,
+    Http3ListenerStatus, MirrorFailure, MirrorReport, SecretRef, SocketReport, StatusReport,
 };
-use h3_ingress::operator::controller::{reconcile, Caches, Context};
+use h3_ingress::operator::context::{Caches, Context};
+use h3_ingress::operator::controller::{reconcile, REQUEUE, SETTLE_REQUEUE};
 use h3_ingress::operator::leader::{self, LeaseConfig};
 use h3_ingress::operator::metrics::OperatorMetrics;
 use h3_ingress::operator::reports::{ReportFetcher, ReportFuture};
 use h3_ingress::operator::resources::Params;
+use h3_ingress::operator::secrets::SourceSecrets;
 use h3_ingress::operator::watches::OwnedStores;
-use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use kube::api::PartialObjectMeta;
 
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
+/// The operator's namespace, and the hosts namespace the certificate mirrors go to.
 const NS: &str = "h3-ingress";
-const SELECTOR: &str = "app.kubernetes.io%2Fcomponent%3Ddata-plane%2Capp.kubernetes.io%2Finstance%3Dpublic%2Capp.kubernetes.io%2Fname%3Dh3-ingress";
+const HOSTS: &str = "h3-ingress-hosts";
+const RBAC: &str = "/apis/rbac.authorization.k8s.io/v1";
+const STATUS: &str = "/apis/h3-ingress.dev/v1alpha1/http3listeners/public/status";
+const DAEMON_SET: &str = "/apis/apps/v1/namespaces/h3-ingress/daemonsets/h3-ingress-public";
+const NS_SERVICE: &str = "/api/v1/namespaces/h3-ingress/services/h3-ingress-public";
+const WEB_TLS: &str = "/api/v1/namespaces/shop/secrets/web-tls";
+/// The data plane pod's `/status` address (its IP, the default metrics port).
+const POD_ADDRESS: &str = "10.0.0.7:9476";
+const POD: &str = "h3-ingress-public-x7k2p";
+/// The resourceVersion of the source Secret `shop/web-tls` in the metadata cache.
+const SECRET_RV: &str = "7";
+/// The resourceVersion the API server gives the mirror of `shop/web-tls` when first written.
+const MIRROR_RV: &str = "201";
 
 type Answer = Box<dyn FnOnce(&str, Value) -> (u16, Value) + Send>;
 
@@ -63,8 +90,27 @@ fn expect(
     }
 }
 
+/// A request the scripted API server answered, and its answer.
+#[derive(Debug, Clone)]
+struct Answered {
+    method: String,
+    path: String,
+    code: u16,
+    body: Value,
+}
+
+/// `METHOD path` of every answered request.
+fn lines(answered: &[Answered]) -> Vec<String> {
+    answered
+        .iter()
+        .map(|a| format!("{} {}", a.method, a.path))
+        .collect()
+}
+
 /// Answers the script in order and fails on any request that is not the next expected one.
-async fn verifier(mut handle: Handle, script: Vec<Expect>) {
+/// Returns the handle (for the next reconcile on the same client) and what it answered.
+async fn verifier(mut handle: Handle, script: Vec<Expect>) -> (Handle, Vec<Answered>) {
+    let mut answered = Vec::new();
     for (i, e) in script.into_iter().enumerate() {
         let (req, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
             .await
@@ -92,6 +138,12 @@ async fn verifier(mut handle: Handle, script: Vec<Expect>) {
                 .body(Body::from(serde_json::to_vec(&answer).unwrap()))
                 .unwrap(),
         );
+        answered.push(Answered {
+            method,
+            path,
+            code,
+            body: answer,
+        });
     }
     // Anything after the script is a request the operator should not have made.
     if let Ok(Some((req, _))) =
@@ -103,13 +155,25 @@ async fn verifier(mut handle: Handle, script: Vec<Expect>) {
             req.uri()
         );
     }
+    (handle, answered)
+}
+
+fn api_status(code: u16, reason: &str, message: &str) -> (u16, Value) {
+    (
+        code,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+               "reason": reason, "code": code, "message": message}),
+    )
 }
 
 fn not_found(what: &str) -> (u16, Value) {
+    api_status(404, "NotFound", &format!("{what} not found"))
+}
+
+fn success() -> (u16, Value) {
     (
-        404,
-        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-               "message": format!("{what} not found"), "reason": "NotFound", "code": 404}),
+        200,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}),
     )
 }
 
@@ -120,24 +184,49 @@ fn list(kind: &str, items: Vec<Value>) -> (u16, Value) {
     )
 }
 
+/// resourceVersions the scripted API server hands out (unique across the tests of this file).
+static NEXT_RV: AtomicU64 = AtomicU64::new(1000);
+
+/// `object` as the API server stores it: with a new resourceVersion.
+fn stamped(mut object: Value) -> Value {
+    let rv = NEXT_RV.fetch_add(1, Ordering::Relaxed);
+    object["metadata"]["resourceVersion"] = rv.to_string().into();
+    object
+}
+
+fn assert_ours(query: &str, what: &str) {
+    assert!(
+        query.contains("fieldManager=h3-ingress-operator") && query.contains("force=true"),
+        "{what}: {query}"
+    );
+}
+
 /// A server-side apply by our one field manager; answers with the applied object.
 fn ssa(path: String, kind: &'static str) -> Expect {
     expect("PATCH", path, move |query, body| {
-        assert!(
-            query.contains("fieldManager=h3-ingress-operator") && query.contains("force=true"),
-            "{kind}: {query}"
-        );
+        assert_ours(query, kind);
         assert_eq!(body["kind"], kind);
-        (200, body)
+        (200, stamped(body))
     })
 }
 
-struct Fetcher(BTreeMap<SocketAddr, Result<StatusReport, String>>);
+/// What the pod answers on `/status`, per address; the tests change it between reconciles.
+#[derive(Clone, Default)]
+struct Fetcher(Arc<Mutex<BTreeMap<SocketAddr, Result<StatusReport, String>>>>);
+
+impl Fetcher {
+    fn set(&self, report: StatusReport) {
+        let mut m = self.0.lock().unwrap();
+        m.insert(POD_ADDRESS.parse().unwrap(), Ok(report));
+    }
+}
 
 impl ReportFetcher for Fetcher {
     fn fetch(&self, address: SocketAddr) -> ReportFuture {
         let r = self
             .0
+            .lock()
+            .unwrap()
             .get(&address)
             .cloned()
             .unwrap_or_else(|| Err(format!("unexpected fetch from {address}")));
@@ -158,6 +247,8 @@ fn listener() -> Http3Listener {
     l
 }
 
+/// Two hosts: `a.example.com` with Secret `web-tls` (which exists), and
+/// `missing.example.com` with Secret `missing` (which does not).
 fn ingress() -> Ingress {
     Ingress {
         metadata: ObjectMeta {
@@ -199,12 +290,22 @@ fn ingress() -> Ingress {
     }
 }
 
-fn tls_secret() -> Secret {
+fn secret_ref(name: &str) -> SecretRef {
+    SecretRef {
+        namespace: "shop".into(),
+        name: name.into(),
+    }
+}
+
+/// `shop/web-tls` at resourceVersion `rv`, with a new certificate for `a.example.com` (every
+/// call makes another one: a rotation).
+fn tls_secret(rv: &str) -> Secret {
     let ck = rcgen::generate_simple_self_signed(vec!["a.example.com".to_string()]).unwrap();
     Secret {
         metadata: ObjectMeta {
             namespace: Some("shop".into()),
             name: Some("web-tls".into()),
+            resource_version: Some(rv.into()),
             ..Default::default()
         },
         type_: Some("kubernetes.io/tls".into()),
@@ -226,7 +327,81 @@ fn tls_secret() -> Secret {
     }
 }
 
-fn pod_report() -> StatusReport {
+/// A Secret's entry in the operator's stripped, cluster-wide metadata cache.
+fn secret_meta(ns: &str, name: &str, rv: &str) -> PartialObjectMeta<Secret> {
+    ObjectMeta {
+        namespace: Some(ns.into()),
+        name: Some(name.into()),
+        resource_version: Some(rv.into()),
+        ..Default::default()
+    }
+    .into_request_partial()
+}
+
+/// The name of the mirror of `shop/<secret>` for listener `public`.
+fn mirror_of(secret: &str) -> String {
+    mirror::mirror_name("public", &secret_ref(secret))
+}
+
+/// What an up-to-date pod reports when the mirror of `web-tls` is at `rv`.
+fn digest_at(rv: &str) -> String {
+    mirror::digest([(mirror_of("web-tls").as_str(), rv)])
+}
+
+/// Metadata of an object the operator made for `listener`, as the owned caches hold it.
+fn owned_meta<K>(namespace: &str, name: &str, listener: &str) -> PartialObjectMeta<K>
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    ObjectMeta {
+        namespace: Some(namespace.into()),
+        name: Some(name.into()),
+        resource_version: Some("50".into()),
+        labels: Some(
+            [
+                (
+                    "app.kubernetes.io/instance".to_string(),
+                    listener.to_string(),
+                ),
+                (mirror::LISTENER_LABEL.to_string(), listener.to_string()),
+            ]
+            .into_iter()
+            .collect(),
+        ),
+        ..Default::default()
+    }
+    .into_request_partial()
+}
+
+/// The listener's data plane pod, as the pod cache holds it.
+fn pod() -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(POD.into()),
+            namespace: Some(NS.into()),
+            labels: Some(
+                [(
+                    "app.kubernetes.io/instance".to_string(),
+                    "public".to_string(),
+                )]
+                .into_iter()
+                .collect(),
+            ),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some("node-1".into()),
+            ..Default::default()
+        }),
+        status: Some(PodStatus {
+            pod_ip: Some("10.0.0.7".into()),
+            ..Default::default()
+        }),
+    }
+}
+
+/// A pod with both sockets bound, which has applied the mirrors whose digest is `digest`.
+fn pod_report(digest: &str) -> StatusReport {
     StatusReport {
         version: "0.1.0".into(),
         port: 443,
@@ -251,38 +426,21 @@ fn pod_report() -> StatusReport {
                 error: String::new(),
             })
             .collect(),
-        hosts: vec![HostReport {
-            name: "a.example.com".into(),
-            state: "Serving".into(),
-            reason: reasons::SERVING.into(),
-            alt_svc_advertised: Some(true),
-            requests: 42,
+        hosts_loaded: 1,
+        mirrors: Some(MirrorReport {
+            synced: true,
+            count: 1,
+            digest: digest.to_string(),
             ..Default::default()
-        }],
+        }),
         requests_total: 42,
         config_generation: 1,
         ..Default::default()
     }
 }
 
-struct Harness {
-    ctx: Arc<Context>,
-    handle: Handle,
-    metrics: Arc<OperatorMetrics>,
-    _writers: Writers,
-}
-
-struct Writers {
-    _ingresses: reflector::store::Writer<Ingress>,
-    _listeners: reflector::store::Writer<Http3Listener>,
-    _classes: reflector::store::Writer<k8s_openapi::api::networking::v1::IngressClass>,
-    _roles: reflector::store::Writer<PartialObjectMeta<Role>>,
-    _role_bindings: reflector::store::Writer<PartialObjectMeta<RoleBinding>>,
-    _services: reflector::store::Writer<PartialObjectMeta<Service>>,
-}
-
 /// A filled cache of `objects`, as a reflector would have it after its first list.
-fn filled<K>(objects: Vec<K>) -> (Store<K>, reflector::store::Writer<K>)
+fn filled<K>(objects: Vec<K>) -> (Store<K>, Writer<K>)
 where
     K: kube::Resource + Clone + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone + Default,
@@ -296,49 +454,66 @@ where
     (store, writer)
 }
 
-/// Metadata of an object the operator made for listener `public`, as the owned caches hold it.
-fn owned_meta<K: Default>(namespace: &str, name: &str) -> PartialObjectMeta<K> {
-    PartialObjectMeta {
-        metadata: ObjectMeta {
-            namespace: Some(namespace.into()),
-            name: Some(name.into()),
-            labels: Some(
-                [(
-                    "app.kubernetes.io/instance".to_string(),
-                    "public".to_string(),
-                )]
-                .into_iter()
-                .collect(),
-            ),
-            ..Default::default()
-        },
-        ..Default::default()
-    }
+/// The writers of every cache, for the tests to play the watches.
+struct Writers {
+    _ingresses: Writer<Ingress>,
+    listeners: Writer<Http3Listener>,
+    _classes: Writer<IngressClass>,
+    _pods: Writer<Pod>,
+    /// The cluster-wide Secret metadata.
+    secrets: Writer<PartialObjectMeta<Secret>>,
+    roles: Writer<PartialObjectMeta<Role>>,
+    role_bindings: Writer<PartialObjectMeta<RoleBinding>>,
+    services: Writer<PartialObjectMeta<Service>>,
+    service_accounts: Writer<PartialObjectMeta<ServiceAccount>>,
+    cluster_roles: Writer<PartialObjectMeta<ClusterRole>>,
+    cluster_role_bindings: Writer<PartialObjectMeta<ClusterRoleBinding>>,
+    keys: Writer<PartialObjectMeta<Secret>>,
+    mirrors: Writer<PartialObjectMeta<Secret>>,
+    daemon_sets: Writer<DaemonSet>,
 }
 
 /// What the caches hold besides the Ingresses.
-#[derive(Default)]
 struct World {
     /// Other listeners in the controller's store.
     listeners: Vec<Http3Listener>,
-    /// Namespaces with a Role and a RoleBinding of listener `public`.
-    roles: Vec<&'static str>,
-    role_bindings: Vec<&'static str>,
-    /// Whether its Service exists.
+    classes: Vec<IngressClass>,
+    /// Roles and RoleBindings of the listeners, as the owned caches list them.
+    roles: Vec<PartialObjectMeta<Role>>,
+    role_bindings: Vec<PartialObjectMeta<RoleBinding>>,
+    /// Mirrors in the hosts namespace.
+    mirrors: Vec<PartialObjectMeta<Secret>>,
+    /// Whether the listener's Service exists.
     service: bool,
-    /// What the pod answers on /status instead of `pod_report()`.
-    report: Option<StatusReport>,
-    /// IngressClasses in the cache.
-    classes: Vec<k8s_openapi::api::networking::v1::IngressClass>,
+    /// Whether its pod runs.
+    pod: bool,
+    /// What the pod answers on /status.
+    report: StatusReport,
 }
 
-/// The usual world: the Role of a namespace no longer referenced ("old") is still there.
+/// A fresh install: nothing made yet, one pod that will have applied the mirror of
+/// `web-tls` as the API server first stores it.
 fn world() -> World {
     World {
-        roles: vec!["shop", "old"],
-        role_bindings: vec!["shop"],
-        ..Default::default()
+        listeners: vec![],
+        classes: vec![],
+        roles: vec![],
+        role_bindings: vec![],
+        mirrors: vec![],
+        service: false,
+        pod: true,
+        report: pod_report(&digest_at(MIRROR_RV)),
     }
+}
+
+struct Harness {
+    ctx: Arc<Context>,
+    handle: Option<Handle>,
+    metrics: Arc<OperatorMetrics>,
+    fetcher: Fetcher,
+    w: Writers,
+    /// The listener as the controller would pass it: with the status last written.
+    listener: Http3Listener,
 }
 
 fn harness(is_leader: bool, ingresses: Vec<Ingress>) -> Harness {
@@ -348,93 +523,303 @@ fn harness(is_leader: bool, ingresses: Vec<Ingress>) -> Harness {
 fn harness_in(is_leader: bool, ingresses: Vec<Ingress>, w: World) -> Harness {
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(svc, "default");
-    let rbac = "h3-ingress-data-plane-public";
     let (ingress_store, i) = filled(ingresses);
     let (listener_store, l) = filled(w.listeners);
     let (classes, c) = filled(w.classes);
-    let (roles, r) = filled(w.roles.iter().map(|ns| owned_meta(ns, rbac)).collect());
-    let (role_bindings, rb) = filled(
-        w.role_bindings
-            .iter()
-            .map(|ns| owned_meta(ns, rbac))
-            .collect(),
-    );
-    let services = if w.service {
-        vec![owned_meta(NS, "h3-ingress-public")]
-    } else {
-        vec![]
+    let (pods, p) = filled(if w.pod { vec![pod()] } else { vec![] });
+    let (secret_meta, s) = filled(vec![secret_meta("shop", "web-tls", SECRET_RV)]);
+    let (roles, r) = filled(w.roles);
+    let (role_bindings, rb) = filled(w.role_bindings);
+    let services = match w.service {
+        true => vec![owned_meta(NS, "h3-ingress-public", "public")],
+        false => vec![],
     };
     let (services, sv) = filled(services);
+    let (service_accounts, sa) = filled(vec![]);
+    let (cluster_roles, cr) = filled(vec![]);
+    let (cluster_role_bindings, crb) = filled(vec![]);
+    let (keys, k) = filled(vec![]);
+    let (mirrors, m) = filled(w.mirrors);
+    let (daemon_sets, d) = filled(vec![]);
     let (_tx, rx) = watch::channel(is_leader);
     let metrics = OperatorMetrics::new();
-    let report = w.report.unwrap_or_else(pod_report);
-    let fetcher = Fetcher(
-        [("10.0.0.7:9476".parse().unwrap(), Ok(report))]
-            .into_iter()
-            .collect(),
-    );
+    let fetcher = Fetcher::default();
+    fetcher.set(w.report);
+    let owned = OwnedStores {
+        roles,
+        role_bindings,
+        services,
+        service_accounts,
+        cluster_roles,
+        cluster_role_bindings,
+        keys,
+        mirrors,
+        daemon_sets,
+    };
+    let caches = Caches {
+        ingresses: ingress_store,
+        listeners: listener_store,
+        classes,
+        owned,
+        gateway_api: None,
+        pods,
+        secrets: SourceSecrets::with_store(secret_meta),
+    };
+    let params = Params {
+        namespace: NS.into(),
+        default_image: "ghcr.io/h3-ingress/h3-ingress:test".into(),
+        hosts_namespace: HOSTS.into(),
+    };
+    let reporter = Reporter {
+        controller: "h3-ingress-operator".into(),
+        instance: Some("operator-0".into()),
+    };
     let ctx = Context::new(
         client,
-        Params {
-            namespace: NS.into(),
-            default_image: "ghcr.io/h3-ingress/h3-ingress:test".into(),
-        },
-        Caches {
-            ingresses: ingress_store,
-            listeners: listener_store,
-            classes,
-            owned: OwnedStores {
-                roles,
-                role_bindings,
-                services,
-            },
-            gateway_api: None,
-        },
+        params,
+        caches,
         rx,
-        Arc::new(fetcher),
-        Reporter {
-            controller: "h3-ingress-operator".into(),
-            instance: Some("operator-0".into()),
-        },
+        Arc::new(fetcher.clone()),
+        reporter,
         metrics.clone(),
     );
+    // As `run` does once every cache listed.
+    ctx.caches_ready.store(true, Ordering::Release);
+    let w = Writers {
+        _ingresses: i,
+        listeners: l,
+        _classes: c,
+        _pods: p,
+        secrets: s,
+        roles: r,
+        role_bindings: rb,
+        services: sv,
+        service_accounts: sa,
+        cluster_roles: cr,
+        cluster_role_bindings: crb,
+        keys: k,
+        mirrors: m,
+        daemon_sets: d,
+    };
     Harness {
         ctx: Arc::new(ctx),
-        handle,
+        handle: Some(handle),
         metrics,
-        _writers: Writers {
-            _ingresses: i,
-            _listeners: l,
-            _classes: c,
-            _roles: r,
-            _role_bindings: rb,
-            _services: sv,
-        },
+        fetcher,
+        w,
+        listener: listener(),
     }
 }
 
-/// Runs one reconcile against the script; panics from the verifier are reported first.
-async fn run(h: Harness, l: Http3Listener, script: Vec<Expect>) -> Action {
-    let server = tokio::spawn(verifier(h.handle, script));
-    let result = tokio::time::timeout(Duration::from_secs(10), reconcile(Arc::new(l), h.ctx)).await;
-    server.await.expect("API server script");
-    result
-        .expect("reconcile finished")
-        .expect("reconcile succeeded")
+fn apply<K: kube::Resource + Clone>(writer: &mut Writer<K>, object: K)
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    writer.apply_watcher_event(&watcher::Event::Apply(object));
 }
 
-/// The listener's QUIC keys Secret: read, and created with 64 random bytes (immutable, owned
-/// by the listener) only when it does not exist; an existing one is never written.
+fn delete<K: kube::Resource + Clone>(writer: &mut Writer<K>, object: K)
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    writer.apply_watcher_event(&watcher::Event::Delete(object));
+}
+
+impl Harness {
+    /// One reconcile of `self.listener` against `script`: its result (an error as text) and
+    /// every request answered.
+    async fn try_run(&mut self, script: Vec<Expect>) -> (Result<Action, String>, Vec<Answered>) {
+        let handle = self.handle.take().expect("one reconcile at a time");
+        let server = tokio::spawn(verifier(handle, script));
+        let l = Arc::new(self.listener.clone());
+        let result =
+            tokio::time::timeout(Duration::from_secs(10), reconcile(l, self.ctx.clone())).await;
+        // The script's verdict first: a failed check there also fails the reconcile.
+        let (handle, answered) = match server.await {
+            Ok(done) => done,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        };
+        self.handle = Some(handle);
+        let result = result.expect("reconcile finished");
+        (result.map_err(|e| e.to_string()), answered)
+    }
+
+    /// One reconcile that must succeed.
+    async fn run(&mut self, script: Vec<Expect>) -> (Action, Vec<Answered>) {
+        let (result, answered) = self.try_run(script).await;
+        (result.expect("reconcile succeeded"), answered)
+    }
+
+    /// One reconcile that must fail after the script (an API call the API server refused).
+    async fn run_failing(&mut self, script: Vec<Expect>) -> String {
+        let (result, _) = self.try_run(script).await;
+        result.expect_err("reconcile must report the refused call")
+    }
+
+    /// Plays the watches: every object the API server stored or deleted reaches the caches
+    /// as it answered it (resourceVersion, generation, status), and the listener comes back
+    /// with the status last written.
+    fn feed(&mut self, answered: &[Answered]) {
+        for a in answered.iter().filter(|a| (200..300).contains(&a.code)) {
+            match a.method.as_str() {
+                "PATCH" | "POST" => self.stored(&a.body),
+                "DELETE" => self.deleted(&a.path),
+                _ => {}
+            }
+        }
+    }
+
+    fn stored(&mut self, object: &Value) {
+        let meta: ObjectMeta = serde_json::from_value(object["metadata"].clone()).unwrap();
+        let w = &mut self.w;
+        match object["kind"].as_str().unwrap_or_default() {
+            "ServiceAccount" => apply(&mut w.service_accounts, meta.into_request_partial()),
+            "ClusterRole" => apply(&mut w.cluster_roles, meta.into_request_partial()),
+            "ClusterRoleBinding" => {
+                apply(&mut w.cluster_role_bindings, meta.into_request_partial())
+            }
+            "Role" => apply(&mut w.roles, meta.into_request_partial()),
+            "RoleBinding" => apply(&mut w.role_bindings, meta.into_request_partial()),
+            "Service" => apply(&mut w.services, meta.into_request_partial()),
+            "Secret" if meta.namespace.as_deref() == Some(NS) => {
+                apply(&mut w.keys, meta.into_request_partial())
+            }
+            "Secret" => apply(&mut w.mirrors, meta.into_request_partial()),
+            "DaemonSet" => apply(
+                &mut w.daemon_sets,
+                serde_json::from_value(object.clone()).unwrap(),
+            ),
+            "Http3Listener" => {
+                self.listener = serde_json::from_value(object.clone()).unwrap();
+                apply(&mut w.listeners, self.listener.clone());
+            }
+            "Event" => {}
+            other => panic!("no cache for {other}: {object}"),
+        }
+    }
+
+    fn deleted(&mut self, path: &str) {
+        let parts: Vec<&str> = path.split('/').collect();
+        let (resource, name) = (parts[parts.len() - 2], parts[parts.len() - 1]);
+        let ns = parts
+            .iter()
+            .position(|p| *p == "namespaces")
+            .map(|i| parts[i + 1].to_string());
+        let meta = ObjectMeta {
+            name: Some(name.into()),
+            namespace: ns,
+            ..Default::default()
+        };
+        let w = &mut self.w;
+        match resource {
+            "roles" => delete(&mut w.roles, meta.into_request_partial()),
+            "rolebindings" => delete(&mut w.role_bindings, meta.into_request_partial()),
+            "services" => delete(&mut w.services, meta.into_request_partial()),
+            "secrets" => delete(&mut w.mirrors, meta.into_request_partial()),
+            other => panic!("no cache for {other}: {path}"),
+        }
+    }
+
+    /// The Secret metadata watch sees `shop/web-tls` at `rv`.
+    fn secret_changed(&mut self, rv: &str) {
+        apply(&mut self.w.secrets, secret_meta("shop", "web-tls", rv));
+    }
+}
+
+/// The counters a reconcile moves, to compare before and after.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+struct Counts {
+    applies: u64,
+    mirror_writes: u64,
+    mirror_deletes: u64,
+    secret_reads: u64,
+    status_writes: u64,
+    events: u64,
+}
+
+impl Counts {
+    fn of(m: &OperatorMetrics) -> Self {
+        Counts {
+            applies: m.applies.get(),
+            mirror_writes: m.mirror_writes.get(),
+            mirror_deletes: m.mirror_deletes.get(),
+            secret_reads: m.secret_reads.get(),
+            status_writes: m.status_writes.get(),
+            events: m.events.with_label_values(&["Normal"]).get()
+                + m.events.with_label_values(&["Warning"]).get(),
+        }
+    }
+}
+
+/// The one GET of the referenced Secret that exists (`shop/missing` does not: the metadata
+/// cache says so, and it is not asked for).
+fn secret_read(secret: Secret) -> Expect {
+    expect("GET", WEB_TLS, move |_, _| {
+        (200, serde_json::to_value(secret).unwrap())
+    })
+}
+
+fn data_of(body: &Value, key: &str) -> Vec<u8> {
+    let b: ByteString = serde_json::from_value(body["data"][key].clone()).unwrap();
+    b.0
+}
+
+/// The mirror of `secret` in the hosts namespace, applied server-side, checked against the
+/// Secret it copies; the API server stores it at `rv`.
+fn mirror_write(secret: &Secret, rv: &'static str) -> Expect {
+    let data = secret.data.clone().unwrap();
+    let (cert, key) = (data["tls.crt"].0.clone(), data["tls.key"].0.clone());
+    let name = mirror_of("web-tls");
+    let path = format!("/api/v1/namespaces/{HOSTS}/secrets/{name}");
+    expect("PATCH", path, move |q, mut body| {
+        assert_ours(q, "mirror");
+        assert_eq!(body["kind"], "Secret");
+        assert_eq!(body["type"], mirror::SECRET_TYPE);
+        let meta = &body["metadata"];
+        assert_eq!(meta["labels"][mirror::LISTENER_LABEL], "public", "{body}");
+        assert_eq!(
+            meta["annotations"][mirror::SOURCE_ANNOTATION],
+            "shop/web-tls"
+        );
+        assert_eq!(meta["ownerReferences"][0]["name"], "public");
+        assert_eq!(data_of(&body, mirror::CERT_KEY), cert);
+        assert_eq!(data_of(&body, mirror::KEY_KEY), key);
+        let hosts_json = data_of(&body, mirror::HOSTS_KEY);
+        let doc: HostsDocument = serde_json::from_slice(&hosts_json).unwrap();
+        let a = MirroredHost {
+            name: "a.example.com".into(),
+            upstream: None,
+            source: "Ingress shop/web".into(),
+        };
+        assert_eq!(doc.hosts, [a]);
+        assert_eq!(
+            meta["annotations"][mirror::CONTENT_ANNOTATION],
+            mirror::content_hash(&cert, &key, &hosts_json)
+        );
+        body["metadata"]["resourceVersion"] = rv.into();
+        (200, body)
+    })
+}
+
+/// A mirror deleted from the hosts namespace.
+fn mirror_delete(name: String) -> Expect {
+    let path = format!("/api/v1/namespaces/{HOSTS}/secrets/{name}");
+    expect("DELETE", path, |_, body| {
+        assert_eq!(body["propagationPolicy"], "Background");
+        success()
+    })
+}
+
+/// The listener's QUIC keys Secret when the cache does not have it: read, and created with
+/// 64 random bytes (immutable, owned by the listener) only when it does not exist.
 fn keys_secret(exists: bool) -> Vec<Expect> {
     let path = format!("/api/v1/namespaces/{NS}/secrets/h3-ingress-keys-public");
     if exists {
         return vec![expect("GET", path, |_, _| {
-            (
-                200,
-                json!({"apiVersion": "v1", "kind": "Secret",
+            let keys = json!({"apiVersion": "v1", "kind": "Secret",
                 "metadata": {"name": "h3-ingress-keys-public", "namespace": NS},
-                "immutable": true, "data": {"key": "c2VjcmV0"}}),
-            )
+                "immutable": true, "data": {"key": "c2VjcmV0"}});
+            (200, stamped(keys))
         })];
     }
     vec![
@@ -451,121 +836,116 @@ fn keys_secret(exists: bool) -> Vec<Expect> {
                 let key = body["data"]["key"].as_str().unwrap();
                 let bytes: ByteString = serde_json::from_value(json!(key)).unwrap();
                 assert_eq!(bytes.0.len(), 64, "{key}");
-                (201, body)
+                (201, stamped(body))
             },
         ),
     ]
 }
 
-/// How many requests of [`apply_script`] come before the DaemonSet's: two TLS Secrets read,
-/// the keys Secret read and created, ServiceAccount, ClusterRole(Binding), Role(Binding).
-const BEFORE_DAEMON_SET: usize = 9;
-
-/// Requests every leader reconcile of `listener()` makes before the status patch.
-fn apply_script() -> Vec<Expect> {
-    apply_script_with(false)
-}
-
-/// [`apply_script`], with the keys Secret already there (`keys_exist`) or created.
-fn apply_script_with(keys_exist: bool) -> Vec<Expect> {
-    let rbac = "/apis/rbac.authorization.k8s.io/v1";
-    let mut script = vec![
-        expect("GET", "/api/v1/namespaces/shop/secrets/missing", |_, _| {
-            not_found("secrets \"missing\"")
-        }),
-        expect("GET", "/api/v1/namespaces/shop/secrets/web-tls", |_, _| {
-            (200, serde_json::to_value(tls_secret()).unwrap())
-        }),
-    ];
-    script.extend(keys_secret(keys_exist));
-    script.extend([
+/// ServiceAccount, ClusterRole(Binding), and the one Role(Binding), in the hosts namespace.
+fn rbac_applies() -> Vec<Expect> {
+    vec![
         ssa(
             format!("/api/v1/namespaces/{NS}/serviceaccounts/h3-ingress-public"),
             "ServiceAccount",
         ),
         ssa(
-            format!("{rbac}/clusterroles/h3-ingress-data-plane-public"),
+            format!("{RBAC}/clusterroles/h3-ingress-data-plane-public"),
             "ClusterRole",
         ),
         ssa(
-            format!("{rbac}/clusterrolebindings/h3-ingress-data-plane-public"),
+            format!("{RBAC}/clusterrolebindings/h3-ingress-data-plane-public"),
             "ClusterRoleBinding",
         ),
         expect(
             "PATCH",
-            format!("{rbac}/namespaces/shop/roles/h3-ingress-data-plane-public"),
+            format!("{RBAC}/namespaces/{HOSTS}/roles/h3-ingress-data-plane-public"),
             |q, body| {
-                assert!(q.contains("fieldManager=h3-ingress-operator"), "{q}");
-                // Only the two referenced Secrets, read-only.
+                assert_ours(q, "Role");
+                // The mirrors, read-only; no user's Secret anywhere.
                 assert_eq!(
                     body["rules"],
                     json!([{"apiGroups": [""], "resources": ["secrets"],
-                        "resourceNames": ["missing", "web-tls"], "verbs": ["get", "list", "watch"]}])
+                        "verbs": ["get", "list", "watch"]}])
                 );
                 assert_eq!(body["metadata"]["ownerReferences"][0]["name"], "public");
-                (200, body)
+                (200, stamped(body))
             },
         ),
         ssa(
-            format!("{rbac}/namespaces/shop/rolebindings/h3-ingress-data-plane-public"),
+            format!("{RBAC}/namespaces/{HOSTS}/rolebindings/h3-ingress-data-plane-public"),
             "RoleBinding",
         ),
-        expect(
-            "PATCH",
-            format!("/apis/apps/v1/namespaces/{NS}/daemonsets/h3-ingress-public"),
-            |q, mut body| {
-                assert!(
-                    q.contains("fieldManager=h3-ingress-operator") && q.contains("force=true"),
-                    "{q}"
-                );
-                let pod = &body["spec"]["template"]["spec"];
-                assert_eq!(pod["hostNetwork"], true);
-                assert_eq!(
-                    pod["containers"][0]["args"],
-                    json!(["proxy", "--listener", "public", "--keys-file", "/etc/h3-ingress/keys/key"])
-                );
-                assert_eq!(
-                    pod["volumes"][1]["secret"]["secretName"],
-                    "h3-ingress-keys-public"
-                );
-                assert_eq!(
-                    pod["containers"][0]["image"],
-                    "ghcr.io/h3-ingress/h3-ingress:test"
-                );
-                assert_eq!(
-                    body["metadata"]["ownerReferences"][0]["uid"],
-                    "5e1f0000-0000-4000-8000-000000000001"
-                );
-                body["status"] = json!({"currentNumberScheduled": 1, "desiredNumberScheduled": 1,
-                                     "numberMisscheduled": 0, "numberReady": 1});
-                (200, body)
-            },
-        ),
-        // Pruning reads the owned-object caches: no list. The namespace whose Secret is no
-        // longer referenced loses its Role.
-        expect(
-            "DELETE",
-            format!("{rbac}/namespaces/old/roles/h3-ingress-data-plane-public"),
-            |_, body| {
-                assert_eq!(body["propagationPolicy"], "Background");
-                (
-                    200,
-                    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}),
-                )
-            },
-        ),
-        expect("GET", format!("/api/v1/namespaces/{NS}/pods"), |q, _| {
-            assert!(q.contains(&format!("labelSelector={SELECTOR}")), "{q}");
-            list(
-                "PodList",
-                vec![json!({"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": "h3-ingress-public-x7k2p", "namespace": NS},
-                "spec": {"nodeName": "node-1", "containers": [{"name": "h3-ingress"}]},
-                "status": {"podIP": "10.0.0.7", "phase": "Running"}})],
-            )
-        }),
-    ]);
+    ]
+}
+
+/// The DaemonSet's apply, answered with generation 1 and `status`.
+fn daemon_set_with(status: Value) -> Expect {
+    expect("PATCH", DAEMON_SET, move |q, mut body| {
+        assert_ours(q, "DaemonSet");
+        let pod = &body["spec"]["template"]["spec"];
+        assert_eq!(pod["hostNetwork"], true);
+        assert_eq!(
+            pod["containers"][0]["args"],
+            json!([
+                "proxy",
+                "--listener",
+                "public",
+                "--keys-file",
+                "/etc/h3-ingress/keys/key",
+                "--hosts-namespace",
+                HOSTS
+            ])
+        );
+        assert_eq!(
+            pod["volumes"][1]["secret"]["secretName"],
+            "h3-ingress-keys-public"
+        );
+        assert_eq!(
+            pod["containers"][0]["image"],
+            "ghcr.io/h3-ingress/h3-ingress:test"
+        );
+        assert_eq!(
+            body["metadata"]["ownerReferences"][0]["uid"],
+            "5e1f0000-0000-4000-8000-000000000001"
+        );
+        body["metadata"]["generation"] = 1.into();
+        body["metadata"]["uid"] = "d5000000-0000-4000-8000-000000000005".into();
+        body["status"] = status;
+        (200, stamped(body))
+    })
+}
+
+/// The DaemonSet's apply; its one pod is ready.
+fn daemon_set() -> Expect {
+    daemon_set_with(
+        json!({"currentNumberScheduled": 1, "desiredNumberScheduled": 1,
+        "numberMisscheduled": 0, "numberReady": 1, "observedGeneration": 1}),
+    )
+}
+
+/// Every request of a fresh install's first reconcile before the status: the Secret read,
+/// its mirror written, the keys Secret made, and every object applied. No pod list: pods
+/// come from the cache.
+fn first_script(secret: &Secret) -> Vec<Expect> {
+    let mut script = vec![secret_read(secret.clone()), mirror_write(secret, MIRROR_RV)];
+    script.extend(keys_secret(false));
+    script.extend(rbac_applies());
+    script.push(daemon_set());
     script
+}
+
+/// The status patch, captured into `log`; answered with the listener holding that status.
+fn status_patch(log: Arc<Mutex<Vec<Value>>>) -> Expect {
+    expect("PATCH", STATUS, move |q, body| {
+        assert_ours(q, "status");
+        assert_eq!(body["apiVersion"], "h3-ingress.dev/v1alpha1");
+        assert_eq!(body["kind"], "Http3Listener");
+        log.lock().unwrap().push(body.clone());
+        let mut l = serde_json::to_value(listener()).unwrap();
+        l["status"] = body["status"].clone();
+        (200, stamped(l))
+    })
 }
 
 fn event(
@@ -595,6 +975,33 @@ fn event(
     )
 }
 
+/// A Warning on the listener (the events of conditions gone bad).
+fn warning(reason: &'static str, note_start: &'static str) -> Expect {
+    event("default", "Http3Listener", "Warning", reason, note_start)
+}
+
+/// The listener's Degraded warning while `missing.example.com` is not served.
+fn degraded() -> Expect {
+    warning("SomeHostsNotServing", "Degraded is True")
+}
+
+/// The status patch and the events of the first reconcile of `listener()` with `ingress()`:
+/// Ready (one of two hosts), and Degraded (the missing Secret). A new Context knows no host
+/// status before, so no per-host event.
+fn first_status(log: Arc<Mutex<Vec<Value>>>) -> Vec<Expect> {
+    vec![
+        status_patch(log),
+        event(
+            "default",
+            "Http3Listener",
+            "Normal",
+            "SomeHostsServing",
+            "Ready is True: 1 of 2 hosts served",
+        ),
+        degraded(),
+    ]
+}
+
 fn status_of(patch: &Value) -> Http3ListenerStatus {
     serde_json::from_value(patch["status"].clone()).unwrap()
 }
@@ -604,58 +1011,289 @@ fn condition<'a>(s: &'a Http3ListenerStatus, t: &str) -> (&'a str, &'a str) {
     (c.status.as_str(), c.reason.as_str())
 }
 
+fn ready_message(s: &Http3ListenerStatus) -> &str {
+    let c = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    c.message.as_str()
+}
+
+fn count(state: &str, reason: &str, n: i64) -> HostCount {
+    HostCount {
+        state: state.into(),
+        reason: reason.into(),
+        count: n,
+    }
+}
+
+/// The status entry of `missing.example.com`, whose Secret does not exist.
+fn missing_host() -> HostStatus {
+    HostStatus {
+        name: "missing.example.com".into(),
+        ingress: Some("shop/web".into()),
+        secret: Some("shop/missing".into()),
+        state: "NotServing".into(),
+        reason: reasons::SECRET_NOT_FOUND.into(),
+        message: "Secret shop/missing not found".into(),
+        ..Default::default()
+    }
+}
+
 #[tokio::test]
-async fn leader_applies_objects_prunes_rbac_writes_status_and_publishes_events() {
-    let h = harness(true, vec![ingress()]);
-    let metrics = h.metrics.clone();
+async fn leader_writes_the_mirror_applies_objects_writes_status_and_publishes_events() {
+    let mut h = harness(true, vec![ingress()]);
+    let secret = tls_secret(SECRET_RV);
     let log = Arc::new(Mutex::new(Vec::new()));
-    let mut script = apply_script();
-    let seen = log.clone();
-    script.push(expect(
-        "PATCH",
-        "/apis/h3-ingress.dev/v1alpha1/http3listeners/public/status",
-        move |q, body| {
-            assert!(
-                q.contains("fieldManager=h3-ingress-operator") && q.contains("force=true"),
-                "{q}"
-            );
-            assert_eq!(body["apiVersion"], "h3-ingress.dev/v1alpha1");
-            assert_eq!(body["kind"], "Http3Listener");
-            seen.lock().unwrap().push(body.clone());
-            let mut l = serde_json::to_value(listener()).unwrap();
-            l["status"] = body["status"].clone();
-            (200, l)
-        },
-    ));
+    let mut script = first_script(&secret);
+    script.extend(first_status(log.clone()));
+    let (action, _) = h.run(script).await;
+    assert_eq!(action, Action::requeue(REQUEUE));
+
+    let s = status_of(&log.lock().unwrap()[0]);
+    assert_eq!(s.observed_generation, Some(2));
+    assert_eq!(s.hosts_summary.as_deref(), Some("1/2"));
+    assert_eq!(condition(&s, "Ready"), ("True", "SomeHostsServing"));
+    assert_eq!(condition(&s, "SocketsBound"), ("True", "Bound"));
+    assert_eq!(condition(&s, "BuffersApplied"), ("True", "Applied"));
+    assert_eq!(condition(&s, "Degraded"), ("True", "SomeHostsNotServing"));
+    // Counted by state and reason; only the host not served is listed.
+    assert_eq!(
+        s.host_counts,
+        [
+            count("NotServing", reasons::SECRET_NOT_FOUND, 1),
+            count("Serving", reasons::SERVING, 1)
+        ]
+    );
+    assert_eq!(s.hosts, [missing_host()]);
+    assert_eq!(s.hosts_omitted, 0);
+    assert_eq!(s.nodes.as_ref().unwrap().summary, "1/1");
+    assert_eq!(
+        s.udp.as_ref().unwrap().min_receive_buffer_bytes,
+        Some(8_388_608)
+    );
+    let m = &h.metrics;
+    assert_eq!(
+        Counts::of(m),
+        Counts {
+            applies: 6,
+            mirror_writes: 1,
+            mirror_deletes: 0,
+            secret_reads: 1,
+            status_writes: 1,
+            events: 2,
+        }
+    );
+    assert_eq!(m.events.with_label_values(&["Warning"]).get(), 1);
+    assert_eq!(m.reconciles.with_label_values(&["ok"]).get(), 1);
+}
+
+/// A fresh install reconciled once, with everything it wrote back in the caches (as the
+/// watches would have it). Returns the harness and the source Secret as read.
+async fn settled() -> (Harness, Secret) {
+    let mut h = harness(true, vec![ingress()]);
+    let secret = tls_secret(SECRET_RV);
+    let mut script = first_script(&secret);
+    script.extend(first_status(Arc::default()));
+    let (_, answered) = h.run(script).await;
+    h.feed(&answered);
+    (h, secret)
+}
+
+/// The point of the caches: with nothing changed, a reconcile reads the Secret from memory,
+/// finds the mirror's content hash and every object's version unchanged, hears from the pods
+/// that they serve the mirrors as written, and computes the same status: zero API calls.
+#[tokio::test]
+async fn at_steady_state_a_reconcile_makes_no_api_call_at_all() {
+    let (mut h, _) = settled().await;
+    let before = Counts::of(&h.metrics);
+    for _ in 0..2 {
+        // An empty script: any request fails the test.
+        let (action, answered) = h.run(vec![]).await;
+        assert_eq!(lines(&answered), Vec::<String>::new());
+        assert_eq!(action, Action::requeue(REQUEUE));
+    }
+    assert_eq!(Counts::of(&h.metrics), before);
+    assert_eq!(h.metrics.reconciles.with_label_values(&["ok"]).get(), 3);
+}
+
+/// A referenced Secret is fetched once per resourceVersion the metadata watch reports: the
+/// same version costs nothing, a new one exactly one GET (and, its content being the same,
+/// nothing else).
+#[tokio::test]
+async fn a_referenced_secret_is_read_once_per_resource_version() {
+    let (mut h, secret) = settled().await;
+    assert_eq!(h.metrics.secret_reads.get(), 1);
+    let (_, answered) = h.run(vec![]).await;
+    assert!(answered.is_empty());
+    assert_eq!(h.metrics.secret_reads.get(), 1, "same version, no read");
+
+    // A label edit: new version, same data.
+    h.secret_changed("8");
+    let mut same = secret.clone();
+    same.metadata.resource_version = Some("8".into());
+    let before = Counts::of(&h.metrics);
+    let (_, answered) = h.run(vec![secret_read(same)]).await;
+    assert_eq!(lines(&answered), [format!("GET {WEB_TLS}")]);
+    assert_eq!(
+        Counts::of(&h.metrics),
+        Counts {
+            secret_reads: before.secret_reads + 1,
+            ..before
+        }
+    );
+    let (_, answered) = h.run(vec![]).await;
+    assert!(answered.is_empty(), "version 8 is kept now");
+}
+
+/// A rotated certificate (cert-manager renewing it) costs one Secret GET and one mirror
+/// write; the pods, once they load it, report the new digest and the status stays as it was.
+#[tokio::test]
+async fn a_rotated_secret_costs_one_read_and_one_mirror_write() {
+    let (mut h, _) = settled().await;
+    let rotated = tls_secret("8");
+    h.secret_changed("8");
+    h.fetcher.set(pod_report(&digest_at("202")));
+    let before = Counts::of(&h.metrics);
+    let script = vec![secret_read(rotated.clone()), mirror_write(&rotated, "202")];
+    let (action, answered) = h.run(script).await;
+    let mirror = format!(
+        "/api/v1/namespaces/{HOSTS}/secrets/{}",
+        mirror_of("web-tls")
+    );
+    assert_eq!(
+        lines(&answered),
+        [format!("GET {WEB_TLS}"), format!("PATCH {mirror}")]
+    );
+    assert_eq!(action, Action::requeue(REQUEUE));
+    assert_eq!(
+        Counts::of(&h.metrics),
+        Counts {
+            secret_reads: before.secret_reads + 1,
+            mirror_writes: before.mirror_writes + 1,
+            ..before
+        }
+    );
+    // Once the watch brings the mirror back, nothing more.
+    h.feed(&answered);
+    let (_, answered) = h.run(vec![]).await;
+    assert!(answered.is_empty(), "{:?}", lines(&answered));
+}
+
+/// As a rotation happens: the reconcile asks the pods right after writing the mirror, before
+/// they can have loaded it. The host is still served with the certificate they have, so it
+/// stays `Serving` (no status write, no Ready flip, no warning); the listener is looked at
+/// again soon, and once the pods report the new digest nothing more is written.
+#[tokio::test]
+async fn a_renewed_certificate_keeps_its_host_serving_while_the_pods_load_it() {
+    let (mut h, _) = settled().await;
+    let rotated = tls_secret("8");
+    h.secret_changed("8");
+    let before = Counts::of(&h.metrics);
+    let script = vec![secret_read(rotated.clone()), mirror_write(&rotated, "202")];
+    let (action, answered) = h.run(script).await;
+    assert_eq!(answered.len(), 2, "{:?}", lines(&answered));
+    assert_eq!(action, Action::requeue(SETTLE_REQUEUE));
+    assert_eq!(Counts::of(&h.metrics).status_writes, before.status_writes);
+    assert_eq!(Counts::of(&h.metrics).events, before.events);
+
+    h.feed(&answered);
+    h.fetcher.set(pod_report(&digest_at("202")));
+    let (action, answered) = h.run(vec![]).await;
+    assert!(answered.is_empty(), "{:?}", lines(&answered));
+    assert_eq!(action, Action::requeue(REQUEUE));
+}
+
+/// What the listener no longer needs goes: the mirror of a Secret no host uses now, and the
+/// per-namespace Role and RoleBinding an earlier version made next to a user's Secret. Other
+/// listeners' objects stay.
+#[tokio::test]
+async fn obsolete_mirrors_and_legacy_per_namespace_rbac_are_deleted() {
+    let rbac = "h3-ingress-data-plane-public";
+    let old = mirror_of("old-tls");
+    let w = World {
+        mirrors: vec![
+            owned_meta(HOSTS, &old, "public"),
+            owned_meta(HOSTS, "other-0123456789abcdef", "other"),
+        ],
+        roles: vec![
+            owned_meta("shop", rbac, "public"),
+            owned_meta("shop", "h3-ingress-data-plane-other", "other"),
+        ],
+        role_bindings: vec![owned_meta("shop", rbac, "public")],
+        ..world()
+    };
+    let mut h = harness_in(true, vec![ingress()], w);
+    let secret = tls_secret(SECRET_RV);
+    let mut script = vec![
+        secret_read(secret.clone()),
+        mirror_write(&secret, MIRROR_RV),
+        mirror_delete(old),
+    ];
+    script.extend(keys_secret(false));
+    script.extend(rbac_applies());
+    script.push(daemon_set());
+    for kind in ["roles", "rolebindings"] {
+        let path = format!("{RBAC}/namespaces/shop/{kind}/{rbac}");
+        script.push(expect("DELETE", path, |_, body| {
+            assert_eq!(body["propagationPolicy"], "Background");
+            success()
+        }));
+    }
+    script.extend(first_status(Arc::default()));
+    let (_, answered) = h.run(script).await;
+    assert_eq!(h.metrics.mirror_deletes.get(), 1);
+    // The deletions reach the caches: nothing is deleted twice.
+    h.feed(&answered);
+    let (_, answered) = h.run(vec![]).await;
+    assert!(answered.is_empty(), "{:?}", lines(&answered));
+}
+
+/// Pods that have not loaded the mirrors as written (they report another digest) do not
+/// serve the new host yet: `ConfigPending`, looked at again soon. When they catch up the
+/// host is announced on the listener and its Ingress.
+#[tokio::test]
+async fn hosts_are_pending_until_the_pods_report_the_mirrors_as_written() {
+    let w = World {
+        report: pod_report(&digest_at("100")),
+        ..world()
+    };
+    let mut h = harness_in(true, vec![ingress()], w);
+    let secret = tls_secret(SECRET_RV);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut script = first_script(&secret);
     script.extend([
+        status_patch(log.clone()),
+        warning("NoHostsServing", "Ready is False"),
+        degraded(),
+    ]);
+    let (action, answered) = h.run(script).await;
+    assert_eq!(action, Action::requeue(SETTLE_REQUEUE));
+    let s = status_of(&log.lock().unwrap()[0]);
+    assert_eq!(s.hosts_summary.as_deref(), Some("0/2"));
+    let a = &s.hosts[0];
+    assert_eq!(
+        (a.name.as_str(), a.reason.as_str(), a.message.as_str()),
+        (
+            "a.example.com",
+            reasons::CONFIG_PENDING,
+            "not loaded yet by 1 of 1 data plane pods"
+        )
+    );
+    assert_eq!(s.hosts[1], missing_host());
+
+    // The pod has loaded them: one status write, the host's events, Ready's.
+    h.feed(&answered);
+    h.fetcher.set(pod_report(&digest_at(MIRROR_RV)));
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let enabled = "HTTP/3 enabled for a.example.com";
+    let script = vec![
+        status_patch(log.clone()),
         event(
             "default",
             "Http3Listener",
             "Normal",
             "Http3Enabled",
-            "HTTP/3 enabled for a.example.com",
+            enabled,
         ),
-        event(
-            "shop",
-            "Ingress",
-            "Normal",
-            "Http3Enabled",
-            "HTTP/3 enabled for a.example.com",
-        ),
-        event(
-            "default",
-            "Http3Listener",
-            "Warning",
-            "SecretNotFound",
-            "HTTP/3 not served for missing.example.com: Secret shop/missing not found",
-        ),
-        event(
-            "shop",
-            "Ingress",
-            "Warning",
-            "SecretNotFound",
-            "HTTP/3 not served for missing.example.com",
-        ),
+        event("shop", "Ingress", "Normal", "Http3Enabled", enabled),
         event(
             "default",
             "Http3Listener",
@@ -663,161 +1301,124 @@ async fn leader_applies_objects_prunes_rbac_writes_status_and_publishes_events()
             "SomeHostsServing",
             "Ready is True: 1 of 2 hosts served",
         ),
-        event(
-            "default",
-            "Http3Listener",
-            "Warning",
-            "SomeHostsNotServing",
-            "Degraded is True",
-        ),
-    ]);
-
-    let action = run(h, listener(), script).await;
-    assert_eq!(action, Action::requeue(Duration::from_secs(60)));
-
-    let patches = log.lock().unwrap();
-    let s = status_of(&patches[0]);
-    assert_eq!(s.observed_generation, Some(2));
+    ];
+    let (action, _) = h.run(script).await;
+    assert_eq!(action, Action::requeue(REQUEUE));
+    let s = status_of(&log.lock().unwrap()[0]);
     assert_eq!(s.hosts_summary.as_deref(), Some("1/2"));
-    assert_eq!(condition(&s, "Ready"), ("True", "SomeHostsServing"));
-    assert_eq!(condition(&s, "SocketsBound"), ("True", "Bound"));
-    assert_eq!(condition(&s, "BuffersApplied"), ("True", "Applied"));
-    assert_eq!(condition(&s, "Degraded"), ("True", "SomeHostsNotServing"));
+    assert_eq!(s.hosts, [missing_host()]);
+}
+
+/// A pod that cannot serve from a mirror (it parses the certificate itself) has the last
+/// word: its reason and message become the host's.
+#[tokio::test]
+async fn a_pods_mirror_failure_becomes_the_hosts_reason() {
+    let mut report = pod_report(&digest_at(MIRROR_RV));
+    let failure = MirrorFailure {
+        mirror: mirror_of("web-tls"),
+        source: "shop/web-tls".into(),
+        host: None,
+        reason: reasons::CERTIFICATE_INVALID.into(),
+        message: "the private key does not match the certificate".into(),
+    };
+    let mirrors = report.mirrors.as_mut().unwrap();
+    mirrors.failed = vec![failure];
+    mirrors.failed_count = 1;
+    let w = World { report, ..world() };
+    let mut h = harness_in(true, vec![ingress()], w);
+    let secret = tls_secret(SECRET_RV);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut script = first_script(&secret);
+    script.extend([
+        status_patch(log.clone()),
+        warning("NoHostsServing", "Ready is False"),
+        degraded(),
+    ]);
+    h.run(script).await;
+    let s = status_of(&log.lock().unwrap()[0]);
     let a = &s.hosts[0];
     assert_eq!(
-        (a.name.as_str(), a.state.as_str(), a.alt_svc_advertised),
-        ("a.example.com", "Serving", Some(true))
-    );
-    assert_eq!(a.ingress.as_deref(), Some("shop/web"));
-    assert_eq!(
-        a.dns_https_record,
-        "a.example.com. 3600 IN HTTPS 1 . alpn=\"h3,h2\""
+        (a.name.as_str(), a.state.as_str(), a.reason.as_str()),
+        ("a.example.com", "NotServing", reasons::CERTIFICATE_INVALID)
     );
     assert_eq!(
-        (s.hosts[1].reason.as_str(), s.hosts[1].message.as_str()),
-        ("SecretNotFound", "Secret shop/missing not found")
+        a.message,
+        format!("{POD} on node-1: the private key does not match the certificate")
     );
-    assert_eq!(s.nodes.as_ref().unwrap().summary, "1/1");
     assert_eq!(
-        s.udp.as_ref().unwrap().min_receive_buffer_bytes,
-        Some(8_388_608)
+        s.host_counts,
+        [
+            count("NotServing", reasons::CERTIFICATE_INVALID, 1),
+            count("NotServing", reasons::SECRET_NOT_FOUND, 1)
+        ]
     );
-    assert_eq!(s.requests[0].total, 42);
-    assert_eq!(metrics.status_writes.get(), 1);
-    assert_eq!(metrics.events.with_label_values(&["Warning"]).get(), 3);
-    assert_eq!(metrics.reconciles.with_label_values(&["ok"]).get(), 1);
 }
 
+/// After a restart nothing is remembered: the Secret is read and every object applied again
+/// (the operator cannot know what it applied), but the mirror, whose content hash the cache
+/// shows, is not rewritten, the keys Secret is not read, and the stored status, unchanged, is
+/// neither written nor announced again.
 #[tokio::test]
-async fn an_unchanged_status_is_not_written_again() {
-    // First pass: capture the status the operator writes.
-    let h = harness(true, vec![ingress()]);
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let mut script = apply_script();
-    let seen = log.clone();
-    script.push(expect(
-        "PATCH",
-        "/apis/h3-ingress.dev/v1alpha1/http3listeners/public/status",
-        move |_, body| {
-            seen.lock().unwrap().push(body.clone());
-            let mut l = serde_json::to_value(listener()).unwrap();
-            l["status"] = body["status"].clone();
-            (200, l)
-        },
-    ));
-    for ns in ["default", "shop", "default", "shop", "default", "default"] {
-        script.push(expect(
-            "POST",
-            format!("/apis/events.k8s.io/v1/namespaces/{ns}/events"),
-            |_, b| (201, b),
-        ));
-    }
-    run(h, listener(), script).await;
-    let stored = status_of(&log.lock().unwrap()[0]);
+async fn a_restarted_operator_does_not_rewrite_an_unchanged_status_or_mirror() {
+    let mut h = harness(true, vec![ingress()]);
+    let secret = tls_secret(SECRET_RV);
+    let mut script = first_script(&secret);
+    script.extend(first_status(Arc::default()));
+    let (_, written) = h.run(script).await;
 
-    // Second pass, a while later, with that status stored: same applies, no status patch,
-    // no events (the script ends after the pod list; any further request would hang).
+    // A while later, a new operator process whose caches list what the first one made.
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let h = harness(true, vec![ingress()]);
-    let metrics = h.metrics.clone();
-    let mut l = listener();
-    l.status = Some(stored);
-    run(h, l, apply_script_with(true)).await;
-    assert_eq!(metrics.status_writes.get(), 0);
-    assert_eq!(metrics.events.with_label_values(&["Normal"]).get(), 0);
-    assert_eq!(metrics.events.with_label_values(&["Warning"]).get(), 0);
+    let mut h = harness(true, vec![ingress()]);
+    h.feed(&written);
+    assert!(h.listener.status.is_some());
+    let mut script = vec![secret_read(secret)];
+    script.extend(rbac_applies());
+    script.push(daemon_set());
+    h.run(script).await;
+    let c = Counts::of(&h.metrics);
+    assert_eq!((c.applies, c.mirror_writes), (6, 0));
+    assert_eq!((c.status_writes, c.events), (0, 0));
 }
 
+/// The status's counters (`udp.drops`) changing alone are written at most once a minute:
+/// here the pods restarted and count their drops from zero again.
 #[tokio::test]
-async fn busy_counters_are_written_at_most_once_a_minute() {
-    let h = harness(true, vec![ingress()]);
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let mut script = apply_script();
-    script.extend(first_status(log.clone()));
-    run(h, listener(), script).await;
-    let stored = status_of(&log.lock().unwrap()[0]);
-    assert_eq!(stored.requests[0].total, 42);
-
-    // Traffic goes on: the pod now reports more requests. Within the minute: no write.
-    let busy = || {
-        let mut r = pod_report();
-        r.hosts[0].requests = 9_000;
-        r.hosts[0].requests_last5m = 700;
-        r.requests_total = 9_000;
-        r
-    };
-    let h = harness_in(
-        true,
-        vec![ingress()],
-        World {
-            report: Some(busy()),
-            ..world()
-        },
-    );
-    let metrics = h.metrics.clone();
-    let mut l = listener();
-    l.status = Some(stored.clone());
-    run(h, l, apply_script()).await;
-    assert_eq!(
-        metrics.status_writes.get(),
-        0,
-        "counters alone were written within a minute"
+async fn counters_alone_are_written_at_most_once_a_minute() {
+    let (mut h, _) = settled().await;
+    let stored = h.listener.status.clone().unwrap();
+    assert_eq!(stored.udp.as_ref().unwrap().drops, 0);
+    let mut earlier = stored.clone();
+    earlier.udp.as_mut().unwrap().drops = 500;
+    h.listener.status = Some(earlier.clone());
+    let (_, answered) = h.run(vec![]).await;
+    assert!(
+        answered.is_empty(),
+        "counters alone written within a minute"
     );
 
     // The stored counters are a minute old: now they are written, and nothing else changes.
-    let mut old = stored;
     let minute_ago =
         k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(61);
-    old.counters_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+    earlier.counters_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
         minute_ago,
     ));
-    let h = harness_in(
-        true,
-        vec![ingress()],
-        World {
-            report: Some(busy()),
-            ..world()
-        },
-    );
+    h.listener.status = Some(earlier.clone());
     let log = Arc::new(Mutex::new(Vec::new()));
-    let mut script = apply_script();
-    script.push(status_patch(log.clone()));
-    let mut l = listener();
-    l.status = Some(old.clone());
-    run(h, l, script).await;
+    let (_, answered) = h.run(vec![status_patch(log.clone())]).await;
+    assert_eq!(lines(&answered), [format!("PATCH {STATUS}")]);
     let written = status_of(&log.lock().unwrap()[0]);
+    assert_eq!(written.udp.as_ref().unwrap().drops, 0);
     assert_eq!(
-        (written.requests[0].total, written.requests[0].last5m),
-        (9_000, 700)
+        written.conditions, earlier.conditions,
+        "no event-worthy change"
     );
-    assert_eq!(written.conditions, old.conditions, "no event-worthy change");
 }
 
 #[tokio::test]
 async fn an_ingress_without_a_class_counts_for_the_default_class() {
     let mut classless = ingress();
     classless.spec.as_mut().unwrap().ingress_class_name = None;
-    let nginx: k8s_openapi::api::networking::v1::IngressClass = serde_json::from_value(json!({
+    let nginx: IngressClass = serde_json::from_value(json!({
         "metadata": {"name": "nginx",
                      "annotations": {"ingressclass.kubernetes.io/is-default-class": "true"}}
     }))
@@ -826,23 +1427,22 @@ async fn an_ingress_without_a_class_counts_for_the_default_class() {
         classes: vec![nginx],
         ..world()
     };
-    let h = harness_in(true, vec![classless], w);
+    let mut h = harness_in(true, vec![classless], w);
     let log = Arc::new(Mutex::new(Vec::new()));
-    // The same reads, applies (a Role for the Ingress's Secrets) and status as for an Ingress
-    // of class nginx.
-    let mut script = apply_script();
+    // The same reads, writes and status as for an Ingress of class nginx.
+    let mut script = first_script(&tls_secret(SECRET_RV));
     script.extend(first_status(log.clone()));
-    run(h, listener(), script).await;
+    h.run(script).await;
     let s = status_of(&log.lock().unwrap()[0]);
     assert_eq!(s.hosts_summary.as_deref(), Some("1/2"));
-    assert_eq!(s.hosts[0].ingress.as_deref(), Some("shop/web"));
+    assert_eq!(s.hosts, [missing_host()]);
 }
 
 #[tokio::test]
 async fn a_standby_replica_makes_no_api_call_at_all() {
     let h = harness(false, vec![ingress()]);
     let metrics = h.metrics.clone();
-    let mut handle = h.handle;
+    let mut handle = h.handle.unwrap();
     let ctx = h.ctx;
     // Keep the client alive: a dropped client would also end `next_request` (with None).
     let action = reconcile(Arc::new(listener()), ctx.clone()).await.unwrap();
@@ -860,43 +1460,269 @@ async fn a_standby_replica_makes_no_api_call_at_all() {
 
 #[tokio::test]
 async fn a_listener_being_deleted_is_left_to_the_garbage_collector() {
-    let h = harness(true, vec![ingress()]);
-    let mut l = listener();
-    l.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-        k8s_openapi::jiff::Timestamp::now(),
-    ));
+    let (mut h, _) = settled().await;
+    assert!(!h.ctx.memory_of("public").secrets.is_empty());
+    h.listener.metadata.deletion_timestamp = Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()),
+    );
     // An empty script: any request fails the test.
-    assert_eq!(run(h, l, vec![]).await, Action::await_change());
+    let (action, _) = h.run(vec![]).await;
+    assert_eq!(action, Action::await_change());
+    assert!(
+        h.ctx.memory_of("public").secrets.is_empty(),
+        "its Secrets no longer trigger it"
+    );
 }
 
 #[tokio::test]
 async fn an_invalid_spec_leaves_the_data_plane_alone_and_says_why() {
-    let h = harness(true, vec![]);
-    let mut l = listener();
-    l.spec.upstream.address = "no-port".into();
+    let mut h = harness(true, vec![]);
+    h.listener.spec.upstream.address = "no-port".into();
     let log = Arc::new(Mutex::new(Vec::new()));
-    let seen = log.clone();
     let script = vec![
-        expect(
-            "PATCH",
-            "/apis/h3-ingress.dev/v1alpha1/http3listeners/public/status",
-            move |_, body| {
-                seen.lock().unwrap().push(body.clone());
-                (200, serde_json::to_value(listener()).unwrap())
-            },
-        ),
-        event(
-            "default",
-            "Http3Listener",
-            "Warning",
+        status_patch(log.clone()),
+        warning(
             "InvalidSpec",
             "Ready is False: spec.upstream.address: \"no-port\" is not host:port",
         ),
     ];
-    run(h, l, script).await;
+    h.run(script).await;
     let s = status_of(&log.lock().unwrap()[0]);
     assert_eq!(condition(&s, "Ready"), ("False", "InvalidSpec"));
     assert_eq!(condition(&s, "SocketsBound"), ("Unknown", "NoReports"));
+}
+
+/// Everything of [`first_script`] before the DaemonSet, then `refusal`; the status must then
+/// say `Ready=False` with `ready_reason`, with a Warning event, and the reconcile fails.
+async fn refused(
+    before: Vec<Expect>,
+    refusal: Expect,
+    ready_reason: &'static str,
+) -> (Http3ListenerStatus, String, Arc<OperatorMetrics>) {
+    let mut h = harness(true, vec![ingress()]);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut script = before;
+    script.push(refusal);
+    script.push(status_patch(log.clone()));
+    script.push(warning(ready_reason, "Ready is False"));
+    script.push(degraded());
+    let err = h.run_failing(script).await;
+    let s = status_of(&log.lock().unwrap()[0]);
+    (s, err, h.metrics.clone())
+}
+
+/// Every request of [`first_script`] before the DaemonSet's.
+fn before_daemon_set(secret: &Secret) -> Vec<Expect> {
+    let mut script = first_script(secret);
+    script.pop();
+    script
+}
+
+/// The API server refuses the DaemonSet with `code`/`message`.
+async fn refused_daemon_set(
+    code: u16,
+    message: &'static str,
+    ready_reason: &'static str,
+) -> (Http3ListenerStatus, String, Arc<OperatorMetrics>) {
+    let refusal = expect("PATCH", DAEMON_SET, move |_, _| {
+        api_status(code, "Forbidden", message)
+    });
+    let before = before_daemon_set(&tls_secret(SECRET_RV));
+    refused(before, refusal, ready_reason).await
+}
+
+#[tokio::test]
+async fn an_rbac_refusal_reaches_the_status_with_a_warning_and_counts_as_an_error() {
+    let msg = "daemonsets.apps \"h3-ingress-public\" is forbidden: User \"system:serviceaccount:h3-ingress:h3-ingress\" cannot patch resource \"daemonsets\" in API group \"apps\" in the namespace \"h3-ingress\"";
+    let (s, err, metrics) = refused_daemon_set(403, msg, "Forbidden").await;
+    assert_eq!(condition(&s, "Ready"), ("False", "Forbidden"));
+    assert_eq!(
+        ready_message(&s),
+        format!("applying DaemonSet {NS}/h3-ingress-public: {msg} (HTTP 403)")
+    );
+    assert!(err.contains("cannot patch resource"), "{err}");
+    assert_eq!(metrics.reconciles.with_label_values(&["error"]).get(), 1);
+    assert_eq!(metrics.status_writes.get(), 1);
+}
+
+/// Without `create` on Secrets in its namespace (the chart's Role grants exactly that), the
+/// keys Secret cannot be made: nothing else is applied and the status says why.
+#[tokio::test]
+async fn a_refused_keys_secret_reaches_the_status_and_applies_nothing_else() {
+    let msg = "secrets is forbidden: User \"system:serviceaccount:h3-ingress:h3-ingress\" cannot create resource \"secrets\" in API group \"\" in the namespace \"h3-ingress\"";
+    let refusal = expect(
+        "POST",
+        format!("/api/v1/namespaces/{NS}/secrets"),
+        move |_, _| api_status(403, "Forbidden", msg),
+    );
+    // The source Secret's read, its mirror's write and the keys Secret's read come first.
+    let mut before = before_daemon_set(&tls_secret(SECRET_RV));
+    before.truncate(3);
+    let (s, err, metrics) = refused(before, refusal, "Forbidden").await;
+    assert_eq!(condition(&s, "Ready"), ("False", "Forbidden"));
+    assert_eq!(
+        ready_message(&s),
+        format!("creating Secret {NS}/h3-ingress-keys-public: {msg} (HTTP 403)")
+    );
+    assert!(err.contains("cannot create resource"), "{err}");
+    assert_eq!(metrics.reconciles.with_label_values(&["error"]).get(), 1);
+    assert_eq!(metrics.applies.get(), 0);
+}
+
+#[tokio::test]
+async fn an_admission_denial_reaches_the_status_with_the_webhook_message() {
+    let msg = "admission webhook \"validation.gatekeeper.sh\" denied the request: [psp-host-network] hostNetwork is not allowed";
+    let (s, _, _) = refused_daemon_set(403, msg, "AdmissionDenied").await;
+    assert_eq!(condition(&s, "Ready"), ("False", "AdmissionDenied"));
+    assert!(
+        ready_message(&s).contains("hostNetwork is not allowed"),
+        "{}",
+        ready_message(&s)
+    );
+}
+
+/// The DaemonSet's `FailedCreate` events, newest first: what they list.
+fn failed_create_events(psa: &'static str) -> Expect {
+    expect(
+        "GET",
+        format!("/api/v1/namespaces/{NS}/events"),
+        move |q, _| {
+            let q = q.replace("%3D", "=").replace("%2C", ",");
+            assert!(q.contains("involvedObject.kind=DaemonSet"), "{q}");
+            assert!(q.contains("involvedObject.name=h3-ingress-public"), "{q}");
+            assert!(q.contains("reason=FailedCreate"), "{q}");
+            assert!(
+                q.contains("involvedObject.uid=d5000000-0000-4000-8000-000000000005"),
+                "{q}"
+            );
+            let ev = |msg: &str, t: &str| {
+                json!({"apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": format!("e-{t}"), "namespace": NS},
+            "involvedObject": {"kind": "DaemonSet", "name": "h3-ingress-public", "namespace": NS},
+            "reason": "FailedCreate", "type": "Warning", "message": msg, "lastTimestamp": t})
+            };
+            list(
+                "EventList",
+                vec![
+                    ev("older reason", "2026-01-01T00:00:00Z"),
+                    ev(psa, "2026-01-01T00:05:00Z"),
+                ],
+            )
+        },
+    )
+}
+
+#[tokio::test]
+async fn pods_the_daemon_set_cannot_create_are_explained_from_its_failed_create_event() {
+    let w = World {
+        pod: false,
+        ..world()
+    };
+    let mut h = harness_in(true, vec![ingress()], w);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut script = before_daemon_set(&tls_secret(SECRET_RV));
+    script.push(daemon_set_with(
+        json!({"currentNumberScheduled": 0, "desiredNumberScheduled": 2,
+               "numberMisscheduled": 0, "numberReady": 0, "numberUnavailable": 2}),
+    ));
+    let psa = "Error creating: pods \"h3-ingress-public-4xv8q\" is forbidden: violates PodSecurity \"restricted:latest\": host namespaces (hostNetwork=true), hostPort (container \"h3-ingress\" uses hostPorts 443, 9476)";
+    script.push(failed_create_events(psa));
+    script.push(status_patch(log.clone()));
+    script.push(warning("PodsNotCreated", "Ready is False"));
+    script.push(degraded());
+    h.run(script).await;
+    let s = status_of(&log.lock().unwrap()[0]);
+    assert_eq!(condition(&s, "Ready"), ("False", "PodsNotCreated"));
+    assert_eq!(
+        ready_message(&s),
+        format!("2 of 2 data plane pods not created: {psa}")
+    );
+}
+
+#[tokio::test]
+async fn the_service_is_applied_when_asked_and_deleted_when_no_longer_asked() {
+    let mut h = harness(true, vec![ingress()]);
+    h.listener.spec.service = Some(
+        serde_json::from_value(json!({
+            "annotations": {"metallb.universe.tf/allow-shared-ip": "ingress-443"},
+            "externalTrafficPolicy": "Cluster"
+        }))
+        .unwrap(),
+    );
+    let svc = NS_SERVICE.to_string();
+    let mut script = before_daemon_set(&tls_secret(SECRET_RV));
+    script.push(expect("PATCH", svc.clone(), |q, body| {
+        assert_ours(q, "Service");
+        assert_eq!(body["spec"]["type"], "LoadBalancer");
+        assert_eq!(body["spec"]["externalTrafficPolicy"], "Cluster");
+        assert_eq!(
+            body["spec"]["ports"],
+            json!([{"name": "quic", "protocol": "UDP", "port": 443, "targetPort": 443}])
+        );
+        assert_eq!(
+            body["metadata"]["annotations"]["metallb.universe.tf/allow-shared-ip"],
+            "ingress-443"
+        );
+        assert_eq!(body["metadata"]["ownerReferences"][0]["name"], "public");
+        (200, stamped(body))
+    }));
+    script.push(daemon_set());
+    script.extend(first_status(Arc::default()));
+    let (_, answered) = h.run(script).await;
+    h.feed(&answered);
+
+    // spec.service removed (a new generation); the cache has the Service: it is deleted,
+    // and the DaemonSet, unchanged, is not applied again.
+    h.listener.spec.service = None;
+    h.listener.metadata.generation = Some(3);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let script = vec![
+        expect("DELETE", svc, |_, body| {
+            assert_eq!(body["propagationPolicy"], "Background");
+            success()
+        }),
+        status_patch(log.clone()),
+    ];
+    let (_, answered) = h.run(script).await;
+    assert_eq!(lines(&answered)[0], format!("DELETE {NS_SERVICE}"));
+    assert_eq!(
+        status_of(&log.lock().unwrap()[0]).observed_generation,
+        Some(3)
+    );
+}
+
+#[tokio::test]
+async fn a_port_conflict_applies_nothing_and_names_the_older_listener() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    let at = |s: i64| Some(Time(k8s_openapi::jiff::Timestamp::from_second(s).unwrap()));
+    let mut older = listener();
+    older.metadata.name = Some("edge".into());
+    older.metadata.uid = Some("ed000000-0000-4000-8000-000000000009".into());
+    older.metadata.creation_timestamp = at(1_000);
+    let w = World {
+        listeners: vec![older],
+        ..world()
+    };
+    let mut h = harness_in(true, vec![ingress()], w);
+    h.listener.metadata.creation_timestamp = at(2_000);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    // The Secret is read (the hosts' status), then nothing is written but the status.
+    let script = vec![
+        secret_read(tls_secret(SECRET_RV)),
+        status_patch(log.clone()),
+        warning("PortConflict", "Ready is False"),
+        degraded(),
+    ];
+    h.run(script).await;
+    let s = status_of(&log.lock().unwrap()[0]);
+    assert_eq!(condition(&s, "Ready"), ("False", "PortConflict"));
+    assert!(
+        ready_message(&s)
+            .starts_with("UDP port 443 (spec.port) is already held by Http3Listener \"edge\""),
+        "{}",
+        ready_message(&s)
+    );
+    assert_eq!(h.metrics.mirror_writes.get(), 0);
 }
 
 #[tokio::test]
@@ -967,343 +1793,4 @@ async fn lease_is_created_renewed_respected_and_raced_safely() {
     }
     server.await.unwrap();
     assert_eq!(got, [true, true, false, false, true]);
-}
-
-/// Runs one reconcile that must fail after the script (an apply the API server refused).
-async fn run_failing(h: Harness, l: Http3Listener, script: Vec<Expect>) -> String {
-    let server = tokio::spawn(verifier(h.handle, script));
-    let result = tokio::time::timeout(Duration::from_secs(10), reconcile(Arc::new(l), h.ctx)).await;
-    server.await.expect("API server script");
-    result
-        .expect("reconcile finished")
-        .expect_err("reconcile must report the refused apply")
-        .to_string()
-}
-
-/// The first status patch of a reconcile, captured into `log`.
-fn status_patch(log: Arc<Mutex<Vec<Value>>>) -> Expect {
-    expect(
-        "PATCH",
-        "/apis/h3-ingress.dev/v1alpha1/http3listeners/public/status",
-        move |q, body| {
-            assert!(q.contains("fieldManager=h3-ingress-operator"), "{q}");
-            log.lock().unwrap().push(body.clone());
-            let mut l = serde_json::to_value(listener()).unwrap();
-            l["status"] = body["status"].clone();
-            (200, l)
-        },
-    )
-}
-
-/// Events, in order: (namespace, kind, type, reason).
-fn events(list: &[(&'static str, &'static str, &'static str, &'static str)]) -> Vec<Expect> {
-    list.iter()
-        .map(|(ns, kind, t, reason)| event(ns, kind, t, reason, ""))
-        .collect()
-}
-
-/// The Warning events of the hosts `listener()` wants when no pod serves them: the missing
-/// Secret, on the listener and on the Ingress.
-const SECRET_NOT_FOUND_EVENTS: [(&str, &str, &str, &str); 2] = [
-    ("default", "Http3Listener", "Warning", "SecretNotFound"),
-    ("shop", "Ingress", "Warning", "SecretNotFound"),
-];
-
-fn api_status(code: u16, reason: &str, message: &str) -> (u16, Value) {
-    (
-        code,
-        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-               "reason": reason, "code": code, "message": message}),
-    )
-}
-
-/// One reconcile in which the API server refuses the DaemonSet with `code`/`message`; the
-/// status must then say `Ready=False` with `ready_reason`, with a Warning event.
-async fn refused_daemon_set(
-    code: u16,
-    message: &'static str,
-    ready_reason: &'static str,
-) -> (Http3ListenerStatus, String, Arc<OperatorMetrics>) {
-    // Everything up to the DaemonSet is applied; the DaemonSet is refused.
-    let refusal = expect(
-        "PATCH",
-        format!("/apis/apps/v1/namespaces/{NS}/daemonsets/h3-ingress-public"),
-        move |_, _| api_status(code, "Forbidden", message),
-    );
-    refused_at(BEFORE_DAEMON_SET, refusal, ready_reason).await
-}
-
-/// One reconcile whose request number `at` of [`apply_script`] gets `refusal`'s answer.
-async fn refused_at(
-    at: usize,
-    refusal: Expect,
-    ready_reason: &'static str,
-) -> (Http3ListenerStatus, String, Arc<OperatorMetrics>) {
-    let h = harness(true, vec![ingress()]);
-    let metrics = h.metrics.clone();
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let mut script = apply_script();
-    script.truncate(at);
-    script.push(refusal);
-    script.push(status_patch(log.clone()));
-    let mut evs = SECRET_NOT_FOUND_EVENTS.to_vec();
-    evs.push(("default", "Http3Listener", "Warning", ready_reason));
-    evs.push(("default", "Http3Listener", "Warning", "SomeHostsNotServing"));
-    script.extend(events(&evs));
-    let err = run_failing(h, listener(), script).await;
-    let s = status_of(&log.lock().unwrap()[0]);
-    (s, err, metrics)
-}
-
-#[tokio::test]
-async fn an_rbac_refusal_reaches_the_status_with_a_warning_and_counts_as_an_error() {
-    let msg = "daemonsets.apps \"h3-ingress-public\" is forbidden: User \"system:serviceaccount:h3-ingress:h3-ingress\" cannot patch resource \"daemonsets\" in API group \"apps\" in the namespace \"h3-ingress\"";
-    let (s, err, metrics) = refused_daemon_set(403, msg, "Forbidden").await;
-    let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
-    assert_eq!(
-        (ready.status.as_str(), ready.reason.as_str()),
-        ("False", "Forbidden")
-    );
-    assert_eq!(
-        ready.message,
-        format!("applying DaemonSet {NS}/h3-ingress-public: {msg} (HTTP 403)")
-    );
-    assert!(err.contains("cannot patch resource"), "{err}");
-    assert_eq!(metrics.reconciles.with_label_values(&["error"]).get(), 1);
-    assert_eq!(metrics.status_writes.get(), 1);
-}
-
-/// Without `create` on Secrets in its namespace (the chart's Role grants exactly that), the
-/// keys Secret cannot be made: nothing else is applied and the status says why.
-#[tokio::test]
-async fn a_refused_keys_secret_reaches_the_status_and_applies_nothing_else() {
-    let msg = "secrets is forbidden: User \"system:serviceaccount:h3-ingress:h3-ingress\" cannot create resource \"secrets\" in API group \"\" in the namespace \"h3-ingress\"";
-    let refusal = expect(
-        "POST",
-        format!("/api/v1/namespaces/{NS}/secrets"),
-        move |_, _| api_status(403, "Forbidden", msg),
-    );
-    // The two TLS Secrets and the keys Secret's read come first.
-    let (s, err, metrics) = refused_at(3, refusal, "Forbidden").await;
-    let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
-    assert_eq!(
-        (ready.status.as_str(), ready.reason.as_str()),
-        ("False", "Forbidden")
-    );
-    assert_eq!(
-        ready.message,
-        format!("creating Secret {NS}/h3-ingress-keys-public: {msg} (HTTP 403)")
-    );
-    assert!(err.contains("cannot create resource"), "{err}");
-    assert_eq!(metrics.reconciles.with_label_values(&["error"]).get(), 1);
-}
-
-#[tokio::test]
-async fn an_admission_denial_reaches_the_status_with_the_webhook_message() {
-    let msg = "admission webhook \"validation.gatekeeper.sh\" denied the request: [psp-host-network] hostNetwork is not allowed";
-    let (s, _, _) = refused_daemon_set(403, msg, "AdmissionDenied").await;
-    let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
-    assert_eq!(
-        (ready.status.as_str(), ready.reason.as_str()),
-        ("False", "AdmissionDenied")
-    );
-    assert!(
-        ready.message.contains("hostNetwork is not allowed"),
-        "{}",
-        ready.message
-    );
-}
-
-#[tokio::test]
-async fn pods_the_daemon_set_cannot_create_are_explained_from_its_failed_create_event() {
-    let h = harness(true, vec![ingress()]);
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let mut script = apply_script();
-    script.truncate(BEFORE_DAEMON_SET);
-    script.push(expect(
-        "PATCH",
-        format!("/apis/apps/v1/namespaces/{NS}/daemonsets/h3-ingress-public"),
-        |_, mut body| {
-            body["metadata"]["uid"] = "d5000000-0000-4000-8000-000000000005".into();
-            body["status"] = json!({"currentNumberScheduled": 0, "desiredNumberScheduled": 2,
-                                    "numberMisscheduled": 0, "numberReady": 0, "numberUnavailable": 2});
-            (200, body)
-        },
-    ));
-    let rest = apply_script().split_off(BEFORE_DAEMON_SET + 1);
-    // The stale Role's deletion, then a pod list that finds no pod.
-    let mut rest = rest.into_iter();
-    script.push(rest.next().unwrap());
-    script.push(expect(
-        "GET",
-        format!("/api/v1/namespaces/{NS}/pods"),
-        |_, _| list("PodList", vec![]),
-    ));
-    let psa = "Error creating: pods \"h3-ingress-public-4xv8q\" is forbidden: violates PodSecurity \"restricted:latest\": host namespaces (hostNetwork=true), hostPort (container \"h3-ingress\" uses hostPorts 443, 9476)";
-    script.push(expect(
-        "GET",
-        format!("/api/v1/namespaces/{NS}/events"),
-        move |q, _| {
-            let q = q.replace("%3D", "=").replace("%2C", ",");
-            assert!(q.contains("involvedObject.kind=DaemonSet"), "{q}");
-            assert!(q.contains("involvedObject.name=h3-ingress-public"), "{q}");
-            assert!(q.contains("reason=FailedCreate"), "{q}");
-            assert!(
-                q.contains("involvedObject.uid=d5000000-0000-4000-8000-000000000005"),
-                "{q}"
-            );
-            let ev = |msg: &str, t: &str| {
-                json!({"apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": format!("e-{t}"), "namespace": NS},
-            "involvedObject": {"kind": "DaemonSet", "name": "h3-ingress-public", "namespace": NS},
-            "reason": "FailedCreate", "type": "Warning", "message": msg, "lastTimestamp": t})
-            };
-            list(
-                "EventList",
-                vec![
-                    ev("older reason", "2026-01-01T00:00:00Z"),
-                    ev(psa, "2026-01-01T00:05:00Z"),
-                ],
-            )
-        },
-    ));
-    script.push(status_patch(log.clone()));
-    let mut evs = SECRET_NOT_FOUND_EVENTS.to_vec();
-    evs.push(("default", "Http3Listener", "Warning", "PodsNotCreated"));
-    evs.push(("default", "Http3Listener", "Warning", "SomeHostsNotServing"));
-    script.extend(events(&evs));
-    run(h, listener(), script).await;
-    let s = status_of(&log.lock().unwrap()[0]);
-    let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
-    assert_eq!(
-        (ready.status.as_str(), ready.reason.as_str()),
-        ("False", "PodsNotCreated")
-    );
-    assert_eq!(
-        ready.message,
-        format!("2 of 2 data plane pods not created: {psa}")
-    );
-}
-
-/// The status patch and the six events of the first reconcile of `listener()` (as in
-/// `leader_applies_objects_prunes_rbac_writes_status_and_publishes_events`).
-fn first_status(log: Arc<Mutex<Vec<Value>>>) -> Vec<Expect> {
-    let mut out = vec![status_patch(log)];
-    for ns in ["default", "shop", "default", "shop", "default", "default"] {
-        out.push(expect(
-            "POST",
-            format!("/apis/events.k8s.io/v1/namespaces/{ns}/events"),
-            |_, b| (201, b),
-        ));
-    }
-    out
-}
-
-#[tokio::test]
-async fn the_service_is_applied_when_asked_and_deleted_when_no_longer_asked() {
-    let h = harness(true, vec![ingress()]);
-    let mut l = listener();
-    l.spec.service = Some(
-        serde_json::from_value(json!({
-            "annotations": {"metallb.universe.tf/allow-shared-ip": "ingress-443"},
-            "externalTrafficPolicy": "Cluster"
-        }))
-        .unwrap(),
-    );
-    let mut script = apply_script();
-    let tail = script.split_off(BEFORE_DAEMON_SET);
-    script.push(expect(
-        "PATCH",
-        format!("/api/v1/namespaces/{NS}/services/h3-ingress-public"),
-        |q, body| {
-            assert!(
-                q.contains("fieldManager=h3-ingress-operator") && q.contains("force=true"),
-                "{q}"
-            );
-            assert_eq!(body["spec"]["type"], "LoadBalancer");
-            assert_eq!(body["spec"]["externalTrafficPolicy"], "Cluster");
-            assert_eq!(
-                body["spec"]["ports"],
-                json!([{"name": "quic", "protocol": "UDP", "port": 443, "targetPort": 443}])
-            );
-            assert_eq!(
-                body["metadata"]["annotations"]["metallb.universe.tf/allow-shared-ip"],
-                "ingress-443"
-            );
-            assert_eq!(body["metadata"]["ownerReferences"][0]["name"], "public");
-            (200, body)
-        },
-    ));
-    script.extend(tail);
-    script.extend(first_status(Arc::default()));
-    run(h, l, script).await;
-
-    // spec.service removed; the cache still has the Service: it is deleted after the Role.
-    let h = harness_in(
-        true,
-        vec![ingress()],
-        World {
-            service: true,
-            ..world()
-        },
-    );
-    let mut script = apply_script();
-    let pods = script.pop().unwrap();
-    script.push(expect(
-        "DELETE",
-        format!("/api/v1/namespaces/{NS}/services/h3-ingress-public"),
-        |_, body| {
-            assert_eq!(body["propagationPolicy"], "Background");
-            (
-                200,
-                json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}),
-            )
-        },
-    ));
-    script.push(pods);
-    script.extend(first_status(Arc::default()));
-    run(h, listener(), script).await;
-}
-
-#[tokio::test]
-async fn a_port_conflict_applies_nothing_and_names_the_older_listener() {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-    let at = |s: i64| Some(Time(k8s_openapi::jiff::Timestamp::from_second(s).unwrap()));
-    let mut older = listener();
-    older.metadata.name = Some("edge".into());
-    older.metadata.uid = Some("ed000000-0000-4000-8000-000000000009".into());
-    older.metadata.creation_timestamp = at(1_000);
-    let mut l = listener();
-    l.metadata.creation_timestamp = at(2_000);
-    let h = harness_in(
-        true,
-        vec![ingress()],
-        World {
-            listeners: vec![older],
-            ..world()
-        },
-    );
-    let log = Arc::new(Mutex::new(Vec::new()));
-    // The Secrets are read (the hosts' status), then nothing is applied or listed.
-    let mut script = apply_script();
-    script.truncate(2);
-    script.push(status_patch(log.clone()));
-    let mut evs = SECRET_NOT_FOUND_EVENTS.to_vec();
-    evs.push(("default", "Http3Listener", "Warning", "PortConflict"));
-    evs.push(("default", "Http3Listener", "Warning", "SomeHostsNotServing"));
-    script.extend(events(&evs));
-    run(h, l, script).await;
-    let s = status_of(&log.lock().unwrap()[0]);
-    let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
-    assert_eq!(
-        (ready.status.as_str(), ready.reason.as_str()),
-        ("False", "PortConflict")
-    );
-    assert!(
-        ready
-            .message
-            .starts_with("UDP port 443 (spec.port) is already held by Http3Listener \"edge\""),
-        "{}",
-        ready.message
-    );
 }

@@ -16,6 +16,7 @@ fn params() -> Params {
     Params {
         namespace: "h3-ingress".into(),
         default_image: h3_ingress::operator::DEFAULT_IMAGE.into(),
+        hosts_namespace: "h3-ingress-hosts".into(),
     }
 }
 

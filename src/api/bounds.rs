@@ -36,6 +36,9 @@ pub const RESPONSE_BODY_IDLE_TIMEOUT_SECONDS: Bound =
 /// quarter of h2's 2 GiB maximum. nginx and HAProxy announce 100-128 streams by default.
 pub const MAX_STREAMS_PER_CONNECTION: Bound =
     Bound::new("upstream.maxStreamsPerConnection", 1, 1000);
+/// At most a day: the grace covers a renewal in progress, not a certificate nobody rolled out.
+pub const SERVED_CERTIFICATE_GRACE_SECONDS: Bound =
+    Bound::new("upstream.servedCertificateGraceSeconds", 0, 86_400);
 
 pub const RECEIVE_BUFFER_BYTES: Bound = Bound::new("socket.receiveBufferBytes", 65_536, 1 << 30);
 pub const SEND_BUFFER_BYTES: Bound = Bound {
@@ -107,12 +110,13 @@ pub const SOURCE_PREFIX_LENGTH_IPV4: Bound = Bound::new("limits.sourcePrefixLeng
 pub const SOURCE_PREFIX_LENGTH_IPV6: Bound = Bound::new("limits.sourcePrefixLengthIpv6", 16, 128);
 
 /// Every bound, for tests that hold the schema and the check to them.
-pub const ALL: [Bound; 32] = [
+pub const ALL: [Bound; 33] = [
     PORT,
     CONNECT_TIMEOUT_SECONDS,
     RESPONSE_TIMEOUT_SECONDS,
     RESPONSE_BODY_IDLE_TIMEOUT_SECONDS,
     MAX_STREAMS_PER_CONNECTION,
+    SERVED_CERTIFICATE_GRACE_SECONDS,
     RECEIVE_BUFFER_BYTES,
     SEND_BUFFER_BYTES,
     INITIAL_WINDOW_PACKETS,

@@ -27,6 +27,7 @@ pub const GROUP: &str = "gateway.networking.k8s.io";
     kind = "Gateway",
     namespaced,
     schema = "disabled",
+    status = "GatewayStatus",
     derive = "Default",
     derive = "PartialEq"
 )]
@@ -36,6 +37,25 @@ pub struct GatewaySpec {
     pub gateway_class_name: String,
     #[serde(default)]
     pub listeners: Vec<GatewayListener>,
+}
+
+/// What a Gateway's controller says of it: only the addresses it receives traffic on (an
+/// implementation that runs one proxy per Gateway gives each Gateway its own).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayStatus {
+    #[serde(default)]
+    pub addresses: Vec<GatewayStatusAddress>,
+}
+
+/// One `status.addresses[]` entry: `IPAddress` (the default) or `Hostname`, or an
+/// implementation-specific type.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayStatusAddress {
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub type_: Option<String>,
+    pub value: String,
 }
 
 /// One `spec.listeners[]` entry of a Gateway.

@@ -17,6 +17,7 @@ use super::settings::{
     AddressValidationSettings, AltSvcSettings, HttpSettings, LimitsSettings, MetricsSettings,
     SocketSettings, TransportSettings, Upstream,
 };
+use super::unknown::{collect_unknown_fields, UnknownFields};
 use super::{bounds, Addresses};
 
 fn default_port() -> u16 {
@@ -73,7 +74,9 @@ fn default_port() -> u16 {
         json_path = ".metadata.creationTimestamp"
     )
 )]
-#[serde(rename_all = "camelCase")]
+// `remote = "Self"`: the derived (de)serialisers become inherent functions, which
+// `collect_unknown_fields!` wraps to record the fields a newer CRD adds (`api::unknown`).
+#[serde(rename_all = "camelCase", remote = "Self")]
 // The API server checks this after defaulting, as `config::build` does for the file.
 #[schemars(extend("x-kubernetes-validations" = [{
     "rule": "self.addressValidation.halfOpenThreshold < self.limits.halfOpenConnections",
@@ -137,7 +140,28 @@ pub struct Http3ListenerSpec {
     pub service: Option<ListenerService>,
     #[serde(default)]
     pub rollout: Rollout,
+    /// Where to forward the hosts of a Gateway (`gatewayClassName`) instead of the address its
+    /// controller reports in `status.addresses` (the port is the Gateway listener's). A Gateway
+    /// with neither gets `upstream.address`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gateway_upstreams: Vec<GatewayUpstream>,
+    /// Fields of the served object this binary does not know (never serialised).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub unknown_fields: UnknownFields,
 }
+
+/// The upstream of one Gateway's hosts.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayUpstream {
+    pub namespace: String,
+    pub name: String,
+    /// `host:port` of the proxy that serves this Gateway.
+    pub address: String,
+}
+
+collect_unknown_fields!(Http3ListenerSpec);
 
 /// A host served with the certificate of a TLS Secret.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
@@ -157,7 +181,7 @@ pub struct SecretRef {
 }
 
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", remote = "Self")]
 pub struct Http3ListenerStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
@@ -169,18 +193,43 @@ pub struct Http3ListenerStatus {
     /// "serving/wanted", for `kubectl get`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hosts_summary: Option<String>,
+    /// Wanted hosts by state and reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["state", "reason"]))]
+    pub host_counts: Vec<HostCount>,
+    /// Hosts not served, in name order, at most `MAX_STATUS_HOSTS` of them (served hosts are
+    /// counted, not listed: `kubectl h3-ingress status` shows every host).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<HostStatus>,
+    /// Hosts not served that `hosts` leaves out.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hosts_omitted: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes: Option<NodesStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub udp: Option<UdpStatus>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub requests: Vec<HostRequests>,
-    /// When `udp.drops` and `requests` were read from the pods. Counters alone are rewritten
-    /// at most once a minute, so a busy listener does not write its status on every reconcile.
+    /// When `udp.drops` was read from the pods. Counters alone are rewritten at most once a
+    /// minute, so a busy listener does not write its status on every reconcile.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub counters_time: Option<Time>,
+    /// Fields of the served status this binary does not know (never serialised).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub unknown_fields: UnknownFields,
+}
+
+collect_unknown_fields!(Http3ListenerStatus);
+
+impl Http3Listener {
+    /// Every field of this listener's spec and status that this binary does not know, as
+    /// `spec.upstream.futureSetting`.
+    pub fn unknown_fields(&self) -> Vec<String> {
+        let spec = self.spec.unknown_fields.paths().iter();
+        let status = self.status.iter().flat_map(|s| s.unknown_fields.paths());
+        spec.map(|p| format!("spec.{p}"))
+            .chain(status.map(|p| format!("status.{p}")))
+            .collect()
+    }
 }
 
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
@@ -258,13 +307,19 @@ pub struct UdpStatus {
     pub clamped: bool,
 }
 
+/// How many wanted hosts are in one state for one reason.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
-pub struct HostRequests {
-    pub host: String,
-    /// HTTP/3 requests served for this host since the pods started, summed over pods.
-    pub total: i64,
-    /// HTTP/3 requests in the last five minutes, summed over pods.
-    #[serde(default)]
-    pub last5m: i64,
+pub struct HostCount {
+    pub state: String,
+    pub reason: String,
+    pub count: i64,
+}
+
+/// Not-served hosts listed in a listener's status; the rest are counted in `hostsOmitted`.
+/// 50 entries of a few hundred bytes keep the object far below etcd's 1.5 MiB limit.
+pub const MAX_STATUS_HOSTS: usize = 50;
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }

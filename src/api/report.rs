@@ -119,6 +119,30 @@ pub struct MirrorReport {
     pub failed_count: u64,
 }
 
+/// How this process shares its UDP port with other generations on the host (rollouts,
+/// restarts), from `/status`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutReport {
+    /// `newest` (takes new connections), `superseded` (a newer generation does; this one
+    /// drains) or `pending` (not ready yet).
+    pub role: String,
+    /// The slot in the port's socket group and in every connection ID; none while waiting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<u32>,
+    /// Join order among the processes that shared the port.
+    pub generation: u64,
+    /// Process generations sharing the port now, this one included.
+    pub generations: u32,
+    /// This process coordinates the others (holds the hand-over socket).
+    pub coordinating: bool,
+    /// Started without a hand-over: the process holding the port did not answer.
+    pub solo: bool,
+    /// Why the process does not serve yet, while it waits (port held, no free slot).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub waiting: String,
+}
+
 /// The whole `/status` document of one pod. Its size does not grow with the hosts: the
 /// per-host view is `/hosts`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
@@ -133,9 +157,6 @@ pub struct StatusReport {
     /// Hosts with a loaded certificate.
     #[serde(default)]
     pub hosts_loaded: u64,
-    /// Transitional: the per-host list moves to `/hosts`; removed once nothing reads it here.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub hosts: Vec<HostReport>,
     /// Kubernetes mode only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mirrors: Option<MirrorReport>,
@@ -153,4 +174,7 @@ pub struct StatusReport {
     /// Changes the running pod refused because they need new sockets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub restart_required: Vec<String>,
+    /// Sharing the port with other generations of the data plane on this host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutReport>,
 }

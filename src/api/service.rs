@@ -134,25 +134,46 @@ impl Default for ListenerService {
     }
 }
 
-/// Default `spec.rollout.maxUnavailable`: a tenth of the nodes at a time (at least one; the
-/// DaemonSet controller rounds up). A node whose pod restarts loses HTTP/3 for a few seconds
-/// and its clients fall back to TCP, so a 100-node pool rolls in ten steps, not a hundred.
-pub const DEFAULT_MAX_UNAVAILABLE: &str = "10%";
+/// Default `spec.rollout.maxSurge`: a new pod starts beside the old one on a tenth of the
+/// nodes at a time (at least one; the DaemonSet controller rounds up). Both share the UDP
+/// port (SO_REUSEPORT) and the old one keeps its connections until they end, so a surge
+/// costs nothing but the new pod's resources while both run.
+pub const DEFAULT_MAX_SURGE: &str = "10%";
+
+fn default_max_surge() -> IntOrString {
+    IntOrString::String(DEFAULT_MAX_SURGE.to_string())
+}
 
 fn default_max_unavailable() -> IntOrString {
-    IntOrString::String(DEFAULT_MAX_UNAVAILABLE.to_string())
+    IntOrString::Int(0)
 }
 
 /// How a change that needs new sockets replaces the data plane pods.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
-#[schemars(extend("x-kubernetes-validations" = [{
-    "rule": "type(self.maxUnavailable) == int ? self.maxUnavailable >= 1 : self.maxUnavailable.matches('^(100|[1-9][0-9]?)%$')",
-    "message": "rollout.maxUnavailable must be a number of pods >= 1 or a percentage from 1% to 100%"
-}]))]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "type(self.maxSurge) == int ? self.maxSurge >= 0 : self.maxSurge.matches('^(100|[1-9]?[0-9])%$')",
+        "message": "rollout.maxSurge must be a number of pods >= 0 or a percentage from 0% to 100%"
+    },
+    {
+        "rule": "type(self.maxUnavailable) == int ? self.maxUnavailable >= 0 : self.maxUnavailable.matches('^(100|[1-9]?[0-9])%$')",
+        "message": "rollout.maxUnavailable must be a number of pods >= 0 or a percentage from 0% to 100%"
+    },
+    {
+        "rule": "!((type(self.maxSurge) == int ? self.maxSurge == 0 : self.maxSurge == '0%') && (type(self.maxUnavailable) == int ? self.maxUnavailable == 0 : self.maxUnavailable == '0%'))",
+        "message": "rollout.maxSurge and rollout.maxUnavailable cannot both be 0"
+    }
+]))]
 pub struct Rollout {
-    /// Pods replaced at once: a number (at least 1) or a percentage of the nodes (`10%`, the
-    /// default). Pods never surge: two pods of one listener cannot share a node's UDP port.
+    /// Nodes where a new pod starts beside the old one at once: a number or a percentage of
+    /// the nodes (`10%`, the default). The new pod takes the new connections when it is
+    /// ready; the old one drains and is deleted. 0 replaces pods without surging (what a
+    /// roll from h3-ingress 0.1.0, whose sockets cannot be shared, needs once).
+    #[serde(default = "default_max_surge")]
+    pub max_surge: IntOrString,
+    /// Pods stopped before their replacement is ready, at once: a number or a percentage
+    /// (0, the default: nodes keep serving throughout a roll).
     #[serde(default = "default_max_unavailable")]
     pub max_unavailable: IntOrString,
 }
@@ -160,70 +181,114 @@ pub struct Rollout {
 impl Default for Rollout {
     fn default() -> Self {
         Self {
+            max_surge: default_max_surge(),
             max_unavailable: default_max_unavailable(),
         }
     }
 }
 
-/// Why `rollout.maxUnavailable` is not usable; the CRD's CEL rule refuses the same values.
-pub fn check_max_unavailable(v: &IntOrString) -> Result<(), String> {
+/// Whether a count or percentage is zero.
+fn is_zero(v: &IntOrString) -> bool {
+    match v {
+        IntOrString::Int(n) => *n == 0,
+        IntOrString::String(s) => s == "0%",
+    }
+}
+
+/// Why one rollout field is not usable (`field` names it).
+fn check_count(field: &str, v: &IntOrString) -> Result<(), String> {
     let ok = match v {
-        IntOrString::Int(n) => *n >= 1,
+        IntOrString::Int(n) => *n >= 0,
         IntOrString::String(s) => s
             .strip_suffix('%')
             .and_then(|n| n.parse::<u8>().ok())
-            .is_some_and(|n| (1..=100).contains(&n) && !s.starts_with('0')),
+            .is_some_and(|n| n <= 100 && (n.to_string().len() + 1 == s.len())),
     };
     if ok {
-        Ok(())
-    } else {
-        let shown = match v {
-            IntOrString::Int(n) => n.to_string(),
-            IntOrString::String(s) => format!("{s:?}"),
-        };
-        Err(format!(
-            "rollout.maxUnavailable: {shown} is not a number of pods >= 1 or a percentage from 1% to 100%"
-        ))
+        return Ok(());
     }
+    let shown = match v {
+        IntOrString::Int(n) => n.to_string(),
+        IntOrString::String(s) => format!("{s:?}"),
+    };
+    Err(format!(
+        "rollout.{field}: {shown} is not a number of pods >= 0 or a percentage from 0% to 100%"
+    ))
+}
+
+/// Why `rollout.maxUnavailable` is not usable; the CRD's CEL rule refuses the same values.
+pub fn check_max_unavailable(v: &IntOrString) -> Result<(), String> {
+    check_count("maxUnavailable", v)
+}
+
+/// Why `spec.rollout` is not usable: each field, and both at 0 (the CRD's CEL rules refuse
+/// the same).
+pub fn check_rollout(r: &Rollout) -> Result<(), String> {
+    check_count("maxSurge", &r.max_surge)?;
+    check_max_unavailable(&r.max_unavailable)?;
+    if is_zero(&r.max_surge) && is_zero(&r.max_unavailable) {
+        return Err("rollout.maxSurge and rollout.maxUnavailable cannot both be 0".into());
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn max_unavailable_accepts_counts_and_percentages_only() {
-        for good in [
-            IntOrString::Int(1),
-            IntOrString::Int(25),
-            IntOrString::String("1%".into()),
-            IntOrString::String("10%".into()),
-            IntOrString::String("100%".into()),
-        ] {
-            assert_eq!(check_max_unavailable(&good), Ok(()), "{good:?}");
-        }
-        for bad in [
-            IntOrString::Int(0),
-            IntOrString::Int(-1),
-            IntOrString::String("0%".into()),
-            IntOrString::String("05%".into()),
-            IntOrString::String("101%".into()),
-            IntOrString::String("10".into()),
-            IntOrString::String("ten%".into()),
-        ] {
-            let e = check_max_unavailable(&bad).unwrap_err();
-            assert!(e.starts_with("rollout.maxUnavailable: "), "{e}");
+    fn rollout(surge: IntOrString, unavailable: IntOrString) -> Rollout {
+        Rollout {
+            max_surge: surge,
+            max_unavailable: unavailable,
         }
     }
 
     #[test]
-    fn defaults_are_a_local_load_balancer_and_ten_percent() {
+    fn rollout_fields_accept_counts_and_percentages_but_not_both_zero() {
+        let s = |v: &str| IntOrString::String(v.into());
+        for (surge, unavailable) in [
+            (s("10%"), IntOrString::Int(0)),
+            (IntOrString::Int(1), IntOrString::Int(0)),
+            (IntOrString::Int(0), s("10%")),
+            (s("0%"), IntOrString::Int(1)),
+            (s("100%"), s("100%")),
+            (IntOrString::Int(25), s("1%")),
+        ] {
+            let r = rollout(surge, unavailable);
+            assert_eq!(check_rollout(&r), Ok(()), "{r:?}");
+        }
+        for (surge, unavailable, field) in [
+            (IntOrString::Int(-1), IntOrString::Int(0), "maxSurge"),
+            (s("05%"), IntOrString::Int(0), "maxSurge"),
+            (s("101%"), IntOrString::Int(0), "maxSurge"),
+            (s("10"), IntOrString::Int(0), "maxSurge"),
+            (s("1"), IntOrString::Int(1), "maxSurge"),
+            (IntOrString::Int(1), s("ten%"), "maxUnavailable"),
+            (IntOrString::Int(1), IntOrString::Int(-3), "maxUnavailable"),
+        ] {
+            let e = check_rollout(&rollout(surge, unavailable)).unwrap_err();
+            assert!(e.starts_with(&format!("rollout.{field}: ")), "{e}");
+        }
+        for (surge, unavailable) in [
+            (IntOrString::Int(0), IntOrString::Int(0)),
+            (s("0%"), IntOrString::Int(0)),
+            (IntOrString::Int(0), s("0%")),
+        ] {
+            let e = check_rollout(&rollout(surge, unavailable)).unwrap_err();
+            assert!(e.contains("cannot both be 0"), "{e}");
+        }
+    }
+
+    #[test]
+    fn defaults_are_a_local_load_balancer_and_a_ten_percent_surge() {
         let s: ListenerService = serde_json::from_value(serde_json::json!({})).unwrap();
         assert_eq!(s, ListenerService::default());
         assert_eq!(s.type_, ServiceType::LoadBalancer);
         assert_eq!(s.external_traffic_policy, TrafficPolicy::Local);
         let r: Rollout = serde_json::from_value(serde_json::json!({})).unwrap();
-        assert_eq!(r.max_unavailable, IntOrString::String("10%".into()));
+        assert_eq!(r.max_surge, IntOrString::String("10%".into()));
+        assert_eq!(r.max_unavailable, IntOrString::Int(0));
+        assert_eq!(r, Rollout::default());
         let ip: ListenerService =
             serde_json::from_value(serde_json::json!({"loadBalancerIP": "192.0.2.10"})).unwrap();
         assert_eq!(ip.load_balancer_ip.as_deref(), Some("192.0.2.10"));

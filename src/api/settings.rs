@@ -3,7 +3,8 @@
 //! The same structs are deserialised from a file (`h3-ingress proxy --config`) and from the
 //! custom resource, so a field has one name, one default and one meaning everywhere. Defaults
 //! are serde defaults, which schemars copies into the CRD schema, so the API server applies the
-//! very same values.
+//! very same values. No type here refuses unknown fields: the file parser refuses them itself
+//! and the Kubernetes path reads past them ([`super::unknown`]).
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -52,7 +53,7 @@ fn default_metrics_address() -> String {
 /// an AF_INET6 socket that also carries IPv4 cannot set Don't Fragment on its IPv4 datagrams,
 /// so oversized QUIC packets get fragmented and networks that drop fragments lose them.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Addresses {
     /// IPv4 address of the AF_INET socket; `null` runs without IPv4.
     #[serde(default = "default_ipv4")]
@@ -100,10 +101,16 @@ pub const DEFAULT_MAX_STREAMS_PER_CONNECTION: u32 = 100;
 fn default_max_streams_per_connection() -> u32 {
     DEFAULT_MAX_STREAMS_PER_CONNECTION
 }
+/// Covers how far apart the TCP ingress and the data plane pick up a renewed Secret (each
+/// watches it; both normally within seconds) with room for an ingress that reloads slowly.
+pub const DEFAULT_SERVED_CERTIFICATE_GRACE_SECONDS: u32 = 300;
+fn default_served_certificate_grace() -> u32 {
+    DEFAULT_SERVED_CERTIFICATE_GRACE_SECONDS
+}
 
 /// The existing TCP ingress every request is forwarded to.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 // The API server checks this after defaulting, as `config::build` does for the file.
 #[schemars(extend("x-kubernetes-validations" = [{
     "rule": "self.tls || self.verify == 'servedCertificate'",
@@ -141,11 +148,20 @@ pub struct Upstream {
     #[serde(default = "default_response_body_idle_timeout")]
     #[schemars(range(min = bounds::RESPONSE_BODY_IDLE_TIMEOUT_SECONDS.min, max = bounds::RESPONSE_BODY_IDLE_TIMEOUT_SECONDS.max))]
     pub response_body_idle_timeout_seconds: u32,
+    /// With `verify: servedCertificate`, while a host's certificate is being renewed: for this
+    /// many seconds after this proxy switched to a new certificate the upstream may still
+    /// present the one it replaced, and for this many seconds after the upstream first presents
+    /// a renewed certificate (the same names from the same issuer, issued after ours) that
+    /// this proxy has not loaded yet, the upstream is accepted with it. 0: only the exact
+    /// certificate this proxy serves.
+    #[serde(default = "default_served_certificate_grace")]
+    #[schemars(range(min = bounds::SERVED_CERTIFICATE_GRACE_SECONDS.min, max = bounds::SERVED_CERTIFICATE_GRACE_SECONDS.max))]
+    pub served_certificate_grace_seconds: u32,
 }
 
 /// UDP socket buffers. The usual kernel default of 208 KB drops datagrams on fast uploads.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct SocketSettings {
     /// Requested SO_RCVBUF in bytes; the effective size is read back and exported.
     #[serde(default = "default_buffer")]
@@ -245,7 +261,7 @@ fn default_handshake_timeout() -> u32 {
 /// QUIC transport parameters. The default windows allow megabytes in flight per stream; a
 /// 64 KB window would cap a download at 64 KB per round trip (1.3 MB/s at 50 ms).
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [{
     "rule": "self.connectionReceiveWindowBytes >= self.streamReceiveWindowBytes",
     "message": "transport.connectionReceiveWindowBytes must not be smaller than transport.streamReceiveWindowBytes"
@@ -308,7 +324,7 @@ impl Default for TransportSettings {
 
 /// The `Alt-Svc` header added to h3 responses that lack one.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct AltSvcSettings {
     /// `ma=` of the advertised `h3` alternative, in seconds.
     #[serde(default = "default_alt_svc_max_age")]
@@ -325,7 +341,7 @@ impl Default for AltSvcSettings {
 
 /// Prometheus metrics, `/healthz`, `/readyz` and `/status`.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct MetricsSettings {
     /// `ip:port` of the metrics and health endpoint.
     #[serde(default = "default_metrics_address")]
@@ -371,7 +387,7 @@ fn default_control_frame() -> u32 {
 
 /// HTTP/3 request handling.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct HttpSettings {
     /// SETTINGS_MAX_FIELD_SECTION_SIZE advertised to clients and enforced on requests. A
     /// HEADERS frame longer than this is refused before it is read (H3_EXCESSIVE_LOAD).
@@ -434,7 +450,7 @@ fn default_buffered_per_stream() -> u64 {
 
 /// Resource limits that protect the process from hostile clients.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [{
     "rule": "self.bufferedRequestBytesPerConnection <= self.bufferedRequestBytes && self.bufferedRequestBytesPerStream <= self.bufferedRequestBytesPerConnection",
     "message": "limits: bufferedRequestBytesPerStream <= bufferedRequestBytesPerConnection <= bufferedRequestBytes"
@@ -538,7 +554,7 @@ fn default_half_open_threshold() -> u32 {
 
 /// Address validation (QUIC Retry) of new connections.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct AddressValidationSettings {
     /// `auto` (default), `always` or `never`.
     #[serde(default)]
@@ -596,7 +612,7 @@ fn default_prefix_ipv6() -> u8 {
 /// Where the proxy's QUIC keys come from (standalone file only; in Kubernetes the operator
 /// mounts a per-listener Secret and passes `--keys-file`).
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct KeysSettings {
     /// File with at least 32 secret bytes from which the stateless-reset, connection-ID and
     /// Retry-token keys are derived; created with 64 random bytes (mode 0600) if missing.
@@ -607,7 +623,7 @@ pub struct KeysSettings {
 
 /// A host served from certificate files (standalone mode).
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct FileHost {
     /// Host name (SNI and `:authority`), e.g. `a.example.com` or `*.example.com`.
     pub name: String,
@@ -619,7 +635,7 @@ pub struct FileHost {
 
 /// The standalone configuration file of `h3-ingress proxy --config FILE`.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct FileConfig {
     /// UDP port of both sockets.
     #[serde(default = "default_port")]

@@ -60,14 +60,16 @@ pub fn bind_with<T>(
 }
 
 /// One listening TCP socket at exactly `addr` (dual-stack when it is `[::]`), non-blocking, for
-/// `tokio::net::TcpListener::from_std`.
-pub fn listen_tcp(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+/// `tokio::net::TcpListener::from_std`. `shared`: with SO_REUSEPORT, so a newer generation of
+/// the data plane on the same host can bind it too when it gets no copy of this one.
+pub fn listen_tcp(addr: SocketAddr, shared: bool) -> io::Result<std::net::TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     if addr.is_ipv6() {
         socket.set_only_v6(false)?;
     }
     // A restarted process must not wait for TIME_WAIT connections of the last one.
     socket.set_reuse_address(true)?;
+    socket.set_reuse_port(shared)?;
     socket.bind(&addr.into())?;
     socket.listen(1024)?;
     socket.set_nonblocking(true)?;
@@ -77,7 +79,12 @@ pub fn listen_tcp(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
 /// Binds an admin endpoint at `addr` with the IPv4 fallback; returns the listener and the
 /// address really bound.
 pub fn bind_admin(addr: SocketAddr) -> io::Result<(std::net::TcpListener, SocketAddr)> {
-    bind_with(addr, listen_tcp)
+    bind_with(addr, |a| listen_tcp(a, false))
+}
+
+/// [`bind_admin`] with SO_REUSEPORT (the data plane's, see [`listen_tcp`]).
+pub fn bind_admin_shared(addr: SocketAddr) -> io::Result<(std::net::TcpListener, SocketAddr)> {
+    bind_with(addr, |a| listen_tcp(a, true))
 }
 
 #[cfg(test)]

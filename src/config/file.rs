@@ -3,15 +3,35 @@
 use std::path::{Path, PathBuf};
 
 use super::{build, ConfigError, FieldError, HostEntry, HostTable, ProxyConfig, Settings};
+use crate::api::unknown::{path_string, UnknownFields};
 use crate::api::FileConfig;
 
-/// Parses the YAML text. Unknown fields and wrong types are errors naming the field path.
+/// Parses the YAML text. Unknown fields and wrong types are errors naming the field path;
+/// every unknown field is named at once. (The types themselves accept unknown fields, which
+/// the Kubernetes path needs: `api::unknown`.)
 pub fn parse(yaml: &str) -> Result<FileConfig, ConfigError> {
     let de = serde_norway::Deserializer::from_str(yaml);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let path = if path == "." { String::new() } else { path };
-        ConfigError::single(path, e.into_inner().to_string())
+    let mut unknown = Vec::new();
+    let mut record = |p: serde_ignored::Path<'_>| unknown.push(path_string(&p));
+    let parsed: FileConfig =
+        serde_path_to_error::deserialize(serde_ignored::Deserializer::new(de, &mut record))
+            .map_err(|e| {
+                let path = e.path().to_string();
+                let path = if path == "." { String::new() } else { path };
+                ConfigError::single(path, e.into_inner().to_string())
+            })?;
+    if unknown.is_empty() {
+        return Ok(parsed);
+    }
+    Err(ConfigError {
+        errors: UnknownFields::new(unknown)
+            .paths()
+            .iter()
+            .map(|path| FieldError {
+                path: path.clone(),
+                message: "unknown field".into(),
+            })
+            .collect(),
     })
 }
 
@@ -143,8 +163,14 @@ mod tests {
     #[test]
     fn unknown_field_is_named_with_its_path() {
         let e = parse("upstream: {address: '127.0.0.1:443', tsl: true}").unwrap_err();
-        assert_eq!(e.errors[0].path, "upstream.tsl");
-        assert!(e.errors[0].message.contains("unknown field `tsl`"), "{e}");
+        assert_eq!(e.to_string(), "upstream.tsl: unknown field");
+        // Every unknown field at once, at any depth, in path order.
+        let e = parse(
+            "upstream: {address: 'a:1', futureSetting: 1}\nhosts:\n- {name: a, certFile: c, keyFile: k, extra: x}\ntop: {nested: 1}",
+        )
+        .unwrap_err();
+        let paths: Vec<&str> = e.errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(paths, ["hosts[0].extra", "top", "upstream.futureSetting"]);
         let e =
             parse("upstream: {address: 'a:1'}\nsocket: {receiveBufferBytes: lots}").unwrap_err();
         assert_eq!(e.errors[0].path, "socket.receiveBufferBytes");

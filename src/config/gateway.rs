@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::kube::{CertSource, WantedHost};
+use super::wanted::{CertSource, GatewayOrigin, WantedHost};
 use crate::api::gateway::{
     Gateway, GatewayListener, HTTPRoute, ObjectReference, ParentReference, ReferenceGrant, GROUP,
 };
@@ -37,26 +37,6 @@ pub struct GatewayObjects {
     pub gateways: Vec<Arc<Gateway>>,
     pub routes: Vec<Arc<HTTPRoute>>,
     pub grants: Vec<Arc<ReferenceGrant>>,
-}
-
-/// Where a Gateway API host came from: the route (none when the Gateway itself is annotated),
-/// the Gateway and its listener.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GatewayOrigin {
-    pub http_route: Option<String>,
-    pub gateway: String,
-    pub listener: String,
-}
-
-impl GatewayOrigin {
-    /// "HTTPRoute ns/name, Gateway ns/name listener https", as status and events say it.
-    pub fn text(&self) -> String {
-        let gw = format!("Gateway {} listener {}", self.gateway, self.listener);
-        match &self.http_route {
-            Some(r) => format!("HTTPRoute {r}, {gw}"),
-            None => gw,
-        }
-    }
 }
 
 fn key(meta: &ObjectMeta) -> String {
@@ -627,6 +607,37 @@ pub fn wanted_from_gateway_api(listener: &Http3Listener, objs: &GatewayObjects) 
     out
 }
 
+/// Where to forward the hosts that come through listener `section` of Gateway `gateway`
+/// (`namespace/name`): the listener's `gatewayUpstreams` entry for it, else the first address
+/// the Gateway's controller reports (`status.addresses`) with the Gateway listener's port;
+/// `None` (the listener's `upstream.address`) when the Gateway has neither.
+pub fn gateway_upstream(
+    listener: &Http3Listener,
+    gateways: &[Arc<Gateway>],
+    gateway: &str,
+    section: &str,
+) -> Option<String> {
+    let (ns, name) = gateway.split_once('/')?;
+    if let Some(o) = listener
+        .spec
+        .gateway_upstreams
+        .iter()
+        .find(|o| o.namespace == ns && o.name == name)
+    {
+        return Some(o.address.clone());
+    }
+    let gw = find_gateway(gateways, ns, name)?;
+    let address = gw.status.as_ref()?.addresses.first()?.value.clone();
+    let port = gw.spec.listeners.iter().find(|l| l.name == section)?.port;
+    // An IPv6 literal needs brackets in host:port.
+    let host = if address.contains(':') && !address.starts_with('[') {
+        format!("[{address}]")
+    } else {
+        address
+    };
+    Some(format!("{host}:{port}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -648,7 +659,40 @@ mod tests {
                 gateway_class_name: class.into(),
                 listeners: serde_json::from_value(listeners).unwrap(),
             },
+            status: None,
         })
+    }
+
+    #[test]
+    fn each_gateway_is_forwarded_to_its_own_address_unless_overridden() {
+        let mut l = listener("public", None);
+        let mut g = (*https_gateway()).clone();
+        // No address reported: the listener's upstream.address (None here).
+        assert_eq!(
+            gateway_upstream(&l, &[Arc::new(g.clone())], "infra/gw", "https"),
+            None
+        );
+        g.status = Some(crate::api::gateway::GatewayStatus {
+            addresses: serde_json::from_value(json!([{"type": "IPAddress", "value": "fd00::7"},
+                {"value": "10.0.0.7"}]))
+            .unwrap(),
+        });
+        let gws = [Arc::new(g)];
+        assert_eq!(
+            gateway_upstream(&l, &gws, "infra/gw", "https").as_deref(),
+            Some("[fd00::7]:443")
+        );
+        // An unknown section or Gateway: nothing to say.
+        assert_eq!(gateway_upstream(&l, &gws, "infra/gw", "other"), None);
+        assert_eq!(gateway_upstream(&l, &gws, "infra/none", "https"), None);
+        l.spec.gateway_upstreams = serde_json::from_value(
+            json!([{"namespace": "infra", "name": "gw", "address": "envoy-gw.infra.svc:8443"}]),
+        )
+        .unwrap();
+        assert_eq!(
+            gateway_upstream(&l, &gws, "infra/gw", "https").as_deref(),
+            Some("envoy-gw.infra.svc:8443")
+        );
     }
 
     /// A Gateway `infra/gw` of class `gw` with one HTTPS listener `https` for `*.example.com`
@@ -842,7 +886,7 @@ mod tests {
         assert_eq!(h.gateway_listener.as_deref(), Some("https"));
         assert_eq!(h.secret.as_deref(), Some("infra/wild"));
         assert_eq!(h.ingress, None);
-        assert!(r.table.lookup("a.example.com").is_some());
+        assert!(r.serves("a.example.com"));
         let mut l = listener("public", None);
         l.spec.gateway_class_name = Some("gw".into());
         let refs: Vec<_> = referenced_secrets(&l, std::iter::empty::<&Ingress>(), &o)
@@ -879,7 +923,7 @@ mod tests {
                 "{}",
                 h.message
             );
-            assert!(r.table.is_empty());
+            assert!(r.served.is_empty());
         }
         // Accepted=False is not acceptance either.
         let mut route = (*Route::default().build()).clone();
@@ -1217,7 +1261,7 @@ mod tests {
             }
             .build();
             let r = resolve(&objs(vec![g], vec![route], vec![]), &s);
-            assert_eq!(r.table.lookup("a.example.com").is_some(), served, "{ann:?}");
+            assert_eq!(r.serves("a.example.com"), served, "{ann:?}");
             assert_eq!(
                 r.reports.len(),
                 usize::from(served),
@@ -1490,7 +1534,7 @@ mod tests {
         }
         .build();
         let r = resolve(&objs(vec![g], vec![route], vec![]), &s);
-        assert!(r.table.is_empty());
+        assert!(r.served.is_empty());
         assert_eq!(r.reports.len(), 1);
         assert_eq!(r.reports[0].name, NO_HOSTNAME);
         assert!(

@@ -1,10 +1,10 @@
-//! Builds the same [`super::ProxyConfig`] from Kubernetes objects (an `Http3Listener`, the
-//! annotated Ingresses, the annotated HTTPRoutes and Gateways of [`super::gateway`], and the
-//! TLS Secrets they reference). Pure: the caller owns the watches.
+//! Which hosts a listener serves, from Kubernetes objects (an `Http3Listener`, the annotated
+//! Ingresses, the annotated HTTPRoutes and Gateways of [`super::gateway`], and the TLS Secrets
+//! they reference). Pure: the caller owns the watches.
 //!
-//! The operator uses [`resolve_hosts`] for per-host status (it works even when the listener's
-//! settings are invalid); the data plane uses [`from_objects`], which is `resolve_hosts` plus
-//! the same [`super::build`] the file mode runs.
+//! The operator resolves every host here ([`resolve_hosts`]): which Secret serves it, or why it
+//! cannot be served. It then hands the served hosts and their certificates to the data plane
+//! (`api::mirror`), which never reads these objects itself.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -13,10 +13,9 @@ use std::sync::Arc;
 
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass, IngressSpec, IngressTLS};
 
-use super::gateway::{wanted_from_gateway_api, GatewayObjects, GatewayOrigin};
-use super::{
-    build, host_matches, ConfigError, HostEntry, HostError, HostTable, ProxyConfig, Settings,
-};
+use super::gateway::{wanted_from_gateway_api, GatewayObjects};
+pub use super::wanted::{CertSource, GatewayOrigin, WantedHost};
+use super::{host_matches, HostEntry, HostError};
 use crate::api::{annotations, host_states, reasons, HostReport, Http3Listener, SecretRef};
 
 /// The pre-`ingressClassName` way of naming the class; controllers still honour it.
@@ -117,34 +116,6 @@ pub fn targets_listener(ing: &Ingress, listener_name: &str, listener_class: Opti
             _ => false,
         },
     }
-}
-
-/// Where a wanted host's certificate should come from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CertSource {
-    Secret(SecretRef),
-    /// No usable `spec.tls` entry; the text says why (it becomes the status message).
-    NoTls(String),
-    /// Not servable for another reason (a Gateway API rule); the Secret, when one is named
-    /// but may not be used, is reported too. h3-ingress never reads a refused Secret.
-    Refused {
-        reason: &'static str,
-        message: String,
-        secret: Option<SecretRef>,
-    },
-}
-
-/// One host that an Ingress, an HTTPRoute, a Gateway or the listener's own `spec.hosts` asks
-/// to serve over HTTP/3.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WantedHost {
-    /// As written (normalised later, so a bad name is reported, not dropped).
-    pub name: String,
-    /// `namespace/name` of the Ingress, `None` for `spec.hosts` and the Gateway API.
-    pub ingress: Option<String>,
-    /// The HTTPRoute, Gateway and Gateway listener, for Gateway API hosts.
-    pub gateway: Option<GatewayOrigin>,
-    pub cert: CertSource,
 }
 
 /// The hosts an Ingress asks for, with where each one's certificate lives. Pure annotation and
@@ -317,12 +288,116 @@ pub fn referenced_secrets<'a>(
         .collect()
 }
 
+/// A host that can be served, with the Secret whose certificate serves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServedHost {
+    /// Normalised: lowercase, no trailing dot; possibly `*.domain`.
+    pub name: String,
+    pub secret: SecretRef,
+    /// Where it comes from, as people read it (`Ingress shop/web`).
+    pub source: String,
+    /// `namespace/name` of the Gateway it comes through (Gateway API hosts).
+    pub gateway: Option<String>,
+    /// The name of that Gateway's listener (section).
+    pub gateway_listener: Option<String>,
+}
+
 /// Served hosts plus a report for every wanted host (served or not, with the reason).
 #[derive(Debug, Clone, Default)]
 pub struct ResolvedHosts {
-    pub table: HostTable,
+    /// In the order they won their names.
+    pub served: Vec<ServedHost>,
     /// Sorted by host name, then Ingress, so equal inputs give equal status.
     pub reports: Vec<HostReport>,
+}
+
+impl ResolvedHosts {
+    /// Whether `name` (as served, e.g. `*.b.example.com`) is served.
+    pub fn serves(&self, name: &str) -> bool {
+        self.served.iter().any(|h| h.name == name)
+    }
+
+    /// The served hosts grouped by Secret, each group in serving order.
+    pub fn by_secret(&self) -> BTreeMap<&SecretRef, Vec<&ServedHost>> {
+        let mut out: BTreeMap<&SecretRef, Vec<&ServedHost>> = BTreeMap::new();
+        for h in &self.served {
+            out.entry(&h.secret).or_default().push(h);
+        }
+        out
+    }
+}
+
+/// Whether a Secret's certificate can serve a host: what resolving needs from Secrets.
+/// The operator answers from a cache that parses each Secret once per resourceVersion;
+/// [`SecretMap`] answers by parsing (tests, tools).
+pub trait Certificates {
+    /// `Ok` when `host` can be served with the certificate of `secret` at `now_unix`; else a
+    /// reason from `api::reasons` and the message for the status.
+    fn check(
+        &self,
+        secret: &SecretRef,
+        host: &str,
+        now_unix: i64,
+    ) -> Result<(), (&'static str, String)>;
+}
+
+impl Certificates for SecretMap {
+    fn check(
+        &self,
+        sref: &SecretRef,
+        host: &str,
+        now_unix: i64,
+    ) -> Result<(), (&'static str, String)> {
+        let Some(secret) = self.get(&(sref.namespace.clone(), sref.name.clone())) else {
+            return Err(secret_not_found(sref));
+        };
+        let (cert, key) = tls_pair(secret).ok_or_else(|| missing_keys(sref))?;
+        check_pem(sref, host, cert, key, now_unix)
+    }
+}
+
+/// The reason a missing Secret gives.
+pub fn secret_not_found(sref: &SecretRef) -> (&'static str, String) {
+    (
+        reasons::SECRET_NOT_FOUND,
+        format!("Secret {} not found", secret_key(sref)),
+    )
+}
+
+/// The reason a Secret without `tls.crt` and `tls.key` gives.
+pub fn missing_keys(sref: &SecretRef) -> (&'static str, String) {
+    (
+        reasons::CERTIFICATE_INVALID,
+        format!(
+            "Secret {} has no {TLS_CERT_KEY} and {TLS_KEY_KEY}",
+            secret_key(sref)
+        ),
+    )
+}
+
+/// `tls.crt` and `tls.key` of a Secret, when it has both.
+pub fn tls_pair(secret: &Secret) -> Option<(&[u8], &[u8])> {
+    let data = secret.data.as_ref()?;
+    let field = |k: &str| data.get(k).map(|b| b.0.as_slice());
+    Some((field(TLS_CERT_KEY)?, field(TLS_KEY_KEY)?))
+}
+
+/// Parses and checks a certificate and key for `host`, as the data plane would load them.
+pub fn check_pem(
+    sref: &SecretRef,
+    host: &str,
+    cert: &[u8],
+    key: &[u8],
+    now_unix: i64,
+) -> Result<(), (&'static str, String)> {
+    HostEntry::from_pem(host, cert, key, now_unix)
+        .map(|_| ())
+        .map_err(|e| host_error(sref, e))
+}
+
+/// The reason and message of a certificate the data plane could not serve a host with.
+pub fn host_error(sref: &SecretRef, e: HostError) -> (&'static str, String) {
+    (e.reason(), format!("Secret {}: {e}", secret_key(sref)))
 }
 
 fn not_serving(
@@ -344,7 +419,7 @@ fn not_serving(
 fn report_of(w: &WantedHost) -> HostReport {
     let g = w.gateway.as_ref();
     HostReport {
-        name: w.name.trim_end_matches('.').to_ascii_lowercase(),
+        name: normalized(&w.name),
         ingress: w.ingress.clone(),
         http_route: g.and_then(|g| g.http_route.clone()),
         gateway: g.map(|g| g.gateway.clone()),
@@ -353,7 +428,12 @@ fn report_of(w: &WantedHost) -> HostReport {
     }
 }
 
-fn secret_key(s: &SecretRef) -> String {
+fn normalized(name: &str) -> String {
+    name.trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// `namespace/name`, the form status and events use.
+pub fn secret_key(s: &SecretRef) -> String {
     format!("{}/{}", s.namespace, s.name)
 }
 
@@ -365,50 +445,35 @@ fn source_text(w: &WantedHost) -> String {
     }
 }
 
-/// The host's certificate from its Secret, or the reason and message why not.
-fn secret_entry(
-    w: &WantedHost,
-    sref: &SecretRef,
-    secrets: &SecretMap,
-    now_unix: i64,
-) -> Result<HostEntry, (&'static str, String)> {
-    let key = (sref.namespace.clone(), sref.name.clone());
-    let Some(secret) = secrets.get(&key) else {
-        return Err((
-            reasons::SECRET_NOT_FOUND,
-            format!("Secret {} not found", secret_key(sref)),
-        ));
-    };
-    let data = secret.data.as_ref();
-    let field = |k: &str| data.and_then(|d| d.get(k)).map(|b| b.0.as_slice());
-    let (Some(cert), Some(key_pem)) = (field(TLS_CERT_KEY), field(TLS_KEY_KEY)) else {
-        return Err((
-            reasons::CERTIFICATE_INVALID,
-            format!(
-                "Secret {} has no {TLS_CERT_KEY} and {TLS_KEY_KEY}",
-                secret_key(sref)
-            ),
-        ));
-    };
-    HostEntry::from_pem(&w.name, cert, key_pem, now_unix)
-        .map_err(|e: HostError| (e.reason(), format!("Secret {}: {e}", secret_key(sref))))
-}
-
-/// Resolves every wanted host against the Secrets. Pure: `now_unix` decides expiry.
+/// Resolves every wanted host against the Secrets' certificates. Pure: `now_unix` decides
+/// expiry.
 pub fn resolve_hosts<'a>(
     listener: &Http3Listener,
     ingresses: impl IntoIterator<Item = &'a Ingress>,
     gateway_api: &GatewayObjects,
-    secrets: &SecretMap,
+    certificates: &dyn Certificates,
     now_unix: i64,
 ) -> ResolvedHosts {
-    let mut table = HostTable::default();
+    resolve_wanted(
+        wanted_for_listener(listener, ingresses, gateway_api),
+        certificates,
+        now_unix,
+    )
+}
+
+/// [`resolve_hosts`] of hosts already gathered.
+pub fn resolve_wanted(
+    wanted: Vec<WantedHost>,
+    certificates: &dyn Certificates,
+    now_unix: i64,
+) -> ResolvedHosts {
+    let mut served: Vec<ServedHost> = Vec::new();
     let mut reports: Vec<HostReport> = Vec::new();
     // name -> (source text, secret) of the entry that won the name.
     let mut owners: BTreeMap<String, (String, Option<SecretRef>)> = BTreeMap::new();
 
-    for w in wanted_for_listener(listener, ingresses, gateway_api) {
-        let lower = w.name.trim_end_matches('.').to_ascii_lowercase();
+    for w in wanted {
+        let lower = normalized(&w.name);
         let sref = match &w.cert {
             CertSource::NoTls(msg) => {
                 reports.push(not_serving(&w, None, reasons::NO_TLS, msg.clone()));
@@ -443,29 +508,34 @@ pub fn resolve_hosts<'a>(
             }
             continue;
         }
-        match secret_entry(&w, sref, secrets, now_unix) {
-            Ok(entry) => {
-                owners.insert(entry.name.clone(), (source_text(&w), Some(sref.clone())));
+        // A broken certificate still claims the name: a later source with another Secret
+        // would silently take over a host its owner is fixing.
+        owners.insert(lower.clone(), (source_text(&w), Some(sref.clone())));
+        if let Err(e) = super::hosts::normalize_host_name(&w.name) {
+            reports.push(not_serving(&w, Some(sref), e.reason(), e.to_string()));
+            continue;
+        }
+        match certificates.check(sref, &lower, now_unix) {
+            Ok(()) => {
                 reports.push(HostReport {
-                    name: entry.name.clone(),
                     state: host_states::SERVING.to_string(),
                     reason: reasons::SERVING.to_string(),
                     secret: Some(secret_key(sref)),
                     ..report_of(&w)
                 });
-                let inserted = table.insert(entry);
-                debug_assert!(inserted, "owners and table agree");
+                served.push(ServedHost {
+                    name: lower,
+                    secret: sref.clone(),
+                    source: source_text(&w),
+                    gateway: w.gateway.as_ref().map(|g| g.gateway.clone()),
+                    gateway_listener: w.gateway.as_ref().map(|g| g.listener.clone()),
+                });
             }
-            Err((reason, message)) => {
-                // A broken certificate still claims the name: a later source with another
-                // Secret would silently take over a host its owner is fixing.
-                owners.insert(lower, (source_text(&w), Some(sref.clone())));
-                reports.push(not_serving(&w, Some(sref), reason, message));
-            }
+            Err((reason, message)) => reports.push(not_serving(&w, Some(sref), reason, message)),
         }
     }
     reports.sort_by(|a, b| report_order(a).cmp(&report_order(b)));
-    ResolvedHosts { table, reports }
+    ResolvedHosts { served, reports }
 }
 
 type ReportOrder<'a> = (
@@ -486,18 +556,25 @@ fn report_order(h: &HostReport) -> ReportOrder<'_> {
     )
 }
 
-/// The data plane's configuration from Kubernetes objects: the listener's settings validated
-/// exactly as the file mode does (field paths start with `spec.`), the servable hosts, and a
-/// report for every wanted host.
+/// The data plane's configuration straight from the objects, as the data plane built it before
+/// the operator handed it certificate mirrors; kept for the data plane's old source only.
 pub fn from_objects<'a>(
     listener: &Http3Listener,
     ingresses: impl IntoIterator<Item = &'a Ingress>,
     gateway_api: &GatewayObjects,
     secrets: &SecretMap,
     now_unix: i64,
-) -> Result<ProxyConfig, ConfigError> {
+) -> Result<super::ProxyConfig, super::ConfigError> {
     let resolved = resolve_hosts(listener, ingresses, gateway_api, secrets, now_unix);
-    let mut config = build(Settings::from(&listener.spec), resolved.table, "spec")?;
+    let mut table = super::HostTable::default();
+    for h in &resolved.served {
+        let key = (h.secret.namespace.clone(), h.secret.name.clone());
+        let pair = secrets.get(&key).and_then(tls_pair);
+        if let Some(Ok(entry)) = pair.map(|(c, k)| HostEntry::from_pem(&h.name, c, k, now_unix)) {
+            table.insert(entry);
+        }
+    }
+    let mut config = super::build(super::Settings::from(&listener.spec), table, "spec")?;
     config.host_reports = resolved.reports;
     Ok(config)
 }
@@ -783,7 +860,10 @@ pub(crate) mod tests {
         secrets.insert(k, broken);
 
         let r = resolve_hosts(&l, [&ing], &none(), &secrets, now());
-        assert_eq!(r.table.names().collect::<Vec<_>>(), ["ok.example.com"]);
+        assert_eq!(
+            r.served.iter().map(|h| h.name.as_str()).collect::<Vec<_>>(),
+            ["ok.example.com"]
+        );
         let s = |st: &str, re: &str| vec![(st.to_string(), re.to_string())];
         assert_eq!(
             by_name(&r, "ok.example.com"),
@@ -922,7 +1002,7 @@ pub(crate) mod tests {
             conflict.message,
             "pinned.example.com is already served from spec.hosts with Secret infra/pinned"
         );
-        assert_eq!(r.table.len(), 2);
+        assert_eq!(r.served.len(), 2);
     }
 
     #[test]

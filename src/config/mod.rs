@@ -9,6 +9,7 @@ pub mod file;
 pub mod gateway;
 mod hosts;
 pub mod kube;
+pub mod wanted;
 
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -105,6 +106,8 @@ pub struct UpstreamConfig {
     /// Counted from the end of the request body.
     pub response_timeout: Duration,
     pub response_body_idle_timeout: Duration,
+    /// `servedCertificate`: how long a replaced or a renewed leaf is accepted (0: never).
+    pub served_certificate_grace: Duration,
 }
 
 /// The validated configuration the data plane runs.
@@ -396,6 +399,10 @@ fn upstream(u: &Upstream, errs: &mut Errors) -> Option<UpstreamConfig> {
         bounds::RESPONSE_BODY_IDLE_TIMEOUT_SECONDS,
         u.response_body_idle_timeout_seconds,
     );
+    errs.check(
+        bounds::SERVED_CERTIFICATE_GRACE_SECONDS,
+        u.served_certificate_grace_seconds,
+    );
     Some(UpstreamConfig {
         address: address?,
         tls: u.tls,
@@ -407,6 +414,7 @@ fn upstream(u: &Upstream, errs: &mut Errors) -> Option<UpstreamConfig> {
         response_body_idle_timeout: Duration::from_secs(
             u.response_body_idle_timeout_seconds.into(),
         ),
+        served_certificate_grace: Duration::from_secs(u.served_certificate_grace_seconds.into()),
     })
 }
 

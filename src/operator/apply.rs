@@ -8,13 +8,15 @@ use std::fmt::Debug;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Event, Secret, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::ByteString;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::controller::Context;
+use super::context::{Applied, Context};
 use super::resources::{self, Desired};
 use super::status::Blocker;
 use super::watches::owned_by;
@@ -96,31 +98,108 @@ where
     Api::namespaced(ctx.client.clone(), ns)
 }
 
-/// Applies every desired object; returns the DaemonSet as the API server has it (with status).
-pub async fn apply_all(ctx: &Context, d: &Desired) -> Result<DaemonSet, ApplyError> {
+/// The version of an object the applied-hash check compares: its generation where it has one
+/// (a DaemonSet's resourceVersion moves with every status write), else its resourceVersion.
+fn version_of(m: &ObjectMeta) -> String {
+    match m.generation {
+        Some(g) => format!("g{g}"),
+        None => m.resource_version.clone().unwrap_or_default(),
+    }
+}
+
+fn cached_version<K>(store: &Store<K>, obj: &impl Resource) -> Option<String>
+where
+    K: Resource<DynamicType = ()> + Clone,
+{
+    let m = obj.meta();
+    let mut r = ObjectRef::<K>::new(m.name.as_deref().unwrap_or_default());
+    if let Some(ns) = &m.namespace {
+        r = r.within(ns);
+    }
+    store.get(&r).map(|o| version_of(o.meta()))
+}
+
+/// Applies `obj` unless the operator applied exactly this before and the cached object has
+/// not changed since (someone's edit is overwritten on the next reconcile, as before). At
+/// steady state a reconcile applies nothing, whatever the number of listeners.
+async fn apply_changed<K>(
+    ctx: &Context,
+    listener: &str,
+    api: Api<K>,
+    obj: &K,
+    cached: Option<String>,
+) -> Result<Option<K>, ApplyError>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + Debug,
+{
+    let key = format!("{}/{}", K::kind(&()), object_name(obj));
+    let hash = {
+        use sha2::Digest;
+        let bytes = serde_json::to_vec(obj).expect("objects serialise");
+        hex::encode(sha2::Sha256::digest(bytes))
+    };
+    let unchanged = ctx
+        .memory_of(listener)
+        .applied
+        .get(&key)
+        .is_some_and(|a| a.hash == hash && cached.as_deref() == Some(a.version.as_str()));
+    if unchanged {
+        return Ok(None);
+    }
+    let applied = apply(api, obj).await?;
+    ctx.metrics.applies.inc();
+    let version = version_of(applied.meta());
+    ctx.remember(listener, |m| {
+        m.applied.insert(key, Applied { hash, version });
+    });
+    Ok(Some(applied))
+}
+
+/// Applies every desired object that changed; returns the DaemonSet as the API server has it
+/// (with status): the apply's answer, else the cache's.
+pub async fn apply_all(
+    ctx: &Context,
+    listener: &str,
+    d: &Desired,
+) -> Result<Option<DaemonSet>, ApplyError> {
     let c = &ctx.client;
+    let o = &ctx.owned;
     ensure_keys_secret(ctx, &d.keys_secret).await?;
-    apply(
-        namespaced::<ServiceAccount>(ctx, &d.service_account),
-        &d.service_account,
-    )
-    .await?;
-    apply(Api::<ClusterRole>::all(c.clone()), &d.cluster_role).await?;
-    apply(
+    let sa = &d.service_account;
+    let v = cached_version(&o.service_accounts, sa);
+    apply_changed(ctx, listener, namespaced::<ServiceAccount>(ctx, sa), sa, v).await?;
+    let cr = &d.cluster_role;
+    let v = cached_version(&o.cluster_roles, cr);
+    apply_changed(ctx, listener, Api::<ClusterRole>::all(c.clone()), cr, v).await?;
+    let crb = &d.cluster_role_binding;
+    let v = cached_version(&o.cluster_role_bindings, crb);
+    apply_changed(
+        ctx,
+        listener,
         Api::<ClusterRoleBinding>::all(c.clone()),
-        &d.cluster_role_binding,
+        crb,
+        v,
     )
     .await?;
     for r in &d.roles {
-        apply(namespaced::<Role>(ctx, r), r).await?;
+        let v = cached_version(&o.roles, r);
+        apply_changed(ctx, listener, namespaced::<Role>(ctx, r), r, v).await?;
     }
     for rb in &d.role_bindings {
-        apply(namespaced::<RoleBinding>(ctx, rb), rb).await?;
+        let v = cached_version(&o.role_bindings, rb);
+        apply_changed(ctx, listener, namespaced::<RoleBinding>(ctx, rb), rb, v).await?;
     }
     if let Some(svc) = &d.service {
-        apply(namespaced::<Service>(ctx, svc), svc).await?;
+        let v = cached_version(&o.services, svc);
+        apply_changed(ctx, listener, namespaced::<Service>(ctx, svc), svc, v).await?;
     }
-    apply(namespaced::<DaemonSet>(ctx, &d.daemon_set), &d.daemon_set).await
+    let ds = &d.daemon_set;
+    let v = cached_version(&o.daemon_sets, ds);
+    let applied = apply_changed(ctx, listener, namespaced::<DaemonSet>(ctx, ds), ds, v).await?;
+    Ok(applied.or_else(|| {
+        let r = ObjectRef::<DaemonSet>::new(&ds.name_any()).within(&ctx.params.namespace);
+        o.daemon_sets.get(&r).map(|d| d.as_ref().clone())
+    }))
 }
 
 /// Creates the listener's keys Secret with fresh random bytes unless it exists; an existing
@@ -129,6 +208,9 @@ pub async fn apply_all(ctx: &Context, d: &Desired) -> Result<DaemonSet, ApplyErr
 async fn ensure_keys_secret(ctx: &Context, keys: &Secret) -> Result<(), ApplyError> {
     let api = namespaced::<Secret>(ctx, keys);
     let name = keys.name_any();
+    if cached_version(&ctx.owned.keys, keys).is_some() {
+        return Ok(());
+    }
     let failed = |source| ApplyError {
         action: "creating",
         kind: "Secret".into(),
@@ -184,8 +266,9 @@ where
     }
 }
 
-/// Deletes what the listener no longer needs: Roles and RoleBindings of namespaces whose
-/// Secrets are no longer referenced, and the Service when `spec.service` was removed. Reads
+/// Deletes what the listener no longer needs: Roles and RoleBindings outside the hosts
+/// namespace (earlier versions made one per namespace of a referenced Secret), and the Service
+/// when `spec.service` was removed. Reads
 /// the owned-object caches, so it costs an API call only when something is deleted.
 /// (Everything else has a fixed name and is replaced in place by the apply.)
 pub async fn prune(ctx: &Context, listener: &str, d: &Desired) -> Result<(), ApplyError> {

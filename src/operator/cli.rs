@@ -3,8 +3,8 @@
 
 use std::net::SocketAddr;
 
-use super::controller::Options;
 use super::resources::{PodDefaults, TUNE_IMAGE};
+use super::run::Options;
 
 /// Port of the operator's `/healthz`, `/readyz` and `/metrics` (the chart's
 /// `operator.adminPort`).
@@ -23,6 +23,13 @@ pub struct OperatorArgs {
     pub no_leader_election: bool,
     #[arg(long, default_value = "h3-ingress-operator")]
     pub lease_name: String,
+    /// Apply this binary's Http3Listener CRD (server-side) when the served one is older; never
+    /// over a newer one (the default).
+    #[arg(long, overrides_with = "no_crd_upgrade")]
+    pub crd_upgrade: bool,
+    /// Leave the CRD alone (it is still checked, and an older one reported on every listener).
+    #[arg(long)]
+    pub no_crd_upgrade: bool,
     /// Data plane image for listeners without spec.image.
     #[arg(long, env = "H3_INGRESS_IMAGE", default_value = super::DEFAULT_IMAGE)]
     pub data_plane_image: String,
@@ -39,6 +46,13 @@ pub struct OperatorArgs {
     /// without spec.tuneImage (needs sh; pin it by digest where tags may move).
     #[arg(long, env = "H3_INGRESS_TUNE_IMAGE", default_value = TUNE_IMAGE)]
     pub tune_image: String,
+    /// The namespace of the certificate mirrors the data plane reads (it must exist and hold
+    /// nothing else; the chart creates it). Default: `<namespace>-hosts`.
+    #[arg(long, env = "H3_INGRESS_HOSTS_NAMESPACE")]
+    pub hosts_namespace: Option<String>,
+    /// priorityClassName of every data plane pod (the chart's `dataPlane.priorityClassName`).
+    #[arg(long, env = "H3_INGRESS_DATA_PLANE_PRIORITY_CLASS")]
+    pub data_plane_priority_class: Option<String>,
     /// Serves /healthz, /readyz and /metrics. `[::]` answers on IPv4 and IPv6, and falls back
     /// to 0.0.0.0 on a host without IPv6.
     #[arg(long, default_value_t = crate::config::bind::any_address(ADMIN_PORT))]
@@ -56,7 +70,19 @@ impl OperatorArgs {
                 .filter(|s| !s.is_empty())
                 .collect(),
             tune_image: self.tune_image.clone(),
+            priority_class_name: self
+                .data_plane_priority_class
+                .clone()
+                .filter(|s| !s.trim().is_empty()),
         }
+    }
+
+    /// `--hosts-namespace`, or `<namespace>-hosts`.
+    pub fn hosts_namespace(&self) -> String {
+        self.hosts_namespace
+            .clone()
+            .filter(|s| !s.trim().is_empty())
+            .unwrap_or_else(|| format!("{}-hosts", self.namespace))
     }
 
     pub fn options(&self) -> Options {
@@ -65,8 +91,10 @@ impl OperatorArgs {
             leader_election: !self.no_leader_election,
             lease_name: self.lease_name.clone(),
             data_plane_image: self.data_plane_image.clone(),
+            hosts_namespace: self.hosts_namespace(),
             admin_address: self.admin_address,
             pod_defaults: self.pod_defaults(),
+            crd_upgrade: !self.no_crd_upgrade,
         }
     }
 }
@@ -96,6 +124,8 @@ mod tests {
             "H3_INGRESS_IMAGE",
             "H3_INGRESS_IMAGE_PULL_SECRETS",
             "H3_INGRESS_TUNE_IMAGE",
+            "H3_INGRESS_HOSTS_NAMESPACE",
+            "H3_INGRESS_DATA_PLANE_PRIORITY_CLASS",
         ] {
             assert!(
                 std::env::var_os(var).is_none(),
@@ -107,6 +137,17 @@ mod tests {
         assert_eq!(a.pod_defaults(), PodDefaults::default());
         assert_eq!(a.options().data_plane_image, super::super::DEFAULT_IMAGE);
         assert!(a.options().leader_election);
+        assert_eq!(a.options().hosts_namespace, "h3-ingress-hosts");
+        assert!(
+            a.options().crd_upgrade,
+            "upgrading an older CRD is the default"
+        );
+        assert!(!parse(&["--no-crd-upgrade"]).options().crd_upgrade);
+        assert!(
+            parse(&["--no-crd-upgrade", "--crd-upgrade"])
+                .options()
+                .crd_upgrade
+        );
 
         let a = parse(&[
             "--image-pull-secrets",
@@ -116,15 +157,21 @@ mod tests {
             "--no-leader-election",
             "--admin-address",
             "0.0.0.0:9000",
+            "--hosts-namespace",
+            "certs",
+            "--data-plane-priority-class",
+            "system-node-critical",
         ]);
         assert_eq!(
             a.pod_defaults(),
             PodDefaults {
                 image_pull_secrets: vec!["regcred".into(), "mirror".into()],
                 tune_image: "busybox@sha256:0123".into(),
+                priority_class_name: Some("system-node-critical".into()),
             }
         );
         assert!(!a.options().leader_election);
+        assert_eq!(a.options().hosts_namespace, "certs");
         assert_eq!(a.options().pod_defaults, a.pod_defaults());
         assert_eq!(a.options().admin_address.to_string(), "0.0.0.0:9000");
     }

@@ -10,6 +10,8 @@ use crate::api::{conditions, host_states, reasons, HostStatus, Http3ListenerStat
 pub mod event_reasons {
     pub const HTTP3_ENABLED: &str = "Http3Enabled";
     pub const HTTP3_DISABLED: &str = "Http3Disabled";
+    /// Host transitions beyond those that got events of their own.
+    pub const HOSTS_CHANGED: &str = "HostsChanged";
 }
 
 /// The `action` of every event the operator publishes.
@@ -43,23 +45,24 @@ type HostKey = (
     Option<String>,
 );
 
-fn by_key(s: Option<&Http3ListenerStatus>) -> BTreeMap<HostKey, &HostStatus> {
-    s.map(|s| {
-        s.hosts
-            .iter()
-            .map(|h| {
-                let key = (
-                    h.name.clone(),
-                    h.ingress.clone(),
-                    h.http_route.clone(),
-                    h.gateway.clone(),
-                    h.gateway_listener.clone(),
-                );
-                (key, h)
-            })
-            .collect()
-    })
-    .unwrap_or_default()
+fn by_key(hosts: Option<&[HostStatus]>) -> BTreeMap<HostKey, &HostStatus> {
+    hosts
+        .map(|hosts| {
+            hosts
+                .iter()
+                .map(|h| {
+                    let key = (
+                        h.name.clone(),
+                        h.ingress.clone(),
+                        h.http_route.clone(),
+                        h.gateway.clone(),
+                        h.gateway_listener.clone(),
+                    );
+                    (key, h)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The object the host came from, if any: its Ingress, HTTPRoute, or annotated Gateway.
@@ -90,21 +93,50 @@ fn both(out: &mut Vec<PlannedEvent>, h: &HostStatus, warning: bool, reason: &str
     }
 }
 
-/// Events for host and condition transitions between `old` (stored) and `new`.
+/// At most this many host transitions get events of their own per reconcile; the rest are
+/// summed up in one event on the listener, so 10,000 hosts appearing at once cost a few
+/// events, not 20,000.
+pub const MAX_HOST_EVENTS: usize = 20;
+
+/// Events for host transitions between `old_hosts` (as last published; `None` after a restart,
+/// when no per-host event is planned) and `new_hosts`, and for condition transitions between
+/// the stored status `old` and `new`.
 ///
 /// `ConfigPending` is the normal gap between "can be served" and "a pod serves it" and would
 /// make every rollout noisy, so it produces no event of its own.
-pub fn plan(old: Option<&Http3ListenerStatus>, new: &Http3ListenerStatus) -> Vec<PlannedEvent> {
+pub fn plan(
+    old_hosts: Option<&[HostStatus]>,
+    new_hosts: &[HostStatus],
+    old: Option<&Http3ListenerStatus>,
+    new: &Http3ListenerStatus,
+) -> Vec<PlannedEvent> {
+    let mut out = match old_hosts {
+        Some(before) => host_events(before, new_hosts),
+        None => Vec::new(),
+    };
+    out.extend(condition_events(old, new));
+    out
+}
+
+/// Per-host transitions, at most [`MAX_HOST_EVENTS`] of them with their own events.
+fn host_events(old: &[HostStatus], new: &[HostStatus]) -> Vec<PlannedEvent> {
     let mut out = Vec::new();
-    let before = by_key(old);
+    let mut transitions = 0usize;
+    let before = by_key(Some(old));
     let after = by_key(Some(new));
+    let mut event = |out: &mut Vec<PlannedEvent>, h: &HostStatus, warning, reason: &str, note| {
+        transitions += 1;
+        if transitions <= MAX_HOST_EVENTS {
+            both(out, h, warning, reason, note);
+        }
+    };
 
     for (key, h) in &after {
         let prev = before.get(key);
         let was_serving = prev.is_some_and(|p| p.state == host_states::SERVING);
         if h.state == host_states::SERVING {
             if !was_serving {
-                both(
+                event(
                     &mut out,
                     h,
                     false,
@@ -118,12 +150,12 @@ pub fn plan(old: Option<&Http3ListenerStatus>, new: &Http3ListenerStatus) -> Vec
             } else {
                 format!("HTTP/3 not served for {}: {}", h.name, h.message)
             };
-            both(&mut out, h, true, &h.reason, note);
+            event(&mut out, h, true, &h.reason, note);
         }
     }
     for (key, h) in &before {
         if !after.contains_key(key) && h.state == host_states::SERVING {
-            both(
+            event(
                 &mut out,
                 h,
                 false,
@@ -133,6 +165,26 @@ pub fn plan(old: Option<&Http3ListenerStatus>, new: &Http3ListenerStatus) -> Vec
         }
     }
 
+    if transitions > MAX_HOST_EVENTS {
+        out.push(PlannedEvent {
+            target: Target::Listener,
+            warning: false,
+            reason: event_reasons::HOSTS_CHANGED.to_string(),
+            note: format!(
+                "{} more hosts changed state (the listener's status has the counts)",
+                transitions - MAX_HOST_EVENTS
+            ),
+        });
+    }
+    out
+}
+
+/// Condition transitions: bad states warn, and Ready's good state is announced.
+fn condition_events(
+    old: Option<&Http3ListenerStatus>,
+    new: &Http3ListenerStatus,
+) -> Vec<PlannedEvent> {
+    let mut out = Vec::new();
     for c in &new.conditions {
         let prev = old.and_then(|o| o.conditions.iter().find(|p| p.type_ == c.type_));
         let changed = prev.is_none_or(|p| p.status != c.status || p.reason != c.reason);
@@ -198,6 +250,12 @@ mod tests {
         }
     }
 
+    /// `plan` with hosts before and after taken from the statuses (none before: nothing).
+    fn p(old: Option<&Http3ListenerStatus>, new: &Http3ListenerStatus) -> Vec<PlannedEvent> {
+        let before = old.map(|o| o.hosts.as_slice()).unwrap_or_default();
+        plan(Some(before), &new.hosts, old, new)
+    }
+
     fn summary(events: &[PlannedEvent]) -> Vec<String> {
         events
             .iter()
@@ -239,7 +297,7 @@ mod tests {
         };
         let new = status(vec![routed.clone(), from_gateway], vec![]);
         assert_eq!(
-            summary(&plan(None, &new)),
+            summary(&p(None, &new)),
             [
                 "listener W RefNotPermitted: HTTP/3 not served for a.example.com: no grant",
                 "httproute apps/web W RefNotPermitted: HTTP/3 not served for a.example.com: no grant",
@@ -253,7 +311,7 @@ mod tests {
             ..routed
         };
         let after = status(vec![moved], vec![]);
-        let events = summary(&plan(Some(&new), &after));
+        let events = summary(&p(Some(&new), &after));
         assert!(events.contains(&"httproute apps/web W RefNotPermitted: HTTP/3 not served for a.example.com: no grant".to_string()), "{events:?}");
     }
 
@@ -299,7 +357,7 @@ mod tests {
             vec![],
         );
         assert_eq!(
-            summary(&plan(Some(&old), &new)),
+            summary(&p(Some(&old), &new)),
             [
                 "listener N Http3Enabled: HTTP/3 enabled for a.example.com",
                 "default/web N Http3Enabled: HTTP/3 enabled for a.example.com",
@@ -309,7 +367,7 @@ mod tests {
             ]
         );
         // Nothing changed, nothing said.
-        assert!(plan(Some(&new), &new).is_empty());
+        assert!(p(Some(&new), &new).is_empty());
     }
 
     #[test]
@@ -324,7 +382,7 @@ mod tests {
             )],
             vec![],
         );
-        assert!(plan(None, &new).is_empty());
+        assert!(p(None, &new).is_empty());
         let was = status(
             vec![host(
                 "a.example.com",
@@ -335,7 +393,35 @@ mod tests {
             )],
             vec![],
         );
-        assert!(plan(Some(&was), &new).is_empty());
+        assert!(p(Some(&was), &new).is_empty());
+    }
+
+    #[test]
+    fn many_host_transitions_are_summed_up_and_a_restart_announces_nothing() {
+        let hosts: Vec<HostStatus> = (0..1000)
+            .map(|i| {
+                host(
+                    &format!("h{i}.test"),
+                    Some("default/web"),
+                    "Serving",
+                    reasons::SERVING,
+                    "",
+                )
+            })
+            .collect();
+        let new = status(hosts.clone(), vec![]);
+        let events = p(None, &new);
+        // Two events (listener and Ingress) for each of the first hosts, one summary.
+        assert_eq!(events.len(), 2 * MAX_HOST_EVENTS + 1);
+        assert_eq!(
+            events.last().unwrap().note,
+            format!(
+                "{} more hosts changed state (the listener's status has the counts)",
+                1000 - MAX_HOST_EVENTS
+            )
+        );
+        // After an operator restart nothing is known of the hosts before: no host event.
+        assert!(plan(None, &hosts, None, &new).is_empty());
     }
 
     #[test]
@@ -357,7 +443,7 @@ mod tests {
             ],
         );
         assert_eq!(
-            summary(&plan(Some(&old), &new)),
+            summary(&p(Some(&old), &new)),
             [
                 "listener N AllHostsServing: Ready is True",
                 "listener W Clamped: BuffersApplied is False",
@@ -366,7 +452,7 @@ mod tests {
         );
         // Recovering buffers is not news; Degraded going back to normal is not either.
         assert_eq!(
-            summary(&plan(Some(&new), &old)),
+            summary(&p(Some(&new), &old)),
             ["listener W PodsNotReady: Ready is False"]
         );
     }

@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 use crate::admin::AdminSource;
@@ -19,6 +19,12 @@ pub mod results {
     pub const STANDBY: &str = "standby";
 }
 
+/// Outcomes of the operator's upgrades of the CRD, the values of the `result` label.
+pub mod crd_upgrade {
+    pub const OK: &str = "ok";
+    pub const ERROR: &str = "error";
+}
+
 pub struct OperatorMetrics {
     registry: Registry,
     pub reconciles: IntCounterVec,
@@ -27,6 +33,19 @@ pub struct OperatorMetrics {
     pub events: IntCounterVec,
     pub pod_report_errors: IntCounter,
     pub leader: IntGauge,
+    /// Objects applied (only those that changed: zero at steady state).
+    pub applies: IntCounter,
+    /// Certificate mirrors written and deleted.
+    pub mirror_writes: IntCounter,
+    pub mirror_deletes: IntCounter,
+    /// Source Secrets read (a GET only when its resourceVersion moved).
+    pub secret_reads: IntCounter,
+    /// Hosts wanted, summed over listeners (set by each reconcile).
+    pub hosts: IntGauge,
+    /// Schema revision of the served CRD (`of="served"`, -1 when unreadable) and of this
+    /// operator (`of="operator"`).
+    pub crd_revision: IntGaugeVec,
+    pub crd_upgrades: IntCounterVec,
 }
 
 impl OperatorMetrics {
@@ -71,8 +90,39 @@ impl OperatorMetrics {
             "1 while this replica holds the leader Lease",
         )
         .expect("metric");
+        let counter = |name: &str, help: &str| IntCounter::new(name, help).expect("metric");
+        let applies = counter(
+            "h3_ingress_operator_applies_total",
+            "Objects applied because they changed (an unchanged object is not applied)",
+        );
+        let mirror_writes = counter(
+            "h3_ingress_operator_mirror_writes_total",
+            "Certificate mirrors written to the hosts namespace",
+        );
+        let mirror_deletes = counter(
+            "h3_ingress_operator_mirror_deletes_total",
+            "Certificate mirrors deleted from the hosts namespace",
+        );
+        let secret_reads = counter(
+            "h3_ingress_operator_secret_reads_total",
+            "Source Secrets read (once per resourceVersion)",
+        );
+        let hosts = IntGauge::new(
+            "h3_ingress_operator_hosts",
+            "Hosts the listeners want, served or not",
+        )
+        .expect("metric");
+        let (build_info, crd_revision, crd_upgrades) = crd_metrics();
         for c in [
-            Box::new(reconciles.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(applies.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(mirror_writes.clone()),
+            Box::new(mirror_deletes.clone()),
+            Box::new(secret_reads.clone()),
+            Box::new(hosts.clone()),
+            Box::new(build_info),
+            Box::new(crd_revision.clone()),
+            Box::new(crd_upgrades.clone()),
+            Box::new(reconciles.clone()),
             Box::new(reconcile_seconds.clone()),
             Box::new(status_writes.clone()),
             Box::new(events.clone()),
@@ -95,6 +145,13 @@ impl OperatorMetrics {
             events,
             pod_report_errors,
             leader,
+            applies,
+            mirror_writes,
+            mirror_deletes,
+            secret_reads,
+            hosts,
+            crd_revision,
+            crd_upgrades,
         })
     }
 
@@ -105,6 +162,44 @@ impl OperatorMetrics {
             .expect("text encoding cannot fail");
         String::from_utf8(buf).expect("prometheus text is UTF-8")
     }
+}
+
+/// The build and CRD metrics: `h3_ingress_operator_build_info{version,commit}`, the schema
+/// revisions (`of` served, -1 until read, and operator) and the CRD upgrades by result.
+fn crd_metrics() -> (IntGaugeVec, IntGaugeVec, IntCounterVec) {
+    let build_info = IntGaugeVec::new(
+        Opts::new(
+            "h3_ingress_operator_build_info",
+            "Always 1; the labels name the build: the crate version and the git commit",
+        ),
+        &["version", "commit"],
+    )
+    .expect("metric");
+    build_info
+        .with_label_values(&[crate::version::VERSION, crate::version::COMMIT])
+        .set(1);
+    let crd_revision = IntGaugeVec::new(
+        Opts::new(
+            "h3_ingress_operator_crd_schema_revision",
+            "Schema revision of the served Http3Listener CRD (of=served; -1 until read) and of this operator (of=operator); served below operator means the API server drops fields",
+        ),
+        &["of"],
+    )
+    .expect("metric");
+    crd_revision.with_label_values(&["served"]).set(-1);
+    crd_revision.with_label_values(&["operator"]);
+    let crd_upgrades = IntCounterVec::new(
+        Opts::new(
+            "h3_ingress_operator_crd_upgrades_total",
+            "Server-side applies of this operator's CRD over an older served one, by result",
+        ),
+        &["result"],
+    )
+    .expect("metric");
+    for r in [crd_upgrade::OK, crd_upgrade::ERROR] {
+        crd_upgrades.with_label_values(&[r]);
+    }
+    (build_info, crd_revision, crd_upgrades)
 }
 
 /// The operator's [`AdminSource`]: `/readyz` answers 200 once the caches are filled.

@@ -7,14 +7,20 @@
 pub mod apply;
 pub mod cli;
 pub mod conflicts;
+pub mod context;
 pub mod controller;
+pub mod crd;
 pub mod events;
 pub mod leader;
 pub mod metrics;
+pub mod mirrors;
 pub mod render;
 pub mod reports;
 pub mod resources;
+pub mod run;
+pub mod secrets;
 pub mod status;
+pub mod triggers;
 pub mod watches;
 
 /// Labels on everything the operator makes: the Kubernetes recommended labels. The chart's

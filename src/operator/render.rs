@@ -2,13 +2,12 @@
 //! every option on) as YAML, so they can be validated against the upstream Kubernetes schemas
 //! (`tests/manifests/validate.sh`) without an API server.
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
 use super::resources::{desired, BuildError, Params, PodDefaults};
-use crate::api::{Http3Listener, Http3ListenerSpec, SecretRef};
+use crate::api::{Http3Listener, Http3ListenerSpec};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {
@@ -30,9 +29,9 @@ fn example(name: &str, spec: serde_json::Value) -> Http3Listener {
     l
 }
 
-/// The two example listeners, with the Secrets their hosts reference and the operator's
-/// per-pod defaults (none, and pull secrets).
-pub fn examples() -> Vec<(Http3Listener, BTreeSet<SecretRef>, PodDefaults)> {
+/// The two example listeners, with the operator's per-pod defaults (none, and pull secrets
+/// with a priority class).
+pub fn examples() -> Vec<(Http3Listener, PodDefaults)> {
     let default = example(
         "default",
         serde_json::json!({
@@ -80,34 +79,12 @@ pub fn examples() -> Vec<(Http3Listener, BTreeSet<SecretRef>, PodDefaults)> {
             "rollout": {"maxUnavailable": "25%"}
         }),
     );
-    let refs = |v: &[(&str, &str)]| {
-        v.iter()
-            .map(|(ns, n)| SecretRef {
-                namespace: ns.to_string(),
-                name: n.to_string(),
-            })
-            .collect::<BTreeSet<_>>()
-    };
     let pull = PodDefaults {
         image_pull_secrets: vec!["regcred".into()],
+        priority_class_name: Some("system-node-critical".into()),
         ..PodDefaults::default()
     };
-    vec![
-        (
-            default,
-            refs(&[("default", "web-tls")]),
-            PodDefaults::default(),
-        ),
-        (
-            everything,
-            refs(&[
-                ("infra", "static-tls"),
-                ("shop", "shop-tls"),
-                ("shop", "api-tls"),
-            ]),
-            pull,
-        ),
-    ]
+    vec![(default, PodDefaults::default()), (everything, pull)]
 }
 
 fn write(dir: &Path, file: String, obj: &impl Serialize) -> Result<PathBuf, RenderError> {
@@ -123,10 +100,10 @@ fn write(dir: &Path, file: String, obj: &impl Serialize) -> Result<PathBuf, Rend
 pub fn write_all(dir: &Path, params: &Params) -> Result<Vec<PathBuf>, RenderError> {
     let mut out = Vec::new();
     std::fs::create_dir_all(dir).map_err(|e| RenderError::Io(dir.to_path_buf(), e))?;
-    for (listener, secrets, pod) in examples() {
+    for (listener, pod) in examples() {
         let name = listener.metadata.name.clone().unwrap_or_default();
-        let d = desired(&listener, &secrets, params, &pod)
-            .map_err(|e| RenderError::Build(name.clone(), e))?;
+        let d =
+            desired(&listener, params, &pod).map_err(|e| RenderError::Build(name.clone(), e))?;
         let sub = dir.join(&name);
         std::fs::create_dir_all(&sub).map_err(|e| RenderError::Io(sub.clone(), e))?;
         let ns = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {

@@ -146,7 +146,7 @@ mod tests {
         assert!(e.contains("503"), "{e}");
 
         let addr = serve_once(
-            "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n[]".into(),
+            "HTTP/1.1 200 OK\r\ncontent-length: 3\r\nconnection: close\r\n\r\n\"x\"".into(),
         )
         .await;
         let e = HttpReportFetcher::default().fetch(addr).await.unwrap_err();

@@ -2,25 +2,26 @@
 //!
 //! Per listener: a ServiceAccount and a hostNetwork DaemonSet in the operator's namespace (and
 //! a Service there when `spec.service` asks), a ClusterRole + ClusterRoleBinding (read its own
-//! listener, Ingresses and IngressClasses), and a Role + RoleBinding in each namespace holding a
-//! referenced Secret, naming only those Secrets. Every object carries an owner reference to the
-//! listener so deleting it removes them all.
+//! listener, by name), and a Role + RoleBinding in the hosts namespace (read the certificate
+//! mirrors, `api::mirror`; that namespace holds nothing else). The data plane reads no Ingress,
+//! no Gateway and no user's Secret. Every object carries an owner reference to the listener so
+//! deleting it removes them all.
 //!
 //! Plus the listener's QUIC keys Secret ([`keys_secret`]): random bytes, created once and
 //! never changed (immutable), mounted into every data plane pod, so a restarted pod and its
 //! neighbours answer the listener's old connections with stateless resets and accept each
 //! other's Retry tokens.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{
     DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    HTTPGetAction, LocalObjectReference, ObjectFieldSelector, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource,
-    SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
+    Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction,
+    LocalObjectReference, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Service,
+    ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
@@ -32,8 +33,7 @@ use k8s_openapi::ByteString;
 use kube::{Resource, ResourceExt};
 
 use crate::api::{
-    check_max_unavailable, Http3Listener, ListenerService, SecretRef, ServiceType,
-    RECOMMENDED_SYSCTL_BUFFER_MAX,
+    check_rollout, Http3Listener, ListenerService, ServiceType, RECOMMENDED_SYSCTL_BUFFER_MAX,
 };
 use crate::config::{build, ConfigError, HostTable, ProxyConfig, Settings};
 
@@ -43,6 +43,10 @@ use super::labels;
 pub const MAX_LISTENER_NAME: usize = 63;
 /// Pod template annotation whose change rolls the DaemonSet: a hash of what needs new sockets.
 pub const SOCKET_HASH_ANNOTATION: &str = "h3-ingress.dev/socket-hash";
+/// Pod template label of data planes that hand their port over (SO_REUSEPORT, `proxy::handover`)
+/// to a newer pod on the node; pods without it (0.1.0) hold the port alone.
+pub const HANDOVER_LABEL: &str = "h3-ingress.dev/handover";
+pub const HANDOVER_VERSION: &str = "1";
 /// Default image of the opt-in init container that raises the node's buffer limits. It needs a
 /// shell and nothing else, which the (distroless) data plane image does not have. Overridden
 /// by the operator's `--tune-image` and a listener's `spec.tuneImage`.
@@ -85,6 +89,8 @@ pub struct Params {
     pub namespace: String,
     /// Data plane image when `spec.image` is empty (normally the operator's own image).
     pub default_image: String,
+    /// Where the certificate mirrors live (`api::mirror`), read by every data plane.
+    pub hosts_namespace: String,
 }
 
 /// What the operator puts into every data plane pod whatever the listener says, from its
@@ -96,6 +102,8 @@ pub struct PodDefaults {
     pub image_pull_secrets: Vec<String>,
     /// Image of the opt-in init container when `spec.tuneImage` is empty.
     pub tune_image: String,
+    /// `priorityClassName` of every data plane pod (none: the cluster's default priority).
+    pub priority_class_name: Option<String>,
 }
 
 impl Default for PodDefaults {
@@ -103,6 +111,7 @@ impl Default for PodDefaults {
         Self {
             image_pull_secrets: Vec::new(),
             tune_image: TUNE_IMAGE.to_string(),
+            priority_class_name: None,
         }
     }
 }
@@ -124,7 +133,8 @@ pub struct Desired {
     pub service_account: ServiceAccount,
     pub cluster_role: ClusterRole,
     pub cluster_role_binding: ClusterRoleBinding,
-    /// One per namespace that holds a referenced Secret, sorted by namespace.
+    /// The Role in the hosts namespace (one; a list, so Roles of earlier versions, one per
+    /// namespace of a referenced Secret, are pruned like any Role no longer wanted).
     pub roles: Vec<Role>,
     pub role_bindings: Vec<RoleBinding>,
     pub daemon_set: DaemonSet,
@@ -191,6 +201,32 @@ fn object_labels(listener: &str) -> BTreeMap<String, String> {
     l
 }
 
+/// Labels of the data plane pods: the listener's, and that they hand their port over.
+fn pod_labels(listener: &str) -> BTreeMap<String, String> {
+    let mut l = object_labels(listener);
+    l.insert(HANDOVER_LABEL.into(), HANDOVER_VERSION.into());
+    l
+}
+
+/// A roll onto pods that share the port cannot start beside pods that hold it alone: the new
+/// pod would wait for a port the old one never gives up, and the old one is deleted only once
+/// the new one is ready. While such pods run, the DaemonSet replaces pods without surging
+/// (`rollout.maxUnavailable`, or 10 % when that is 0): one short gap per node, once.
+pub fn without_surge(ds: &mut DaemonSet, listener: &Http3Listener) {
+    let unavailable = match &listener.spec.rollout.max_unavailable {
+        IntOrString::Int(0) => IntOrString::String("10%".into()),
+        IntOrString::String(s) if s == "0%" => IntOrString::String("10%".into()),
+        other => other.clone(),
+    };
+    ds.spec.update_strategy = Some(DaemonSetUpdateStrategy {
+        type_: Some("RollingUpdate".into()),
+        rolling_update: Some(RollingUpdateDaemonSet {
+            max_surge: Some(IntOrString::Int(0)),
+            max_unavailable: Some(unavailable),
+        }),
+    });
+}
+
 /// Label selector (`k=v,...`) matching every object made for a listener.
 pub fn label_selector(listener: &str) -> String {
     selector_labels(listener)
@@ -234,10 +270,17 @@ pub fn validate(listener: &Http3Listener) -> Result<ProxyConfig, BuildError> {
     if name.len() > MAX_LISTENER_NAME {
         return Err(BuildError::NameTooLong(name));
     }
-    check_max_unavailable(&listener.spec.rollout.max_unavailable)
-        .map_err(BuildError::InvalidField)?;
+    check_rollout(&listener.spec.rollout).map_err(BuildError::InvalidField)?;
     if let Some(svc) = &listener.spec.service {
         check_service(svc)?;
+    }
+    for (i, g) in listener.spec.gateway_upstreams.iter().enumerate() {
+        crate::config::parse_host_port(&g.address).map_err(|why| {
+            BuildError::InvalidField(format!(
+                "gatewayUpstreams[{i}].address: {:?} is not host:port ({why})",
+                g.address
+            ))
+        })?;
     }
     Ok(build(
         Settings::from(&listener.spec),
@@ -319,21 +362,28 @@ fn env_from_field(name: &str, path: &str) -> EnvVar {
     }
 }
 
-fn probe(c: &ProxyConfig, path: &str, period: i32) -> Probe {
-    let ip = c.metrics_address.ip();
+/// The path of the binary in the data plane image.
+pub const IMAGE_BINARY: &str = "/h3-ingress";
+/// Environment variable the pod template generation reaches the data plane in: among two
+/// pods of one listener on a node, the higher one takes the new connections.
+pub const RANK_ENV: &str = "H3_INGRESS_ROLLOUT_RANK";
+/// The label the DaemonSet controller puts the pod template generation in.
+const TEMPLATE_GENERATION_LABEL: &str = "pod-template-generation";
+/// How long the startup probe gives the data plane to load its configuration (all hosts
+/// and Secrets): 150 x 2 s.
+pub const STARTUP_PROBE_FAILURES: i32 = 150;
+
+/// `h3-ingress probe CHECK`, run in the container: the question goes to this pod's own
+/// process over a socket in its `/tmp`, never to the other pod of a rollout that shares the
+/// node's ports (an HTTP probe on the metrics port would reach whichever accepts).
+fn probe(check: &str, period: i32, failures: i32) -> Probe {
     Probe {
-        http_get: Some(HTTPGetAction {
-            path: Some(path.to_string()),
-            port: IntOrString::Int(c.metrics_address.port().into()),
-            // The kubelet probes the pod IP (the node's IP under hostNetwork); an endpoint
-            // bound to one specific address, e.g. 127.0.0.1, must be probed there.
-            host: (!ip.is_unspecified()).then(|| ip.to_string()),
-            scheme: Some("HTTP".into()),
-            ..Default::default()
+        exec: Some(ExecAction {
+            command: Some(vec![IMAGE_BINARY.into(), "probe".into(), check.into()]),
         }),
         period_seconds: Some(period),
-        timeout_seconds: Some(2),
-        failure_threshold: Some(3),
+        timeout_seconds: Some(3),
+        failure_threshold: Some(failures),
         ..Default::default()
     }
 }
@@ -437,44 +487,46 @@ fn tune_container(c: &ProxyConfig, image: String) -> Container {
     }
 }
 
-/// The data plane container: `h3-ingress proxy --listener NAME`, its ports on the node, probes
-/// on the metrics endpoint, locked down except for the capabilities the sockets need.
+/// The data plane container: `h3-ingress proxy --listener NAME`, exec probes through its own
+/// probe socket, locked down except for the capabilities the sockets need. It declares no
+/// ports: under hostNetwork a container port is a host port to the scheduler, which would
+/// keep the rollout's second pod off the node; the two share the ports with SO_REUSEPORT.
 fn data_plane_container(
     listener: &Http3Listener,
     config: &ProxyConfig,
     image: String,
+    hosts_namespace: &str,
 ) -> Container {
-    let port = i32::from(config.listen.port);
-    let metrics_port = i32::from(config.metrics_address.port());
-    let host_port = |name: &str, port: i32, protocol: &str| ContainerPort {
-        name: Some(name.into()),
-        container_port: port,
-        host_port: Some(port),
-        protocol: Some(protocol.into()),
-        host_ip: None,
-    };
+    // Version skew: IfNotPresent only for a tag that names one build (crate::version).
+    let pull_policy = crate::version::pull_policy(&image);
     Container {
         name: CONTAINER_NAME.into(),
         image: Some(image),
-        image_pull_policy: Some("IfNotPresent".into()),
+        image_pull_policy: Some(pull_policy.into()),
         args: Some(vec![
             "proxy".into(),
             "--listener".into(),
             listener.name_any(),
             "--keys-file".into(),
             format!("{KEYS_MOUNT_PATH}/{KEYS_SECRET_KEY}"),
+            "--hosts-namespace".into(),
+            hosts_namespace.to_string(),
         ]),
         env: Some(vec![
             env_from_field("NODE_NAME", "spec.nodeName"),
             env_from_field("POD_NAME", "metadata.name"),
             env_from_field("POD_NAMESPACE", "metadata.namespace"),
+            env_from_field(
+                RANK_ENV,
+                &format!("metadata.labels['{TEMPLATE_GENERATION_LABEL}']"),
+            ),
         ]),
-        ports: Some(vec![
-            host_port("quic", port, "UDP"),
-            host_port("metrics", metrics_port, "TCP"),
-        ]),
-        liveness_probe: Some(probe(config, "/healthz", 10)),
-        readiness_probe: Some(probe(config, "/readyz", 5)),
+        ports: None,
+        // Live answers from the first instant (before the configuration is loaded), so a
+        // slow load is never taken for a hang; the startup probe gives the load its time.
+        startup_probe: Some(probe("startup", 2, STARTUP_PROBE_FAILURES)),
+        liveness_probe: Some(probe("live", 10, 3)),
+        readiness_probe: Some(probe("ready", 2, 2)),
         resources: Some(data_plane_resources(listener, config)),
         security_context: Some(container_security(config)),
         volume_mounts: Some(vec![
@@ -529,6 +581,7 @@ fn data_plane_pod(
         ),
         node_selector: Some(node_selector(listener)),
         image_pull_secrets: pod.pull_secrets(),
+        priority_class_name: pod.priority_class_name.clone(),
         tolerations: (!spec.tolerations.is_empty()).then(|| spec.tolerations.clone()),
         security_context: Some(PodSecurityContext {
             seccomp_profile: Some(SeccompProfile {
@@ -584,7 +637,7 @@ pub fn daemon_set(
         .clone()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| params.default_image.clone());
-    let container = data_plane_container(listener, config, image);
+    let container = data_plane_container(listener, config, image, &params.hosts_namespace);
     let template_annotations: BTreeMap<String, String> =
         [(SOCKET_HASH_ANNOTATION.to_string(), socket_hash(config))]
             .into_iter()
@@ -596,17 +649,18 @@ pub fn daemon_set(
                 match_labels: Some(selector_labels(&name)),
                 match_expressions: None,
             },
-            // Two pods of one listener cannot share a node's UDP port: never surge.
+            // Surge: the new pod shares the node's ports with the old one (SO_REUSEPORT) and
+            // takes the new connections once ready; the old one drains, then is deleted.
             update_strategy: Some(DaemonSetUpdateStrategy {
                 type_: Some("RollingUpdate".into()),
                 rolling_update: Some(RollingUpdateDaemonSet {
-                    max_surge: Some(IntOrString::Int(0)),
+                    max_surge: Some(listener.spec.rollout.max_surge.clone()),
                     max_unavailable: Some(listener.spec.rollout.max_unavailable.clone()),
                 }),
             }),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(object_labels(&name)),
+                    labels: Some(pod_labels(&name)),
                     annotations: Some(template_annotations),
                     ..Default::default()
                 }),
@@ -617,8 +671,6 @@ pub fn daemon_set(
         status: None,
     })
 }
-
-use crate::api::gateway::GROUP as GATEWAY_GROUP;
 
 fn rule(group: &str, resource: &str, names: Option<Vec<String>>) -> PolicyRule {
     PolicyRule {
@@ -691,10 +743,9 @@ pub fn service(listener: &Http3Listener, params: &Params) -> Result<Option<Servi
     }))
 }
 
-/// Builds every object for a listener; `secrets` are the Secrets its hosts reference.
+/// Builds every object for a listener.
 pub fn desired(
     listener: &Http3Listener,
-    secrets: &BTreeSet<SecretRef>,
     params: &Params,
     pod: &PodDefaults,
 ) -> Result<Desired, BuildError> {
@@ -711,16 +762,11 @@ pub fn desired(
         metadata: meta(listener, rbac_name(&name), None)?,
         // list/watch with resourceNames are authorised for `metadata.name=` field selectors,
         // which is how the data plane watches its one listener.
-        rules: Some(vec![
-            rule("h3-ingress.dev", "http3listeners", Some(vec![name.clone()])),
-            rule("networking.k8s.io", "ingresses", None),
-            // Which class is the cluster's default, for Ingresses that name none.
-            rule("networking.k8s.io", "ingressclasses", None),
-            // Hosts from the Gateway API (read only; none of it exists without its CRDs).
-            rule(GATEWAY_GROUP, "gateways", None),
-            rule(GATEWAY_GROUP, "httproutes", None),
-            rule(GATEWAY_GROUP, "referencegrants", None),
-        ]),
+        rules: Some(vec![rule(
+            "h3-ingress.dev",
+            "http3listeners",
+            Some(vec![name.clone()]),
+        )]),
         aggregation_rule: None,
     };
     let cluster_role_binding = ClusterRoleBinding {
@@ -732,28 +778,22 @@ pub fn desired(
         },
         subjects: Some(vec![subject(&name, params)]),
     };
-
-    let mut by_ns: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-    for s in secrets {
-        by_ns.entry(&s.namespace).or_default().push(s.name.clone());
-    }
-    let mut roles = Vec::new();
-    let mut role_bindings = Vec::new();
-    for (ns, names) in by_ns {
-        roles.push(Role {
-            metadata: meta(listener, rbac_name(&name), Some(ns))?,
-            rules: Some(vec![rule("", "secrets", Some(names))]),
-        });
-        role_bindings.push(RoleBinding {
-            metadata: meta(listener, rbac_name(&name), Some(ns))?,
-            role_ref: RoleRef {
-                api_group: Some("rbac.authorization.k8s.io".into()),
-                kind: "Role".into(),
-                name: rbac_name(&name),
-            },
-            subjects: Some(vec![subject(&name, params)]),
-        });
-    }
+    // The mirrors of every listener share the namespace and RBAC cannot select by label, so
+    // a data plane may read other listeners' mirrors there; it reads nothing else.
+    let ns = params.hosts_namespace.as_str();
+    let roles = vec![Role {
+        metadata: meta(listener, rbac_name(&name), Some(ns))?,
+        rules: Some(vec![rule("", "secrets", None)]),
+    }];
+    let role_bindings = vec![RoleBinding {
+        metadata: meta(listener, rbac_name(&name), Some(ns))?,
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: rbac_name(&name),
+        },
+        subjects: Some(vec![subject(&name, params)]),
+    }];
 
     Ok(Desired {
         service_account,
@@ -785,20 +825,12 @@ pub(crate) mod tests {
         Params {
             namespace: "h3-system".into(),
             default_image: "ghcr.io/h3-ingress/h3-ingress:0.1.0".into(),
+            hosts_namespace: "h3-system-hosts".into(),
         }
     }
 
     fn base() -> serde_json::Value {
         serde_json::json!({"upstream": {"address": "ingress-nginx-controller.ingress-nginx:443"}})
-    }
-
-    fn refs(list: &[(&str, &str)]) -> BTreeSet<SecretRef> {
-        list.iter()
-            .map(|(ns, n)| SecretRef {
-                namespace: ns.to_string(),
-                name: n.to_string(),
-            })
-            .collect()
     }
 
     fn pod(ds: &DaemonSet) -> &PodSpec {
@@ -808,7 +840,7 @@ pub(crate) mod tests {
     #[test]
     fn default_daemon_set_is_host_network_locked_down_and_runs_as_root_for_port_443() {
         let l = listener("public", base());
-        let d = desired(&l, &BTreeSet::new(), &params(), &PodDefaults::default()).unwrap();
+        let d = desired(&l, &params(), &PodDefaults::default()).unwrap();
         let ds = &d.daemon_set;
         assert_eq!(ds.metadata.name.as_deref(), Some("h3-ingress-public"));
         assert_eq!(ds.metadata.namespace.as_deref(), Some("h3-system"));
@@ -837,19 +869,9 @@ pub(crate) mod tests {
             c.args.as_ref().unwrap()[..3],
             ["proxy", "--listener", "public"]
         );
-        let ports = c.ports.as_ref().unwrap();
-        assert_eq!(
-            (
-                ports[0].container_port,
-                ports[0].host_port,
-                ports[0].protocol.as_deref()
-            ),
-            (443, Some(443), Some("UDP"))
-        );
-        assert_eq!(
-            (ports[1].container_port, ports[1].protocol.as_deref()),
-            (9476, Some("TCP"))
-        );
+        // No container port: under hostNetwork it would be a host port to the scheduler and
+        // keep the rollout's surge pod off the node.
+        assert_eq!(c.ports, None);
         let sc = c.security_context.as_ref().unwrap();
         assert_eq!(sc.read_only_root_filesystem, Some(true));
         assert_eq!(sc.allow_privilege_escalation, Some(false));
@@ -859,24 +881,18 @@ pub(crate) mod tests {
         // Port 443 needs NET_BIND_SERVICE in the effective set, which only root gets.
         assert_eq!(sc.run_as_user, Some(0));
         assert_eq!(sc.run_as_non_root, Some(false));
-        let live = c
-            .liveness_probe
-            .as_ref()
-            .unwrap()
-            .http_get
-            .as_ref()
-            .unwrap();
-        assert_eq!(live.path.as_deref(), Some("/healthz"));
-        assert_eq!(live.port, IntOrString::Int(9476));
-        assert_eq!(live.host, None);
-        let ready = c
-            .readiness_probe
-            .as_ref()
-            .unwrap()
-            .http_get
-            .as_ref()
-            .unwrap();
-        assert_eq!(ready.path.as_deref(), Some("/readyz"));
+        let exec = |p: &Option<Probe>| {
+            let p = p.as_ref().unwrap();
+            (
+                p.exec.as_ref().unwrap().command.clone().unwrap(),
+                p.period_seconds.unwrap() * p.failure_threshold.unwrap(),
+            )
+        };
+        let cmd = |check: &str| vec!["/h3-ingress".to_string(), "probe".into(), check.into()];
+        assert_eq!(exec(&c.liveness_probe), (cmd("live"), 30));
+        assert_eq!(exec(&c.readiness_probe), (cmd("ready"), 4));
+        // Five minutes to load every host before the kubelet gives up.
+        assert_eq!(exec(&c.startup_probe), (cmd("startup"), 300));
         let env: Vec<_> = c
             .env
             .as_ref()
@@ -884,12 +900,33 @@ pub(crate) mod tests {
             .iter()
             .map(|e| e.name.as_str())
             .collect();
-        assert_eq!(env, ["NODE_NAME", "POD_NAME", "POD_NAMESPACE"]);
-        let strategy = ds.spec.update_strategy.as_ref().unwrap();
         assert_eq!(
-            strategy.rolling_update.as_ref().unwrap().max_surge,
-            Some(IntOrString::Int(0))
+            env,
+            [
+                "NODE_NAME",
+                "POD_NAME",
+                "POD_NAMESPACE",
+                "H3_INGRESS_ROLLOUT_RANK"
+            ]
         );
+        let rank = &c.env.as_ref().unwrap()[3];
+        let field = rank
+            .value_from
+            .as_ref()
+            .unwrap()
+            .field_ref
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            field.field_path,
+            "metadata.labels['pod-template-generation']"
+        );
+        let strategy = ds.spec.update_strategy.as_ref().unwrap();
+        let ru = strategy.rolling_update.as_ref().unwrap();
+        assert_eq!(ru.max_surge, Some(IntOrString::String("10%".into())));
+        assert_eq!(ru.max_unavailable, Some(IntOrString::Int(0)));
+        // The kubelet waits for the whole drain before it kills the old pod.
+        assert!(p.termination_grace_period_seconds.unwrap() >= 30);
     }
 
     #[test]
@@ -898,7 +935,6 @@ pub(crate) mod tests {
         spec["port"] = 8443.into();
         let d = desired(
             &listener("alt", spec.clone()),
-            &BTreeSet::new(),
             &params(),
             &PodDefaults::default(),
         )
@@ -911,13 +947,7 @@ pub(crate) mod tests {
         assert_eq!(sc.run_as_user, Some(NON_ROOT_UID));
 
         spec["socket"] = serde_json::json!({"forceBuffers": true});
-        let d = desired(
-            &listener("alt", spec),
-            &BTreeSet::new(),
-            &params(),
-            &PodDefaults::default(),
-        )
-        .unwrap();
+        let d = desired(&listener("alt", spec), &params(), &PodDefaults::default()).unwrap();
         let sc = pod(&d.daemon_set).containers[0]
             .security_context
             .clone()
@@ -932,7 +962,7 @@ pub(crate) mod tests {
     #[test]
     fn the_keys_secret_is_immutable_owned_and_mounted_read_only() {
         let l = listener("k", base());
-        let d = desired(&l, &BTreeSet::new(), &params(), &PodDefaults::default()).unwrap();
+        let d = desired(&l, &params(), &PodDefaults::default()).unwrap();
         let s = &d.keys_secret;
         assert_eq!(s.metadata.name.as_deref(), Some("h3-ingress-keys-k"));
         assert_eq!(s.metadata.namespace.as_deref(), Some("h3-system"));
@@ -943,7 +973,7 @@ pub(crate) mod tests {
         let p = pod(&d.daemon_set);
         let c = &p.containers[0];
         let args = c.args.as_ref().unwrap();
-        assert_eq!(args[3..], ["--keys-file", "/etc/h3-ingress/keys/key"]);
+        assert_eq!(args[3..5], ["--keys-file", "/etc/h3-ingress/keys/key"]);
         let mount = &c.volume_mounts.as_ref().unwrap()[1];
         assert_eq!(
             (mount.mount_path.as_str(), mount.read_only),
@@ -962,13 +992,7 @@ pub(crate) mod tests {
     #[test]
     fn data_plane_memory_limit_follows_the_request_budget() {
         let memory = |spec: serde_json::Value| {
-            let d = desired(
-                &listener("m", spec),
-                &BTreeSet::new(),
-                &params(),
-                &PodDefaults::default(),
-            )
-            .unwrap();
+            let d = desired(&listener("m", spec), &params(), &PodDefaults::default()).unwrap();
             let r = pod(&d.daemon_set).containers[0].resources.clone().unwrap();
             r.limits.unwrap()["memory"].0.clone()
         };
@@ -998,13 +1022,7 @@ pub(crate) mod tests {
         spec["socket"] = serde_json::json!({"receiveBufferBytes": 16777216});
         spec["metrics"] = serde_json::json!({"address": "127.0.0.1:9476"});
         spec["http"] = serde_json::json!({"drainTimeoutSeconds": 120});
-        let d = desired(
-            &listener("all", spec),
-            &BTreeSet::new(),
-            &params(),
-            &PodDefaults::default(),
-        )
-        .unwrap();
+        let d = desired(&listener("all", spec), &params(), &PodDefaults::default()).unwrap();
         let p = pod(&d.daemon_set);
         assert_eq!(
             p.containers[0].image.as_deref(),
@@ -1045,14 +1063,9 @@ pub(crate) mod tests {
         assert!(script.contains("raise rmem_max 16777216"), "{script}");
         assert!(script.contains("raise wmem_max 7500000"), "{script}");
         assert!(script.contains("-lt"), "{script}");
-        let live = p.containers[0]
-            .liveness_probe
-            .as_ref()
-            .unwrap()
-            .http_get
-            .as_ref()
-            .unwrap();
-        assert_eq!(live.host.as_deref(), Some("127.0.0.1"));
+        // Probes ask the process itself, wherever its metrics endpoint is bound.
+        let live = p.containers[0].liveness_probe.as_ref().unwrap();
+        assert!(live.http_get.is_none() && live.exec.is_some());
     }
 
     #[test]
@@ -1122,13 +1135,7 @@ pub(crate) mod tests {
             assert_eq!(restart, rolled, "{field}: {value}");
         }
         // And the hash lands in the pod template.
-        let d = desired(
-            &base_l,
-            &BTreeSet::new(),
-            &params(),
-            &PodDefaults::default(),
-        )
-        .unwrap();
+        let d = desired(&base_l, &params(), &PodDefaults::default()).unwrap();
         let ann = d
             .daemon_set
             .spec
@@ -1141,61 +1148,24 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn rbac_is_read_only_and_names_only_the_referenced_secrets() {
+    fn rbac_is_read_only_its_listener_and_the_hosts_namespace() {
         let l = listener("public", base());
-        let d = desired(
-            &l,
-            &refs(&[("shop", "shop-tls"), ("blog", "b"), ("shop", "api-tls")]),
-            &params(),
-            &PodDefaults::default(),
-        )
-        .unwrap();
+        let d = desired(&l, &params(), &PodDefaults::default()).unwrap();
         let cr_rules = d.cluster_role.rules.as_ref().unwrap();
+        assert_eq!(cr_rules.len(), 1, "{cr_rules:?}");
         assert_eq!(cr_rules[0].resources.as_ref().unwrap(), &["http3listeners"]);
         assert_eq!(cr_rules[0].resource_names.as_ref().unwrap(), &["public"]);
-        assert_eq!(cr_rules[1].resources.as_ref().unwrap(), &["ingresses"]);
-        assert!(cr_rules[1].resource_names.is_none());
-        let gateway_api: Vec<_> = cr_rules[3..]
-            .iter()
-            .map(|r| (r.api_groups.clone().unwrap(), r.resources.clone().unwrap()))
-            .collect();
-        let g = || vec!["gateway.networking.k8s.io".to_string()];
-        assert_eq!(
-            gateway_api,
-            [
-                (g(), vec!["gateways".to_string()]),
-                (g(), vec!["httproutes".to_string()]),
-                (g(), vec!["referencegrants".to_string()]),
-            ]
-        );
-        let all_rules = cr_rules
-            .iter()
-            .chain(d.roles.iter().flat_map(|r| r.rules.as_ref().unwrap()));
-        for r in all_rules {
+        assert_eq!(d.roles.len(), 1);
+        let role = &d.roles[0];
+        assert_eq!(role.metadata.namespace.as_deref(), Some("h3-system-hosts"));
+        let rules = role.rules.as_ref().unwrap();
+        assert_eq!(rules.len(), 1);
+        assert_eq!(rules[0].resources.as_ref().unwrap(), &["secrets"]);
+        for r in cr_rules.iter().chain(rules) {
             assert_eq!(r.verbs, ["get", "list", "watch"], "{r:?}");
         }
-        let roles: Vec<_> = d
-            .roles
-            .iter()
-            .map(|r| {
-                (
-                    r.metadata.namespace.clone().unwrap(),
-                    r.rules.as_ref().unwrap()[0].resource_names.clone().unwrap(),
-                )
-            })
-            .collect();
-        assert_eq!(
-            roles,
-            [
-                ("blog".to_string(), vec!["b".to_string()]),
-                (
-                    "shop".to_string(),
-                    vec!["api-tls".to_string(), "shop-tls".to_string()]
-                ),
-            ]
-        );
-        assert_eq!(d.role_bindings.len(), 2);
-        let sub = &d.role_bindings[1].subjects.as_ref().unwrap()[0];
+        assert_eq!(d.role_bindings.len(), 1);
+        let sub = &d.role_bindings[0].subjects.as_ref().unwrap()[0];
         assert_eq!(
             (sub.name.as_str(), sub.namespace.as_deref()),
             ("h3-ingress-public", Some("h3-system"))
@@ -1204,12 +1174,9 @@ pub(crate) mod tests {
             d.cluster_role_binding.role_ref.name,
             "h3-ingress-data-plane-public"
         );
-        assert!(
-            desired(&l, &BTreeSet::new(), &params(), &PodDefaults::default())
-                .unwrap()
-                .roles
-                .is_empty()
-        );
+        let args = pod(&d.daemon_set).containers[0].args.clone().unwrap();
+        let at = args.iter().position(|a| a == "--hosts-namespace").unwrap();
+        assert_eq!(args[at + 1], "h3-system-hosts");
     }
 
     #[test]
@@ -1217,13 +1184,7 @@ pub(crate) mod tests {
         let mut spec = base();
         spec["service"] = serde_json::json!({});
         let l = listener("public", spec);
-        let d = desired(
-            &l,
-            &refs(&[("shop", "s")]),
-            &params(),
-            &PodDefaults::default(),
-        )
-        .unwrap();
+        let d = desired(&l, &params(), &PodDefaults::default()).unwrap();
         let metas = [
             &d.service_account.metadata,
             &d.service.as_ref().unwrap().metadata,
@@ -1260,48 +1221,30 @@ pub(crate) mod tests {
     fn invalid_listeners_are_refused_with_the_reason() {
         let mut l = listener("public", base());
         l.spec.upstream.address = "nope".into();
-        let e = desired(&l, &BTreeSet::new(), &params(), &PodDefaults::default()).unwrap_err();
+        let e = desired(&l, &params(), &PodDefaults::default()).unwrap_err();
         assert!(e.to_string().starts_with("spec.upstream.address"), "{e}");
         let long = listener(&"x".repeat(64), base());
         assert!(matches!(
-            desired(&long, &BTreeSet::new(), &params(), &PodDefaults::default()),
+            desired(&long, &params(), &PodDefaults::default()),
             Err(BuildError::NameTooLong(_))
         ));
         let mut no_uid = listener("public", base());
         no_uid.metadata.uid = None;
         assert_eq!(
-            desired(
-                &no_uid,
-                &BTreeSet::new(),
-                &params(),
-                &PodDefaults::default()
-            )
-            .unwrap_err(),
+            desired(&no_uid, &params(), &PodDefaults::default()).unwrap_err(),
             BuildError::NoUid
         );
     }
 
     #[test]
     fn pods_select_linux_nodes_unless_the_user_chose_an_os() {
-        let d = desired(
-            &listener("l", base()),
-            &BTreeSet::new(),
-            &params(),
-            &PodDefaults::default(),
-        )
-        .unwrap();
+        let d = desired(&listener("l", base()), &params(), &PodDefaults::default()).unwrap();
         let sel = pod(&d.daemon_set).node_selector.clone().unwrap();
         assert_eq!(sel.len(), 1);
         assert_eq!(sel["kubernetes.io/os"], "linux");
         let mut spec = base();
         spec["nodeSelector"] = serde_json::json!({"kubernetes.io/os": "other", "pool": "edge"});
-        let d = desired(
-            &listener("l", spec),
-            &BTreeSet::new(),
-            &params(),
-            &PodDefaults::default(),
-        )
-        .unwrap();
+        let d = desired(&listener("l", spec), &params(), &PodDefaults::default()).unwrap();
         let sel = pod(&d.daemon_set).node_selector.clone().unwrap();
         assert_eq!(
             (sel["kubernetes.io/os"].as_str(), sel["pool"].as_str()),
@@ -1314,13 +1257,7 @@ pub(crate) mod tests {
         let mut spec = base();
         spec["tuneNodeBufferLimits"] = true.into();
         let none = PodDefaults::default();
-        let d = desired(
-            &listener("l", spec.clone()),
-            &BTreeSet::new(),
-            &params(),
-            &none,
-        )
-        .unwrap();
+        let d = desired(&listener("l", spec.clone()), &params(), &none).unwrap();
         assert!(d.service_account.image_pull_secrets.is_none());
         assert!(pod(&d.daemon_set).image_pull_secrets.is_none());
         let init = &pod(&d.daemon_set).init_containers.as_ref().unwrap()[0];
@@ -1330,14 +1267,9 @@ pub(crate) mod tests {
         let opts = PodDefaults {
             image_pull_secrets: vec!["regcred".into(), "mirror".into()],
             tune_image: pinned.into(),
+            priority_class_name: Some("system-node-critical".into()),
         };
-        let d = desired(
-            &listener("l", spec.clone()),
-            &BTreeSet::new(),
-            &params(),
-            &opts,
-        )
-        .unwrap();
+        let d = desired(&listener("l", spec.clone()), &params(), &opts).unwrap();
         let names = |v: &Option<Vec<LocalObjectReference>>| {
             v.as_ref()
                 .unwrap()
@@ -1357,20 +1289,15 @@ pub(crate) mod tests {
         assert_eq!(init.image.as_deref(), Some(pinned));
 
         spec["tuneImage"] = "busybox:1.37.0".into();
-        let d = desired(&listener("l", spec), &BTreeSet::new(), &params(), &opts).unwrap();
+        let d = desired(&listener("l", spec), &params(), &opts).unwrap();
         let init = &pod(&d.daemon_set).init_containers.as_ref().unwrap()[0];
         assert_eq!(init.image.as_deref(), Some("busybox:1.37.0"), "spec wins");
     }
 
     #[test]
-    fn rollouts_replace_a_tenth_of_the_nodes_by_default_and_follow_the_spec() {
-        let max = |spec: serde_json::Value| {
-            let d = desired(
-                &listener("l", spec),
-                &BTreeSet::new(),
-                &params(),
-                &PodDefaults::default(),
-            )?;
+    fn rollouts_surge_on_a_tenth_of_the_nodes_by_default_and_follow_the_spec() {
+        let strategy = |spec: serde_json::Value| {
+            let d = desired(&listener("l", spec), &params(), &PodDefaults::default())?;
             let ru = d
                 .daemon_set
                 .spec
@@ -1378,19 +1305,60 @@ pub(crate) mod tests {
                 .unwrap()
                 .rolling_update
                 .unwrap();
-            assert_eq!(ru.max_surge, Some(IntOrString::Int(0)));
-            Ok::<_, BuildError>(ru.max_unavailable.unwrap())
+            Ok::<_, BuildError>((ru.max_surge.unwrap(), ru.max_unavailable.unwrap()))
         };
-        assert_eq!(max(base()).unwrap(), IntOrString::String("10%".into()));
+        let pct = |s: &str| IntOrString::String(s.into());
+        assert_eq!(strategy(base()).unwrap(), (pct("10%"), IntOrString::Int(0)));
         let mut spec = base();
-        spec["rollout"] = serde_json::json!({"maxUnavailable": 5});
-        assert_eq!(max(spec.clone()).unwrap(), IntOrString::Int(5));
-        spec["rollout"] = serde_json::json!({"maxUnavailable": "0%"});
-        let e = max(spec).unwrap_err();
-        assert!(
-            e.to_string()
-                .starts_with("spec.rollout.maxUnavailable: \"0%\""),
-            "{e}"
+        spec["rollout"] = serde_json::json!({"maxSurge": 2, "maxUnavailable": 1});
+        assert_eq!(
+            strategy(spec.clone()).unwrap(),
+            (IntOrString::Int(2), IntOrString::Int(1))
+        );
+        // The roll from a release whose sockets cannot be shared: replace, never surge.
+        spec["rollout"] = serde_json::json!({"maxSurge": 0, "maxUnavailable": "10%"});
+        assert_eq!(
+            strategy(spec.clone()).unwrap(),
+            (IntOrString::Int(0), pct("10%"))
+        );
+        spec["rollout"] = serde_json::json!({"maxSurge": "0%"});
+        let e = strategy(spec).unwrap_err();
+        assert!(e.to_string().contains("cannot both be 0"), "{e}");
+    }
+
+    #[test]
+    fn pods_that_hold_the_port_alone_are_replaced_without_surging() {
+        let l = listener("l", base());
+        let mut d = desired(&l, &params(), &PodDefaults::default()).unwrap();
+        let labels = d
+            .daemon_set
+            .spec
+            .template
+            .metadata
+            .clone()
+            .unwrap()
+            .labels
+            .unwrap();
+        assert_eq!(labels[HANDOVER_LABEL], HANDOVER_VERSION);
+        // The selector does not include it: pods of 0.1.0 still belong to the DaemonSet.
+        let selector = d.daemon_set.spec.selector.match_labels.clone().unwrap();
+        assert!(!selector.contains_key(HANDOVER_LABEL));
+        let template = d.daemon_set.spec.template.clone();
+        without_surge(&mut d.daemon_set, &l);
+        let ru = d
+            .daemon_set
+            .spec
+            .update_strategy
+            .unwrap()
+            .rolling_update
+            .unwrap();
+        assert_eq!(
+            (ru.max_surge.unwrap(), ru.max_unavailable.unwrap()),
+            (IntOrString::Int(0), IntOrString::String("10%".into()))
+        );
+        assert_eq!(
+            d.daemon_set.spec.template, template,
+            "the template is the same"
         );
     }
 
@@ -1398,7 +1366,6 @@ pub(crate) mod tests {
     fn the_service_carries_udp_on_the_listener_port_to_its_pods_only() {
         let d = desired(
             &listener("public", base()),
-            &BTreeSet::new(),
             &params(),
             &PodDefaults::default(),
         )
@@ -1415,7 +1382,6 @@ pub(crate) mod tests {
         });
         let d = desired(
             &listener("public", spec),
-            &BTreeSet::new(),
             &params(),
             &PodDefaults::default(),
         )
@@ -1475,7 +1441,6 @@ pub(crate) mod tests {
         spec["service"] = serde_json::json!({"type": "NodePort", "nodePort": 30443, "externalTrafficPolicy": "Cluster"});
         let d = desired(
             &listener("np", spec.clone()),
-            &BTreeSet::new(),
             &params(),
             &PodDefaults::default(),
         )
@@ -1488,13 +1453,7 @@ pub(crate) mod tests {
         assert_eq!((p.port, p.node_port), (8443, Some(30443)));
 
         spec["service"]["loadBalancerIP"] = "192.0.2.10".into();
-        let e = desired(
-            &listener("np", spec),
-            &BTreeSet::new(),
-            &params(),
-            &PodDefaults::default(),
-        )
-        .unwrap_err();
+        let e = desired(&listener("np", spec), &params(), &PodDefaults::default()).unwrap_err();
         assert!(
             e.to_string().contains("need service.type: LoadBalancer"),
             "{e}"

@@ -1,5 +1,8 @@
-//! `Http3Listener.status` from what the operator knows (the resolved hosts, the DaemonSet) and
-//! what the pods report on `/status`. Pure: time comes in as an argument.
+//! `Http3Listener.status` from what the operator knows (the resolved hosts, the mirrors it
+//! wrote, the DaemonSet) and what the pods report on `/status`. Pure: time comes in as an
+//! argument. Its size does not grow with the hosts: counts per state and reason, and the
+//! first hosts not served ([`bounded`]); `kubectl h3-ingress status` reads the pods for the
+//! per-host view.
 //!
 //! [`aggregate`] gathers the [`Facts`] once, then asks one function per condition
 //! ([`ready`], [`sockets_bound`], [`buffers_applied`], [`degraded`]) and one per status part.
@@ -10,10 +13,10 @@ use k8s_openapi::api::apps::v1::DaemonSetStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::altsvc::{advice, gateway_advice, says_header_missing, IngressController};
 use crate::api::{
-    conditions, host_states, reasons, HostReport, HostRequests, HostStatus, Http3ListenerStatus,
-    NodesStatus, StatusReport, UdpStatus, RECOMMENDED_SYSCTL_BUFFER_MAX,
+    conditions, host_states, reasons, HostCount, HostReport, HostStatus, Http3ListenerStatus,
+    MirrorFailure, NodesStatus, StatusReport, UdpStatus, MAX_STATUS_HOSTS,
+    RECOMMENDED_SYSCTL_BUFFER_MAX,
 };
 
 /// TTL of the suggested DNS HTTPS record: one hour, as in the record of docs/field-reports.md
@@ -22,7 +25,9 @@ use crate::api::{
 pub const DNS_RECORD_TTL: u32 = 3600;
 /// How many items a condition message lists before "and N more".
 const MESSAGE_ITEMS: usize = 5;
-/// Counters (`udp.drops`, `requests`) that changed alone are written at most this often
+/// At most this many characters of a host's message go into the status.
+pub const MAX_HOST_MESSAGE: usize = 300;
+/// Counters (`udp.drops`) that changed alone are written at most this often
 /// (seconds): each status write is a watch event for every operator replica and every data
 /// plane pod, and a busy listener's counters change on every reconcile.
 pub const COUNTERS_REFRESH_SECONDS: i64 = 60;
@@ -69,11 +74,8 @@ pub struct Inputs<'a> {
     pub pods: &'a [PodReport],
     /// The status currently stored, for transition times and UDP drop growth.
     pub previous: Option<&'a Http3ListenerStatus>,
-    /// The TCP ingress controller each Ingress (`namespace/name`) is written for, when its
-    /// annotations say; makes the missing-Alt-Svc advice specific.
-    pub controllers: &'a BTreeMap<String, IngressController>,
-    /// `spec.altSvc.maxAgeSeconds`, for that advice.
-    pub alt_svc_max_age: u32,
+    /// The mirrors as written; `None` when they could not be (the blocker says why).
+    pub mirrors: Option<MirrorView<'a>>,
     pub now: Timestamp,
 }
 
@@ -146,11 +148,67 @@ fn no_reports_message(inp: &Inputs) -> String {
     }
 }
 
-/// A pod's entry for one host.
-type PodHost<'a> = (&'a PodReport, &'a HostReport);
+/// What the operator wrote to the hosts namespace for this listener (`api::mirror`), to tell
+/// whether each pod serves it.
+#[derive(Debug, Clone)]
+pub struct MirrorView<'a> {
+    /// `api::mirror::digest` of the mirrors as written: what an up-to-date pod reports.
+    pub digest: &'a str,
+    /// The resourceVersion of every mirror as written.
+    pub versions: &'a BTreeMap<String, String>,
+    /// The mirror of every served host.
+    pub mirror_of: &'a BTreeMap<String, String>,
+    /// The mirrors (name -> resourceVersion) every answering pod had applied the last time
+    /// all of them were up to date: a host whose mirror is unchanged since is served even
+    /// while the pods load another one.
+    pub last_synced: &'a BTreeMap<String, String>,
+    /// The hosts `Serving` at the previous reconcile. One of them whose mirror changed since
+    /// the last sync (a renewed certificate, a host added next to it) is still served, from
+    /// the version the pods have, until they apply the new one: it stays `Serving`, so a
+    /// routine renewal neither flips `Ready` nor costs status writes and warnings.
+    pub served_before: &'a BTreeSet<String>,
+}
+
+/// Whether a pod applied exactly the mirrors the operator wrote.
+fn up_to_date(r: &StatusReport, m: &MirrorView) -> bool {
+    r.mirrors
+        .as_ref()
+        .is_some_and(|x| x.synced && x.digest == m.digest)
+}
+
+/// Whether every pod that answered has applied the operator's mirrors (false with no answer).
+pub fn pods_up_to_date(inp: &Inputs) -> bool {
+    let ok = reports(inp);
+    match &inp.mirrors {
+        Some(m) => !ok.is_empty() && ok.iter().all(|(_, r)| up_to_date(r, m)),
+        None => false,
+    }
+}
+
+/// A pod's word that it could not serve `host` (from its mirror's failures).
+fn pod_failure<'a>(
+    ok: &[(&'a PodReport, &'a StatusReport)],
+    host: &str,
+    mirror: Option<&str>,
+) -> Option<(&'a PodReport, &'a MirrorFailure)> {
+    ok.iter().find_map(|(p, r)| {
+        let m = r.mirrors.as_ref()?;
+        m.failed
+            .iter()
+            .find(|f| match &f.host {
+                Some(h) => h == host,
+                None => Some(f.mirror.as_str()) == mirror,
+            })
+            .map(|f| (*p, f))
+    })
+}
 
 /// One host's status: what the operator resolved, corrected by what the pods serve.
-fn host_status(inp: &Inputs, wanted: &HostReport) -> HostStatus {
+fn host_status(
+    inp: &Inputs,
+    ok: &[(&PodReport, &StatusReport)],
+    wanted: &HostReport,
+) -> HostStatus {
     let mut h = HostStatus {
         name: wanted.name.clone(),
         ingress: wanted.ingress.clone(),
@@ -160,123 +218,73 @@ fn host_status(inp: &Inputs, wanted: &HostReport) -> HostStatus {
         secret: wanted.secret.clone(),
         state: wanted.state.clone(),
         reason: wanted.reason.clone(),
-        message: wanted.message.clone(),
+        message: cut(&wanted.message),
         alt_svc_advertised: None,
         dns_https_record: String::new(),
     };
     if wanted.state != host_states::SERVING {
         return h;
     }
-    // The operator can serve the host; it is Serving only once a pod says so.
-    let ok = reports(inp);
-    let seen: Vec<PodHost> = ok
-        .iter()
-        .filter_map(|(p, r)| {
-            r.hosts
-                .iter()
-                .find(|x| x.name == wanted.name)
-                .map(|x| (*p, x))
-        })
-        .collect();
-    let serving: Vec<PodHost> = seen
-        .iter()
-        .copied()
-        .filter(|(_, x)| x.state == host_states::SERVING)
-        .collect();
-    if serving.is_empty() {
-        not_served_by_pods(inp, &mut h, &seen, ok.len());
+    let pending = |h: &mut HostStatus, message: String| {
+        h.state = host_states::NOT_SERVING.to_string();
+        h.reason = reasons::CONFIG_PENDING.to_string();
+        h.message = cut(&message);
+    };
+    let Some(m) = &inp.mirrors else {
+        pending(
+            &mut h,
+            "the certificate mirrors are not written yet".to_string(),
+        );
+        return h;
+    };
+    if ok.is_empty() {
+        pending(&mut h, no_reports_message(inp));
+        return h;
+    }
+    let mirror = m.mirror_of.get(&wanted.name).map(String::as_str);
+    if let Some((p, f)) = pod_failure(ok, &wanted.name, mirror) {
+        // A pod disagrees with the operator (it cannot load the certificate): its word wins.
+        h.state = host_states::NOT_SERVING.to_string();
+        h.reason = f.reason.clone();
+        h.message = cut(&format!("{}: {}", p.label(), f.message));
+        return h;
+    }
+    let behind = ok.iter().filter(|(_, r)| !up_to_date(r, m)).count();
+    let unchanged = mirror.is_some_and(|name| {
+        m.last_synced.get(name).is_some() && m.last_synced.get(name) == m.versions.get(name)
+    });
+    let reloading = mirror.is_some_and(|name| m.last_synced.contains_key(name))
+        && m.served_before.contains(&wanted.name);
+    if behind > 0 && !unchanged && !reloading {
+        pending(
+            &mut h,
+            format!("not loaded yet by {behind} of {} data plane pods", ok.len()),
+        );
         return h;
     }
     h.state = host_states::SERVING.to_string();
     h.reason = reasons::SERVING.to_string();
-    h.message = if serving.len() < ok.len() {
-        format!(
-            "served by {} of {} data plane pods",
-            serving.len(),
-            ok.len()
-        )
-    } else {
-        String::new()
-    };
-    h.dns_https_record = dns_https_record(&wanted.name, inp.port);
-    alt_svc_verdict(inp, &mut h, &serving);
+    h.message = String::new();
     h
 }
 
-/// Whether some pod answering /status does not serve a host the operator can serve yet: it
-/// lacks the host ([`reasons::CONFIG_PENDING`]), or still reports its earlier refusal (e.g.
-/// `RefNotPermitted` just after a ReferenceGrant appeared, whose word wins in the status until
-/// it reloads). Pods leave that state within seconds, but nothing tells the operator when.
-pub fn hosts_loading(inp: &Inputs) -> bool {
-    let ok = reports(inp);
-    inp.hosts
-        .iter()
-        .filter(|w| w.state == host_states::SERVING)
-        .any(|w| {
-            ok.iter().any(|(_, r)| {
-                !r.hosts
-                    .iter()
-                    .any(|x| x.name == w.name && x.state == host_states::SERVING)
-            })
-        })
-}
-
-/// A host the operator can serve but no pod serves: a pod's reason, or pending.
-fn not_served_by_pods(inp: &Inputs, h: &mut HostStatus, seen: &[PodHost], reporting: usize) {
-    h.state = host_states::NOT_SERVING.to_string();
-    match seen.iter().find(|(_, x)| x.state != host_states::SERVING) {
-        // A pod disagrees with the operator (e.g. it cannot read the Secret): its word wins.
-        Some((p, x)) => {
-            h.reason = x.reason.clone();
-            h.message = format!("{}: {}", p.label(), x.message);
-        }
-        None => {
-            h.reason = reasons::CONFIG_PENDING.to_string();
-            h.message = if reporting == 0 {
-                no_reports_message(inp)
-            } else {
-                format!("not loaded yet by any of {reporting} data plane pods")
-            };
-        }
+/// Status messages come from certificates and users' objects: cut so a status stays bounded.
+fn cut(s: &str) -> String {
+    if s.len() <= MAX_HOST_MESSAGE {
+        return s.to_string();
     }
+    let mut end = MAX_HOST_MESSAGE - 3;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &s[..end])
 }
 
-/// Whether the TCP ingress advertises the served host, from the pods that probed it; when
-/// one says it does not, the message says how to fix it.
-fn alt_svc_verdict(inp: &Inputs, h: &mut HostStatus, serving: &[PodHost]) {
-    let probed: Vec<PodHost> = serving
-        .iter()
-        .copied()
-        .filter(|(_, x)| x.alt_svc_advertised.is_some())
-        .collect();
-    let Some((p, x)) = probed
-        .iter()
-        .find(|(_, x)| x.alt_svc_advertised == Some(false))
-    else {
-        if !probed.is_empty() {
-            h.alt_svc_advertised = Some(true);
-        }
-        return;
-    };
-    h.alt_svc_advertised = Some(false);
-    // A probe that failed outright keeps its own message; a missing header gets the advice
-    // for the controller the Ingress is written for, when its annotations say.
-    let why = if says_header_missing(&x.alt_svc_message) {
-        if h.gateway.is_some() {
-            gateway_advice(&h.name, inp.port, inp.alt_svc_max_age)
-        } else {
-            let controller = h.ingress.as_ref().and_then(|i| inp.controllers.get(i));
-            advice(controller.copied(), &h.name, inp.port, inp.alt_svc_max_age)
-        }
-    } else {
-        x.alt_svc_message.clone()
-    };
-    let why = format!("{why} (probed from {})", p.label());
-    h.message = if h.message.is_empty() {
-        why
-    } else {
-        format!("{}; {why}", h.message)
-    };
+/// Every wanted host's status (unbounded: the caller keeps it in memory for events, and
+/// [`aggregate`] writes only counts and the first hosts not served).
+pub fn host_statuses(inp: &Inputs) -> Vec<HostStatus> {
+    let ok = reports(inp);
+    inp.hosts.iter().map(|w| host_status(inp, &ok, w)).collect()
 }
 
 /// What every condition is decided from, gathered once per [`aggregate`].
@@ -356,29 +364,6 @@ fn bind_failures(ok: &[(&PodReport, &StatusReport)]) -> Vec<String> {
                 .iter()
                 .filter(|s| !s.bound)
                 .map(move |s| format!("{}: {} {}: {}", p.label(), s.family, s.address, s.error))
-        })
-        .collect()
-}
-
-/// h3 requests per wanted host, summed over the pods that answered.
-fn requests(f: &Facts) -> Vec<HostRequests> {
-    let mut sums: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
-    for (_, r) in &f.ok {
-        for h in r
-            .hosts
-            .iter()
-            .filter(|h| f.wanted.contains(h.name.as_str()))
-        {
-            let e = sums.entry(h.name.as_str()).or_default();
-            e.0 += h.requests as i64;
-            e.1 += h.requests_last5m as i64;
-        }
-    }
-    sums.into_iter()
-        .map(|(host, (total, last5m))| HostRequests {
-            host: host.to_string(),
-            total,
-            last5m,
         })
         .collect()
 }
@@ -602,11 +587,37 @@ fn rollout_pending(f: &Facts) -> Option<(&'static str, String)> {
     })
 }
 
-/// Computes the full status. Transition times are carried over from `previous` for
-/// conditions whose status did not change.
-pub fn aggregate(inp: &Inputs) -> Http3ListenerStatus {
-    let hosts: Vec<HostStatus> = inp.hosts.iter().map(|w| host_status(inp, w)).collect();
-    let f = Facts::new(inp, &hosts);
+/// Hosts by state and reason, and the first [`MAX_STATUS_HOSTS`] not served (in name order)
+/// with how many more there are: the status stays the same size whatever the number of hosts.
+pub fn bounded(hosts: &[HostStatus]) -> (Vec<HostCount>, Vec<HostStatus>, i64) {
+    let mut counts: BTreeMap<(&str, &str), i64> = BTreeMap::new();
+    for h in hosts {
+        *counts
+            .entry((h.state.as_str(), h.reason.as_str()))
+            .or_default() += 1;
+    }
+    let counts = counts
+        .into_iter()
+        .map(|((state, reason), count)| HostCount {
+            state: state.to_string(),
+            reason: reason.to_string(),
+            count,
+        })
+        .collect();
+    let not_serving = hosts.iter().filter(|h| h.state != host_states::SERVING);
+    let listed: Vec<HostStatus> = not_serving
+        .clone()
+        .take(MAX_STATUS_HOSTS)
+        .cloned()
+        .collect();
+    let omitted = (not_serving.count() - listed.len()) as i64;
+    (counts, listed, omitted)
+}
+
+/// Computes the status from every host's status ([`host_statuses`]). Transition times are
+/// carried over from `previous` for conditions whose status did not change.
+pub fn aggregate(inp: &Inputs, hosts: &[HostStatus]) -> Http3ListenerStatus {
+    let f = Facts::new(inp, hosts);
     let conditions = vec![
         ready(&f),
         sockets_bound(&f),
@@ -614,18 +625,20 @@ pub fn aggregate(inp: &Inputs) -> Http3ListenerStatus {
         degraded(&f),
     ];
     let hosts_summary = Some(format!("{}/{}", f.serving.len(), f.wanted.len()));
-    let requests = requests(&f);
     let Facts { nodes, udp, .. } = f;
     let counters_time = udp.is_some().then_some(Time(inp.now));
+    let (host_counts, listed, hosts_omitted) = bounded(hosts);
     let mut status = Http3ListenerStatus {
         observed_generation: inp.generation,
         conditions,
         hosts_summary,
-        hosts,
+        host_counts,
+        hosts: listed,
+        hosts_omitted,
         nodes: Some(nodes),
         udp,
-        requests,
         counters_time,
+        ..Default::default()
     };
     carry_transition_times(inp.previous, &mut status);
     status
@@ -662,10 +675,6 @@ fn without_counters(s: &Http3ListenerStatus) -> Http3ListenerStatus {
     if let Some(u) = &mut s.udp {
         u.drops = 0;
     }
-    for r in &mut s.requests {
-        r.total = 0;
-        r.last5m = 0;
-    }
     s
 }
 
@@ -691,9 +700,8 @@ pub fn needs_write(stored: Option<&Http3ListenerStatus>, next: &Http3ListenerSta
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::SocketReport;
-
-    static NO_CONTROLLERS: BTreeMap<String, IngressController> = BTreeMap::new();
+    use crate::api::{MirrorReport, SocketReport};
+    use std::sync::LazyLock;
 
     fn t(s: i64) -> Timestamp {
         Timestamp::from_second(s).unwrap()
@@ -730,12 +738,34 @@ mod tests {
         }
     }
 
-    fn pod(
-        name: &str,
-        hosts: Vec<HostReport>,
-        sockets: Vec<SocketReport>,
-        drops: u64,
-    ) -> PodReport {
+    /// The mirrors as the operator wrote them: one per test host, digest "D".
+    static VERSIONS: LazyLock<BTreeMap<String, String>> = LazyLock::new(|| {
+        [("m-a", "2"), ("m-b", "1")]
+            .iter()
+            .map(|(m, v)| (m.to_string(), v.to_string()))
+            .collect()
+    });
+    static MIRROR_OF: LazyLock<BTreeMap<String, String>> = LazyLock::new(|| {
+        [("a.example.com", "m-a"), ("b.example.com", "m-b")]
+            .iter()
+            .map(|(h, m)| (h.to_string(), m.to_string()))
+            .collect()
+    });
+    static NOTHING: BTreeMap<String, String> = BTreeMap::new();
+    static NONE_SERVED: BTreeSet<String> = BTreeSet::new();
+
+    fn view(last_synced: &'static BTreeMap<String, String>) -> MirrorView<'static> {
+        MirrorView {
+            digest: "D",
+            versions: &VERSIONS,
+            mirror_of: &MIRROR_OF,
+            last_synced,
+            served_before: &NONE_SERVED,
+        }
+    }
+
+    /// A pod that applied the mirrors with `digest` ("D": up to date).
+    fn pod(name: &str, digest: &str, sockets: Vec<SocketReport>, drops: u64) -> PodReport {
         PodReport {
             pod: name.into(),
             node: Some(format!("node-{name}")),
@@ -743,20 +773,15 @@ mod tests {
                 version: "0.1.0".into(),
                 port: 443,
                 sockets,
-                hosts,
+                mirrors: Some(MirrorReport {
+                    synced: true,
+                    count: 2,
+                    digest: digest.into(),
+                    ..Default::default()
+                }),
                 udp_drops: drops,
                 ..Default::default()
             }),
-        }
-    }
-
-    fn served(name: &str, requests: u64, alt: Option<bool>) -> HostReport {
-        HostReport {
-            requests,
-            // Half of them recent, so the sum over pods is checked separately.
-            requests_last5m: requests / 2,
-            alt_svc_advertised: alt,
-            ..want(name, host_states::SERVING, reasons::SERVING)
         }
     }
 
@@ -788,22 +813,29 @@ mod tests {
             daemon_set: d,
             pods,
             previous,
-            controllers: &NO_CONTROLLERS,
-            alt_svc_max_age: 86_400,
+            mirrors: Some(view(&NOTHING)),
             now: t(now),
         }
+    }
+
+    fn agg(inp: &Inputs) -> Http3ListenerStatus {
+        aggregate(inp, &host_statuses(inp))
+    }
+
+    fn states(inp: &Inputs) -> Vec<(String, String)> {
+        host_statuses(inp)
+            .into_iter()
+            .map(|h| (h.state, h.reason))
+            .collect()
     }
 
     #[test]
     fn no_scheduled_pods_blame_the_node_selector_only_once_the_daemon_set_was_counted() {
         let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
         let ready_message = |d: Option<&DaemonSetStatus>| {
-            cond(
-                &aggregate(&inputs(&hosts, d, &[], None, 1000)),
-                conditions::READY,
-            )
-            .message
-            .clone()
+            cond(&agg(&inputs(&hosts, d, &[], None, 1000)), conditions::READY)
+                .message
+                .clone()
         };
         let fresh = ds(0, 0);
         assert_eq!(
@@ -819,110 +851,108 @@ mod tests {
     }
 
     #[test]
-    fn hosts_are_loading_only_while_reporting_pods_have_not_loaded_one() {
-        let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
-        let sockets = || vec![socket("ipv4", false)];
-        let d = ds(1, 1);
-        let loading = |pods: &[PodReport]| {
-            let inp = inputs(&hosts, Some(&d), pods, None, 1000);
-            hosts_loading(&inp)
-        };
-        assert!(
-            loading(&[pod("p1", vec![], sockets(), 0)]),
-            "a pod without the host yet"
-        );
-        let served_pods = [pod(
-            "p1",
-            vec![served("a.example.com", 0, None)],
-            sockets(),
-            0,
-        )];
-        assert!(!loading(&served_pods), "loaded");
-        let silent = PodReport {
-            pod: "p1".into(),
-            node: None,
-            report: Err("connection refused".into()),
-        };
-        assert!(
-            !loading(&[silent]),
-            "no pod answers: pending, but not a state pods leave by themselves"
-        );
-    }
-
-    #[test]
-    fn hosts_are_loading_while_a_pod_still_refuses_what_the_operator_now_serves() {
-        // A ReferenceGrant just permitted the Secret: the operator resolves the host Serving
-        // at once, the pods still report their earlier RefNotPermitted for a few seconds.
-        let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
-        let sockets = || vec![socket("ipv4", false)];
-        let d = ds(2, 2);
-        let loading = |pods: &[PodReport]| {
-            let inp = inputs(&hosts, Some(&d), pods, None, 1000);
-            hosts_loading(&inp)
-        };
-        let stale = || {
-            let mut h = want("a.example.com", "NotServing", reasons::REF_NOT_PERMITTED);
-            h.message = "no ReferenceGrant permits it".into();
-            h
-        };
-        let refusing = [pod("p1", vec![stale()], sockets(), 0)];
-        let inp = inputs(&hosts, Some(&d), &refusing, None, 1000);
-        assert_eq!(
-            aggregate(&inp).hosts[0].reason,
-            reasons::REF_NOT_PERMITTED,
-            "the pod's word wins meanwhile"
-        );
-        assert!(loading(&refusing), "a pod with a stale refusal");
-        let one_of_two = [
-            pod("p1", vec![served("a.example.com", 0, None)], sockets(), 0),
-            pod("p2", vec![stale()], sockets(), 0),
-        ];
-        assert!(loading(&one_of_two), "one pod caught up, the other not yet");
-        let both = [
-            pod("p1", vec![served("a.example.com", 0, None)], sockets(), 0),
-            pod("p2", vec![served("a.example.com", 0, None)], sockets(), 0),
-        ];
-        assert!(!loading(&both), "both serve it");
-        let refused = [want(
-            "a.example.com",
-            "NotServing",
-            reasons::REF_NOT_PERMITTED,
-        )];
-        let inp = inputs(&refused, Some(&d), &refusing, None, 1000);
-        assert!(
-            !hosts_loading(&inp),
-            "the operator refuses it too: nothing to wait for"
-        );
-    }
-
-    #[test]
-    fn healthy_listener_is_ready_with_records_requests_and_buffers() {
+    fn hosts_serve_once_every_answering_pod_applied_the_mirrors() {
         let hosts = [
             want("a.example.com", "Serving", reasons::SERVING),
             want("b.example.com", "Serving", reasons::SERVING),
         ];
-        let pods = [
-            pod(
-                "p1",
-                vec![
-                    served("a.example.com", 10, Some(true)),
-                    served("b.example.com", 1, Some(true)),
-                ],
-                vec![socket("ipv4", false), socket("ipv6", false)],
-                0,
-            ),
-            pod(
-                "p2",
-                vec![
-                    served("a.example.com", 5, Some(true)),
-                    served("b.example.com", 0, None),
-                ],
-                vec![socket("ipv4", false), socket("ipv6", false)],
-                0,
-            ),
-        ];
         let d = ds(2, 2);
-        let s = aggregate(&inputs(&hosts, Some(&d), &pods, None, 1000));
+        let sockets = || vec![socket("ipv4", false)];
+        let synced = [pod("p1", "D", sockets(), 0), pod("p2", "D", sockets(), 0)];
+        let inp = inputs(&hosts, Some(&d), &synced, None, 1);
+        assert!(pods_up_to_date(&inp));
+        assert!(states(&inp).iter().all(|(s, _)| s == "Serving"));
+
+        // One pod still has an older set: every host whose mirror changed since the pods
+        // were last in sync is pending; with no record of that, all of them are.
+        let behind = [pod("p1", "D", sockets(), 0), pod("p2", "old", sockets(), 0)];
+        let inp = inputs(&hosts, Some(&d), &behind, None, 1);
+        assert!(!pods_up_to_date(&inp));
+        let h = host_statuses(&inp);
+        assert_eq!(h[0].reason, reasons::CONFIG_PENDING);
+        assert_eq!(h[0].message, "not loaded yet by 1 of 2 data plane pods");
+        // b's mirror is unchanged since the last sync: still served while a's loads.
+        static B_ONLY: LazyLock<BTreeMap<String, String>> = LazyLock::new(|| {
+            [
+                ("m-a".to_string(), "1".to_string()),
+                ("m-b".to_string(), "1".to_string()),
+            ]
+            .into_iter()
+            .collect()
+        });
+        let mut inp = inputs(&hosts, Some(&d), &behind, None, 1);
+        inp.mirrors = Some(view(&B_ONLY));
+        let st = states(&inp);
+        assert_eq!(st[0].1, reasons::CONFIG_PENDING);
+        assert_eq!(st[1].1, reasons::SERVING);
+        // a was served from m-a at version 1, which the pods still have (its certificate was
+        // renewed): still served while they load version 2.
+        static A_SERVED: LazyLock<BTreeSet<String>> =
+            LazyLock::new(|| ["a.example.com".to_string()].into_iter().collect());
+        let mut renewed = view(&B_ONLY);
+        renewed.served_before = &A_SERVED;
+        inp.mirrors = Some(renewed.clone());
+        assert!(states(&inp).iter().all(|(_, r)| r == reasons::SERVING));
+        // Served before, but from a mirror the pods never had: pending.
+        renewed.last_synced = &NOTHING;
+        inp.mirrors = Some(renewed);
+        assert_eq!(states(&inp)[0].1, reasons::CONFIG_PENDING);
+
+        // No pod answers: pending, with the reason.
+        let silent = [PodReport {
+            pod: "p1".into(),
+            node: None,
+            report: Err("connection refused".into()),
+        }];
+        let inp = inputs(&hosts, Some(&d), &silent, None, 1);
+        assert!(!pods_up_to_date(&inp));
+        assert_eq!(
+            host_statuses(&inp)[0].message,
+            "no data plane pod answered /status (p1: connection refused)"
+        );
+        // Mirrors not written (a blocker): pending.
+        let mut inp = inputs(&hosts, Some(&d), &synced, None, 1);
+        inp.mirrors = None;
+        assert_eq!(states(&inp)[0].1, reasons::CONFIG_PENDING);
+    }
+
+    #[test]
+    fn a_pod_that_cannot_serve_a_host_overrides_the_operator() {
+        let hosts = [
+            want("a.example.com", "Serving", reasons::SERVING),
+            want("b.example.com", "Serving", reasons::SERVING),
+        ];
+        let mut p = pod("p1", "D", vec![socket("ipv4", false)], 0);
+        if let Ok(r) = &mut p.report {
+            let m = r.mirrors.as_mut().unwrap();
+            m.failed.push(MirrorFailure {
+                mirror: "m-b".into(),
+                source: "default/web-tls".into(),
+                host: None,
+                reason: reasons::CERTIFICATE_INVALID.into(),
+                message: "private key PEM: no key".into(),
+            });
+            m.failed_count = 1;
+        }
+        let d = ds(1, 1);
+        let pods = [p];
+        let inp = inputs(&hosts, Some(&d), &pods, None, 1);
+        let h = host_statuses(&inp);
+        assert_eq!(h[0].state, "Serving");
+        assert_eq!(h[1].reason, reasons::CERTIFICATE_INVALID);
+        assert_eq!(h[1].message, "p1 on node-p1: private key PEM: no key");
+    }
+
+    #[test]
+    fn healthy_listener_is_ready_with_counts_and_buffers() {
+        let hosts = [
+            want("a.example.com", "Serving", reasons::SERVING),
+            want("b.example.com", "Serving", reasons::SERVING),
+        ];
+        let both = || vec![socket("ipv4", false), socket("ipv6", false)];
+        let pods = [pod("p1", "D", both(), 0), pod("p2", "D", both(), 0)];
+        let d = ds(2, 2);
+        let s = agg(&inputs(&hosts, Some(&d), &pods, None, 1000));
         assert_eq!(s.observed_generation, Some(3));
         assert_eq!(s.hosts_summary.as_deref(), Some("2/2"));
         assert_eq!(s.nodes.as_ref().unwrap().summary, "2/2");
@@ -932,37 +962,20 @@ mod tests {
             ("True", reasons::ALL_HOSTS_SERVING)
         );
         assert_eq!(ready.observed_generation, Some(3));
-        assert_eq!(cond(&s, conditions::SOCKETS_BOUND).reason, reasons::BOUND);
         assert_eq!(
             cond(&s, conditions::SOCKETS_BOUND).message,
             "UDP port 443 bound for ipv4 and ipv6 on 2 pods"
         );
         assert_eq!(cond(&s, conditions::BUFFERS_APPLIED).status, "True");
         assert_eq!(cond(&s, conditions::DEGRADED).status, "False");
+        assert!(s.hosts.is_empty(), "served hosts are counted, not listed");
         assert_eq!(
-            s.hosts[0].dns_https_record,
-            "a.example.com. 3600 IN HTTPS 1 . alpn=\"h3,h2\""
-        );
-        assert_eq!(s.hosts[0].alt_svc_advertised, Some(true));
-        assert_eq!(
-            s.hosts[1].alt_svc_advertised,
-            Some(true),
-            "unprobed pods do not make it unknown"
-        );
-        assert_eq!(
-            s.requests,
-            [
-                HostRequests {
-                    host: "a.example.com".into(),
-                    total: 15,
-                    last5m: 7
-                },
-                HostRequests {
-                    host: "b.example.com".into(),
-                    total: 1,
-                    last5m: 0
-                }
-            ]
+            s.host_counts,
+            [HostCount {
+                state: "Serving".into(),
+                reason: "Serving".into(),
+                count: 2
+            }]
         );
         let udp = s.udp.unwrap();
         assert_eq!(
@@ -980,9 +993,9 @@ mod tests {
         let mut bad = socket("ipv6", false);
         bad.bound = false;
         bad.error = "Address already in use".into();
-        let pods = [pod("p1", vec![], vec![socket("ipv4", true), bad], 0)];
+        let pods = [pod("p1", "old", vec![socket("ipv4", true), bad], 0)];
         let d = ds(1, 1);
-        let s = aggregate(&inputs(&hosts, Some(&d), &pods, None, 1000));
+        let s = agg(&inputs(&hosts, Some(&d), &pods, None, 1000));
         let b = cond(&s, conditions::BUFFERS_APPLIED);
         assert_eq!(
             (b.status.as_str(), b.reason.as_str()),
@@ -1005,12 +1018,7 @@ mod tests {
             "p1 on node-p1: ipv6 [::]:443: Address already in use"
         );
         assert_eq!(cond(&s, conditions::READY).reason, reasons::BIND_FAILED);
-        assert_eq!(s.hosts[0].state, "NotServing");
         assert_eq!(s.hosts[0].reason, reasons::CONFIG_PENDING);
-        assert_eq!(
-            s.hosts[0].dns_https_record, "",
-            "no record to publish for a host not served"
-        );
         assert_eq!(s.hosts[1].reason, reasons::SECRET_NOT_FOUND);
         assert_eq!(s.hosts_summary.as_deref(), Some("0/2"));
         let deg = cond(&s, conditions::DEGRADED);
@@ -1029,44 +1037,30 @@ mod tests {
     #[test]
     fn ready_explains_each_blocker_in_order() {
         let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
-        let ok_pod = [pod(
-            "p1",
-            vec![served("a.example.com", 0, None)],
-            vec![socket("ipv4", false)],
-            0,
-        )];
-        let d11 = ds(1, 1);
-        let d21 = ds(2, 1);
-        let d00 = ds(0, 0);
-
+        let ok_pod = [pod("p1", "D", vec![socket("ipv4", false)], 0)];
+        let (d11, d21) = (ds(1, 1), ds(2, 1));
         let mut i = inputs(&hosts, Some(&d11), &ok_pod, None, 1);
         i.blocker = Some(Blocker {
             reason: reasons::INVALID_SPEC,
             message: "spec.upstream.address: \"x\" is not host:port (no port)".into(),
         });
         assert_eq!(
-            cond(&aggregate(&i), conditions::READY).reason,
+            cond(&agg(&i), conditions::READY).reason,
             reasons::INVALID_SPEC
         );
 
         let none: [HostReport; 0] = [];
-        let s = aggregate(&inputs(&none, Some(&d11), &ok_pod, None, 1));
+        let s = agg(&inputs(&none, Some(&d11), &ok_pod, None, 1));
         assert_eq!(cond(&s, conditions::READY).reason, reasons::NO_HOSTS);
         assert_eq!(s.hosts_summary.as_deref(), Some("0/0"));
 
-        let s = aggregate(&inputs(&hosts, Some(&d21), &ok_pod, None, 1));
+        let s = agg(&inputs(&hosts, Some(&d21), &ok_pod, None, 1));
         let r = cond(&s, conditions::READY);
         assert_eq!(
             (r.reason.as_str(), r.message.as_str()),
             (reasons::PODS_NOT_READY, "1 of 2 data plane pods ready")
         );
-        let d00 = DaemonSetStatus {
-            observed_generation: Some(1),
-            ..d00
-        };
-        let s = aggregate(&inputs(&hosts, Some(&d00), &ok_pod, None, 1));
-        assert!(cond(&s, conditions::READY).message.contains("nodeSelector"));
-        let s = aggregate(&inputs(&hosts, None, &ok_pod, None, 1));
+        let s = agg(&inputs(&hosts, None, &ok_pod, None, 1));
         assert_eq!(cond(&s, conditions::READY).reason, reasons::PODS_NOT_READY);
 
         let unreachable = [PodReport {
@@ -1074,7 +1068,7 @@ mod tests {
             node: None,
             report: Err("connection refused".into()),
         }];
-        let s = aggregate(&inputs(&hosts, Some(&d11), &unreachable, None, 1));
+        let s = agg(&inputs(&hosts, Some(&d11), &unreachable, None, 1));
         let r = cond(&s, conditions::READY);
         assert_eq!(r.reason, reasons::NO_REPORTS);
         assert_eq!(
@@ -1089,7 +1083,7 @@ mod tests {
             want("a.example.com", "Serving", reasons::SERVING),
             want("b.example.com", "NotServing", reasons::NO_TLS),
         ];
-        let s = aggregate(&inputs(&two, Some(&d11), &ok_pod, None, 1));
+        let s = agg(&inputs(&two, Some(&d11), &ok_pod, None, 1));
         let r = cond(&s, conditions::READY);
         assert_eq!(
             (r.status.as_str(), r.reason.as_str()),
@@ -1101,97 +1095,55 @@ mod tests {
             "{}",
             r.message
         );
-
-        let nothing_served = [pod("p1", vec![], vec![socket("ipv4", false)], 0)];
-        let s = aggregate(&inputs(&hosts, Some(&d11), &nothing_served, None, 1));
+        let behind = [pod("p1", "old", vec![socket("ipv4", false)], 0)];
+        let s = agg(&inputs(&hosts, Some(&d11), &behind, None, 1));
         assert_eq!(
             cond(&s, conditions::READY).reason,
             reasons::NO_HOSTS_SERVING
         );
-        assert_eq!(
-            s.hosts[0].message,
-            "not loaded yet by any of 1 data plane pods"
-        );
     }
 
     #[test]
-    fn a_pod_that_cannot_serve_a_host_overrides_the_operator_and_partial_serving_is_said() {
-        let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
-        let mut refused = want("a.example.com", "NotServing", reasons::SECRET_NOT_FOUND);
-        refused.message = "Secret default/web-tls not found".into();
-        let pods = [pod(
-            "p1",
-            vec![refused.clone()],
-            vec![socket("ipv4", false)],
-            0,
-        )];
-        let d = ds(1, 1);
-        let s = aggregate(&inputs(&hosts, Some(&d), &pods, None, 1));
-        assert_eq!(s.hosts[0].reason, reasons::SECRET_NOT_FOUND);
-        assert_eq!(
-            s.hosts[0].message,
-            "p1 on node-p1: Secret default/web-tls not found"
-        );
-
-        let pods = [
-            pod("p1", vec![refused], vec![socket("ipv4", false)], 0),
-            pod(
-                "p2",
-                vec![served("a.example.com", 0, Some(false))],
-                vec![socket("ipv4", false)],
-                0,
-            ),
-        ];
+    fn the_status_stays_small_at_ten_thousand_hosts() {
+        let long = "x".repeat(5000);
+        let hosts: Vec<HostReport> = (0..10_000)
+            .map(|i| {
+                let mut h = if i % 2 == 0 {
+                    want(&format!("h{i:05}.example.com"), "Serving", reasons::SERVING)
+                } else {
+                    want(
+                        &format!("h{i:05}.example.com"),
+                        "NotServing",
+                        reasons::NO_TLS,
+                    )
+                };
+                h.message = long.clone();
+                h
+            })
+            .collect();
         let d = ds(2, 2);
-        let s = aggregate(&inputs(&hosts, Some(&d), &pods, None, 1));
-        assert_eq!(s.hosts[0].state, "Serving");
-        assert_eq!(s.hosts[0].alt_svc_advertised, Some(false));
-        assert!(s.hosts[0].message.starts_with("served by 1 of 2 data plane pods; the TCP ingress does not send Alt-Svc: h3=\":443\" for a.example.com"), "{}", s.hosts[0].message);
-    }
-
-    #[test]
-    fn alt_svc_advice_from_the_pod_is_kept_and_non_default_ports_go_into_the_record() {
-        let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
-        let mut h = served("a.example.com", 0, Some(false));
-        h.alt_svc_message = "add to the Ingress: nginx.org/server-snippets: add_header Alt-Svc 'h3=\":8443\"; ma=86400' always;".into();
-        let pods = [pod("p1", vec![h], vec![socket("ipv4", false)], 0)];
-        let d = ds(1, 1);
-        let mut i = inputs(&hosts, Some(&d), &pods, None, 1);
-        i.port = 8443;
-        let s = aggregate(&i);
-        assert!(
-            s.hosts[0]
-                .message
-                .starts_with("add to the Ingress: nginx.org/server-snippets"),
-            "{}",
-            s.hosts[0].message
-        );
-        assert!(s.hosts[0].message.ends_with("(probed from p1 on node-p1)"));
-        assert_eq!(
-            s.hosts[0].dns_https_record,
-            "a.example.com. 3600 IN HTTPS 1 . alpn=\"h3,h2\" port=8443"
-        );
+        let pods = [pod("p1", "D", vec![socket("ipv4", false)], 0)];
+        let s = agg(&inputs(&hosts, Some(&d), &pods, None, 1));
+        assert_eq!(s.hosts.len(), MAX_STATUS_HOSTS);
+        assert_eq!(s.hosts_omitted, 5000 - MAX_STATUS_HOSTS as i64);
+        assert_eq!(s.hosts_summary.as_deref(), Some("5000/10000"));
+        let bytes = serde_json::to_vec(&s).unwrap().len();
+        assert!(bytes <= 64 * 1024, "{bytes} bytes");
+        assert!(s.hosts.iter().all(|h| h.message.len() <= MAX_HOST_MESSAGE));
     }
 
     #[test]
     fn udp_drops_degrade_only_while_they_grow_and_restarts_do_not_count() {
         let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
         let d = ds(1, 1);
-        let p = |drops| {
-            [pod(
-                "p1",
-                vec![served("a.example.com", 0, None)],
-                vec![socket("ipv4", false)],
-                drops,
-            )]
-        };
-        let first = aggregate(&inputs(&hosts, Some(&d), &p(284), None, 1));
+        let p = |drops| [pod("p1", "D", vec![socket("ipv4", false)], drops)];
+        let first = agg(&inputs(&hosts, Some(&d), &p(284), None, 1));
         assert_eq!(
             cond(&first, conditions::DEGRADED).status,
             "False",
             "no baseline yet"
         );
-        let grown = aggregate(&inputs(&hosts, Some(&d), &p(300), Some(&first), 2));
+        let grown = agg(&inputs(&hosts, Some(&d), &p(300), Some(&first), 2));
         let deg = cond(&grown, conditions::DEGRADED);
         assert_eq!(
             (deg.status.as_str(), deg.reason.as_str()),
@@ -1202,7 +1154,7 @@ mod tests {
             "{}",
             deg.message
         );
-        let restarted = aggregate(&inputs(&hosts, Some(&d), &p(3), Some(&grown), 3));
+        let restarted = agg(&inputs(&hosts, Some(&d), &p(3), Some(&grown), 3));
         assert_eq!(cond(&restarted, conditions::DEGRADED).status, "False");
     }
 
@@ -1210,16 +1162,11 @@ mod tests {
     fn restart_required_reports_mean_a_rollout_is_pending() {
         let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
         let d = ds(1, 1);
-        let mut p = pod(
-            "p1",
-            vec![served("a.example.com", 0, None)],
-            vec![socket("ipv4", false)],
-            0,
-        );
+        let mut p = pod("p1", "D", vec![socket("ipv4", false)], 0);
         if let Ok(r) = &mut p.report {
             r.restart_required = vec!["port 443 -> 8443".into()];
         }
-        let s = aggregate(&inputs(&hosts, Some(&d), &[p], None, 1));
+        let s = agg(&inputs(&hosts, Some(&d), &[p], None, 1));
         let deg = cond(&s, conditions::DEGRADED);
         assert_eq!(deg.reason, reasons::ROLLOUT_PENDING);
         assert!(
@@ -1233,30 +1180,23 @@ mod tests {
     fn transition_times_move_only_with_status_and_unchanged_status_is_not_rewritten() {
         let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
         let d = ds(1, 1);
-        let ok = [pod(
-            "p1",
-            vec![served("a.example.com", 0, None)],
-            vec![socket("ipv4", false)],
-            0,
-        )];
-        let first = aggregate(&inputs(&hosts, Some(&d), &ok, None, 1000));
-        let again = aggregate(&inputs(&hosts, Some(&d), &ok, Some(&first), 2000));
+        let ok = [pod("p1", "D", vec![socket("ipv4", false)], 0)];
+        let first = agg(&inputs(&hosts, Some(&d), &ok, None, 1000));
+        let again = agg(&inputs(&hosts, Some(&d), &ok, Some(&first), 2000));
         assert_eq!(
             cond(&again, conditions::READY).last_transition_time.0,
             t(1000)
         );
         assert!(
             !needs_write(Some(&first), &again),
-            "same status at a later time is not a change"
+            "same status later is no change"
         );
-
         let d2 = ds(2, 1);
-        let worse = aggregate(&inputs(&hosts, Some(&d2), &ok, Some(&again), 3000));
+        let worse = agg(&inputs(&hosts, Some(&d2), &ok, Some(&again), 3000));
         assert_eq!(
             cond(&worse, conditions::READY).last_transition_time.0,
             t(3000)
         );
-        // Unchanged conditions keep their time even when another one flips.
         assert_eq!(
             cond(&worse, conditions::SOCKETS_BOUND)
                 .last_transition_time
@@ -1265,15 +1205,13 @@ mod tests {
         );
         assert!(needs_write(Some(&again), &worse));
         assert!(needs_write(None, &again));
-
-        // A message-only change (same status) keeps the time but is written.
         let more = [pod(
             "p1",
-            vec![served("a.example.com", 0, None)],
+            "D",
             vec![socket("ipv4", false), socket("ipv6", false)],
             0,
         )];
-        let msg = aggregate(&inputs(&hosts, Some(&d), &more, Some(&again), 4000));
+        let msg = agg(&inputs(&hosts, Some(&d), &more, Some(&again), 4000));
         assert_eq!(
             cond(&msg, conditions::SOCKETS_BOUND).last_transition_time.0,
             t(1000)
@@ -1285,42 +1223,22 @@ mod tests {
     fn counters_alone_are_written_at_most_once_a_minute() {
         let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
         let d = ds(1, 1);
-        let busy = |requests: u64, drops: u64| {
-            [pod(
-                "p1",
-                vec![served("a.example.com", requests, None)],
-                vec![socket("ipv4", false)],
-                drops,
-            )]
-        };
-        let first = aggregate(&inputs(&hosts, Some(&d), &busy(10, 0), None, 1000));
+        let busy = |drops: u64| [pod("p1", "D", vec![socket("ipv4", false)], drops)];
+        let first = agg(&inputs(&hosts, Some(&d), &busy(0), None, 1000));
         assert_eq!(first.counters_time.as_ref().unwrap().0, t(1000));
-        // 59 s later with more requests: the counters wait.
-        let soon = aggregate(&inputs(&hosts, Some(&d), &busy(500, 0), Some(&first), 1059));
-        assert_ne!(soon.requests, first.requests);
+        // Drops that stay put are no change; a new counters time alone waits a minute.
+        let soon = agg(&inputs(&hosts, Some(&d), &busy(0), Some(&first), 1059));
         assert!(!needs_write(Some(&first), &soon));
-        // A minute after the stored counters: written.
-        let later = aggregate(&inputs(&hosts, Some(&d), &busy(900, 0), Some(&first), 1060));
-        assert!(needs_write(Some(&first), &later));
-        // Anything else that changes is written at once, counters included.
         let d2 = ds(2, 1);
-        let worse = aggregate(&inputs(
-            &hosts,
-            Some(&d2),
-            &busy(501, 0),
-            Some(&first),
-            1001,
-        ));
+        let worse = agg(&inputs(&hosts, Some(&d2), &busy(0), Some(&first), 1001));
         assert!(needs_write(Some(&first), &worse));
-        // Drops that grow flip Degraded, which is a condition change: written at once.
-        let dropping = aggregate(&inputs(&hosts, Some(&d), &busy(10, 7), Some(&first), 1001));
+        let dropping = agg(&inputs(&hosts, Some(&d), &busy(7), Some(&first), 1001));
         assert_eq!(
             cond(&dropping, conditions::DEGRADED).reason,
             reasons::UDP_DROPS
         );
         assert!(needs_write(Some(&first), &dropping));
-        // Without any report there are no counters and no counters time.
-        let none = aggregate(&inputs(&hosts, Some(&d), &[], None, 1000));
+        let none = agg(&inputs(&hosts, Some(&d), &[], None, 1000));
         assert!(none.udp.is_none() && none.counters_time.is_none());
     }
 
@@ -1332,12 +1250,10 @@ mod tests {
             reason: reasons::FORBIDDEN,
             message: "applying DaemonSet h3-ingress/h3-ingress-public: forbidden".into(),
         });
-        let r = aggregate(&i);
+        let r = agg(&i);
+        let c = cond(&r, conditions::READY);
         assert_eq!(
-            (
-                cond(&r, conditions::READY).status.as_str(),
-                cond(&r, conditions::READY).reason.as_str()
-            ),
+            (c.status.as_str(), c.reason.as_str()),
             ("False", reasons::FORBIDDEN)
         );
 
@@ -1346,7 +1262,7 @@ mod tests {
         let msg = "Error creating: pods \"h3-ingress-public-x\" is forbidden: violates PodSecurity \"restricted:latest\": host namespaces (hostNetwork=true)";
         let mut i = inputs(&hosts, Some(&d), &[], None, 1);
         i.failed_create = Some(msg.into());
-        let s = aggregate(&i);
+        let s = agg(&i);
         let r = cond(&s, conditions::READY);
         assert_eq!(
             (r.status.as_str(), r.reason.as_str()),
@@ -1356,12 +1272,11 @@ mod tests {
             r.message,
             format!("2 of 2 data plane pods not created: {msg}")
         );
-        // Once the pods exist an old FailedCreate event no longer counts.
         d.current_number_scheduled = 2;
         let mut i = inputs(&hosts, Some(&d), &[], None, 1);
         i.failed_create = Some(msg.into());
         assert_eq!(
-            cond(&aggregate(&i), conditions::READY).reason,
+            cond(&agg(&i), conditions::READY).reason,
             reasons::PODS_NOT_READY
         );
     }

@@ -10,16 +10,13 @@
 //! The objects the operator prunes (Roles, RoleBindings, Services) are kept in metadata-only
 //! caches ([`OwnedStores`]), so a reconcile lists nothing cluster-wide.
 
-use std::collections::hash_map::DefaultHasher;
-use std::collections::{HashMap, HashSet};
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use futures_util::{future, Stream, StreamExt};
+use futures_util::{future, Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{Pod, PodSpec, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -27,91 +24,9 @@ use kube::{Client, Resource, ResourceExt};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::controller::{ingress_is_relevant, Context};
 use super::labels;
 use crate::api::Http3Listener;
-
-/// Identity of a watched object: a recreated object (new uid) is a new object.
-type ObjKey = (Option<String>, String, Option<String>);
-
-fn obj_key<K: Resource>(o: &K) -> ObjKey {
-    let m = o.meta();
-    (
-        m.namespace.clone(),
-        m.name.clone().unwrap_or_default(),
-        m.uid.clone(),
-    )
-}
-
-fn hash_of(v: &impl Hash) -> u64 {
-    let mut h = DefaultHasher::new();
-    v.hash(&mut h);
-    h.finish()
-}
-
-/// Passes a watched object only when its key (what a reconcile reads from it) changed since
-/// the last event for it; deletions always pass. After a relist, objects not seen again are
-/// forgotten. Pure, so the filtering is tested without a watch.
-pub struct ChangeFilter<K> {
-    key: fn(&K) -> u64,
-    seen: HashMap<ObjKey, u64>,
-    relisting: Option<HashSet<ObjKey>>,
-}
-
-impl<K: Resource> ChangeFilter<K> {
-    pub fn new(key: fn(&K) -> u64) -> Self {
-        Self {
-            key,
-            seen: HashMap::new(),
-            relisting: None,
-        }
-    }
-
-    /// The object the event carries, when it should trigger.
-    pub fn accept(&mut self, ev: watcher::Event<K>) -> Option<K> {
-        match ev {
-            watcher::Event::Init => {
-                self.relisting = Some(HashSet::new());
-                None
-            }
-            watcher::Event::InitDone => {
-                if let Some(listed) = self.relisting.take() {
-                    self.seen.retain(|k, _| listed.contains(k));
-                }
-                None
-            }
-            watcher::Event::InitApply(o) | watcher::Event::Apply(o) => {
-                let k = obj_key(&o);
-                if let Some(listed) = &mut self.relisting {
-                    listed.insert(k.clone());
-                }
-                let value = (self.key)(&o);
-                (self.seen.insert(k, value) != Some(value)).then_some(o)
-            }
-            watcher::Event::Delete(o) => {
-                self.seen.remove(&obj_key(&o));
-                Some(o)
-            }
-        }
-    }
-}
-
-/// A watch event stream reduced to the objects [`ChangeFilter`] passes (errors pass through,
-/// for the controller to log and back off).
-pub fn changes<K, S>(stream: S, key: fn(&K) -> u64) -> impl Stream<Item = Result<K, watcher::Error>>
-where
-    K: Resource,
-    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
-{
-    stream
-        .scan(ChangeFilter::new(key), |f, ev| {
-            future::ready(Some(match ev {
-                Ok(e) => f.accept(e).map(Ok),
-                Err(e) => Some(Err(e)),
-            }))
-        })
-        .filter_map(future::ready)
-}
+pub use crate::watch::{changes, hash_of, ChangeFilter};
 
 /// What a reconcile reads from a listener: its spec, and whether it is being deleted. Status,
 /// labels and annotations (and so every status write of ours) do not count.
@@ -193,12 +108,15 @@ pub fn listener_changes(
 pub fn daemon_set_changes(
     client: &Client,
     namespace: &str,
+    writer: reflector::store::Writer<DaemonSet>,
 ) -> impl Stream<Item = Result<DaemonSet, watcher::Error>> + Send + 'static {
     let events = watcher(
         Api::<DaemonSet>::namespaced(client.clone(), namespace),
         watcher::Config::default().labels(&owned_selector()),
     )
-    .default_backoff();
+    .map_ok(|ev| ev.modify(strip))
+    .default_backoff()
+    .reflect(writer);
     changes(events, daemon_set_key)
 }
 
@@ -215,28 +133,38 @@ pub fn owning_listeners(ds: DaemonSet) -> Vec<ObjectRef<Http3Listener>> {
         .collect()
 }
 
-/// Fills the Ingress cache and fires when an Ingress that matters to some listener
-/// ([`ingress_is_relevant`]) changes in a way a reconcile would see.
-pub fn ingress_trigger(
+/// Drops what no reconcile reads from a cached object: managed fields and the
+/// last-applied-configuration annotation (a whole copy of the object).
+pub fn strip<K: Resource>(o: &mut K) {
+    o.meta_mut().managed_fields = None;
+    if let Some(a) = o.meta_mut().annotations.as_mut() {
+        a.remove(crate::gateway_api::LAST_APPLIED);
+    }
+}
+
+/// Fills the Ingress cache (stripped) and yields every Ingress whose spec or annotations
+/// changed (a status rewrite by the TCP ingress controller is not a change). Which listeners
+/// it concerns is the caller's decision.
+pub fn ingress_changes(
     client: &Client,
     writer: reflector::store::Writer<Ingress>,
-    listeners: Store<Http3Listener>,
-) -> impl Stream<Item = ()> + Send + 'static {
+) -> impl Stream<Item = Ingress> + Send + 'static {
+    let log = crate::watch::ErrorLog::default();
     let events = watcher(
         Api::<Ingress>::all(client.clone()),
-        watcher::Config::default(),
+        watcher::Config::default().any_semantic(),
     )
+    .map_ok(|ev| ev.modify(strip))
     .default_backoff()
     .reflect(writer);
     changes(events, ingress_key).filter_map(move |r| {
-        let relevant = match r {
-            Ok(ing) => ingress_is_relevant(&ing, &listeners.state()),
+        future::ready(match r {
+            Ok(ing) => Some(ing),
             Err(e) => {
-                tracing::warn!(error = %e, "Ingress watch");
-                false
+                log.warn("Ingress", &e);
+                None
             }
-        };
-        future::ready(relevant.then_some(()))
+        })
     })
 }
 
@@ -246,55 +174,72 @@ pub fn class_trigger(
     client: &Client,
     writer: reflector::store::Writer<IngressClass>,
 ) -> impl Stream<Item = ()> + Send + 'static {
+    let log = crate::watch::ErrorLog::default();
     let events = watcher(
         Api::<IngressClass>::all(client.clone()),
         watcher::Config::default(),
     )
     .default_backoff()
     .reflect(writer);
-    changes(events, class_key).filter_map(|r| {
+    changes(events, class_key).filter_map(move |r| {
         if let Err(e) = &r {
-            tracing::warn!(error = %e, "IngressClass watch");
+            log.warn("IngressClass", e);
         }
         future::ready(r.is_ok().then_some(()))
     })
 }
 
-/// Fires when a Secret some listener references changes. Only metadata is watched: the
-/// operator never needs the key material of Secrets it does not use.
-pub fn secret_trigger(
-    client: &Client,
-    ctx: Arc<Context>,
-) -> impl Stream<Item = ()> + Send + 'static {
-    watcher(
-        Api::<PartialObjectMeta<Secret>>::all(client.clone()),
-        watcher::Config::default(),
+/// Fills the data plane pod cache (their names, nodes and IPs are all a reconcile reads).
+pub fn pod_cache(client: &Client, namespace: &str) -> (Store<Pod>, JoinHandle<()>) {
+    let (store, writer) = reflector::store();
+    let log = crate::watch::ErrorLog::default();
+    let events = watcher(
+        Api::<Pod>::namespaced(client.clone(), namespace),
+        watcher::Config::default().labels(&owned_selector()),
     )
-    .default_backoff()
-    .touched_objects()
-    .filter_map(move |r| {
-        let relevant = match r {
-            Ok(s) => ctx.wants_secret(
-                s.metadata.namespace.as_deref().unwrap_or_default(),
-                s.metadata.name.as_deref().unwrap_or_default(),
-            ),
-            Err(e) => {
-                tracing::warn!(error = %e, "Secret watch");
-                false
+    .map_ok(|ev| {
+        ev.modify(|p| {
+            strip(p);
+            if let Some(spec) = p.spec.as_mut() {
+                let node = spec.node_name.take();
+                *spec = PodSpec {
+                    node_name: node,
+                    ..Default::default()
+                };
             }
-        };
-        future::ready(relevant.then_some(()))
+        })
     })
+    .default_backoff()
+    .reflect(writer);
+    let task = tokio::spawn(async move {
+        let mut events = Box::pin(events);
+        while let Some(ev) = events.next().await {
+            if let Err(e) = ev {
+                log.warn("Pod", &e);
+            }
+        }
+    });
+    (store, task)
 }
 
-/// Metadata of the objects the operator may have to delete, cached by label-selected watches:
-/// Roles and RoleBindings (in the namespaces of referenced Secrets) and Services (its own
-/// namespace). Pruning reads these instead of listing on every reconcile.
+/// The objects the operator makes, cached by label-selected watches so a reconcile reads them
+/// instead of asking: metadata only (what pruning and the applied-hash check need), except the
+/// DaemonSets, whose status the listener's status reports. Roles and RoleBindings are watched
+/// cluster-wide because earlier versions made one per namespace of a referenced Secret, which
+/// pruning removes.
 #[derive(Clone)]
 pub struct OwnedStores {
     pub roles: Store<PartialObjectMeta<Role>>,
     pub role_bindings: Store<PartialObjectMeta<RoleBinding>>,
     pub services: Store<PartialObjectMeta<Service>>,
+    pub service_accounts: Store<PartialObjectMeta<ServiceAccount>>,
+    pub cluster_roles: Store<PartialObjectMeta<ClusterRole>>,
+    pub cluster_role_bindings: Store<PartialObjectMeta<ClusterRoleBinding>>,
+    /// The listeners' QUIC keys Secrets (the operator's namespace).
+    pub keys: Store<PartialObjectMeta<Secret>>,
+    /// The certificate mirrors (the hosts namespace).
+    pub mirrors: Store<PartialObjectMeta<Secret>>,
+    pub daemon_sets: Store<DaemonSet>,
 }
 
 /// Aborts the cache watches when the operator stops.
@@ -308,43 +253,73 @@ impl Drop for Tasks {
     }
 }
 
-fn cache<K>(api: Api<PartialObjectMeta<K>>) -> (Store<PartialObjectMeta<K>>, JoinHandle<()>)
+/// Fills `writer` from a label-selected watch of `api`, logging failures at most once per
+/// cause and minute (a 403 or 404 repeats on every backoff step).
+fn drive<K>(
+    api: Api<K>,
+    writer: reflector::store::Writer<K>,
+    log: Arc<crate::watch::ErrorLog>,
+) -> JoinHandle<()>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K: Send + Sync + 'static,
+{
+    let kind = K::kind(&()).into_owned();
+    let events = watcher(api, watcher::Config::default().labels(&owned_selector()))
+        .default_backoff()
+        .reflect(writer);
+    tokio::spawn(async move {
+        let mut events = Box::pin(events);
+        while let Some(ev) = events.next().await {
+            if let Err(e) = ev {
+                log.warn(&kind, &e);
+            }
+        }
+    })
+}
+
+fn cache<K>(api: Api<K>, log: &Arc<crate::watch::ErrorLog>) -> (Store<K>, JoinHandle<()>)
 where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     K: Send + Sync + 'static,
 {
     let (store, writer) = reflector::store();
-    let kind = K::kind(&()).into_owned();
-    let events = watcher(api, watcher::Config::default().labels(&owned_selector()))
-        .default_backoff()
-        .reflect(writer);
-    let task = tokio::spawn(async move {
-        let mut events = Box::pin(events);
-        while let Some(ev) = events.next().await {
-            if let Err(e) = ev {
-                tracing::warn!(kind = %kind, error = %e, "owned-object watch (retrying)");
-            }
-        }
-    });
-    (store, task)
+    (store, drive(api, writer, log.clone()))
 }
 
 impl OwnedStores {
-    /// Starts the three watches; they stop when the returned [`Tasks`] is dropped.
-    pub fn start(client: &Client, namespace: &str) -> (Self, Tasks) {
-        let (roles, t1) = cache(Api::<PartialObjectMeta<Role>>::all(client.clone()));
-        let (role_bindings, t2) = cache(Api::<PartialObjectMeta<RoleBinding>>::all(client.clone()));
-        let (services, t3) = cache(Api::<PartialObjectMeta<Service>>::namespaced(
-            client.clone(),
-            namespace,
-        ));
+    /// Starts the watches (the operator's namespace `namespace`, the mirrors' `hosts`); they
+    /// stop when the returned [`Tasks`] is dropped. The DaemonSet store is filled by the
+    /// controller's DaemonSet trigger ([`daemon_set_changes`]).
+    pub fn start(
+        client: &Client,
+        namespace: &str,
+        hosts: &str,
+        daemon_sets: &Store<DaemonSet>,
+    ) -> (Self, Tasks) {
+        let c = || client.clone();
+        let log = Arc::new(crate::watch::ErrorLog::default());
+        let (roles, t1) = cache(Api::<PartialObjectMeta<Role>>::all(c()), &log);
+        let (role_bindings, t2) = cache(Api::<PartialObjectMeta<RoleBinding>>::all(c()), &log);
+        let (services, t3) = cache(Api::namespaced(c(), namespace), &log);
+        let (service_accounts, t4) = cache(Api::namespaced(c(), namespace), &log);
+        let (cluster_roles, t5) = cache(Api::all(c()), &log);
+        let (cluster_role_bindings, t6) = cache(Api::all(c()), &log);
+        let (keys, t7) = cache(Api::namespaced(c(), namespace), &log);
+        let (mirrors, t8) = cache(Api::namespaced(c(), hosts), &log);
         (
             Self {
                 roles,
                 role_bindings,
                 services,
+                service_accounts,
+                cluster_roles,
+                cluster_role_bindings,
+                keys,
+                mirrors,
+                daemon_sets: daemon_sets.clone(),
             },
-            Tasks(vec![t1, t2, t3]),
+            Tasks(vec![t1, t2, t3, t4, t5, t6, t7, t8]),
         )
     }
 
@@ -353,6 +328,12 @@ impl OwnedStores {
         self.roles.wait_until_ready().await.is_ok()
             && self.role_bindings.wait_until_ready().await.is_ok()
             && self.services.wait_until_ready().await.is_ok()
+            && self.service_accounts.wait_until_ready().await.is_ok()
+            && self.cluster_roles.wait_until_ready().await.is_ok()
+            && self.cluster_role_bindings.wait_until_ready().await.is_ok()
+            && self.keys.wait_until_ready().await.is_ok()
+            && self.mirrors.wait_until_ready().await.is_ok()
+            && self.daemon_sets.wait_until_ready().await.is_ok()
     }
 }
 
@@ -436,7 +417,7 @@ mod tests {
             .accept(watcher::Event::InitApply(listener(1, "x")))
             .is_none());
         f.accept(watcher::Event::InitDone);
-        assert_eq!(f.seen.len(), 1, "the vanished object is forgotten");
+        assert_eq!(f.remembered(), 1, "the vanished object is forgotten");
         // If it comes back it is new again.
         assert!(f.accept(watcher::Event::Apply(other)).is_some());
     }

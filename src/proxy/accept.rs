@@ -2,6 +2,12 @@
 //! `transport.handshakeTimeoutSeconds`), HTTP/3 setup, one task per request stream, GOAWAY on
 //! drain or at `http.maxConnectionAgeSeconds`, transport statistics at the end.
 //!
+//! A process superseded by a newer generation on its host ([`super::handover`]) keeps
+//! accepting the rare connection the socket-selection program still sends it (a client's
+//! random CID that looks like one of its own): such a *stray* is served, and gets its
+//! GOAWAY after its first request (or [`STRAY_GRACE`] without one), so the client moves on
+//! to the newest process without a refused request.
+//!
 //! Every connection attempt passes through [`admit`], the one place where the proxy decides
 //! what to do with it: a Retry, a refusal at a cap ([`super::admission`]), or a handshake.
 
@@ -28,22 +34,26 @@ use super::state::Shared;
 use super::streams::{self, ConnStreams, StreamLimits};
 use crate::api::HttpSettings;
 
-/// Accepts connections on `endpoint` until it closes or `drain` is cancelled; each one runs
-/// on `tracker` so the drain can wait for them.
+/// How long a drained connection that has not sent a request yet (a stray of a superseded
+/// process, or one whose handshake crossed the drain) may stay before it gets its GOAWAY.
+pub const STRAY_GRACE: Duration = Duration::from_secs(2);
+
+/// Accepts connections on `endpoint` until it closes or `stop` is cancelled; each one runs
+/// on `tracker` so the drain can wait for them, under the drain token current when it came.
 pub async fn accept_loop(
     endpoint: quinn::Endpoint,
     family: &'static str,
     shared: Arc<Shared>,
     tracker: TaskTracker,
-    drain: CancellationToken,
+    stop: CancellationToken,
 ) {
     loop {
         let incoming = tokio::select! {
             i = endpoint.accept() => i,
-            _ = drain.cancelled() => break,
+            _ = stop.cancelled() => break,
         };
         let Some(incoming) = incoming else { break };
-        admit(incoming, family, &shared, &tracker, &drain);
+        admit(incoming, family, &shared, &tracker);
     }
 }
 
@@ -54,7 +64,6 @@ fn admit(
     family: &'static str,
     shared: &Arc<Shared>,
     tracker: &TaskTracker,
-    drain: &CancellationToken,
 ) {
     let gen = shared.current.load();
     let policy = Policy {
@@ -80,7 +89,13 @@ fn admit(
                 shared.guard.pin(remote);
             }
             let span = info_span!("conn", client = %remote, family);
-            let conn = connection(incoming, ticket, family, shared.clone(), drain.clone());
+            let drain = Drain {
+                // Its own child: a stray cancels it alone; a drain cancels them all.
+                token: shared.drain_token().child_token(),
+                close: shared.close_token(),
+                stray: shared.superseded.load(std::sync::atomic::Ordering::Relaxed),
+            };
+            let conn = connection(incoming, ticket, family, shared.clone(), drain);
             tracker.spawn(conn.instrument(span));
         }
         Verdict::Retry(cap) => {
@@ -212,13 +227,22 @@ fn conn_ctx(
     }
 }
 
+/// When a connection gets its GOAWAY: when `token` is cancelled, or (a stray, accepted by a
+/// superseded process) after its first request.
+struct Drain {
+    token: CancellationToken,
+    stray: bool,
+    /// Cancelled at a drain deadline: close now.
+    close: CancellationToken,
+}
+
 /// One connection from handshake to close. `ticket` holds its place in the caps until then.
 async fn connection(
     incoming: quinn::Incoming,
     mut ticket: Ticket,
     family: &'static str,
     shared: Arc<Shared>,
-    drain: CancellationToken,
+    drain: Drain,
 ) {
     let m = shared.metrics.clone();
     let remote = incoming.remote_address();
@@ -281,23 +305,35 @@ fn jitter() -> f64 {
     f64::from(u16::from_le_bytes(b)) / 65_536.0
 }
 
+/// GOAWAY naming the first request stream not accepted (h3's `shutdown(1)`: the one after
+/// the last accepted), so a client never retries a request that was processed.
 async fn send_goaway(h3conn: &mut H3Conn) {
-    if let Err(e) = h3conn.shutdown(0).await {
+    if let Err(e) = h3conn.shutdown(1).await {
         debug!(error = %e, "sending GOAWAY failed");
     }
 }
 
 /// Runs every request of one connection. On drain, or when the connection reaches its
 /// maximum age, sends GOAWAY and lets the requests in flight finish; after the maximum age
-/// they get `life.grace`, then the connection is closed.
+/// they get `life.grace`, then the connection is closed. A connection drained before its
+/// first request (its handshake crossed the drain, or a stray) gets its GOAWAY after that
+/// request, or after [`STRAY_GRACE`] without one: a GOAWAY before it would refuse the
+/// request the client has most likely just sent.
 async fn serve_requests(
     mut h3conn: H3Conn,
     conn: &quinn::Connection,
     ctx: Arc<ConnCtx>,
-    drain: CancellationToken,
+    drain: Drain,
     life: Lifetime,
 ) {
     let mut requests = JoinSet::new();
+    if drain.stray {
+        drain.token.cancel();
+    }
+    let (close, drain) = (drain.close, drain.token);
+    let mut served = false;
+    // Drained while fresh: GOAWAY after the first request, or at `fresh_over`.
+    let mut goaway_due = false;
     let mut goaway_sent = false;
     // Responses finished during the drain may still sit unacknowledged in quinn's send
     // buffer; closing the connection then would cut them off.
@@ -307,35 +343,38 @@ async fn serve_requests(
     let far = Instant::now() + Duration::from_secs(10 * 365 * 86_400);
     let age = tokio::time::sleep_until(life.max_age.map_or(far, |a| Instant::now() + a));
     let grace_over = tokio::time::sleep_until(far);
-    tokio::pin!(age, grace_over);
+    let fresh_over = tokio::time::sleep_until(far);
+    tokio::pin!(age, grace_over, fresh_over);
     loop {
-        tokio::select! {
-            _ = drain.cancelled(), if !goaway_sent => {
-                goaway_sent = true;
-                send_goaway(&mut h3conn).await;
-                if requests.is_empty() {
-                    break;
-                }
-                wait_for_client_close = true;
+        let goaway = tokio::select! {
+            _ = close.cancelled() => {
+                conn.close(VarInt::from_u32(H3_NO_ERROR), b"drain deadline");
+                return;
             }
+            _ = drain.cancelled(), if !goaway_sent && !goaway_due => {
+                if served {
+                    true
+                } else {
+                    goaway_due = true;
+                    fresh_over.as_mut().reset(Instant::now() + STRAY_GRACE);
+                    false
+                }
+            }
+            _ = &mut fresh_over, if goaway_due && !goaway_sent => true,
             _ = &mut age, if !goaway_sent => {
-                goaway_sent = true;
                 let m = &ctx.shared.metrics;
                 m.limits.with_label_values(&[limit::CONNECTION_AGE]).inc();
                 let d = Instant::now() + life.grace;
                 deadline = Some(d);
                 grace_over.as_mut().reset(d);
-                send_goaway(&mut h3conn).await;
-                if requests.is_empty() {
-                    break;
-                }
-                wait_for_client_close = true;
+                true
             }
             _ = &mut grace_over, if deadline.is_some() => break,
             Some(_) = requests.join_next(), if !requests.is_empty() => {
                 if goaway_sent && requests.is_empty() {
                     break;
                 }
+                false
             }
             r = h3conn.accept() => match r {
                 Ok(Some(resolver)) => {
@@ -345,6 +384,8 @@ async fn serve_requests(
                     };
                     let request = handler::handle(resolver, handle, ctx.clone());
                     requests.spawn(request.in_current_span());
+                    served = true;
+                    goaway_due && !goaway_sent
                 }
                 Ok(None) => break,
                 Err(e) => {
@@ -354,18 +395,25 @@ async fn serve_requests(
                     break;
                 }
             }
+        };
+        if goaway {
+            goaway_sent = true;
+            send_goaway(&mut h3conn).await;
+            if requests.is_empty() {
+                break;
+            }
+            wait_for_client_close = true;
         }
     }
     let finish = finish_requests(&mut h3conn, conn, requests, wait_for_client_close);
-    match deadline {
-        // The drain deadline bounds a drain from outside.
-        None => finish.await,
-        Some(d) => {
-            if tokio::time::timeout_at(d, finish).await.is_err() {
-                debug!("maximum connection age: grace period over, closing");
-                conn.close(VarInt::from_u32(H3_NO_ERROR), b"maximum connection age");
-            }
+    // The grace after the maximum age, or a drain deadline (the close token), bounds it.
+    tokio::select! {
+        _ = finish => {}
+        _ = tokio::time::sleep_until(deadline.unwrap_or(far)) => {
+            debug!("maximum connection age: grace period over, closing");
+            conn.close(VarInt::from_u32(H3_NO_ERROR), b"maximum connection age");
         }
+        _ = close.cancelled() => conn.close(VarInt::from_u32(H3_NO_ERROR), b"drain deadline"),
     }
 }
 

@@ -15,7 +15,7 @@ pub struct ProxyAdmin(pub Arc<Shared>);
 
 impl AdminSource for ProxyAdmin {
     fn readiness(&self) -> Result<(), String> {
-        self.0.readiness().map_err(|r| r.as_str().to_string())
+        self.0.readiness().map_err(|r| self.0.not_ready_text(r))
     }
 
     fn metrics(&self) -> String {
@@ -63,6 +63,76 @@ fn sync_cc_counters(shared: &Shared) {
         let seen = counter.get();
         if total > seen {
             counter.inc_by(total - seen);
+        }
+    }
+}
+
+/// The data plane's admin listener, served only while this process takes the new connections
+/// of its host's port: during a rollout both generations hold the same listening socket (the
+/// newer one gets a copy in the hand-over), the older stops accepting when superseded and
+/// the newer starts, so connections wait in the shared backlog and none is refused.
+pub struct AdminPort {
+    listener: Option<std::net::TcpListener>,
+    source: Arc<ProxyAdmin>,
+    shutdown: tokio_util::sync::CancellationToken,
+    serving: Option<tokio_util::sync::CancellationToken>,
+}
+
+impl AdminPort {
+    pub fn new(shared: Arc<Shared>, shutdown: tokio_util::sync::CancellationToken) -> Self {
+        AdminPort {
+            listener: None,
+            source: Arc::new(ProxyAdmin(shared)),
+            shutdown,
+            serving: None,
+        }
+    }
+
+    /// The listener to serve from now on (the pause state is kept).
+    pub fn set_listener(&mut self, l: std::net::TcpListener) {
+        let serving = self.serving.is_some();
+        self.pause();
+        self.listener = Some(l);
+        if serving {
+            self.resume();
+        }
+    }
+
+    pub fn has_listener(&self) -> bool {
+        self.listener.is_some()
+    }
+
+    pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        self.listener.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// Accepts connections (again).
+    pub fn resume(&mut self) {
+        if self.serving.is_some() {
+            return;
+        }
+        let Some(l) = &self.listener else {
+            // Not bound yet: served once it is.
+            self.serving = Some(self.shutdown.child_token());
+            return;
+        };
+        let token = self.shutdown.child_token();
+        let copy = l.try_clone().and_then(tokio::net::TcpListener::from_std);
+        match copy {
+            Ok(l) => {
+                let source: Arc<dyn crate::admin::AdminSource> = self.source.clone();
+                tokio::spawn(crate::admin::serve(l, source, token.clone()));
+            }
+            Err(e) => tracing::warn!(error = %e, "admin listener unusable"),
+        }
+        self.serving = Some(token);
+    }
+
+    /// Stops accepting; the listening socket stays open (connections queue for whoever
+    /// accepts next).
+    pub fn pause(&mut self) {
+        if let Some(t) = self.serving.take() {
+            t.cancel();
         }
     }
 }

@@ -1,8 +1,9 @@
-//! Sockets to QUIC endpoints: one UDP socket per configured address family (logged and
-//! exported with what the kernel really granted), one quinn endpoint on each, and the quinn
-//! server configuration a configuration generation implies.
+//! Sockets to QUIC endpoints: this process's UDP socket of each configured address family
+//! (set up with its own settings, logged and exported with what the kernel really granted),
+//! one quinn endpoint on each, and the quinn server configuration a configuration generation
+//! implies.
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
 
 use quinn::crypto::HandshakeTokenKey;
@@ -12,7 +13,7 @@ use super::amplification::{Guard, GuardedSocket};
 use super::cc::CcStats;
 use super::keys::Keys;
 use super::metrics::{Metrics, FAMILY_IPV6};
-use super::socket::{self, BoundSocket, SocketError};
+use super::socket::{self, BoundSocket};
 use super::state::{Generation, SocketEntry};
 use super::{tls, transport, ProxyError};
 use crate::api::SocketReport;
@@ -39,44 +40,51 @@ pub const INCOMING_BUFFER_BYTES: u64 = 64 * 1024;
 /// The same, all attempts together; quinn's default is 100 MB.
 pub const INCOMING_BUFFER_TOTAL_BYTES: u64 = 8 * 1024 * 1024;
 
-/// The outcome of binding every configured address.
+/// The outcome of setting up this process's sockets.
 pub struct Bound {
     pub sockets: Vec<BoundSocket>,
     /// One entry per configured address, bound or not, for `/status`.
     pub reports: Vec<SocketEntry>,
-    /// The port every socket shares (the kernel's choice when the configuration said 0).
-    pub port: u16,
 }
 
-/// Binds a socket per configured address. A family that fails is reported and left out;
-/// only when none binds is it an error.
-pub fn bind_all(listen: &ListenConfig, metrics: &Metrics) -> Result<Bound, ProxyError> {
-    let mut listen = listen.clone();
-    let mut sockets = Vec::new();
+/// Sets up this process's own sockets (bound by it or by the process that handed the port
+/// over, see [`super::handover`]) with its own settings, and reports every configured
+/// address: those without a socket are reported unbound, with `why` of the address.
+pub fn configure_all(
+    sockets: Vec<UdpSocket>,
+    listen: &ListenConfig,
+    metrics: &Metrics,
+    why: impl Fn(SocketAddr) -> String,
+) -> Result<Bound, ProxyError> {
+    let mut bound = Vec::new();
     let mut reports = Vec::new();
-    for addr in socket::addresses(&listen) {
-        let addr = SocketAddr::new(addr.ip(), listen.port);
-        match socket::bind(addr, &listen) {
+    for s in sockets {
+        let addr = s.local_addr().ok();
+        match socket::configure(s, listen) {
             Ok(b) => {
                 record_bound(&b, metrics);
-                if listen.port == 0 {
-                    // Tests ask for any port; both families must still share one.
-                    listen.port = b.socket.local_addr().map(|a| a.port()).unwrap_or(0);
-                }
                 reports.push((b.report.clone(), b.inode));
-                sockets.push(b);
+                bound.push(b);
             }
-            Err(e) => reports.push(record_unbound(addr, &e, metrics)),
+            Err(e) => {
+                let addr = addr.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
+                reports.push(record_unbound(addr, &e.to_string(), metrics));
+            }
         }
     }
-    if sockets.is_empty() {
+    for addr in socket::addresses(listen) {
+        let family = super::metrics::family_of(&addr);
+        if !reports.iter().any(|(r, _)| r.family == family) {
+            reports.push(record_unbound(addr, &why(addr), metrics));
+        }
+    }
+    if bound.is_empty() {
         let why: Vec<String> = reports.iter().map(|(r, _)| r.error.clone()).collect();
         return Err(ProxyError::NoSockets(why.join("; ")));
     }
     Ok(Bound {
-        sockets,
+        sockets: bound,
         reports,
-        port: listen.port,
     })
 }
 
@@ -124,8 +132,8 @@ fn record_bound(b: &BoundSocket, metrics: &Metrics) {
         .push((b.family, b.inode));
 }
 
-fn record_unbound(addr: SocketAddr, e: &SocketError, metrics: &Metrics) -> SocketEntry {
-    let family = if addr.is_ipv6() { "ipv6" } else { "ipv4" };
+fn record_unbound(addr: SocketAddr, e: &str, metrics: &Metrics) -> SocketEntry {
+    let family = super::metrics::family_of(&addr);
     error!(family, error = %e, "UDP socket not bound; this family is not served");
     metrics.socket_bound.with_label_values(&[family]).set(0);
     let report = SocketReport {
@@ -161,9 +169,11 @@ pub fn server_config(
     Ok(sc)
 }
 
-/// What every endpoint of a proxy shares: its keys and the amplification ledger.
+/// What every endpoint of a proxy shares: its keys, its slot among the processes sharing
+/// the port (in every connection ID) and the amplification ledger.
 pub struct Identity<'a> {
     pub keys: &'a Keys,
+    pub slot: usize,
     pub guard: &'a Arc<Guard>,
 }
 
@@ -196,7 +206,7 @@ pub fn endpoints(
         let socket = runtime.wrap_udp_socket(b.socket).map_err(endpoint_error)?;
         let socket = GuardedSocket::new(socket, id.guard.clone());
         let endpoint = quinn::Endpoint::new_with_abstract_socket(
-            id.keys.endpoint_config(),
+            id.keys.endpoint_config(id.slot),
             Some(sc),
             socket,
             runtime,

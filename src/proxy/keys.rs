@@ -1,6 +1,6 @@
 //! The secrets that make a proxy's QUIC endpoint the same endpoint after a restart and on
-//! every node of a listener: the stateless-reset key, the connection-ID generator key and the
-//! Retry-token key, all derived from one secret.
+//! every node of a listener: the stateless-reset key, the connection-ID check key and marker
+//! ([`super::cid`]) and the Retry-token key, all derived from one secret.
 //!
 //! With random per-process keys (quinn's default) a restarted or OOM-killed proxy cannot
 //! recognise its own connection IDs, so the clients of the old process get no stateless reset
@@ -16,9 +16,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use quinn::crypto::HandshakeTokenKey;
-use quinn_proto::HashedConnectionIdGenerator;
 use ring::rand::{SecureRandom, SystemRandom};
 use ring::{hkdf, hmac};
+
+use super::cid::{self, SlotCids};
 
 /// At least 256 bits of secret material.
 pub const MIN_SECRET_BYTES: usize = 32;
@@ -28,9 +29,10 @@ pub const MAX_SECRET_BYTES: usize = 4096;
 pub const GENERATED_SECRET_BYTES: usize = 64;
 
 /// Versioned, so a future change of the derivation cannot silently reuse old keys.
-const SALT: &[u8] = b"h3-ingress quic endpoint keys v1";
+const SALT: &[u8] = b"h3-ingress quic endpoint keys v2";
 const INFO_RESET: &[u8] = b"stateless reset";
-const INFO_CID: &[u8] = b"connection id";
+const INFO_CID: &[u8] = b"connection id check";
+const INFO_MARKER: &[u8] = b"connection id marker";
 const INFO_TOKEN: &[u8] = b"retry token";
 
 /// Where the keys of this process came from (logged at startup).
@@ -38,6 +40,8 @@ const INFO_TOKEN: &[u8] = b"retry token";
 pub enum Origin {
     /// Read from an existing file.
     File(PathBuf),
+    /// No file configured: those of the process this one took the port over from.
+    Inherited,
     /// The file did not exist and was created with a fresh secret.
     Generated(PathBuf),
     /// No file configured: random for this process only.
@@ -47,8 +51,12 @@ pub enum Origin {
 /// The endpoint keys derived from one secret.
 pub struct Keys {
     reset: Arc<hmac::Key>,
-    cid: u64,
+    cid: hmac::Key,
+    marker: u16,
     token: Arc<hkdf::Prk>,
+    /// Kept so a process that takes over this one's port without a keys file of its own
+    /// can be the same endpoint (see [`super::handover`]).
+    secret: Vec<u8>,
     pub origin: Origin,
 }
 
@@ -98,25 +106,45 @@ pub fn derive(secret: &[u8], origin: Origin) -> Keys {
     let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, SALT).extract(secret);
     let mut reset = [0u8; 32];
     expand(&prk, INFO_RESET, &mut reset);
-    let mut cid = [0u8; 8];
+    let mut cid = [0u8; 32];
     expand(&prk, INFO_CID, &mut cid);
+    let mut marker = [0u8; 2];
+    expand(&prk, INFO_MARKER, &mut marker);
     let mut token = [0u8; 32];
     expand(&prk, INFO_TOKEN, &mut token);
     Keys {
         reset: Arc::new(hmac::Key::new(hmac::HMAC_SHA256, &reset)),
-        cid: u64::from_le_bytes(cid),
+        cid: hmac::Key::new(hmac::HMAC_SHA256, &cid),
+        marker: cid::marker_of(marker),
         token: Arc::new(hkdf::Salt::new(hkdf::HKDF_SHA256, &[]).extract(&token)),
+        secret: secret.to_vec(),
         origin,
     }
 }
 
 impl Keys {
-    /// The endpoint configuration: stateless resets and connection IDs from these keys.
-    pub fn endpoint_config(&self) -> quinn::EndpointConfig {
+    /// The endpoint configuration of the process in `slot`: stateless resets and connection
+    /// IDs of that slot from these keys.
+    pub fn endpoint_config(&self, slot: usize) -> quinn::EndpointConfig {
         let mut c = quinn::EndpointConfig::new(self.reset.clone());
-        let cid = self.cid;
-        c.cid_generator(move || Box::new(HashedConnectionIdGenerator::from_key(cid)));
+        let (key, marker) = (self.cid.clone(), self.marker);
+        c.cid_generator(move || Box::new(SlotCids::new(slot, marker, key.clone())));
         c
+    }
+
+    /// The connection-ID generator of `slot` (tests and tools).
+    pub fn cids(&self, slot: usize) -> SlotCids {
+        SlotCids::new(slot, self.marker, self.cid.clone())
+    }
+
+    /// The 13 marker bits of every connection ID ([`super::cid`]).
+    pub fn marker(&self) -> u16 {
+        self.marker
+    }
+
+    /// The secret the keys were derived from.
+    pub fn secret(&self) -> &[u8] {
+        &self.secret
     }
 
     /// The key Retry tokens are sealed with.
@@ -205,6 +233,11 @@ mod tests {
         hmac::sign(&k.reset, data).as_ref().to_vec()
     }
 
+    /// A CID of `k` in `slot` with fixed random bytes, to compare keys.
+    fn cid_of(k: &Keys, slot: usize) -> Vec<u8> {
+        k.cids(slot).with_random([1, 2, 3, 4]).to_vec()
+    }
+
     #[test]
     fn one_secret_gives_the_same_keys_and_another_gives_others() {
         let a = derive(&[7u8; 32], Origin::Ephemeral);
@@ -212,10 +245,11 @@ mod tests {
         let c = derive(&[8u8; 32], Origin::Ephemeral);
         assert_eq!(reset_tag(&a, b"cid"), reset_tag(&b, b"cid"));
         assert_ne!(reset_tag(&a, b"cid"), reset_tag(&c, b"cid"));
-        assert_eq!(a.cid, b.cid);
-        assert_ne!(a.cid, c.cid);
+        assert_eq!((cid_of(&a, 2), a.marker()), (cid_of(&b, 2), b.marker()));
+        assert_ne!(cid_of(&a, 2), cid_of(&c, 2));
+        assert_eq!(a.secret(), &[7u8; 32]);
         // The three keys are independent of each other.
-        assert_ne!(a.cid.to_le_bytes(), reset_tag(&a, b"")[..8]);
+        assert_ne!(cid_of(&a, 0)[6..], reset_tag(&a, &cid_of(&a, 0)[..6])[..2]);
     }
 
     #[test]
@@ -223,16 +257,15 @@ mod tests {
         let a = derive(&[1u8; 40], Origin::Ephemeral);
         let b = derive(&[1u8; 40], Origin::Ephemeral);
         let c = derive(&[2u8; 40], Origin::Ephemeral);
-        let mut gen_a = HashedConnectionIdGenerator::from_key(a.cid);
-        let gen_b = HashedConnectionIdGenerator::from_key(b.cid);
-        let gen_c = HashedConnectionIdGenerator::from_key(c.cid);
+        let mut gen_a = a.cids(3);
+        let (gen_b, gen_c) = (b.cids(0), c.cids(3));
         let mut foreign = 0;
         for _ in 0..64 {
             let cid = gen_a.generate_cid();
             assert!(gen_b.validate(&cid).is_ok());
             foreign += usize::from(gen_c.validate(&cid).is_ok());
         }
-        // A different key accepts a CID only by a collision of its 40-bit check.
+        // A different key accepts a CID only if its marker and its 16-bit check collide.
         assert_eq!(foreign, 0);
     }
 
@@ -247,7 +280,7 @@ mod tests {
         let second = load(Some(&path)).unwrap();
         assert_eq!(second.origin, Origin::File(path.clone()));
         assert_eq!(reset_tag(&first, b"x"), reset_tag(&second, b"x"));
-        assert_eq!(first.cid, second.cid);
+        assert_eq!(cid_of(&first, 1), cid_of(&second, 1));
     }
 
     #[test]

@@ -27,15 +27,21 @@ pub enum Reason {
     UpstreamCertificate,
     /// The buffered-request budget refused a request.
     RequestBudget,
+    /// Another process sharing the port misbehaved (bad message, no answer, another user).
+    Handover,
+    /// Another process sharing the port joined, left, or took the new connections.
+    Rollout,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 5] = [
+    pub const ALL: [Reason; 7] = [
         Reason::UnknownSni,
         Reason::UpstreamFailed,
         Reason::UpstreamMidResponse,
         Reason::UpstreamCertificate,
         Reason::RequestBudget,
+        Reason::Handover,
+        Reason::Rollout,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -45,6 +51,8 @@ impl Reason {
             Reason::UpstreamMidResponse => "upstream_mid_response",
             Reason::UpstreamCertificate => "upstream_certificate",
             Reason::RequestBudget => "request_budget",
+            Reason::Handover => "handover",
+            Reason::Rollout => "rollout",
         }
     }
 
@@ -91,13 +99,7 @@ impl RateLimitedLog {
 
     pub const fn new() -> Self {
         RateLimitedLog {
-            slots: [
-                Slot::new(),
-                Slot::new(),
-                Slot::new(),
-                Slot::new(),
-                Slot::new(),
-            ],
+            slots: [const { Slot::new() }; Reason::ALL.len()],
         }
     }
 

@@ -23,6 +23,16 @@ use super::window::RecentCounter;
 
 pub const FAMILY_IPV4: &str = "ipv4";
 pub const FAMILY_IPV6: &str = "ipv6";
+
+/// The `family` label of an address.
+pub fn family_of(addr: &std::net::SocketAddr) -> &'static str {
+    if addr.is_ipv6() {
+        FAMILY_IPV6
+    } else {
+        FAMILY_IPV4
+    }
+}
+
 /// `host` label for requests whose `:authority` is not a configured host.
 pub const OTHER_HOST: &str = "other";
 
@@ -136,6 +146,7 @@ pub struct Metrics {
     pub buffered_request_bytes: IntGauge,
     pub upstream_requests: IntGauge,
     pub upstream_lanes_opened: IntCounter,
+    pub upstream_certificate_grace: IntCounterVec,
     /// Requests, certificate expiry and Alt-Svc per host.
     pub per_host: Arc<PerHost>,
     pub request_duration: Histogram,
@@ -163,6 +174,8 @@ pub struct Metrics {
     pub gso_enabled: IntGaugeVec,
     pub hosts: IntGauge,
     pub config_reloads: IntCounterVec,
+    pub rollout_generations: IntGauge,
+    pub rollout_newest: IntGauge,
     /// Our sockets' inodes per family, read by the /proc collector at scrape time.
     pub udp_sockets: SocketInodes,
 }
@@ -208,8 +221,8 @@ pub mod specs {
 
     pub const BUILD_INFO: Spec = spec(
         "h3_ingress_build_info",
-        "Always 1; the version label names the build.",
-        &["version"],
+        "Always 1; the labels name the build: the crate version and the git commit.",
+        &["version", "commit"],
     );
     // Requests.
     pub const REQUESTS: Spec = spec(
@@ -254,6 +267,11 @@ pub mod specs {
         "h3_ingress_upstream_lanes_opened_total",
         "Upstream client lanes opened: each carries at most upstream.maxStreamsPerConnection concurrent requests on its own connections, so more than one per configuration means requests beyond one HTTP/2 connection's streams (with proxyProtocol, each client connection has its own lanes).",
         &[],
+    );
+    pub const UPSTREAM_CERTIFICATE_GRACE: Spec = spec(
+        "h3_ingress_upstream_certificate_grace_total",
+        "TLS handshakes with the TCP ingress accepted under upstream.verify: servedCertificate with another leaf than the one served, while a certificate renewal reaches both sides: the leaf this proxy served before its switch (previous) or the renewal it has not loaded yet (next).",
+        &["leaf"],
     );
     pub const BODY_BYTES: Spec = spec(
         "h3_ingress_body_bytes_total",
@@ -411,6 +429,17 @@ pub mod specs {
         "Configured hosts by the result of their last Alt-Svc probe (advertised, missing: not advertised or the probe failed).",
         &["result"],
     );
+    // Rollouts on a host.
+    pub const ROLLOUT_GENERATIONS: Spec = spec(
+        "h3_ingress_rollout_generations",
+        "Process generations sharing this process's UDP port on its host, itself included.",
+        &[],
+    );
+    pub const ROLLOUT_NEWEST: Spec = spec(
+        "h3_ingress_rollout_newest",
+        "1 when this process takes the new connections of its host's port, 0 while it waits or drains for a newer one.",
+        &[],
+    );
 }
 
 /// Registers metrics from their [`Spec`]s on one registry.
@@ -465,12 +494,41 @@ impl Registrar<'_> {
     }
 }
 
+/// What an upstream exports: its lanes' metrics, and the handshakes its `servedCertificate`
+/// verifier accepted with a replaced or renewed leaf.
+#[derive(Clone)]
+pub struct UpstreamMetrics {
+    pub lanes: super::lanes::LaneMetrics,
+    pub certificate_grace: prometheus::IntCounterVec,
+}
+
+#[cfg(test)]
+impl UpstreamMetrics {
+    /// Metrics registered nowhere, for upstreams nobody scrapes.
+    pub fn unregistered() -> Self {
+        let opts = prometheus::Opts::new("grace", "-");
+        Self {
+            lanes: super::lanes::LaneMetrics::unregistered(),
+            certificate_grace: prometheus::IntCounterVec::new(opts, &["leaf"])
+                .expect("valid counter"),
+        }
+    }
+}
+
 impl Metrics {
     /// The upstream lanes' share of these metrics.
     pub fn lanes(&self) -> super::lanes::LaneMetrics {
         super::lanes::LaneMetrics {
             in_flight: self.upstream_requests.clone(),
             opened: self.upstream_lanes_opened.clone(),
+        }
+    }
+
+    /// The upstream's share: its lanes', and the certificate grace counter.
+    pub fn upstream(&self) -> UpstreamMetrics {
+        UpstreamMetrics {
+            lanes: self.lanes(),
+            certificate_grace: self.upstream_certificate_grace.clone(),
         }
     }
 
@@ -481,7 +539,7 @@ impl Metrics {
         let udp_sockets = SocketInodes::default();
         r.register_collector(UdpProcCollector::new(udp_sockets.clone()));
         r.gauge_vec(&BUILD_INFO)
-            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .with_label_values(&[crate::version::VERSION, crate::version::COMMIT])
             .set(1);
         let limits = r.counter_vec(&LIMITS);
         for l in limit::ALL {
@@ -492,6 +550,7 @@ impl Metrics {
             buffered_request_bytes: r.gauge(&BUFFERED_REQUEST_BYTES),
             upstream_requests: r.gauge(&UPSTREAM_REQUESTS),
             upstream_lanes_opened: r.counter(&UPSTREAM_LANES_OPENED),
+            upstream_certificate_grace: r.counter_vec(&UPSTREAM_CERTIFICATE_GRACE),
             per_host: r.per_host(),
             request_duration: r.histogram(&REQUEST_DURATION),
             upstream_errors: r.counter_vec(&UPSTREAM_ERRORS),
@@ -518,6 +577,8 @@ impl Metrics {
             gso_enabled: r.gauge_vec(&GSO_ENABLED),
             hosts: r.gauge(&HOSTS),
             config_reloads: r.counter_vec(&CONFIG_RELOADS),
+            rollout_generations: r.gauge(&ROLLOUT_GENERATIONS),
+            rollout_newest: r.gauge(&ROLLOUT_NEWEST),
             udp_sockets,
             registry,
         };
@@ -525,6 +586,9 @@ impl Metrics {
         // leaves rate() and the dashboard empty until then, and absent() alerts guessing.
         for kind in upstream_error::ALL {
             m.upstream_errors.with_label_values(&[kind]);
+        }
+        for leaf in super::renewal::leaf::ALL {
+            m.upstream_certificate_grace.with_label_values(&[leaf]);
         }
         for reason in rejected::ALL {
             m.rejected_requests.with_label_values(&[reason]);
@@ -942,7 +1006,12 @@ mod tests {
                 .receive_buffer_errors
         );
         assert!(v >= snmp.receive_buffer_errors);
-        assert!(text.contains("h3_ingress_build_info{version="));
+        let build = format!(
+            "h3_ingress_build_info{{commit=\"{}\",version=\"{}\"}} 1",
+            crate::version::COMMIT,
+            crate::version::VERSION
+        );
+        assert!(text.contains(&build), "{build} in {text}");
     }
 
     #[test]
@@ -987,6 +1056,8 @@ mod tests {
             (&specs::CERTIFICATE_EARLIEST_EXPIRY, "gauge"),
             (&specs::ALT_SVC_ADVERTISED, "gauge"),
             (&specs::ALT_SVC_HOSTS, "gauge"),
+            (&specs::ROLLOUT_NEWEST, "gauge"),
+            (&specs::ROLLOUT_GENERATIONS, "gauge"),
         ] {
             assert!(
                 text.contains(&format!(

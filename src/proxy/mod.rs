@@ -8,6 +8,10 @@
 //! - [`accept`]: the accept loop and each connection's task; [`admission`] decides on each
 //!   attempt (Retry, caps), [`amplification`] keeps replies to unvalidated addresses within
 //!   3x, [`keys`] makes the endpoint's identity survive restarts
+//! - [`handover`], [`cid`], [`steer`]: process generations sharing the port on a host
+//!   (rollouts, restarts): slots, connection IDs that name them, the kernel's
+//!   socket-selection program
+//! - [`probe`]: what `h3-ingress probe` is answered
 //! - [`streams`], [`frames`], [`budget`]: the QUIC streams under h3, frame limits, the
 //!   buffered-request budget
 //! - [`handler`], [`request`], [`body`], [`upstream`]: one request, phase by phase
@@ -23,21 +27,26 @@ pub mod amplification;
 pub mod body;
 pub mod budget;
 pub mod cc;
+pub mod cid;
 pub mod endpoint;
 pub mod frames;
 pub mod handler;
+pub mod handover;
 pub mod keys;
 pub mod lanes;
 pub mod logs;
 pub mod memory;
 pub mod metrics;
+pub mod probe;
 pub mod procnet;
+pub mod renewal;
 pub mod request;
 pub mod run;
 pub mod server;
 pub mod socket;
 pub mod source;
 pub mod state;
+pub mod steer;
 pub mod streams;
 pub mod tls;
 pub mod transport;
@@ -46,7 +55,7 @@ pub mod window;
 
 use std::net::SocketAddr;
 
-pub use server::{serve, RunningProxy};
+pub use server::{serve, RunningProxy, ServeOptions, WhenSuperseded};
 pub use source::ConfigUpdate;
 
 /// Why the proxy could not start (or could not build a configuration's endpoints).
@@ -70,4 +79,6 @@ pub enum ProxyError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("sharing the port with other processes on this host: {0}")]
+    Handover(String),
 }

@@ -60,6 +60,30 @@ pub fn parse_udp_socket_drops(text: &str, inode: u64) -> Option<u64> {
     })
 }
 
+/// `addr` as /proc/net/udp{,6} print a local address: the address as 32-bit words in host
+/// byte order, in hex, then the port.
+pub fn proc_address(addr: std::net::SocketAddr) -> String {
+    let words = |b: &[u8]| {
+        b.chunks(4)
+            .map(|w| format!("{:08X}", u32::from_ne_bytes([w[0], w[1], w[2], w[3]])))
+            .collect::<String>()
+    };
+    let ip = match addr.ip() {
+        std::net::IpAddr::V4(v4) => words(&v4.octets()),
+        std::net::IpAddr::V6(v6) => words(&v6.octets()),
+    };
+    format!("{ip}:{:04X}", addr.port())
+}
+
+/// How many sockets in /proc/net/udp or udp6 text are bound to exactly `local` (a
+/// [`proc_address`]): the members of its SO_REUSEPORT group, ours and others'.
+pub fn count_bound(text: &str, local: &str) -> usize {
+    text.lines()
+        .skip(1)
+        .filter(|l| l.split_whitespace().nth(1) == Some(local))
+        .count()
+}
+
 /// The host-wide counters of each family, as the kernel has them now (`None` when its file
 /// cannot be read or parsed).
 #[derive(Debug, Clone, Copy, Default)]
@@ -90,6 +114,16 @@ impl SocketTables {
             udp: std::fs::read_to_string("/proc/net/udp").unwrap_or_default(),
             udp6: std::fs::read_to_string("/proc/net/udp6").unwrap_or_default(),
         }
+    }
+
+    /// Sockets bound to exactly `addr` (its SO_REUSEPORT group's size).
+    pub fn bound_to(&self, addr: std::net::SocketAddr) -> usize {
+        let text = if addr.is_ipv6() {
+            &self.udp6
+        } else {
+            &self.udp
+        };
+        count_bound(text, &proc_address(addr))
     }
 
     /// Drops of our socket with `inode` (an IPv6 one when `ipv6`), if the kernel lists it.
@@ -131,6 +165,9 @@ mod tests {
         assert_eq!(parse_udp_socket_drops(UDP, 424242), Some(17));
         assert_eq!(parse_udp_socket_drops(UDP, 1111), Some(0));
         assert_eq!(parse_udp_socket_drops(UDP, 9), None);
+        assert_eq!(count_bound(UDP, "0100007F:0035"), 1);
+        assert_eq!(count_bound(UDP, "00000000:01BB"), 1);
+        assert_eq!(count_bound(UDP, "00000000:0035"), 0);
     }
 
     #[test]
@@ -149,5 +186,9 @@ mod tests {
         assert_eq!(SocketTables::read().drops(true, inode), None);
         let host = HostCounters::read();
         assert!(host.ipv4.is_some(), "/proc/net/snmp has a Udp: line");
+        let v6 = std::net::UdpSocket::bind("[::1]:0").unwrap();
+        let (a4, a6) = (s.local_addr().unwrap(), v6.local_addr().unwrap());
+        assert_eq!(SocketTables::read().bound_to(a4), 1);
+        assert_eq!(SocketTables::read().bound_to(a6), 1);
     }
 }

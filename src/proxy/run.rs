@@ -8,7 +8,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::server::{self, RunningProxy};
+use super::probe::ProbeState;
+use super::server::{self, RunningProxy, ServeOptions, WhenSuperseded};
 use super::source::{self, ConfigUpdate, UPDATE_QUEUE};
 use super::{memory, ProxyError};
 use crate::config::{self, ConfigError};
@@ -36,6 +37,25 @@ pub struct ProxyArgs {
     /// mounts the listener's keys Secret here). Standalone mode uses `keys.file`.
     #[arg(long, requires = "listener")]
     pub keys_file: Option<PathBuf>,
+    /// Answer `h3-ingress probe` on this unix socket (Kubernetes mode: by default
+    /// /tmp/h3-ingress-probe.sock, in the pod's own /tmp).
+    #[arg(long)]
+    pub probe_socket: Option<PathBuf>,
+    /// Among processes sharing the port on this host, a higher rank takes the new
+    /// connections whatever the start order (the operator passes the pod template
+    /// generation, so a restarted container of an old pod never takes over from a new one).
+    #[arg(long, env = "H3_INGRESS_ROLLOUT_RANK", default_value = "0", value_parser = parse_rank)]
+    pub rank: u64,
+}
+
+/// A rank; empty is 0 (a pod without the template-generation label gets an empty variable).
+fn parse_rank(s: &str) -> Result<u64, String> {
+    if s.trim().is_empty() {
+        return Ok(0);
+    }
+    s.trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a whole number"))
 }
 
 /// Why a proxy run ended with an error.
@@ -58,43 +78,55 @@ pub enum RunError {
     NoSource,
 }
 
-/// Runs the proxy fed by the source `args` names until `shutdown`.
+/// Runs the proxy fed by the source `args` names until `shutdown`. The probe socket answers
+/// from the start, before the configuration is loaded.
 pub async fn run(args: ProxyArgs, shutdown: CancellationToken) -> Result<(), RunError> {
+    let probe_path = args.probe_socket.clone().or_else(|| {
+        args.listener
+            .as_ref()
+            .map(|_| PathBuf::from(crate::probe::DEFAULT_SOCKET))
+    });
+    let probe = ProbeState::new();
+    if let Some(p) = &probe_path {
+        crate::probe::serve_or_warn(p, probe.clone(), shutdown.clone());
+    }
+    let mut opts = ServeOptions {
+        keys_file: args.keys_file,
+        when_superseded: WhenSuperseded::Exit,
+        rank: args.rank,
+        probe: Some(probe),
+        identity: None,
+    };
     match (args.config, args.listener, args.hosts_namespace) {
-        (Some(path), _, _) => file(path, shutdown).await,
-        (None, Some(name), Some(ns)) => kube(name, ns, args.keys_file, shutdown).await,
+        (Some(path), _, _) => file(path, shutdown, opts).await,
+        (None, Some(listener), Some(hosts_namespace)) => {
+            opts.when_superseded = WhenSuperseded::AwaitSignal;
+            let source = KubeSource {
+                listener,
+                hosts_namespace,
+            };
+            kube(source, shutdown, opts).await
+        }
         _ => Err(RunError::NoSource),
     }
 }
 
-/// Serves the configuration in `path` until `shutdown`, reloading it on SIGHUP. An invalid
+/// Serves the configuration in `path` until `shutdown` (or until a newer process on the
+/// same port has taken over and this one has drained), reloading it on SIGHUP. An invalid
 /// file at start is [`RunError::Config`], with every field error.
-pub async fn file(path: PathBuf, shutdown: CancellationToken) -> Result<(), RunError> {
+pub async fn file(
+    path: PathBuf,
+    shutdown: CancellationToken,
+    opts: ServeOptions,
+) -> Result<(), RunError> {
     let initial = config::file::load(&path)?;
     let hangups = lifecycle::hangups().map_err(RunError::Signals)?;
     let (tx, rx) = mpsc::channel(UPDATE_QUEUE);
     let reloads = source::file::reload_on_hangup(path, hangups, tx, shutdown.clone());
     tokio::spawn(reloads);
     tokio::spawn(memory::trim_periodically(shutdown.clone()));
-    server::serve(initial, rx, shutdown, None, None).await?;
+    server::serve(initial, rx, shutdown, None, opts).await?;
     Ok(())
-}
-
-/// [`kube_with_keys`] on the cluster this process runs in (or KUBECONFIG's).
-pub async fn kube(
-    name: String,
-    hosts_namespace: String,
-    keys_file: Option<PathBuf>,
-    shutdown: CancellationToken,
-) -> Result<(), RunError> {
-    let client = ::kube::Client::try_default()
-        .await
-        .map_err(RunError::Kube)?;
-    let source = KubeSource {
-        listener: name,
-        hosts_namespace,
-    };
-    kube_with_keys(client, source, keys_file, shutdown, None).await
 }
 
 /// What Kubernetes mode watches: a listener and the namespace of its certificate mirrors.
@@ -104,21 +136,33 @@ pub struct KubeSource {
     pub hosts_namespace: String,
 }
 
-/// [`kube_with_keys`] with random per-process endpoint keys.
+/// [`kube_with_options`] on the cluster this process runs in (or KUBECONFIG's).
+pub async fn kube(
+    source: KubeSource,
+    shutdown: CancellationToken,
+    opts: ServeOptions,
+) -> Result<(), RunError> {
+    let client = ::kube::Client::try_default()
+        .await
+        .map_err(RunError::Kube)?;
+    kube_with_options(client, source, shutdown, None, opts).await
+}
+
+/// [`kube_with_options`] with random per-process endpoint keys.
 pub async fn kube_with(
     client: ::kube::Client,
     source: KubeSource,
     shutdown: CancellationToken,
     ready: Option<oneshot::Sender<RunningProxy>>,
 ) -> Result<(), RunError> {
-    kube_with_keys(client, source, None, shutdown, ready).await
+    let opts = ServeOptions {
+        when_superseded: WhenSuperseded::AwaitSignal,
+        ..ServeOptions::default()
+    };
+    kube_with_options(client, source, shutdown, ready, opts).await
 }
 
-/// Serves the listener of `source` until `shutdown`: waits for its first usable
-/// configuration (the listener and every mirror loaded), starts the proxy on it and applies
-/// every later one live. Socket changes are refused by
-/// the proxy and rolled out by the operator (the pod template carries their hash). The
-/// endpoint keys come from `keys_file`.
+/// [`kube_with_options`] with the endpoint keys from `keys_file`.
 pub async fn kube_with_keys(
     client: ::kube::Client,
     source: KubeSource,
@@ -126,11 +170,31 @@ pub async fn kube_with_keys(
     shutdown: CancellationToken,
     ready: Option<oneshot::Sender<RunningProxy>>,
 ) -> Result<(), RunError> {
-    let (tx, mut updates) = mpsc::channel(UPDATE_QUEUE);
+    let opts = ServeOptions {
+        keys_file,
+        when_superseded: WhenSuperseded::AwaitSignal,
+        ..ServeOptions::default()
+    };
+    kube_with_options(client, source, shutdown, ready, opts).await
+}
+
+/// Serves the listener of `source` until `shutdown`: waits for its first usable
+/// configuration (the listener and every mirror loaded), starts the proxy on it and applies
+/// every later one live. Socket changes are refused by the proxy and rolled out by the
+/// operator (the pod template carries their hash).
+pub async fn kube_with_options(
+    client: ::kube::Client,
+    source: KubeSource,
+    shutdown: CancellationToken,
+    ready: Option<oneshot::Sender<RunningProxy>>,
+    mut opts: ServeOptions,
+) -> Result<(), RunError> {
     let KubeSource {
         listener: name,
         hosts_namespace,
     } = source;
+    opts.identity = Some(format!("listener={name}"));
+    let (tx, mut updates) = mpsc::channel(UPDATE_QUEUE);
     info!(listener = %name, %hosts_namespace, "waiting for the Http3Listener and its certificate mirrors");
     let watch = tokio::spawn(source::kube::watch_listener(
         client,
@@ -156,6 +220,6 @@ pub async fn kube_with_keys(
             _ = shutdown.cancelled() => return Ok(()),
         }
     };
-    server::serve(initial, updates, shutdown, ready, keys_file).await?;
+    server::serve(initial, updates, shutdown, ready, opts).await?;
     Ok(())
 }

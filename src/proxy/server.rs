@@ -3,26 +3,31 @@
 //! ([`super::accept`]); then configuration updates applied live until shutdown, and the
 //! graceful drain.
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{error, info, warn};
+use tracing::{error, info, warn, Level};
 
-use super::admin::ProxyAdmin;
+use super::admin::AdminPort;
 use super::cc::CcStats;
 use super::endpoint::{self, Family};
+use super::handover::{self, Local, Role, View};
 use super::keys::{self, Keys, Origin};
+use super::logs::{limited, Reason};
 use super::metrics::{reload, Metrics};
 use super::source::ConfigUpdate;
 use super::state::{Generation, Shared};
 use super::upstream::Upstream;
 use super::{accept, altsvc, logs, ProxyError};
+use crate::api::RolloutReport;
 use crate::config::ProxyConfig;
 
 /// Handles a caller gets once the proxy is serving (tests, demo).
@@ -33,52 +38,127 @@ pub struct RunningProxy {
     pub shared: Arc<Shared>,
 }
 
-/// Runs the data plane on `initial` until `shutdown` fires, applying `updates` live, then
-/// drains. `keys_file` (Kubernetes: the listener's Secret) takes precedence over the
-/// configuration's `keys.file`.
+/// What a process does once a newer generation on its host took its port over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenSuperseded {
+    /// Standalone: exit when the last connection ends or at the drain deadline.
+    Exit,
+    /// Kubernetes: drain the same way, then wait for SIGTERM (a container that exits on its
+    /// own is restarted by the kubelet).
+    AwaitSignal,
+}
+
+/// How one process runs besides its configuration.
+#[derive(Clone)]
+pub struct ServeOptions {
+    /// Kubernetes: the listener's keys Secret; takes precedence over `keys.file`.
+    pub keys_file: Option<PathBuf>,
+    pub when_superseded: WhenSuperseded,
+    /// Outranks join order among the generations on a host (the pod template generation).
+    pub rank: u64,
+    /// Told when the data plane runs, for `h3-ingress probe`.
+    pub probe: Option<Arc<super::probe::ProbeState>>,
+    /// Who shares the port with whom besides port and addresses (Kubernetes: the listener).
+    pub identity: Option<String>,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            keys_file: None,
+            when_superseded: WhenSuperseded::Exit,
+            rank: 0,
+            probe: None,
+            identity: None,
+        }
+    }
+}
+
+/// Waits for `f` unless `shutdown` comes first.
+async fn until<T>(
+    shutdown: &CancellationToken,
+    f: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    tokio::select! {
+        t = f => Some(t),
+        _ = shutdown.cancelled() => None,
+    }
+}
+
+/// Runs the data plane on `initial` until `shutdown` fires (or, standalone, until a newer
+/// process on the host has taken the port over and this one has drained), applying
+/// `updates` live, then drains.
 pub async fn serve(
     initial: ProxyConfig,
     updates: mpsc::Receiver<ConfigUpdate>,
     shutdown: CancellationToken,
     ready: Option<oneshot::Sender<RunningProxy>>,
-    keys_file: Option<PathBuf>,
+    opts: ServeOptions,
 ) -> Result<(), ProxyError> {
     let metrics = Metrics::new();
     let cc_stats = CcStats::new();
-    // Sockets first: everything else is pointless without them.
-    let bound = endpoint::bind_all(&initial.listen, &metrics)?;
-    let upstream = Upstream::new(&initial.upstream, &initial.hosts, metrics.lanes())?;
-    let keys = load_keys(keys_file.as_deref().or(initial.keys_file.as_deref()))?;
+    let upstream = Upstream::new(&initial.upstream, &initial.hosts, metrics.upstream())?;
+    let listen = initial.listen.clone();
+    let spec = handover::Spec::new(
+        &listen,
+        opts.identity.as_deref(),
+        initial.metrics_address,
+        opts.rank,
+    );
+    let mut handover = handover::start(spec);
+    let Some(joined) = until(&shutdown, handover.joined()).await else {
+        return Ok(());
+    };
+    let joined = joined.map_err(|e| ProxyError::Handover(e.to_string()))?;
+    let keys_path = opts.keys_file.as_deref().or(initial.keys_file.as_deref());
+    let keys = load_keys(keys_path, joined.secret)?;
+    handover.tell(Local::Secret(keys.secret().to_vec()));
     metrics.follow_config(&initial);
     let first = Generation {
         id: 1,
         config: initial,
         upstream,
     };
-    let shared = Arc::new(Shared::new(
-        first,
-        metrics,
-        cc_stats,
-        bound.port,
-        bound.reports,
-    ));
+    let shared = Arc::new(Shared::new(first, metrics, cc_stats, listen.port, vec![]));
+    publish(&shared, &handover.view.borrow());
+    if let Some(p) = &opts.probe {
+        p.set(shared.clone());
+    }
+    let mut admin = AdminPort::new(shared.clone(), shutdown.clone());
+    if let Some(l) = joined.admin {
+        admin.set_listener(l);
+    }
+    try_bind_admin(&mut admin, &shared, &handover)?;
+    tokio::spawn(altsvc::probe_loop(shared.clone(), shutdown.clone()));
+    tokio::spawn(logs::report_suppressed(shutdown.clone()));
+    let Some(sockets) = wait_sockets(&mut handover, &mut admin, &shared, &shutdown).await? else {
+        return Ok(());
+    };
+    let unbound = handover.view.borrow().unbound.clone();
+    let why = |addr: SocketAddr| {
+        let known = unbound.iter().find(|(a, _)| a.ip() == addr.ip());
+        known.map_or_else(
+            || "the process that created the port's sockets could not bind it".to_string(),
+            |(_, e)| e.clone(),
+        )
+    };
+    let bound = endpoint::configure_all(sockets, &listen, &shared.metrics, why)?;
+    shared.set_sockets(bound.reports);
     let id = endpoint::Identity {
         keys: &keys,
+        slot: joined.slot,
         guard: &shared.guard,
     };
+    let current = shared.current.load_full();
     let families = endpoint::endpoints(
         bound.sockets,
-        &shared.current.load(),
+        &current,
         &shared.metrics,
         &shared.cc_stats,
         id,
     )?;
-    let admin_addr = start_admin(&shared, &shutdown).await?;
-    tokio::spawn(altsvc::probe_loop(shared.clone(), shutdown.clone()));
-    tokio::spawn(logs::report_suppressed(shutdown.clone()));
-
     let tracker = TaskTracker::new();
-    let drain = CancellationToken::new();
+    let stop = CancellationToken::new();
     for f in &families {
         let (ep, s) = (f.endpoint.clone(), shared.clone());
         tokio::spawn(accept::accept_loop(
@@ -86,76 +166,222 @@ pub async fn serve(
             f.name,
             s,
             tracker.clone(),
-            drain.clone(),
+            stop.clone(),
         ));
     }
     if let Some(tx) = ready {
         let _ = tx.send(RunningProxy {
             udp_addrs: families.iter().map(|f| f.addr).collect(),
-            admin_addr,
+            admin_addr: admin
+                .local_addr()
+                .unwrap_or(shared.current.load().config.metrics_address),
             shared: shared.clone(),
         });
     }
-    follow_updates(&shared, &families, updates, &shutdown).await;
-    drain_and_close(&shared, &families, tracker, drain).await;
+    let mut run = Running {
+        shared: &shared,
+        families: &families,
+        handover: &handover,
+        admin: &mut admin,
+        tracker: &tracker,
+        marker: keys.marker(),
+        when_superseded: opts.when_superseded,
+    };
+    match run.follow(updates, &shutdown).await {
+        End::Signal => {
+            handover.tell(Local::Terminating);
+            drain_and_close(&shared, &families, tracker, stop).await
+        }
+        End::Superseded => close(&families, tracker, stop).await,
+    }
     Ok(())
 }
 
-/// The endpoint keys, with one line saying where they come from; the warning when they are
-/// random is the one users without a keys file see.
-fn load_keys(path: Option<&Path>) -> Result<Keys, ProxyError> {
-    let keys = keys::load(path)?;
-    match &keys.origin {
-        Origin::Ephemeral => warn!(
-            "keys.file is not set: the stateless-reset, connection-ID and Retry-token keys are \
-             random for this process, so after a restart its clients hang until their idle \
-             timeout instead of being reset, and Retry tokens do not validate on other \
-             processes of this listener"
-        ),
-        Origin::Generated(p) => info!(file = %p.display(), "QUIC endpoint keys generated"),
-        Origin::File(p) => {
-            info!(file = %p.display(), "QUIC endpoint keys loaded");
-            if keys::mode(p).is_some_and(keys::readable_by_others) {
-                warn!(file = %p.display(), "the keys file is readable by any user");
+/// Shows what the coordination says in `/status` and the metrics.
+fn publish(shared: &Shared, v: &View) {
+    let m = &shared.metrics;
+    m.rollout_generations.set(v.generations as i64);
+    m.rollout_newest.set(i64::from(v.role == Role::Newest));
+    shared.set_rollout(RolloutReport {
+        role: v.role.as_str().to_string(),
+        slot: v.slot.map(|s| s as u32),
+        generation: v.generation,
+        generations: v.generations as u32,
+        coordinating: v.hub,
+        solo: v.solo,
+        waiting: v.waiting.clone().unwrap_or_default(),
+    });
+}
+
+/// Binds the admin listener unless this process has one (from the hand-over or an earlier
+/// attempt). A port held by a socket without SO_REUSEPORT (h3-ingress 0.1.0) is tried again
+/// on the next call; any other error is fatal, as it always was.
+fn try_bind_admin(
+    admin: &mut AdminPort,
+    shared: &Shared,
+    handover: &handover::Handle,
+) -> Result<(), ProxyError> {
+    try_bind_admin_with(admin, shared, &handover.tx())
+}
+
+/// This process's UDP sockets, once it has them; meanwhile `/status` says what it waits for.
+async fn wait_sockets(
+    handover: &mut handover::Handle,
+    admin: &mut AdminPort,
+    shared: &Shared,
+    shutdown: &CancellationToken,
+) -> Result<Option<Vec<UdpSocket>>, ProxyError> {
+    let mut view = handover.view.clone();
+    let tell = handover.tx();
+    let sockets = handover.sockets();
+    tokio::pin!(sockets);
+    let mut tick = tokio::time::interval(handover::RETRY);
+    // The admin endpoint says why meanwhile, when this process is the one to answer it.
+    let admin_role = |admin: &mut AdminPort, v: &View| match v.role {
+        Role::Newest => admin.resume(),
+        _ => admin.pause(),
+    };
+    admin_role(admin, &view.borrow_and_update());
+    loop {
+        tokio::select! {
+            s = &mut sockets => {
+                let why = view.borrow().waiting.clone();
+                return match (s, why) {
+                    (Ok(s), _) => Ok(Some(s)),
+                    (Err(_), Some(why)) => Err(ProxyError::NoSockets(why)),
+                    (Err(e), None) => Err(ProxyError::Handover(e.to_string())),
+                };
+            }
+            _ = view.changed() => {
+                let v = view.borrow_and_update().clone();
+                publish(shared, &v);
+                admin_role(admin, &v);
+            }
+            _ = tick.tick() => try_bind_admin_with(admin, shared, &tell)?,
+            _ = shutdown.cancelled() => return Ok(None),
+        }
+    }
+}
+
+/// Why [`Running::follow`] returned.
+enum End {
+    /// SIGTERM or SIGINT.
+    Signal,
+    /// Standalone, superseded, and drained (or past the drain deadline).
+    Superseded,
+}
+
+/// The running process: configuration updates, its role among the generations on the host,
+/// its readiness.
+struct Running<'a> {
+    shared: &'a Arc<Shared>,
+    families: &'a [Family],
+    handover: &'a handover::Handle,
+    admin: &'a mut AdminPort,
+    tracker: &'a TaskTracker,
+    marker: u16,
+    when_superseded: WhenSuperseded,
+}
+
+/// How often the running process looks at its readiness and its drain.
+const TICK: Duration = Duration::from_millis(100);
+
+impl Running<'_> {
+    /// Applies updates and role changes until a signal, or (standalone) until it has drained
+    /// for a newer process.
+    async fn follow(
+        &mut self,
+        mut updates: mpsc::Receiver<ConfigUpdate>,
+        shutdown: &CancellationToken,
+    ) -> End {
+        let mut updates_open = true;
+        let mut view = self.handover.view.clone();
+        let mut view_open = true;
+        let mut told_ready = false;
+        let mut superseded: Option<Instant> = None;
+        let mut closed_at_deadline = false;
+        let mut tick = tokio::time::interval(TICK);
+        self.role(&view.borrow_and_update(), &mut superseded);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return End::Signal,
+                u = updates.recv(), if updates_open => match u {
+                    Some(ConfigUpdate::Apply(next)) => {
+                        let _ = apply(self.shared, self.families, *next);
+                    }
+                    Some(ConfigUpdate::Invalid(why)) => reject(self.shared, &why),
+                    None => updates_open = false,
+                },
+                c = view.changed(), if view_open => match c {
+                    Ok(()) => self.role(&view.borrow_and_update(), &mut superseded),
+                    Err(_) => view_open = false,
+                },
+                _ = tick.tick() => {
+                    let tell = self.handover.tx();
+                    if let Err(e) = try_bind_admin_with(self.admin, self.shared, &tell) {
+                        error!("{e}");
+                    }
+                }
+            }
+            if !told_ready && self.shared.is_ready() {
+                told_ready = true;
+                info!("ready: taking new connections once the processes sharing the port agree");
+                self.handover.tell(Local::Ready {
+                    marker: self.marker,
+                });
+            }
+            let Some(since) = superseded else { continue };
+            let drain = self.drain_timeout();
+            let idle = self.tracker.is_empty();
+            if self.when_superseded == WhenSuperseded::Exit && (idle || since.elapsed() >= drain) {
+                info!(
+                    connections = self.tracker.len(),
+                    "superseded and drained: exiting"
+                );
+                return End::Superseded;
+            }
+            if !closed_at_deadline && since.elapsed() >= drain && !idle {
+                closed_at_deadline = true;
+                warn!(connections = self.tracker.len(), "drain deadline reached; closing the remaining connections, then waiting for SIGTERM");
+                self.shared.close_connections();
             }
         }
     }
-    Ok(keys)
-}
 
-/// Binds the admin endpoint and serves it until `shutdown`.
-async fn start_admin(
-    shared: &Arc<Shared>,
-    shutdown: &CancellationToken,
-) -> Result<SocketAddr, ProxyError> {
-    let addr = shared.current.load().config.metrics_address;
-    let (listener, bound) =
-        crate::admin::bind(addr).map_err(|source| ProxyError::Admin { addr, source })?;
-    let admin_addr = listener.local_addr().unwrap_or(bound);
-    info!(%admin_addr, "metrics and health endpoint: /metrics /healthz /readyz /status");
-    let source = Arc::new(ProxyAdmin(shared.clone()));
-    tokio::spawn(crate::admin::serve(listener, source, shutdown.clone()));
-    Ok(admin_addr)
-}
+    fn drain_timeout(&self) -> Duration {
+        Duration::from_secs(self.shared.current.load().config.http.drain_timeout_seconds as u64)
+    }
 
-/// Applies updates as they arrive until `shutdown`.
-async fn follow_updates(
-    shared: &Arc<Shared>,
-    families: &[Family],
-    mut updates: mpsc::Receiver<ConfigUpdate>,
-    shutdown: &CancellationToken,
-) {
-    let mut updates_open = true;
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            u = updates.recv(), if updates_open => match u {
-                Some(ConfigUpdate::Apply(next)) => {
-                    let _ = apply(shared, families, *next);
+    /// Acts on the role the coordination gives this process.
+    fn role(&mut self, v: &View, superseded: &mut Option<Instant>) {
+        publish(self.shared, v);
+        match v.role {
+            Role::Newest => {
+                if superseded.take().is_some() {
+                    limited!(
+                        Level::INFO,
+                        Reason::Handover,
+                        "the newer process is gone: taking new connections again"
+                    );
                 }
-                Some(ConfigUpdate::Invalid(why)) => reject(shared, &why),
-                None => updates_open = false,
-            },
+                self.shared.superseded.store(false, Ordering::Relaxed);
+                self.admin.resume();
+            }
+            Role::Superseded if superseded.is_none() => {
+                *superseded = Some(Instant::now());
+                self.shared.superseded.store(true, Ordering::Relaxed);
+                self.shared.drain_connections();
+                self.admin.pause();
+                limited!(
+                    Level::INFO,
+                    Reason::Rollout,
+                    connections = self.tracker.len(),
+                    drain_timeout = ?self.drain_timeout(),
+                    "superseded by a newer process on this host: GOAWAY sent, draining"
+                );
+            }
+            Role::Superseded => {}
+            Role::Pending => self.admin.pause(),
         }
     }
 }
@@ -204,7 +430,8 @@ pub fn apply(shared: &Arc<Shared>, families: &[Family], mut next: ProxyConfig) -
         next.listen = old.config.listen.clone();
         next.metrics_address = old.config.metrics_address;
     }
-    let upstream = match Upstream::new(&next.upstream, &next.hosts, shared.metrics.lanes()) {
+    // servedCertificate: the successor remembers the leaves this reload replaces.
+    let upstream = match old.upstream.successor(&next.upstream, &next.hosts) {
         Ok(u) => u,
         Err(e) => return rejected(shared, e.into()),
     };
@@ -244,7 +471,7 @@ async fn drain_and_close(
     shared: &Shared,
     families: &[Family],
     tracker: TaskTracker,
-    drain: CancellationToken,
+    stop: CancellationToken,
 ) {
     shared.draining.store(true, Ordering::Relaxed);
     let drain_timeout =
@@ -257,7 +484,8 @@ async fn drain_and_close(
     for f in families {
         f.endpoint.set_server_config(None);
     }
-    drain.cancel();
+    stop.cancel();
+    shared.drain_connections();
     tracker.close();
     if tokio::time::timeout(drain_timeout, tracker.wait())
         .await
@@ -268,6 +496,13 @@ async fn drain_and_close(
             "drain timeout reached; closing the remaining connections"
         );
     }
+    close(families, tracker, stop).await;
+}
+
+/// Closes the endpoints (and whatever connection is still open).
+async fn close(families: &[Family], tracker: TaskTracker, stop: CancellationToken) {
+    stop.cancel();
+    tracker.close();
     for f in families {
         f.endpoint.close(0u32.into(), b"server shutting down");
     }
@@ -277,12 +512,72 @@ async fn drain_and_close(
     info!("shut down");
 }
 
+/// The endpoint keys, with one line saying where they come from; the warning when they are
+/// random is the one users without a keys file see. Without a file, the secret of the
+/// process this one took the port over from (`inherited`) makes both one endpoint.
+fn load_keys(path: Option<&Path>, inherited: Option<Vec<u8>>) -> Result<Keys, ProxyError> {
+    let keys = match (path, inherited) {
+        (None, Some(secret)) => keys::derive(&secret, Origin::Inherited),
+        (path, _) => keys::load(path)?,
+    };
+    match &keys.origin {
+        Origin::Ephemeral => warn!(
+            "keys.file is not set: the stateless-reset, connection-ID and Retry-token keys are \
+             random for this process, so after a restart its clients hang until their idle \
+             timeout instead of being reset, and Retry tokens do not validate on other \
+             processes of this listener"
+        ),
+        Origin::Inherited => info!(
+            "QUIC endpoint keys taken over from the process that held the port (keys.file is \
+             not set)"
+        ),
+        Origin::Generated(p) => info!(file = %p.display(), "QUIC endpoint keys generated"),
+        Origin::File(p) => {
+            info!(file = %p.display(), "QUIC endpoint keys loaded");
+            if keys::mode(p).is_some_and(keys::readable_by_others) {
+                warn!(file = %p.display(), "the keys file is readable by any user");
+            }
+        }
+    }
+    Ok(keys)
+}
+
+/// [`try_bind_admin`] with the coordinator's channel.
+fn try_bind_admin_with(
+    admin: &mut AdminPort,
+    shared: &Shared,
+    tell: &mpsc::UnboundedSender<Local>,
+) -> Result<(), ProxyError> {
+    if admin.has_listener() {
+        return Ok(());
+    }
+    let addr = shared.current.load().config.metrics_address;
+    match crate::config::bind::bind_admin_shared(addr) {
+        Ok((listener, bound)) => {
+            let at = listener.local_addr().unwrap_or(bound);
+            info!(admin_addr = %at, "metrics and health endpoint: /metrics /healthz /readyz /status");
+            if let Ok(fd) = listener.as_fd().try_clone_to_owned() {
+                let _ = tell.send(Local::Admin(fd));
+            }
+            admin.set_listener(listener);
+            Ok(())
+        }
+        Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => {
+            if logs::LOG.allow(logs::Reason::Handover) {
+                warn!(%addr, error = %e, "metrics endpoint not bound yet (held by a process without SO_REUSEPORT?); retrying");
+            }
+            Ok(())
+        }
+        Err(source) => Err(ProxyError::Admin { addr, source }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::api::FileConfig;
     use crate::config::{self, HostEntry, HostTable};
-    use crate::proxy::lanes::LaneMetrics;
+    use crate::proxy::metrics::UpstreamMetrics;
     use crate::proxy::state::NotReady;
     use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 
@@ -301,7 +596,8 @@ mod tests {
     }
 
     fn shared(c: ProxyConfig) -> Arc<Shared> {
-        let upstream = Upstream::new(&c.upstream, &c.hosts, LaneMetrics::unregistered()).unwrap();
+        let upstream =
+            Upstream::new(&c.upstream, &c.hosts, UpstreamMetrics::unregistered()).unwrap();
         let first = Generation {
             id: 1,
             config: c,

@@ -4,7 +4,8 @@
 //! fragmented and dropped (docs/field-reports.md, "000 dual-stack socket without DF"). We
 //! therefore bind an AF_INET socket for IPv4 and an AF_INET6 socket with IPV6_V6ONLY=1 for
 //! IPv6, set DF on both, and read every option back from the kernel so tests and metrics show
-//! what is really in effect.
+//! what is really in effect. Every socket is bound with SO_REUSEPORT, so the next generation
+//! of the data plane on the host can share the port ([`super::handover`]).
 
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
@@ -149,10 +150,52 @@ fn inode_of(fd: BorrowedFd<'_>) -> u64 {
     }
 }
 
+/// A new UDP socket bound to `addr` in the SO_REUSEPORT group of that address: IPv6-only for
+/// IPv6 (set before the bind, the only option that must be). Every process generation sharing
+/// the port adds its sockets this way ([`super::handover`]); [`configure`] does the rest.
+pub fn group_socket(addr: SocketAddr) -> Result<UdpSocket, SocketError> {
+    let domain = if addr.is_ipv6() {
+        Domain::IPV6
+    } else {
+        Domain::IPV4
+    };
+    let socket = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))
+        .map_err(|source| SocketError::Bind { addr, source })?;
+    if addr.is_ipv6() {
+        socket
+            .set_only_v6(true)
+            .map_err(|source| SocketError::Option {
+                addr,
+                option: "IPV6_V6ONLY",
+                source,
+            })?;
+    }
+    socket
+        .set_reuse_port(true)
+        .map_err(|source| SocketError::Option {
+            addr,
+            option: "SO_REUSEPORT",
+            source,
+        })?;
+    socket
+        .bind(&addr.into())
+        .map_err(|source| SocketError::Bind { addr, source })?;
+    Ok(socket.into())
+}
+
 /// Binds one socket for `addr` with the options QUIC needs. Does not log; the caller decides.
 pub fn bind(addr: SocketAddr, listen: &ListenConfig) -> Result<BoundSocket, SocketError> {
+    configure(group_socket(addr)?, listen)
+}
+
+/// Sets the options QUIC needs on a bound socket this process will read (DF, buffers; again
+/// on a socket another process created, whose settings may differ) and reads them back.
+pub fn configure(socket: UdpSocket, listen: &ListenConfig) -> Result<BoundSocket, SocketError> {
+    let addr = socket.local_addr().map_err(|source| SocketError::Bind {
+        addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+        source,
+    })?;
     let ipv6 = addr.is_ipv6();
-    let domain = if ipv6 { Domain::IPV6 } else { Domain::IPV4 };
     let opt_err = |option: &'static str| {
         move |source| SocketError::Option {
             addr,
@@ -160,10 +203,8 @@ pub fn bind(addr: SocketAddr, listen: &ListenConfig) -> Result<BoundSocket, Sock
             source,
         }
     };
-    let socket = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))
-        .map_err(|source| SocketError::Bind { addr, source })?;
+    let socket = Socket::from(socket);
     if ipv6 {
-        socket.set_only_v6(true).map_err(opt_err("IPV6_V6ONLY"))?;
         // DONTFRAG: never let the kernel fragment; PROBE: send at our size, ignore the kernel's
         // (ICMP-fed) PMTU cache, because QUIC does its own path-MTU discovery (RFC 8899).
         setsockopt_int(socket.as_fd(), libc::IPPROTO_IPV6, libc::IPV6_DONTFRAG, 1)
@@ -215,11 +256,8 @@ pub fn bind(addr: SocketAddr, listen: &ListenConfig) -> Result<BoundSocket, Sock
             .map_err(opt_err("SO_SNDBUF"))?;
     }
 
-    socket
-        .bind(&addr.into())
-        .map_err(|source| SocketError::Bind { addr, source })?;
     let socket: UdpSocket = socket.into();
-    let local = socket.local_addr().unwrap_or(addr);
+    let local = addr;
     let opts = read_options(socket.as_fd(), ipv6).map_err(opt_err("getsockopt"))?;
 
     let gso_segments = quinn::udp::UdpSocketState::new(quinn::udp::UdpSockRef::from(&socket))

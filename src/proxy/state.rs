@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use http::HeaderValue;
+use tokio_util::sync::CancellationToken;
 
 use super::admission::Admission;
 use super::amplification::Guard;
@@ -23,7 +24,7 @@ use super::metrics::{limit, Metrics};
 use super::request;
 use super::upstream::Upstream;
 use super::window::current_minute;
-use crate::api::{host_states, reasons, HostReport, SocketReport, StatusReport};
+use crate::api::{host_states, reasons, HostReport, RolloutReport, SocketReport, StatusReport};
 use crate::config::ProxyConfig;
 
 /// Everything one configuration implies for requests; swapped atomically on reload.
@@ -63,6 +64,8 @@ pub type SocketEntry = (SocketReport, u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NotReady {
     Draining,
+    /// A newer generation on this host takes the new connections.
+    Superseded,
     NoHost,
     NoSocket,
 }
@@ -71,6 +74,7 @@ impl NotReady {
     pub fn as_str(self) -> &'static str {
         match self {
             NotReady::Draining => "draining",
+            NotReady::Superseded => "superseded by a newer process on this host; draining",
             NotReady::NoHost => "no host loaded",
             NotReady::NoSocket => "no UDP socket bound",
         }
@@ -85,7 +89,15 @@ pub struct Shared {
     pub budget: Arc<Budget>,
     /// The UDP port actually bound (differs from the config only when it asked for 0).
     pub port: u16,
-    sockets: Vec<SocketEntry>,
+    sockets: Mutex<Vec<SocketEntry>>,
+    rollout: Mutex<Option<RolloutReport>>,
+    /// A newer generation takes the new connections (see [`super::handover`]).
+    pub superseded: AtomicBool,
+    /// Cancelled to send GOAWAY on every connection accepted under it; a connection
+    /// accepted later gets the next token.
+    drain: Mutex<CancellationToken>,
+    /// Cancelled to close every connection accepted under it at once (a drain deadline).
+    close: Mutex<CancellationToken>,
     restart_required: Mutex<Vec<String>>,
     /// By configured host name; pruned to the configured hosts by the probe.
     pub alt_svc_probes: Mutex<HashMap<String, AltSvcProbe>>,
@@ -122,7 +134,11 @@ impl Shared {
             cc_stats,
             budget,
             port,
-            sockets,
+            sockets: Mutex::new(sockets),
+            rollout: Mutex::new(None),
+            superseded: AtomicBool::new(false),
+            drain: Mutex::new(CancellationToken::new()),
+            close: Mutex::new(CancellationToken::new()),
             restart_required: Mutex::new(Vec::new()),
             alt_svc_probes: Mutex::new(HashMap::new()),
             draining: AtomicBool::new(false),
@@ -152,16 +168,70 @@ impl Shared {
         }
     }
 
-    /// Ready: at least one socket bound and at least one host loaded, and not draining.
+    /// What each socket reported when it was bound (or failed to).
+    pub fn set_sockets(&self, sockets: Vec<SocketEntry>) {
+        *self.sockets.lock().expect("socket lock") = sockets;
+    }
+
+    pub fn set_rollout(&self, r: RolloutReport) {
+        *self.rollout.lock().expect("rollout lock") = Some(r);
+    }
+
+    pub fn rollout(&self) -> Option<RolloutReport> {
+        self.rollout.lock().expect("rollout lock").clone()
+    }
+
+    /// The drain token a connection accepted now serves under.
+    pub fn drain_token(&self) -> CancellationToken {
+        self.drain.lock().expect("drain lock").clone()
+    }
+
+    /// GOAWAY on every connection accepted so far; later ones get a fresh token.
+    pub fn drain_connections(&self) {
+        let mut d = self.drain.lock().expect("drain lock");
+        d.cancel();
+        *d = CancellationToken::new();
+    }
+
+    /// The token that closes a connection accepted now.
+    pub fn close_token(&self) -> CancellationToken {
+        self.close.lock().expect("close lock").clone()
+    }
+
+    /// Closes every connection accepted so far (later ones get a fresh token).
+    pub fn close_connections(&self) {
+        let mut c = self.close.lock().expect("close lock");
+        c.cancel();
+        *c = CancellationToken::new();
+    }
+
+    /// Ready: at least one socket bound and at least one host loaded, not draining and not
+    /// superseded.
     pub fn readiness(&self) -> Result<(), NotReady> {
+        let bound = self
+            .sockets
+            .lock()
+            .expect("socket lock")
+            .iter()
+            .any(|(r, _)| r.bound);
         if self.draining.load(Ordering::Relaxed) {
             Err(NotReady::Draining)
+        } else if self.superseded.load(Ordering::Relaxed) {
+            Err(NotReady::Superseded)
         } else if self.current.load().config.hosts.is_empty() {
             Err(NotReady::NoHost)
-        } else if !self.sockets.iter().any(|(r, _)| r.bound) {
+        } else if !bound {
             Err(NotReady::NoSocket)
         } else {
             Ok(())
+        }
+    }
+
+    /// Why the process is not ready, in words: the reason, and what it waits for.
+    pub fn not_ready_text(&self, r: NotReady) -> String {
+        match (r, self.rollout().map(|r| r.waiting)) {
+            (NotReady::NoSocket, Some(w)) if !w.is_empty() => format!("{}: {w}", r.as_str()),
+            _ => r.as_str().to_string(),
         }
     }
 
@@ -180,6 +250,8 @@ impl Shared {
         let gen = self.current.load();
         let sockets: Vec<SocketReport> = self
             .sockets
+            .lock()
+            .expect("socket lock")
             .iter()
             .map(|(r, inode)| {
                 let mut r = r.clone();
@@ -190,17 +262,17 @@ impl Shared {
             })
             .collect();
         StatusReport {
-            version: env!("CARGO_PKG_VERSION").to_string(),
+            version: crate::version::BUILD.to_string(),
             port: self.port,
             udp_drops: sockets.iter().map(|s| s.drops).sum(),
             sockets,
             hosts_loaded: gen.config.hosts.len() as u64,
             mirrors: gen.config.mirrors.clone(),
-            hosts: Vec::new(),
             udp_host_receive_buffer_errors: host_receive_buffer_errors,
             requests_total: self.metrics.per_host.requests_total(),
             config_generation: gen.id,
             restart_required: self.restart_required.lock().expect("restart lock").clone(),
+            rollout: self.rollout(),
         }
     }
 
@@ -241,12 +313,16 @@ impl Shared {
 mod tests {
     use super::*;
     use crate::proxy::cc::CcStats;
-    use crate::proxy::lanes::LaneMetrics;
+    use crate::proxy::metrics::UpstreamMetrics;
     use crate::proxy::source::mirrors::{self, tests as m};
 
     fn shared(config: ProxyConfig) -> Shared {
-        let upstream =
-            Upstream::new(&config.upstream, &config.hosts, LaneMetrics::unregistered()).unwrap();
+        let upstream = Upstream::new(
+            &config.upstream,
+            &config.hosts,
+            UpstreamMetrics::unregistered(),
+        )
+        .unwrap();
         let first = Generation {
             id: 1,
             config,
@@ -268,7 +344,6 @@ mod tests {
 
         let status = s.status_report(|_, _| None, 0);
         assert_eq!(status.hosts_loaded, 2);
-        assert!(status.hosts.is_empty());
         assert_eq!(status.requests_total, 1);
         let r = status.mirrors.as_ref().unwrap();
         assert_eq!((r.count, r.failed_count), (2, 1));

@@ -31,6 +31,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::lanes::{LaneMetrics, Lanes, Lease};
 use super::logs::{limited, Reason};
+use super::metrics::UpstreamMetrics;
+use super::renewal::{Presented, Renewals};
 
 use crate::api::UpstreamVerify;
 use crate::config::{HostTable, UpstreamConfig};
@@ -295,10 +297,13 @@ async fn connect_tcp(addr: &str) -> Result<TcpStream, ConnectError> {
 }
 
 /// `servedCertificate`: the upstream must present exactly the leaf we serve for that host,
-/// which proves the request reaches the ingress that owns the name without trusting any CA.
+/// which proves the request reaches the ingress that owns the name without trusting any CA;
+/// while a certificate is renewed, the leaf it replaced or its renewal ([`Renewals`]).
 #[derive(Debug)]
 struct ServedCertificateVerifier {
     hosts: HostTable,
+    renewals: Arc<Renewals>,
+    grace: Duration,
     /// Handshake signatures are checked exactly as for any certificate.
     signatures: Arc<super::tls::AnyServerCertificate>,
 }
@@ -307,10 +312,10 @@ impl ServerCertVerifier for ServedCertificateVerifier {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
+        intermediates: &[CertificateDer<'_>],
         server_name: &ServerName<'_>,
         _ocsp: &[u8],
-        _now: UnixTime,
+        now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
         let name = match server_name {
             ServerName::DnsName(d) => d.as_ref().to_string(),
@@ -326,6 +331,30 @@ impl ServerCertVerifier for ServedCertificateVerifier {
             )));
         };
         if entry.leaf().as_ref() == end_entity.as_ref() {
+            return Ok(ServerCertVerified::assertion());
+        }
+        let theirs = Presented {
+            leaf: end_entity,
+            intermediates,
+            server_name,
+            now,
+        };
+        let ours = &entry.certified_key.cert;
+        let renewal = self.renewals.judge(&entry.name, ours, &theirs, self.grace);
+        if let Some(leaf) = renewal {
+            self.renewals
+                .accepted
+                .with_label_values(&[leaf.as_str()])
+                .inc();
+            limited!(
+                tracing::Level::INFO,
+                Reason::UpstreamCertificate,
+                host = name,
+                leaf = leaf.as_str(),
+                "upstream presented the {} certificate for {name}, accepted while the renewal \
+                 reaches both sides (upstream.servedCertificateGraceSeconds)",
+                leaf.as_str()
+            );
             Ok(ServerCertVerified::assertion())
         } else {
             limited!(
@@ -372,19 +401,23 @@ pub enum UpstreamSetupError {
     NoSystemRoots,
 }
 
-/// TLS client configuration for the upstream, per verification mode.
+/// TLS client configuration for the upstream, per verification mode; `renewals` serves
+/// `servedCertificate`.
 pub fn client_tls(
-    verify: UpstreamVerify,
+    config: &UpstreamConfig,
     hosts: &HostTable,
+    renewals: &Arc<Renewals>,
 ) -> Result<Arc<rustls::ClientConfig>, UpstreamSetupError> {
     let provider = super::tls::provider();
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()?;
-    let mut cfg = match verify {
+    let mut cfg = match config.verify {
         UpstreamVerify::ServedCertificate => builder
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(ServedCertificateVerifier {
                 hosts: hosts.clone(),
+                renewals: renewals.clone(),
+                grace: config.served_certificate_grace,
                 signatures: super::tls::AnyServerCertificate::new(),
             }))
             .with_no_client_auth(),
@@ -429,6 +462,11 @@ pub struct Upstream {
     config: Arc<UpstreamConfig>,
     routes: Option<Arc<HostTable>>,
     tls: Option<Arc<rustls::ClientConfig>>,
+    /// The hosts this generation serves, to tell the next one which leaves changed.
+    hosts: HostTable,
+    /// Shared with every later generation (see [`Upstream::successor`]).
+    renewals: Arc<Renewals>,
+    metrics: UpstreamMetrics,
 }
 
 impl fmt::Debug for Upstream {
@@ -464,13 +502,37 @@ fn lanes(connector: Connector, streams: u32, metrics: LaneMetrics) -> Arc<Lanes<
 }
 
 impl Upstream {
+    /// The first generation's upstream.
     pub fn new(
         config: &UpstreamConfig,
         hosts: &HostTable,
-        lane_metrics: LaneMetrics,
+        metrics: UpstreamMetrics,
+    ) -> Result<Self, UpstreamSetupError> {
+        let renewals = Renewals::new(metrics.certificate_grace.clone());
+        Self::build(config, hosts, metrics, renewals)
+    }
+
+    /// The upstream of the generation that replaces this one: it remembers the leaves this
+    /// one served that `hosts` changes, so `servedCertificate` still accepts them for the grace
+    /// period while the TCP ingress catches up.
+    pub fn successor(
+        &self,
+        config: &UpstreamConfig,
+        hosts: &HostTable,
+    ) -> Result<Self, UpstreamSetupError> {
+        let now = UnixTime::now().as_secs() as i64;
+        self.renewals.switched(&self.hosts, hosts, now);
+        Self::build(config, hosts, self.metrics.clone(), self.renewals.clone())
+    }
+
+    fn build(
+        config: &UpstreamConfig,
+        hosts: &HostTable,
+        metrics: UpstreamMetrics,
+        renewals: Arc<Renewals>,
     ) -> Result<Self, UpstreamSetupError> {
         let tls = if config.tls {
-            Some(client_tls(config.verify, hosts)?)
+            Some(client_tls(config, hosts, &renewals)?)
         } else {
             None
         };
@@ -485,10 +547,17 @@ impl Upstream {
             }),
         };
         Ok(Self {
-            lanes: lanes(connector, config.max_streams_per_connection, lane_metrics),
+            lanes: lanes(
+                connector,
+                config.max_streams_per_connection,
+                metrics.lanes.clone(),
+            ),
             config: Arc::new(config.clone()),
             routes,
             tls,
+            hosts: hosts.clone(),
+            renewals,
+            metrics,
         })
     }
 
@@ -515,6 +584,9 @@ impl Upstream {
             config: self.config.clone(),
             routes: self.routes.clone(),
             tls: self.tls.clone(),
+            hosts: self.hosts.clone(),
+            renewals: self.renewals.clone(),
+            metrics: self.metrics.clone(),
         }
     }
 
@@ -672,9 +744,11 @@ mod tests {
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(1),
             response_body_idle_timeout: Duration::from_secs(1),
+            served_certificate_grace: Duration::ZERO,
         };
-        let metrics = LaneMetrics::unregistered();
+        let metrics = UpstreamMetrics::unregistered();
         let upstream = Upstream::new(&config, &HostTable::default(), metrics.clone()).unwrap();
+        let metrics = metrics.lanes;
         let held: Vec<_> = (0..5).map(|_| upstream.lanes.lease()).collect();
         assert_eq!(upstream.lanes.count(), 3, "2 + 2 + 1");
         assert_eq!(metrics.in_flight.get(), 5);
@@ -730,8 +804,9 @@ mod tests {
             connect_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(5),
             response_body_idle_timeout: Duration::from_secs(5),
+            served_certificate_grace: Duration::ZERO,
         };
-        let upstream = Upstream::new(&config, &hosts, LaneMetrics::unregistered()).unwrap();
+        let upstream = Upstream::new(&config, &hosts, UpstreamMetrics::unregistered()).unwrap();
         for (host, want) in [("gw.test", "own"), ("a.test", "shared")] {
             let req = http::Request::get(format!("http://{host}/"))
                 .body(Empty::new().map_err(|never| match never {}).boxed())

@@ -43,6 +43,7 @@ CLASS=h3i-test
 LISTENER=gateway
 DP=h3-ingress-$LISTENER
 DP_RBAC=h3-ingress-data-plane-$LISTENER
+NS_HOSTS=$NS_OP-hosts   # the certificate mirrors
 DP_USER=system:serviceaccount:$NS_OP:$DP
 OP_USER=system:serviceaccount:$NS_OP:$RELEASE
 IMAGE_REPO=registry.h3i.test/h3-ingress
@@ -149,10 +150,22 @@ refused_everywhere() { # HOST
 }
 
 # ---- objects ------------------------------------------------------------------------------------
-host_field() { # HOST FIELD: that field of the listener's status entry for HOST
+host_field() { # HOST FIELD: that field of the listener's status entry for HOST (hosts not served)
     jp h3l "$LISTENER" -o jsonpath="{.status.hosts[?(@.name==\"$1\")].$2}"
 }
 host_reason_is() { [[ $(host_field "$1" reason) == "$2" ]]; }
+# The row of HOST in `kubectl h3-ingress status` (served hosts come from a pod's /hosts).
+plugin_row() {
+    PATH=$tmp/plugin:$PATH kubectl h3-ingress status "$LISTENER" 2>/dev/null | awk -v h="$1" '$1 == h'
+}
+plugin_serving() { plugin_row "$1" | grep -qE "^ *$1 +Serving +Serving "; }
+mirror_hosts() { # SOURCE (namespace/name): the hosts of the listener's mirror of that Secret
+    kubectl -n "$NS_HOSTS" get secrets -l "h3-ingress.dev/listener=$LISTENER" -o json |
+        python3 -c 'import json,sys,base64
+for s in json.load(sys.stdin)["items"]:
+    if s["metadata"].get("annotations", {}).get("h3-ingress.dev/source") == sys.argv[1]:
+        print(",".join(h["name"] for h in json.loads(base64.b64decode(s["data"]["hosts.json"]))["hosts"]))' "$1"
+}
 route_yaml() { # NAME HOST SECTION ANNOTATED(true|false)
     local ann="{}"
     [[ $4 == true ]] && ann='{h3-ingress.dev/enabled: "true"}'
@@ -281,14 +294,15 @@ spec:
   metrics: {address: "[::]:9476"}
   http: {drainTimeoutSeconds: 2}
 EOF
-until_ok 60 "Role $DP_RBAC in $NS_INFRA" kubectl -n "$NS_INFRA" get role "$DP_RBAC"
-role=$(jp role -n "$NS_INFRA" "$DP_RBAC" -o jsonpath='{range .rules[*]}{.resources}:{.resourceNames}:{.verbs}{end}')
-[[ $role == '["secrets"]:["gw-tls"]:["get","list","watch"]' ]] || fail "Role $NS_INFRA/$DP_RBAC should grant only Secret gw-tls: $role"
-ok "the data plane may read Secret $NS_INFRA/gw-tls only: $role"
-[[ $(can get secret/cross-tls -n "$NS_CERTS" --as "$DP_USER") == no ]] || fail "the data plane can read $NS_CERTS/cross-tls without a ReferenceGrant"
-[[ $(can list httproutes.gateway.networking.k8s.io --as "$DP_USER" -A) == yes ]] || fail "the data plane cannot list HTTPRoutes"
+mkdir -p "$tmp/plugin"
+ln -sf "$H3I_BINARY" "$tmp/plugin/kubectl-h3_ingress"
+until_ok 60 "the certificate mirror of $NS_INFRA/gw-tls in $NS_HOSTS" eval '[[ $(mirror_hosts "$NS_INFRA/gw-tls") == "$HOST" ]]'
+ok "the operator copied $NS_INFRA/gw-tls for $HOST into $NS_HOSTS; no mirror of $NS_CERTS/cross-tls: '$(mirror_hosts "$NS_CERTS/cross-tls")'"
+[[ -z $(mirror_hosts "$NS_CERTS/cross-tls") ]] || fail "$NS_CERTS/cross-tls was mirrored without a ReferenceGrant"
+[[ $(can get secret/gw-tls -n "$NS_INFRA" --as "$DP_USER") == no ]] || fail "the data plane can read $NS_INFRA/gw-tls itself"
+[[ $(can list httproutes.gateway.networking.k8s.io --as "$DP_USER" -A) == no ]] || fail "the data plane can list HTTPRoutes"
 [[ $(can patch httproutes.gateway.networking.k8s.io --subresource=status --as "$DP_USER" -A) == no ]] || fail "the data plane can patch HTTPRoute status"
-ok "it cannot read $NS_CERTS/cross-tls; it can list HTTPRoutes and cannot patch their status"
+ok "the data plane reads neither the Gateway's Secret nor HTTPRoutes: only its mirrors"
 
 step "HTTP/3 to $HOST on both nodes with the Gateway's certificate (aioquic)"
 wait_ok 120 "$HOST served over HTTP/3 on ${IPS[*]} with certificate ${CERT:0:12}" served_everywhere "$HOST" "$CERT"
@@ -296,17 +310,12 @@ served_everywhere "$HOST" "$CERT" | indent
 [[ ${PIPESTATUS[0]} -eq 0 ]] || fail "HTTP/3 checks"
 
 step "status, kubectl h3-ingress status and Events name the HTTPRoute, Gateway and listener"
-wait_ok 60 "status.hosts $HOST Serving" host_reason_is "$HOST" Serving
-src=$(host_field "$HOST" httpRoute)/$(host_field "$HOST" gateway)/$(host_field "$HOST" gatewayListener)/$(host_field "$HOST" secret)
-[[ $src == "$NS_APP/web/$NS_INFRA/gw/https/$NS_INFRA/gw-tls" ]] || fail "status.hosts[$HOST] route/gateway/listener/secret: $src"
-ok "status.hosts[$HOST]: httpRoute $NS_APP/web, gateway $NS_INFRA/gw, gatewayListener https, secret $NS_INFRA/gw-tls"
-mkdir -p "$tmp/plugin"
-ln -sf "$H3I_BINARY" "$tmp/plugin/kubectl-h3_ingress"
+wait_ok 60 "$HOST Serving in kubectl h3-ingress status" plugin_serving "$HOST"
 PATH=$tmp/plugin:$PATH kubectl h3-ingress status >"$tmp/status.txt" 2>&1 || fail "kubectl h3-ingress status: $(cat "$tmp/status.txt")"
 indent <"$tmp/status.txt"
-grep -E "^ *$HOST +Serving .*HTTPRoute $NS_APP/web, Gateway $NS_INFRA/gw listener https" "$tmp/status.txt" >/dev/null ||
-    fail "kubectl h3-ingress status does not show $HOST Serving from HTTPRoute $NS_APP/web"
-ok "kubectl h3-ingress status: $HOST Serving, source HTTPRoute $NS_APP/web, Gateway $NS_INFRA/gw listener https"
+grep -E "^ *$HOST +Serving .*$NS_INFRA/gw-tls +HTTPRoute $NS_APP/web, Gateway $NS_INFRA/gw listener https" "$tmp/status.txt" >/dev/null ||
+    fail "kubectl h3-ingress status does not show $HOST Serving from HTTPRoute $NS_APP/web with Secret $NS_INFRA/gw-tls"
+ok "kubectl h3-ingress status: $HOST Serving, Secret $NS_INFRA/gw-tls, source HTTPRoute $NS_APP/web, Gateway $NS_INFRA/gw listener https"
 route_events() { kubectl -n "$NS_APP" get events --field-selector "involvedObject.kind=HTTPRoute,involvedObject.name=$1" -o jsonpath='{range .items[*]}{.type} {.reason}: {.message}{"\n"}{end}'; }
 wait_ok 30 "an Http3Enabled Event on httproute/web" eval 'route_events web | grep -q "Normal Http3Enabled: HTTP/3 enabled for $HOST"'
 route_events web | indent
@@ -322,8 +331,8 @@ info "$HOST_X: $(host_field "$HOST_X" state) $(host_field "$HOST_X" reason): $(h
 wait_ok 30 "a RefNotPermitted Warning on httproute/cross" eval 'route_events cross | grep -q "Warning RefNotPermitted"'
 refused_everywhere "$HOST_X" | indent
 [[ ${PIPESTATUS[0]} -eq 0 ]] || fail "$HOST_X should be refused on every node"
-kubectl -n "$NS_CERTS" get role "$DP_RBAC" >/dev/null 2>&1 && fail "a Role for $NS_CERTS exists without a ReferenceGrant"
-ok "no Role in $NS_CERTS: the data plane was not given the Secret; $HOST still served: $(served_everywhere "$HOST" "$CERT" | wc -l) nodes"
+[[ -z $(mirror_hosts "$NS_CERTS/cross-tls") ]] || fail "$NS_CERTS/cross-tls mirrored without a ReferenceGrant"
+ok "no mirror of $NS_CERTS/cross-tls: the data plane was not given the Secret; $HOST still served: $(served_everywhere "$HOST" "$CERT" | wc -l) nodes"
 
 step "a ReferenceGrant in $NS_CERTS from Gateways in $NS_INFRA to Secret cross-tls: $HOST_X is served"
 kubectl apply -f - >/dev/null <<EOF
@@ -337,19 +346,16 @@ EOF
 wait_ok 120 "$HOST_X served over HTTP/3 on ${IPS[*]} with certificate ${CERT_X:0:12}" served_everywhere "$HOST_X" "$CERT_X"
 served_everywhere "$HOST_X" "$CERT_X" | indent
 [[ ${PIPESTATUS[0]} -eq 0 ]] || fail "HTTP/3 checks for $HOST_X"
-role=$(jp role -n "$NS_CERTS" "$DP_RBAC" -o jsonpath='{range .rules[*]}{.resourceNames}{end}')
-[[ $role == '["cross-tls"]' ]] || fail "Role $NS_CERTS/$DP_RBAC should name only cross-tls: $role"
-# The pods load the new host without telling the operator; its status catches up on the next
-# periodic reconcile (every 60 s).
-wait_ok 90 "status.hosts $HOST_X Serving" host_reason_is "$HOST_X" Serving
-ok "Role in $NS_CERTS now names $role; status $HOST_X Serving"
+[[ $(mirror_hosts "$NS_CERTS/cross-tls") == "$HOST_X" ]] || fail "no mirror of $NS_CERTS/cross-tls for $HOST_X"
+wait_ok 90 "$HOST_X Serving in kubectl h3-ingress status" plugin_serving "$HOST_X"
+ok "the operator mirrored $NS_CERTS/cross-tls once the grant permitted it; $HOST_X Serving"
 
 step "remove the annotation from httproute/web: $HOST is no longer served"
 kubectl -n "$NS_APP" annotate httproute web h3-ingress.dev/enabled- >/dev/null
 wait_ok 60 "handshakes for $HOST refused on ${IPS[*]}" refused_everywhere "$HOST"
 refused_everywhere "$HOST" | indent
-gone() { [[ -z $(host_field "$HOST" name) ]]; }
-wait_ok 30 "$HOST gone from status.hosts" gone
+gone() { [[ -z $(host_field "$HOST" name) && -z $(plugin_row "$HOST") && -z $(mirror_hosts "$NS_INFRA/gw-tls") ]]; }
+wait_ok 30 "$HOST gone from the status, kubectl h3-ingress status and the mirrors" gone
 served_everywhere "$HOST_X" "$CERT_X" >/dev/null || fail "$HOST_X should still be served"
 ok "$HOST_X (httproute/cross) still served on every node"
 

@@ -9,7 +9,7 @@ Each subcommand prints one line saying what it saw; on a failed expectation it p
   journey.py h3 --client aioquic|curl --addr IP --host HOST --path /1m.bin --cacert CA \
       --cert-sha SHA256 --body-sha SHA256 --alt-svc 'h3=":443"; ma=3600' [--trixie DIR]
   journey.py refused --addr IP --host HOST --cacert CA   (the handshake must fail)
-  journey.py load --seconds 60 --target IP,HOST ... --cacert CA --path /whoami
+  journey.py load --seconds 60 --target IP,HOST ... --cacert CA --path /whoami [--stop-file F]
   journey.py metric --url http://IP:PORT/metrics --name NAME [--label k=v ...]
   journey.py der-sha256 CERT.pem
 """
@@ -165,13 +165,15 @@ def cmd_refused(args):
 
 
 def cmd_load(args):
-    """Requests over fresh connections to every target, round robin, for --seconds."""
+    """Requests over fresh connections to every target, round robin, for --seconds (or until
+    --stop-file exists)."""
     targets = [t.split(",", 1) for t in args.target]
-    deadline = time.monotonic() + args.seconds
+    started = time.monotonic()
+    deadline = started + args.seconds
     ok = bad = 0
     errors = []
     spec = json.dumps([{"path": args.path} for _ in range(args.per_connection)])
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not (args.stop_file and os.path.exists(args.stop_file)):
         for addr, host in targets:
             ns = argparse.Namespace(addr=addr, host=host, cacert=args.cacert, path=args.path)
             rep = run_h3client(ns, args.port, ["--requests", spec])
@@ -185,9 +187,10 @@ def cmd_load(args):
                 bad += 1
                 errors.append(f"{addr}: {rep.get('connection', {}).get('handshake')}")
         time.sleep(args.pause)
+    took = time.monotonic() - started
     if bad:
-        raise Fail(f"{bad} of {ok + bad} requests failed: {errors[:3]}")
-    print(f"{ok} HTTP/3 requests over {args.seconds:.0f} s to {len(targets)} node(s), all 200")
+        raise Fail(f"{bad} of {ok + bad} requests failed over {took:.0f} s: {errors[:3]}")
+    print(f"{ok} HTTP/3 requests over {took:.0f} s to {len(targets)} node(s), all 200")
 
 
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)")
@@ -239,6 +242,7 @@ def main():
     s.add_argument("--port", type=int, default=443)
     s.add_argument("--cacert", required=True)
     s.add_argument("--path", default="/")
+    s.add_argument("--stop-file", help="stop early once this file exists")
     s = sub.add_parser("metric")
     s.add_argument("--url", required=True)
     s.add_argument("--name", required=True)

@@ -27,6 +27,7 @@ export H3I_TRIXIE_ROOT=$TRIXIE
 NS_OP=h3-ingress # the release namespace: operator and data plane
 RELEASE=h3-ingress
 NS_APP=h3i-journey-shop
+NS_HOSTS=$NS_OP-hosts        # the certificate mirrors (chart default: <release namespace>-hosts)
 HOST=shop.h3i.test
 HOST2=shop2.h3i.test
 LISTENER=journey
@@ -281,31 +282,49 @@ apply_listener "$LISTENER" 443 9476 | indent
 LISTENER_UID=$(listener_uid "$LISTENER")
 wait_ok 30 "DaemonSet $NS_OP/$DP created" kubectl -n "$NS_OP" get ds "$DP"
 
-step "the DaemonSet, ServiceAccount and least-privilege RBAC appear, owned by the listener"
-until_ok 30 "Role/RoleBinding $DP_RBAC in $NS_APP" kubectl -n "$NS_APP" get rolebinding "$DP_RBAC"
+step "the DaemonSet, ServiceAccount, least-privilege RBAC and the certificate mirror appear, owned by the listener"
+until_ok 30 "Role/RoleBinding $DP_RBAC in $NS_HOSTS" kubectl -n "$NS_HOSTS" get rolebinding "$DP_RBAC"
 owned_by_listener ds "$DP" "$NS_OP"
 owned_by_listener sa "$DP" "$NS_OP"
 owned_by_listener clusterrole "$DP_RBAC"
 owned_by_listener clusterrolebinding "$DP_RBAC"
-owned_by_listener role "$DP_RBAC" "$NS_APP"
-owned_by_listener rolebinding "$DP_RBAC" "$NS_APP"
-ok "ds/$DP, sa/$DP (ns $NS_OP), clusterrole+binding/$DP_RBAC, role+rolebinding/$DP_RBAC (ns $NS_APP): controller owner Http3Listener/$LISTENER"
-role_rules=$(jp role -n "$NS_APP" "$DP_RBAC" -o jsonpath='{range .rules[*]}{.resources}:{.resourceNames}:{.verbs}{"\n"}{end}')
-[[ $role_rules == '["secrets"]:["shop-tls"]:'* && $(wc -l <<<"$role_rules") -eq 1 ]] ||
-    fail "Role $NS_APP/$DP_RBAC should grant only Secret shop-tls: $role_rules"
-ok "Role in $NS_APP: $role_rules"
-jp clusterrole "$DP_RBAC" -o jsonpath='{range .rules[*]}{.apiGroups}{.resources}{.resourceNames}{.verbs}{"\n"}{end}' | indent
-read -r rb_sa rb_ns <<<"$(jp rolebinding -n "$NS_APP" "$DP_RBAC" -o jsonpath='{.subjects[0].name} {.subjects[0].namespace}')"
-[[ $rb_sa == "$DP" && $rb_ns == "$NS_OP" ]] || fail "RoleBinding subject $rb_ns/$rb_sa, want $NS_OP/$DP"
+owned_by_listener role "$DP_RBAC" "$NS_HOSTS"
+owned_by_listener rolebinding "$DP_RBAC" "$NS_HOSTS"
+ok "ds/$DP, sa/$DP (ns $NS_OP), clusterrole+binding/$DP_RBAC, role+rolebinding/$DP_RBAC (ns $NS_HOSTS): controller owner Http3Listener/$LISTENER"
+role_rules=$(jp role -n "$NS_HOSTS" "$DP_RBAC" -o jsonpath='{range .rules[*]}{.resources}:{.resourceNames}:{.verbs}{"\n"}{end}')
+[[ $role_rules == '["secrets"]::["get","list","watch"]' ]] ||
+    fail "Role $NS_HOSTS/$DP_RBAC should grant only reading Secrets there: $role_rules"
+ok "Role in $NS_HOSTS: $role_rules"
+[[ -z $(kubectl get role,rolebinding -n "$NS_APP" -l "app.kubernetes.io/instance=$LISTENER" -o name) ]] ||
+    fail "the data plane got RBAC in the application namespace $NS_APP"
+cr_rules=$(jp clusterrole "$DP_RBAC" -o jsonpath='{range .rules[*]}{.apiGroups}{.resources}{.resourceNames}{.verbs}{"\n"}{end}')
+indent <<<"$cr_rules"
+[[ $cr_rules == '["h3-ingress.dev"]["http3listeners"]["'"$LISTENER"'"]["get","list","watch"]' ]] ||
+    fail "ClusterRole $DP_RBAC should grant only reading its listener: $cr_rules"
+mirror_of() { # SECRET: the mirror's name, type, source and hosts
+    kubectl -n "$NS_HOSTS" get secrets -l "h3-ingress.dev/listener=$LISTENER" -o json |
+        python3 -c 'import json,sys,base64
+for s in json.load(sys.stdin)["items"]:
+    a = s["metadata"].get("annotations", {})
+    if a.get("h3-ingress.dev/source") == sys.argv[1]:
+        hosts = [h["name"] for h in json.loads(base64.b64decode(s["data"]["hosts.json"]))["hosts"]]
+        print(s["metadata"]["name"], s["type"], a["h3-ingress.dev/source"], ",".join(hosts))' "$1"
+}
+until_ok 30 "the certificate mirror of $NS_APP/shop-tls in $NS_HOSTS" eval '[[ -n $(mirror_of "$NS_APP/shop-tls") ]]'
+read -r mirror mtype msource mhosts <<<"$(mirror_of "$NS_APP/shop-tls")"
+[[ $mtype == h3-ingress.dev/host-certificate && $mhosts == "$HOST" ]] ||
+    fail "mirror $mirror: type $mtype, hosts $mhosts"
+owned_by_listener secret "$mirror" "$NS_HOSTS"
+ok "secret/$mirror (ns $NS_HOSTS, type $mtype): copy of $msource for $mhosts"
 IFS='|' read -r sel ips_ds ips_sa img <<<"$(jp ds -n "$NS_OP" "$DP" -o jsonpath='{.spec.template.spec.nodeSelector.kubernetes\.io/os}|{.spec.template.spec.imagePullSecrets[0].name}|{.spec.template.spec.serviceAccountName}|{.spec.template.spec.containers[0].image}')"
 [[ $sel == linux ]] || fail "DaemonSet pods lack nodeSelector kubernetes.io/os=linux"
 [[ $ips_ds == regcred ]] || fail "DaemonSet pods lack imagePullSecrets regcred (chart value -> operator -> data plane)"
 [[ $(jp sa -n "$NS_OP" "$DP" -o jsonpath='{.imagePullSecrets[0].name}') == regcred ]] || fail "ServiceAccount $DP lacks imagePullSecrets regcred"
 [[ $ips_sa == "$DP" && $img == "$IMAGE_REPO:$app_version" ]] || fail "DaemonSet: serviceAccountName $ips_sa image $img"
 ok "pod template: serviceAccountName $DP, image $img, nodeSelector kubernetes.io/os=linux, imagePullSecrets regcred (also on the ServiceAccount)"
-max_unavailable=$(jp ds -n "$NS_OP" "$DP" -o jsonpath='{.spec.updateStrategy.rollingUpdate.maxUnavailable}')
-[[ $max_unavailable == 10% ]] || fail "DaemonSet maxUnavailable '$max_unavailable', want the default 10%"
-ok "rolling update maxUnavailable $max_unavailable"
+IFS='|' read -r max_surge max_unavailable <<<"$(jp ds -n "$NS_OP" "$DP" -o jsonpath='{.spec.updateStrategy.rollingUpdate.maxSurge}|{.spec.updateStrategy.rollingUpdate.maxUnavailable}')"
+[[ $max_surge == 10% && $max_unavailable == 0 ]] || fail "DaemonSet maxSurge '$max_surge' maxUnavailable '$max_unavailable', want the defaults 10% and 0"
+ok "rolling update maxSurge $max_surge, maxUnavailable $max_unavailable"
 
 # =============================================================================================
 step "the data plane runs on both nodes with its own ServiceAccount's token"
@@ -353,13 +372,14 @@ export PATH=$tmp/plugin:$PATH
 kubectl plugin list 2>/dev/null | grep -q kubectl-h3_ingress || fail "kubectl plugin list does not find kubectl-h3_ingress"
 kubectl h3-ingress status >"$tmp/status.txt" 2>&1 || fail "kubectl h3-ingress status: $(cat "$tmp/status.txt")"
 indent <"$tmp/status.txt"
-grep -E "^ *$HOST +Serving" "$tmp/status.txt" >/dev/null || fail "kubectl h3-ingress status does not show $HOST Serving"
-grep -F "$HOST. " "$tmp/status.txt" | grep -F 'IN HTTPS 1 . alpn="h3,h2"' >/dev/null ||
+grep -E "^ *$HOST +Serving +Serving +yes " "$tmp/status.txt" >/dev/null ||
+    fail "kubectl h3-ingress status does not show $HOST Serving with Alt-Svc advertised (nginx sends $ALT_SVC)"
+record=$(grep -F "$HOST. " "$tmp/status.txt" | grep -F 'IN HTTPS 1 . alpn="h3,h2"') ||
     fail "kubectl h3-ingress status lacks the DNS HTTPS record of $HOST"
-ok "$HOST Serving, DNS HTTPS record: $(jp h3l "$LISTENER" -o jsonpath='{.status.hosts[0].dnsHttpsRecord}')"
-[[ $(jp h3l "$LISTENER" -o jsonpath='{.status.hosts[0].altSvcAdvertised}') == true ]] ||
-    fail "status.hosts[0].altSvcAdvertised should be true (nginx sends $ALT_SVC)"
-ok "status: the TCP ingress advertises Alt-Svc for $HOST"
+ok "$HOST Serving (read from a pod's /hosts through the API server), Alt-Svc advertised, DNS HTTPS record:$record"
+[[ -z $(jp h3l "$LISTENER" -o jsonpath='{.status.hosts}') ]] ||
+    fail "the status lists hosts although every host is served: $(jp h3l "$LISTENER" -o jsonpath='{.status.hosts}')"
+ok "status: $(jp h3l "$LISTENER" -o jsonpath='{.status.hostCounts}') (served hosts are counted, not listed)"
 
 step "admin endpoints on IPv6: the data plane on [node]:9476, the operator on its pod's IPv6 address"
 for i in 0 1; do
@@ -390,8 +410,9 @@ info "operator reconciles_total $rec0 -> $rec1, status_writes_total $wr0 -> $wr1
 (( rec1 - rec0 <= 5 && wr1 - wr0 <= 2 )) ||
     fail "under steady traffic the operator reconciled $((rec1 - rec0)) times and wrote the status $((wr1 - wr0)) times in 60 s (want <= 5 and <= 2)"
 ok "$((rec1 - rec0)) reconciles and $((wr1 - wr0)) status writes in 60 s of traffic"
-requests=$(jp h3l "$LISTENER" -o jsonpath='{.status.requests[0].total}')
-ok "status.requests for $HOST: ${requests:-none} (counters written at most once a minute)"
+requests=$(kubectl h3-ingress status "$LISTENER" | awk -v h="$HOST" '$1 == h {print $5}')
+[[ $requests =~ ^[0-9]+$ && $requests -gt 0 ]] || fail "kubectl h3-ingress status shows no h3 requests for $HOST: '$requests'"
+ok "h3 requests for $HOST on the pod kubectl h3-ingress status read: $requests"
 
 # =============================================================================================
 step "rotate the Secret (and nginx's certificate, as the TCP ingress would): new connections get it, no pod restarts"
@@ -590,7 +611,7 @@ ingress_yaml shop2 "" "$HOST2" | kubectl apply -f - >/dev/null
 [[ -z $(jp ingress -n "$NS_APP" shop2 -o jsonpath='{.spec.ingressClassName}') ]] || fail "ingress shop2 got a class at creation"
 kubectl annotate ingressclass nginx ingressclass.kubernetes.io/is-default-class=true >/dev/null
 # Watches back off (up to 30 s, as client-go's reflectors do) while the API server is away,
-# and the data plane may read the new Secret only once the operator has updated its Role.
+# and the data plane serves the new host once the operator has written its certificate mirror.
 wait_ok 90 "$HOST2 served on both nodes (the data plane's watches and the operator caught up)" h3_all_nodes "$HOST2" "$CERT_HOST2"
 python3 "$JPY" h3 --addr "${IPS[0]}" --host "$HOST2" --cacert "$tmp/pki/ca.crt" --path /1m.bin \
     --cert-sha "$CERT_HOST2" --body-sha "$BODY_SHA" --alt-svc "$ALT_SVC" | indent
@@ -609,11 +630,13 @@ expect_can() { # WANT DESCRIPTION ARGS...
     [[ $got == "$want" ]] || fail "$what: kubectl auth can-i $* -> '$got', want '$want'"
     ok "$what: $got"
 }
-expect_can yes "data plane reads its own Secret" get secret/shop-tls -n "$NS_APP" --as "$DP_USER"
-expect_can yes "data plane reads the second host's Secret" get secret/shop2-tls -n "$NS_APP" --as "$DP_USER"
-expect_can no "data plane reads another Secret in the same namespace" get secret/other-secret -n "$NS_APP" --as "$DP_USER"
-expect_can no "data plane lists Secrets" list secrets -n "$NS_APP" --as "$DP_USER"
+expect_can no "data plane reads its host's Secret in the application namespace" get secret/shop-tls -n "$NS_APP" --as "$DP_USER"
+expect_can no "data plane lists Secrets in the application namespace" list secrets -n "$NS_APP" --as "$DP_USER"
+expect_can yes "data plane lists the certificate mirrors" list secrets -n "$NS_HOSTS" --as "$DP_USER"
+expect_can no "data plane reads Secrets in its own namespace (pull secrets, Helm's)" get secrets -n "$NS_OP" --as "$DP_USER"
 expect_can no "data plane reads Secrets in kube-system" get secrets -n kube-system --as "$DP_USER"
+expect_can no "data plane reads Ingresses" list ingresses.networking.k8s.io -A --as "$DP_USER"
+expect_can no "data plane writes a mirror" patch secrets -n "$NS_HOSTS" --as "$DP_USER"
 expect_can no "data plane writes its listener" patch http3listeners.h3-ingress.dev/"$LISTENER" --as "$DP_USER"
 expect_can no "operator binds clusterroles" bind clusterroles --as "$OP_USER"
 expect_can no "operator binds roles" bind roles -n "$NS_APP" --as "$OP_USER"
@@ -642,13 +665,13 @@ kubectl delete h3l "$LISTENER" --wait=false >/dev/null
 owned_gone() {
     local o
     for o in "ds/$DP" "sa/$DP" "svc/$DP"; do kubectl -n "$NS_OP" get "$o" >/dev/null 2>&1 && return 1; done
-    for o in "role/$DP_RBAC" "rolebinding/$DP_RBAC"; do kubectl -n "$NS_APP" get "$o" >/dev/null 2>&1 && return 1; done
+    for o in "role/$DP_RBAC" "rolebinding/$DP_RBAC"; do kubectl -n "$NS_HOSTS" get "$o" >/dev/null 2>&1 && return 1; done
     for o in "clusterrole/$DP_RBAC" "clusterrolebinding/$DP_RBAC"; do kubectl get "$o" >/dev/null 2>&1 && return 1; done
     [[ -z $(kubectl get ds,sa,svc,pods -n "$NS_OP" -l "app.kubernetes.io/instance=$LISTENER" -o name) &&
-        -z $(kubectl get role,rolebinding -n "$NS_APP" -l "app.kubernetes.io/instance=$LISTENER" -o name) &&
+        -z $(kubectl get role,rolebinding,secrets -n "$NS_HOSTS" -l "app.kubernetes.io/instance=$LISTENER" -o name) &&
         -z $(kubectl get clusterrole,clusterrolebinding -l "app.kubernetes.io/instance=$LISTENER" -o name) ]]
 }
-wait_ok 90 "DaemonSet, pods, ServiceAccount, ClusterRole(Binding), Role(Binding) gone" owned_gone
+wait_ok 90 "DaemonSet, pods, ServiceAccount, ClusterRole(Binding), Role(Binding), certificate mirrors gone" owned_gone
 for pod in "${!DP_PID[@]}"; do
     kill -0 "${DP_PID[$pod]}" 2>/dev/null && fail "$pod's process ${DP_PID[$pod]} still runs"
 done

@@ -93,7 +93,8 @@ can() { kubectl auth can-i "$@" 2>/dev/null || true; } # yes / no, as the API se
 # One nginx per node on TCP 443 (v4 and v6) serving the given hosts with their certificates
 # ($tmp/pki/HOST.crt and .key, copied per node so that a rotation can replace them), advertising
 # $ALT_SVC, refusing other names (as an ingress without a catch-all); /whoami says which host and
-# node answered, other paths are files under $tmp/www.
+# node answered, other paths are files under $tmp/www; $NGINX_EXTRA, when set, is added to every
+# server (e.g. a throttled location).
 nginx_conf() { # NODE DIR HOST...
     local node=$1 d=$2 h
     shift 2
@@ -128,6 +129,7 @@ CONF
         add_header Alt-Svc '$ALT_SVC' always;
         root $tmp/www;
         location = /whoami { default_type text/plain; return 200 "$h on $node\n"; }
+        ${NGINX_EXTRA:-}
     }
 CONF
     done

@@ -3,8 +3,9 @@
 # node agent (cached per version in /var/cache/h3-ingress, outside the repo), the trixie chroot
 # with curl 8.14 (the journey's second HTTP/3 client), tests/cluster/smoke.sh (the cluster
 # itself), tests/cluster/journey.sh (the product on it), tests/cluster/gateway.sh (Gateway
-# API on it), then `scripts/cluster.sh down` whatever
-# happened: on success, on a failed step, on Ctrl-C or a CI job's SIGTERM.
+# API on it), tests/cluster/skew.sh (CRD version skew both ways, certificate renewal), then
+# `scripts/cluster.sh down` whatever happened: on success, on a failed step, on Ctrl-C or a CI
+# job's SIGTERM.
 #
 #   tests/cluster/run.sh        (root) prints each phase's time and the total at the end
 #
@@ -19,7 +20,7 @@ step() { printf '\n=== %s (%s)\n' "$*" "$(date +%H:%M:%S)"; }
 if [[ $(id -u) -ne 0 ]]; then
     echo "=================================================================================="
     echo "CLUSTER TESTS SKIPPED (needs root): scripts/cluster.sh build/up, tests/cluster/smoke.sh"
-    echo "tests/cluster/journey.sh and gateway.sh did NOT run; nothing was proven on a real API server."
+    echo "tests/cluster/journey.sh, gateway.sh and skew.sh did NOT run; nothing was proven on a real API server."
     echo "=================================================================================="
     [[ ${H3I_TESTS_REQUIRE_ROOT:-0} == 1 ]] && { echo "H3I_TESTS_REQUIRE_ROOT=1: failing" >&2; exit 1; }
     exit 0
@@ -60,3 +61,5 @@ step "tests/cluster/journey.sh (the user's journey)"
 timed journey tests/cluster/journey.sh
 step "tests/cluster/gateway.sh (Gateway API: HTTPRoutes, Gateways, ReferenceGrant)"
 timed gateway tests/cluster/gateway.sh
+step "tests/cluster/skew.sh (a newer and an older CRD under the running binary, certificate renewal)"
+timed skew tests/cluster/skew.sh

@@ -51,30 +51,47 @@ CONTRACT = rules(
     ("", ["secrets"], ["get", "list", "watch"]),
     ("", ["events"], ["create", "patch"]),
     ("events.k8s.io", ["events"], ["create", "patch"]),
-    ("rbac.authorization.k8s.io", ["clusterroles", "clusterrolebindings"], ["create", "patch"]),
+    ("rbac.authorization.k8s.io", ["clusterroles", "clusterrolebindings"], ["get", "list", "watch", "create", "patch"]),
     ("rbac.authorization.k8s.io", ["roles", "rolebindings"], ["get", "list", "watch", "create", "patch", "delete"]),
+    # The one CRD by name: read it (CRDCurrent), and with crd.upgrade (default) apply it.
+    ("apiextensions.k8s.io", ["customresourcedefinitions[http3listeners.h3-ingress.dev]"],
+     ["get", "list", "watch", "patch"]),
 )
+# crd.upgrade=false: the same without patching the CRD.
+CONTRACT_NO_CRD_UPGRADE = CONTRACT - {
+    ("apiextensions.k8s.io", "customresourcedefinitions[http3listeners.h3-ingress.dev]", "patch")}
 # The same, in the release namespace only: the data plane objects it runs there.
 NAMESPACED = rules(
     ("apps", ["daemonsets"], ["get", "list", "watch", "create", "patch"]),
-    ("", ["serviceaccounts"], ["create", "patch"]),
+    ("", ["serviceaccounts"], ["get", "list", "watch", "create", "patch"]),
     ("", ["services"], ["get", "list", "watch", "create", "patch", "delete"]),
-    ("", ["pods", "events"], ["list"]),
+    ("", ["pods"], ["get", "list", "watch"]),
+    ("", ["events"], ["list"]),
     # The listeners' QUIC keys Secrets (created once, never changed).
     ("", ["secrets"], ["create"]),
 )
+# In the hosts namespace only: the certificate mirrors.
+HOSTS = rules(("", ["secrets"], ["get", "list", "watch", "create", "patch", "delete"]))
 LEASES = {("coordination.k8s.io", "leases", v) for v in ["get", "list", "watch", "create", "update", "patch"]}
 
 
 def grants(role: dict) -> set[tuple[str, str, str]]:
+    """(group, resource, verb) of every rule; a rule restricted to resourceNames gives
+    `resource[name]` per name."""
     out = set()
     for rule in role["rules"]:
+        names = rule.get("resourceNames")
         for g in rule["apiGroups"]:
             for r in rule["resources"]:
                 for v in rule["verbs"]:
                     check("*" not in (g, r, v), f"{role['kind']} {role['metadata']['name']} uses a wildcard")
-                    out.add((g, r, v))
+                    out |= {(g, f"{r}[{n}]", v) for n in names} if names else {(g, r, v)}
     return out
+
+
+def unnamed(rules_: set[tuple[str, str, str]]) -> set[tuple[str, str, str]]:
+    """The rules with their resourceNames dropped: a rule on a resource covers it by name."""
+    return {(g, r.split("[")[0], v) for g, r, v in rules_}
 
 
 def by_kind(objs):
@@ -96,6 +113,9 @@ def properties(name: str, objs, notes: str, monitoring: bool, all_on: bool) -> N
     check(sc.get("capabilities") == {"drop": ["ALL"]}, f"{name}: capabilities not exactly drop ALL")
     check(psc.get("seccompProfile", {}).get("type") == "RuntimeDefault", f"{name}: no RuntimeDefault seccomp")
     check(c["args"][0] == "operator" and "--leader-election" in c["args"], f"{name}: operator args {c['args']}")
+    check("--crd-upgrade" in c["args"], f"{name}: the operator does not upgrade an older CRD: {c['args']}")
+    # The appVersion tag of a working-tree chart is reused by every build: always pulled.
+    check(c["imagePullPolicy"] == "Always", f"{name}: pull policy {c['imagePullPolicy']} for {c['image']}")
     env = {e["name"]: e for e in c["env"]}
     check(env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace",
           f"{name}: POD_NAMESPACE not from the downward API")
@@ -123,7 +143,15 @@ def properties(name: str, objs, notes: str, monitoring: bool, all_on: bool) -> N
     check(cluster == CONTRACT, f"{name}: ClusterRole differs from the expected rules: extra {sorted(cluster - CONTRACT)}, "
                                f"missing {sorted(CONTRACT - cluster)}")
     roles = {r["metadata"]["name"]: r for r in k["Role"]}
-    check(set(roles) == {"h3-ingress-operator", "h3-ingress-leader-election"}, f"{name}: Roles {sorted(roles)}")
+    check(set(roles) == {"h3-ingress-operator", "h3-ingress-leader-election", "h3-ingress-operator-hosts"},
+          f"{name}: Roles {sorted(roles)}")
+    if "h3-ingress-operator-hosts" in roles:
+        hosts = roles.pop("h3-ingress-operator-hosts")
+        check(grants(hosts) == HOSTS, f"{name}: the hosts namespace Role is not exactly the mirror rules")
+        check(hosts["metadata"].get("namespace") == "h3-ingress-hosts",
+              f"{name}: the mirrors Role is not in the hosts namespace")
+        (nsobj,) = [n for n in k.get("Namespace", []) if n["metadata"]["name"] == "h3-ingress-hosts"] or [None]
+        check(nsobj is not None, f"{name}: the hosts namespace is not created")
     if "h3-ingress-operator" in roles:
         ns = grants(roles["h3-ingress-operator"])
         check(ns == NAMESPACED, f"{name}: the operator's Role differs: extra {sorted(ns - NAMESPACED)}, "
@@ -131,7 +159,7 @@ def properties(name: str, objs, notes: str, monitoring: bool, all_on: bool) -> N
     if "h3-ingress-leader-election" in roles:
         check(grants(roles["h3-ingress-leader-election"]) == LEASES,
               f"{name}: leader-election Role is not exactly the lease rules")
-    for r in k["Role"]:
+    for r in roles.values():
         check(r["metadata"].get("namespace") == "h3-ingress", f"{name}: Role {r['metadata']['name']} not in the release namespace")
     sa = k["ServiceAccount"][0]["metadata"]["name"]
     for b in k["ClusterRoleBinding"] + k["RoleBinding"]:
@@ -214,6 +242,32 @@ def negative_cases() -> None:
     check("H3IngressNoH3Traffic" not in alerts and len(alerts) == 9, f"disabledAlerts left {alerts}")
 
 
+def crd_upgrade_and_pull_policy() -> None:
+    """crd.upgrade=false drops the CRD patch rule and tells the operator; the pull policy is
+    IfNotPresent only for an image that names one build (a digest, a VERSION-COMMIT tag)."""
+    def operator(values):
+        k = by_kind(helmlib.objects(helmlib.render(values)))
+        (dep,) = k["Deployment"]
+        return k["ClusterRole"][0], dep["spec"]["template"]["spec"]["containers"][0]
+    cr, c = operator({"crd": {"upgrade": False}})
+    check(grants(cr) == CONTRACT_NO_CRD_UPGRADE,
+          f"crd.upgrade=false: ClusterRole extra {sorted(grants(cr) - CONTRACT_NO_CRD_UPGRADE)}, "
+          f"missing {sorted(CONTRACT_NO_CRD_UPGRADE - grants(cr))}")
+    check("--no-crd-upgrade" in c["args"], f"crd.upgrade=false: operator args {c['args']}")
+    cases = [
+        ({"image": {"tag": "0.1.0-3f2a9c1b7d4e"}}, "IfNotPresent"),
+        ({"image": {"digest": "sha256:" + "a" * 64}}, "IfNotPresent"),
+        ({"image": {"tag": "0.1.0"}}, "Always"),
+        ({"image": {"tag": "latest"}}, "Always"),
+        ({"image": {"tag": "0.1.0", "pullPolicy": "IfNotPresent"}}, "IfNotPresent"),
+        ({"image": {"pullPolicy": "Never"}}, "Never"),
+    ]
+    for values, want in cases:
+        _, c = operator(values)
+        check(c["imagePullPolicy"] == want, f"{values}: pull policy {c['imagePullPolicy']}, want {want}")
+    print(f"crd.upgrade=false: no CRD patch rule, --no-crd-upgrade; pull policy right in {len(cases)} image cases")
+
+
 def values_documented() -> None:
     """Every leaf key of values.yaml has a `# --` comment (helm-docs style) right above it."""
     lines = (CHART / "values.yaml").read_text().splitlines()
@@ -282,7 +336,7 @@ def operator_holds_what_it_grants(binary: Path, objs) -> None:
             if obj.get("kind") in ("Role", "ClusterRole"):
                 made += 1
                 granted |= grants(obj)
-    missing = sorted(granted - held)
+    missing = sorted(unnamed(granted) - held)
     check(made > 0 and not missing, f"the operator grants rules it does not hold (needs bind/escalate): {missing}")
     print(f"RBAC escalation: {made} data-plane Roles/ClusterRoles grant {len(granted)} (group, resource, verb); "
           f"the operator holds {'all of them' if not missing else 'NOT ' + str(missing)} without bind/escalate")
@@ -332,6 +386,7 @@ def main() -> int:
                   f"{len(serious)} warnings/errors" + ("".join("\n    " + m for m in msgs) if msgs else ""))
             check(not serious and report["total_charts_linted"] == 1, f"helm lint [{label}] kube {kv}: {msgs}")
     negative_cases()
+    crd_upgrade_and_pull_policy()
     values_documented()
     print(f"validated {total} rendered objects (CRD included) in {len(cases)} renders")
     if failures:

@@ -36,14 +36,20 @@ def main() -> int:
     kinds = sorted(o["kind"] for o in objs)
     print(f"kubectl kustomize deploy/ (kustomize {kustomize.group(1) if kustomize else '?'}): {len(objs)} objects: {kinds}")
     want = {"Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-            "Role", "RoleBinding", "Deployment", "Service"}
+            "Role", "RoleBinding", "Deployment", "Service", "PriorityClass"}
     if set(kinds) != want:
         failures.append(f"kustomize output kinds {set(kinds)} != {want}")
     for o in objs:
         ns = o["metadata"].get("namespace")
-        cluster_scoped = o["kind"] in {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
-        if not cluster_scoped and ns != "h3-ingress":
+        cluster_scoped = o["kind"] in {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
+                                       "PriorityClass"}
+        # The certificate mirrors' Role and binding live in the hosts namespace, nothing else.
+        home = "h3-ingress-hosts" if o["metadata"]["name"].endswith("-operator-hosts") else "h3-ingress"
+        if not cluster_scoped and ns != home:
             failures.append(f"{o['kind']}/{o['metadata']['name']} is in namespace {ns!r}")
+    namespaces = {o["metadata"]["name"] for o in objs if o["kind"] == "Namespace"}
+    if namespaces != {"h3-ingress", "h3-ingress-hosts"}:
+        failures.append(f"namespaces {namespaces} != the release's and the hosts'")
     crd = next(o for o in objs if o["kind"] == "CustomResourceDefinition")
     if crd != yaml.safe_load((ROOT / "crds/http3listeners.h3-ingress.dev.yaml").read_text()):
         failures.append("deploy/ CRD differs from crds/")

@@ -48,7 +48,8 @@ kubectl_plugin() {
     PATH="$WORK/bin:$PATH" kubectl plugin list 2>/dev/null | grep -q "$WORK/bin/kubectl-h3_ingress" \
         || { echo "kubectl plugin list does not show kubectl-h3_ingress"; return 1; }
     local out
-    out=$(PATH="$WORK/bin:$PATH" kubectl h3-ingress status -f $OBS/fixtures/listener-status.yaml) || return 1
+    out=$(PATH="$WORK/bin:$PATH" kubectl h3-ingress status -f $OBS/fixtures/listener-status.yaml \
+          --hosts-file $OBS/fixtures/hosts.json) || return 1
     echo "$out"
     grep -q "Listener nginx-inc: UDP port 443, pods ready 3/3, hosts serving 1/2" <<<"$out" \
         && grep -qE "^  shop.example.com +Serving +Serving +yes +981 " <<<"$out" \

@@ -17,7 +17,12 @@ pub fn binary() -> PathBuf {
 
 pub struct ProxyProcess {
     daemon: Daemon,
-    dir: tempfile::TempDir,
+    /// Shared by the processes started again on the same configuration.
+    dir: std::sync::Arc<tempfile::TempDir>,
+    /// `proxy.log`, then `proxy-2.log`, ... for processes started again.
+    log_name: String,
+    /// The process's own `--probe-socket`.
+    pub probe_socket: PathBuf,
     pub port: u16,
     pub admin: SocketAddr,
 }
@@ -56,10 +61,19 @@ impl ProxyProcess {
         Self::start_logging(config, None)
     }
 
-    fn start_logging(
-        mut config: serde_json::Value,
-        rust_log: Option<String>,
-    ) -> Result<ProxyProcess> {
+    fn start_logging(config: serde_json::Value, rust_log: Option<String>) -> Result<ProxyProcess> {
+        let mut p = Self::launch(config, rust_log)?;
+        p.wait_ready(Duration::from_secs(20))?;
+        Ok(p)
+    }
+
+    /// Starts the proxy like [`ProxyProcess::start`] without waiting for it to be ready.
+    pub fn start_unready(config: serde_json::Value) -> Result<ProxyProcess> {
+        let log = std::env::var("H3I_PROXY_LOG").unwrap_or_else(|_| "info,h3_ingress=debug".into());
+        Self::launch(config, Some(log))
+    }
+
+    fn launch(mut config: serde_json::Value, rust_log: Option<String>) -> Result<ProxyProcess> {
         let dir = tempfile::Builder::new()
             .prefix("h3i-proxy-")
             .tempdir()
@@ -72,10 +86,27 @@ impl ProxyProcess {
         let path = dir.path().join("h3-ingress.yaml");
         std::fs::write(&path, serde_json::to_string_pretty(&config).unwrap())
             .ctx(|| format!("writing {}", path.display()))?;
-        let log = std::fs::File::create(dir.path().join("proxy.log"))
-            .ctx(|| "creating proxy.log".to_string())?;
+        let dir = std::sync::Arc::new(dir);
+        Self::spawn(dir, "proxy.log", "probe.sock", port, admin, rust_log)
+    }
+
+    fn spawn(
+        dir: std::sync::Arc<tempfile::TempDir>,
+        log_name: &str,
+        probe: &str,
+        port: u16,
+        admin: SocketAddr,
+        rust_log: Option<String>,
+    ) -> Result<ProxyProcess> {
+        let log = std::fs::File::create(dir.path().join(log_name))
+            .ctx(|| format!("creating {log_name}"))?;
+        let probe_socket = dir.path().join(probe);
         let mut cmd = Command::new(binary());
-        cmd.arg("proxy").arg("--config").arg(&path);
+        cmd.arg("proxy")
+            .arg("--config")
+            .arg(dir.path().join("h3-ingress.yaml"))
+            .arg("--probe-socket")
+            .arg(&probe_socket);
         match rust_log {
             Some(filter) => cmd.env("RUST_LOG", filter),
             None => cmd.env_remove("RUST_LOG"),
@@ -84,14 +115,70 @@ impl ProxyProcess {
             .stdout(log.try_clone().ctx(|| "log handle".to_string())?)
             .stderr(log);
         let daemon = Daemon::spawn("h3-ingress", cmd)?;
-        let mut p = ProxyProcess {
+        Ok(ProxyProcess {
             daemon,
             dir,
+            log_name: log_name.to_string(),
+            probe_socket,
             port,
             admin,
-        };
-        p.wait_ready(Duration::from_secs(20))?;
+        })
+    }
+
+    /// Starts another `h3-ingress proxy` on this one's configuration file (a restart of the
+    /// standalone proxy: `n` numbers its log and probe socket) and waits until it says it is
+    /// ready on its own probe socket.
+    pub fn start_again(&self, n: u32) -> Result<ProxyProcess> {
+        let log = std::env::var("H3I_PROXY_LOG").unwrap_or_else(|_| "info,h3_ingress=debug".into());
+        let mut p = Self::spawn(
+            self.dir.clone(),
+            &format!("proxy-{n}.log"),
+            &format!("probe-{n}.sock"),
+            self.port,
+            self.admin,
+            Some(log),
+        )?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !p.probe("ready") {
+            if let Some(status) = p.daemon.exited() {
+                return Err(HarnessError::Invalid(format!(
+                    "h3-ingress (again) exited with {status}:\n{}",
+                    p.log()
+                )));
+            }
+            if Instant::now() > deadline {
+                return Err(HarnessError::Invalid(format!(
+                    "h3-ingress (again) not ready after 20 s:\n{}",
+                    p.log()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         Ok(p)
+    }
+
+    /// `h3-ingress probe CHECK` against this process: true when it answers ok.
+    pub fn probe(&self, check: &str) -> bool {
+        self.probe_output(check).0
+    }
+
+    /// `h3-ingress probe CHECK`: whether it answered ok, and what it printed.
+    pub fn probe_output(&self, check: &str) -> (bool, String) {
+        match Command::new(binary())
+            .args(["probe", check, "--socket"])
+            .arg(&self.probe_socket)
+            .output()
+        {
+            Ok(o) => (
+                o.status.success(),
+                format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                ),
+            ),
+            Err(e) => (false, e.to_string()),
+        }
     }
 
     fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
@@ -125,7 +212,7 @@ impl ProxyProcess {
     }
 
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("proxy.log")).unwrap_or_default()
+        std::fs::read_to_string(self.dir.path().join(&self.log_name)).unwrap_or_default()
     }
 
     pub fn config_path(&self) -> PathBuf {

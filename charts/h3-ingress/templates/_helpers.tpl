@@ -55,11 +55,40 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end -}}
 
+{{/* The namespace of the certificate mirrors (see values `hosts`). */}}
+{{- define "h3-ingress.hostsNamespace" -}}
+{{- default (printf "%s-hosts" (.Release.Namespace | default "default")) .Values.hosts.namespace -}}
+{{- end -}}
+
+{{/* The data plane's priority class: the one named, else the chart's own when it creates one. */}}
+{{- define "h3-ingress.dataPlanePriorityClass" -}}
+{{- if .Values.dataPlane.priorityClassName -}}
+{{- .Values.dataPlane.priorityClassName -}}
+{{- else if .Values.dataPlane.priorityClass.create -}}
+{{- include "h3-ingress.fullname" . }}-data-plane
+{{- end -}}
+{{- end -}}
+
 {{- define "h3-ingress.image" -}}
 {{- if .Values.image.digest -}}
 {{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
 {{- else -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The operator's pull policy: image.pullPolicy, or when empty IfNotPresent only for an image that
+names one build (a digest, or a VERSION-COMMIT tag as scripts/release.sh makes: the rule of the
+binary's version::image_is_unique, which picks the data plane's), else Always.
+*/}}
+{{- define "h3-ingress.pullPolicy" -}}
+{{- if .Values.image.pullPolicy -}}
+{{- .Values.image.pullPolicy -}}
+{{- else if regexMatch "(@sha256:[0-9a-f]+|:[^:/]+-[0-9a-f]{7,40})$" (include "h3-ingress.image" .) -}}
+IfNotPresent
+{{- else -}}
+Always
 {{- end -}}
 {{- end -}}
 

@@ -282,6 +282,10 @@ impl Inputs {
             watcher::Event::Apply(l) => self.listener = Some(strip(l)),
             watcher::Event::Delete(_) => self.listener = None,
         }
+        if let Some(l) = &self.listener {
+            // Version skew: fields a newer CRD added are read past, and said once.
+            crate::skew::note_unknown_fields(l);
+        }
         self.debounce.touch(Instant::now());
     }
 

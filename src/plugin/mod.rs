@@ -3,10 +3,12 @@
 //! kubectl runs any executable named `kubectl-<name>` on the PATH as `kubectl <name>`, mapping
 //! `-` in the command to `_` in the file name. `main.rs` dispatches here on argv[0].
 //!
-//! - `status [LISTENER]`: the per-host table of each `Http3Listener`'s status (what the operator
-//!   aggregated from the data plane pods), with conditions and DNS HTTPS records.
+//! - `status [LISTENER]`: each `Http3Listener`'s status (conditions, hosts by state) and a
+//!   per-host table: every host a data plane pod serves (its `/hosts`, read through the API
+//!   server's pod proxy, [`pods`]) and every host the status says is not served, with DNS HTTPS
+//!   records. The listener's status itself lists only hosts not served, so it stays small.
 //! - `check HOST [--node ADDR]`: runs `h3-ingress check` for HOST against a node that runs the
-//!   host's data plane, found through the listener status and its pods when `--node` is absent.
+//!   host's data plane, found through the listeners and their pods when `--node` is absent.
 //!
 //! Formatting and node selection are pure functions; the thin I/O shell reads the API server
 //! (or a file, for offline use and tests).
@@ -25,9 +27,12 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use serde::Deserialize;
 
-use crate::api::{conditions, host_states, Http3Listener, Http3ListenerStatus};
+pub mod pods;
+
+use crate::api::{conditions, host_states, HostReport, Http3Listener, Http3ListenerStatus};
 use crate::config::host_matches;
 use crate::operator::resources::label_selector;
+use crate::operator::status::dns_https_record;
 
 /// File name kubectl looks for to run `kubectl h3-ingress`.
 pub const PLUGIN_EXECUTABLE: &str = "kubectl-h3_ingress";
@@ -103,6 +108,9 @@ enum PluginCommand {
         /// instead of the cluster.
         #[arg(short = 'f', long)]
         filename: Option<PathBuf>,
+        /// With -f: a data plane pod's `/hosts` (JSON) saved earlier, for the served hosts.
+        #[arg(long, requires = "filename")]
+        hosts_file: Option<PathBuf>,
     },
     /// Run `h3-ingress check https://HOST:PORT/ --resolve HOST:PORT:NODE-IP` against a node
     /// that serves HOST over HTTP/3.
@@ -146,15 +154,28 @@ pub fn main() -> ExitCode {
 async fn run(cli: PluginCli) -> Result<ExitCode, PluginError> {
     let (kubeconfig, context) = (cli.kubeconfig.as_deref(), cli.context.as_deref());
     match cli.command {
-        PluginCommand::Status { listener, filename } => {
-            let listeners = match filename {
-                Some(path) => listeners_from_file(&path, listener.as_deref())?,
+        PluginCommand::Status {
+            listener,
+            filename,
+            hosts_file,
+        } => {
+            let (listeners, views) = match filename {
+                Some(path) => {
+                    let listeners = listeners_from_file(&path, listener.as_deref())?;
+                    let views = match hosts_file {
+                        Some(f) => views_from_file(&f, &listeners)?,
+                        None => Views::new(),
+                    };
+                    (listeners, views)
+                }
                 None => {
                     let client = client(kubeconfig, context).await?;
-                    fetch_listeners(&client, listener.as_deref()).await?
+                    let listeners = fetch_listeners(&client, listener.as_deref()).await?;
+                    let views = pods::host_views(&client, &listeners).await;
+                    (listeners, views)
                 }
             };
-            print!("{}", render_status(&listeners));
+            print!("{}", render_status(&listeners, &views));
             Ok(ExitCode::SUCCESS)
         }
         PluginCommand::Check {
@@ -183,6 +204,26 @@ async fn run(cli: PluginCli) -> Result<ExitCode, PluginError> {
     }
 }
 
+/// A saved `/hosts` document, as the view of every listener given.
+fn views_from_file(path: &Path, listeners: &[Http3Listener]) -> Result<Views, PluginError> {
+    let read = |e| PluginError::Read {
+        path: path.to_path_buf(),
+        source: e,
+    };
+    let text = std::fs::read_to_string(path).map_err(read)?;
+    let hosts: Vec<HostReport> = serde_json::from_str(&text)
+        .map_err(|e| read(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
+    Ok(listeners
+        .iter()
+        .map(|l| {
+            (
+                l.metadata.name.clone().unwrap_or_default(),
+                Ok(hosts.clone()),
+            )
+        })
+        .collect())
+}
+
 /// The listeners of a file, or only the one named.
 fn listeners_from_file(path: &Path, name: Option<&str>) -> Result<Vec<Http3Listener>, PluginError> {
     let mut all = read_listeners(path)?;
@@ -191,6 +232,9 @@ fn listeners_from_file(path: &Path, name: Option<&str>) -> Result<Vec<Http3Liste
         if all.is_empty() {
             return Err(PluginError::ListenerNotFound(name.to_string()));
         }
+    }
+    for note in all.iter().filter_map(unknown_fields_note) {
+        eprintln!("{note}");
     }
     Ok(all)
 }
@@ -211,7 +255,7 @@ async fn given_node(
             Err(e) => Err(e),
         };
         match found {
-            Ok(ls) => listener_for_host(&ls, host).map(|l| l.spec.port),
+            Ok(ls) => listener_for_host(&ls, host, &Views::new()).map(|l| l.spec.port),
             Err(e) => {
                 eprintln!("warning: using port 443 ({e})");
                 None
@@ -259,10 +303,10 @@ pub async fn fetch_listeners(
     name: Option<&str>,
 ) -> Result<Vec<Http3Listener>, PluginError> {
     let api: Api<Http3Listener> = Api::all(client.clone());
-    match name {
+    let listeners = match name {
         Some(name) => match api.get_opt(name).await.map_err(PluginError::Api)? {
-            Some(l) => Ok(vec![l]),
-            None => Err(PluginError::ListenerNotFound(name.to_string())),
+            Some(l) => vec![l],
+            None => return Err(PluginError::ListenerNotFound(name.to_string())),
         },
         None => {
             let mut items = api
@@ -271,9 +315,30 @@ pub async fn fetch_listeners(
                 .map_err(PluginError::Api)?
                 .items;
             items.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-            Ok(items)
+            items
+        }
+    };
+    for l in &listeners {
+        if let Some(note) = unknown_fields_note(l) {
+            eprintln!("{note}");
         }
     }
+    Ok(listeners)
+}
+
+/// The plugin's line for a listener with fields it does not know (a CRD newer than this
+/// binary); it runs once per invocation, so each listener's line comes once.
+pub fn unknown_fields_note(l: &Http3Listener) -> Option<String> {
+    let fields = l.unknown_fields();
+    (!fields.is_empty()).then(|| {
+        format!(
+            "note: Http3Listener {} has fields this kubectl-h3_ingress ({}) does not know, \
+             shown as if absent: {}; the served CRD is newer, upgrade the plugin",
+            l.metadata.name.as_deref().unwrap_or("?"),
+            crate::version::BUILD,
+            fields.join(", ")
+        )
+    })
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -287,7 +352,12 @@ pub struct CheckTarget {
 /// The listener serving `host`, then a ready data plane pod of it and that pod's node IP.
 pub async fn find_target(client: &Client, host: &str) -> Result<CheckTarget, PluginError> {
     let listeners = fetch_listeners(client, None).await?;
-    let listener = listener_for_host(&listeners, host)
+    let views = if listener_for_host(&listeners, host, &Views::new()).is_some() {
+        Views::new()
+    } else {
+        pods::host_views(client, &listeners).await
+    };
+    let listener = listener_for_host(&listeners, host, &views)
         .ok_or_else(|| PluginError::HostNotServed(host.to_string()))?;
     let name = listener.metadata.name.clone().unwrap_or_default();
     let pods: Api<Pod> = Api::all(client.clone());
@@ -344,31 +414,44 @@ pub fn parse_listeners(text: &str) -> Result<Vec<Http3Listener>, serde_norway::E
     Ok(out)
 }
 
-/// The listener that serves `host`: one whose status lists it as serving first, then any that
-/// wants it (status or spec), so `check` can still show why it fails.
+/// What each listener's pods serve (`/hosts`), by listener name, or why it could not be read.
+pub type Views = BTreeMap<String, Result<Vec<HostReport>, String>>;
+
+/// The listener that serves `host`: the only one when there is one; else one whose pods serve
+/// it, then any that wants it (its spec, or its status's hosts not served), so `check` can
+/// still show why it fails.
 pub fn listener_for_host<'a>(
     listeners: &'a [Http3Listener],
     host: &str,
+    views: &Views,
 ) -> Option<&'a Http3Listener> {
-    let hosts = |l: &'a Http3Listener| {
-        l.status
+    if let [only] = listeners {
+        return Some(only);
+    }
+    let served = |l: &Http3Listener| {
+        let name = l.metadata.name.clone().unwrap_or_default();
+        views
+            .get(&name)
+            .and_then(|v| v.as_ref().ok())
+            .is_some_and(|hosts| {
+                hosts
+                    .iter()
+                    .any(|h| h.state == host_states::SERVING && host_matches(&h.name, host))
+            })
+    };
+    let wanted = |l: &Http3Listener| {
+        let listed = l
+            .status
             .as_ref()
             .map(|s| s.hosts.as_slice())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        listed.iter().any(|h| host_matches(&h.name, host))
+            || l.spec.hosts.iter().any(|h| host_matches(&h.name, host))
     };
     listeners
         .iter()
-        .find(|l| {
-            hosts(l)
-                .iter()
-                .any(|h| h.state == host_states::SERVING && host_matches(&h.name, host))
-        })
-        .or_else(|| {
-            listeners.iter().find(|l| {
-                hosts(l).iter().any(|h| host_matches(&h.name, host))
-                    || l.spec.hosts.iter().any(|h| host_matches(&h.name, host))
-            })
-        })
+        .find(|l| served(l))
+        .or_else(|| listeners.iter().find(|l| wanted(l)))
 }
 
 /// (pod namespace/name, host IP, node name) of the first ready, running pod with a host IP,
@@ -491,28 +574,99 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
-/// The human view of listener statuses: one block per listener with its conditions and a
-/// per-host table (state, reason, Alt-Svc, h3 requests, Secret, and the Ingress, HTTPRoute or
-/// Gateway the host came from).
-pub fn render_status(listeners: &[Http3Listener]) -> String {
+/// The human view of listener statuses: one block per listener with its conditions, hosts by
+/// state and reason, and a per-host table (state, reason, Alt-Svc, h3 requests, Secret, and
+/// the Ingress, HTTPRoute or Gateway the host came from) from its pods' `/hosts` and its
+/// status.
+pub fn render_status(listeners: &[Http3Listener], views: &Views) -> String {
     if listeners.is_empty() {
         return "No Http3Listener found. Create one (deploy/examples/) and annotate an Ingress with h3-ingress.dev/enabled=true.\n".to_string();
     }
-    let blocks: Vec<String> = listeners.iter().map(render_listener).collect();
+    let blocks: Vec<String> = listeners
+        .iter()
+        .map(|l| {
+            let name = l.metadata.name.clone().unwrap_or_default();
+            render_listener(l, views.get(&name))
+        })
+        .collect();
     blocks.join("\n")
 }
 
-fn render_listener(l: &Http3Listener) -> String {
+fn render_listener(l: &Http3Listener, view: Option<&Result<Vec<HostReport>, String>>) -> String {
     let status = l.status.clone().unwrap_or_default();
     let mut out = summary_line(l, &status);
     out.push_str(&conditions_block(l, &status));
-    if status.hosts.is_empty() {
+    if !status.host_counts.is_empty() {
+        let counts: Vec<String> = status
+            .host_counts
+            .iter()
+            .map(|c| format!("{} {}/{}", c.count, c.state, c.reason))
+            .collect();
+        let _ = writeln!(out, "  Hosts: {}", counts.join(", "));
+    }
+    let rows = host_rows(&status, view);
+    if rows.is_empty() {
         out.push_str("  No hosts: annotate an Ingress of this listener's class, or an HTTPRoute attached to a Gateway of its gatewayClassName, with h3-ingress.dev/enabled=true.\n");
         return out;
     }
-    out.push_str(&hosts_block(&status));
-    out.push_str(&dns_records_block(&status));
+    if let Some(Err(why)) = view {
+        let _ = writeln!(
+            out,
+            "  Served hosts not shown: the data plane's /hosts could not be read ({why})."
+        );
+    }
+    if status.hosts_omitted > 0 {
+        let _ = writeln!(
+            out,
+            "  {} more hosts not served are not listed in the status.",
+            status.hosts_omitted
+        );
+    }
+    out.push_str(&hosts_block(&rows));
+    out.push_str(&dns_records_block(&rows, l.spec.port));
     out
+}
+
+/// Every host a pod serves, then every host the status lists as not served (the status is
+/// the operator's word on those), in name order.
+fn host_rows(
+    status: &Http3ListenerStatus,
+    view: Option<&Result<Vec<HostReport>, String>>,
+) -> Vec<HostReport> {
+    let mut rows: BTreeMap<(String, String), HostReport> = BTreeMap::new();
+    if let Some(Ok(hosts)) = view {
+        for h in hosts.iter().filter(|h| h.state == host_states::SERVING) {
+            rows.insert((h.name.clone(), source_of(h)), h.clone());
+        }
+    }
+    for h in &status.hosts {
+        let r = HostReport {
+            name: h.name.clone(),
+            state: h.state.clone(),
+            reason: h.reason.clone(),
+            message: h.message.clone(),
+            ingress: h.ingress.clone(),
+            http_route: h.http_route.clone(),
+            gateway: h.gateway.clone(),
+            gateway_listener: h.gateway_listener.clone(),
+            secret: h.secret.clone(),
+            ..Default::default()
+        };
+        rows.insert((r.name.clone(), source_of(&r)), r);
+    }
+    rows.into_values().collect()
+}
+
+/// Where a host came from, as people read it.
+fn source_of(h: &HostReport) -> String {
+    crate::api::HostStatus {
+        ingress: h.ingress.clone(),
+        http_route: h.http_route.clone(),
+        gateway: h.gateway.clone(),
+        gateway_listener: h.gateway_listener.clone(),
+        ..Default::default()
+    }
+    .source()
 }
 
 /// `Listener NAME: UDP port, pods ready, hosts serving[, UDP drops and buffers]`.
@@ -572,30 +726,27 @@ fn conditions_block(l: &Http3Listener, status: &Http3ListenerStatus) -> String {
 }
 
 /// The per-host table, then the message of every host that has one.
-fn hosts_block(status: &Http3ListenerStatus) -> String {
-    let requests: BTreeMap<&str, (i64, i64)> = status
-        .requests
-        .iter()
-        .map(|r| (r.host.as_str(), (r.total, r.last5m)))
-        .collect();
-    let count = |host: &str, pick: fn(&(i64, i64)) -> i64| {
-        requests
-            .get(host)
-            .map_or_else(|| "-".to_string(), |n| pick(n).to_string())
-    };
-    let rows: Vec<Vec<String>> = status
-        .hosts
+fn hosts_block(rows: &[HostReport]) -> String {
+    let table_rows: Vec<Vec<String>> = rows
         .iter()
         .map(|h| {
+            let served = h.state == host_states::SERVING;
+            let count = |n: u64| {
+                if served {
+                    n.to_string()
+                } else {
+                    "-".to_string()
+                }
+            };
             vec![
                 h.name.clone(),
                 h.state.clone(),
                 h.reason.clone(),
                 yes_no(h.alt_svc_advertised).to_string(),
-                count(&h.name, |n| n.0),
-                count(&h.name, |n| n.1),
+                count(h.requests),
+                count(h.requests_last5m),
                 h.secret.clone().unwrap_or_else(|| "-".into()),
-                h.source(),
+                source_of(h),
             ]
         })
         .collect();
@@ -610,22 +761,28 @@ fn hosts_block(status: &Http3ListenerStatus) -> String {
         "SOURCE",
     ];
     let mut out = String::new();
-    for line in table(&header, &rows).lines() {
+    for line in table(&header, &table_rows).lines() {
         let _ = writeln!(out, "  {line}");
     }
-    for h in status.hosts.iter().filter(|h| !h.message.is_empty()) {
-        let _ = writeln!(out, "  {}: {}", h.name, h.message);
+    for h in rows {
+        let msg = if h.message.is_empty() {
+            &h.alt_svc_message
+        } else {
+            &h.message
+        };
+        if !msg.is_empty() {
+            let _ = writeln!(out, "  {}: {msg}", h.name);
+        }
     }
     out
 }
 
 /// The DNS HTTPS records of the served hosts, if any.
-fn dns_records_block(status: &Http3ListenerStatus) -> String {
-    let records: Vec<&str> = status
-        .hosts
+fn dns_records_block(rows: &[HostReport], port: u16) -> String {
+    let records: Vec<String> = rows
         .iter()
-        .filter(|h| h.state == host_states::SERVING && !h.dns_https_record.is_empty())
-        .map(|h| h.dns_https_record.as_str())
+        .filter(|h| h.state == host_states::SERVING)
+        .map(|h| dns_https_record(&h.name, port))
         .collect();
     if records.is_empty() {
         return String::new();
@@ -676,36 +833,76 @@ status:
       reason: AsExpected
       message: ""
       lastTransitionTime: "2026-11-30T00:00:00Z"
+  hostCounts:
+    - {state: Serving, reason: Serving, count: 2}
+    - {state: NotServing, reason: SecretNotFound, count: 1}
   hosts:
-    - name: shop.example.com
-      ingress: web/shop
-      secret: web/shop-tls
-      state: Serving
-      reason: Serving
-      altSvcAdvertised: true
-      dnsHttpsRecord: 'shop.example.com. 3600 IN HTTPS 1 . alpn="h3,h2"'
     - name: api.example.com
       ingress: web/shop
       secret: web/api-tls
       state: NotServing
       reason: SecretNotFound
       message: Secret web/api-tls not found
-    - name: "*.apps.example.com"
-      httpRoute: apps/web
-      gateway: infra/gw
-      gatewayListener: https
-      secret: infra/apps-tls
-      state: Serving
-      reason: Serving
-      altSvcAdvertised: false
   nodes: {desired: 3, ready: 2, summary: 2/3}
   udp: {drops: 17, minReceiveBufferBytes: 425984, clamped: true}
-  requests:
-    - {host: shop.example.com, total: 1234, last5m: 56}
 "#;
 
     fn listener() -> Http3Listener {
         parse_listeners(LISTENER).unwrap().remove(0)
+    }
+
+    /// What the listener's pods serve (their `/hosts`).
+    fn views() -> Views {
+        let served = |name: &str, secret: &str, alt: Option<bool>, requests: u64| HostReport {
+            name: name.into(),
+            state: host_states::SERVING.into(),
+            reason: "Serving".into(),
+            secret: Some(secret.into()),
+            alt_svc_advertised: alt,
+            requests,
+            requests_last5m: requests / 22,
+            ..Default::default()
+        };
+        let shop = HostReport {
+            ingress: Some("web/shop".into()),
+            ..served("shop.example.com", "web/shop-tls", Some(true), 1234)
+        };
+        let apps = HostReport {
+            http_route: Some("apps/web".into()),
+            gateway: Some("infra/gw".into()),
+            gateway_listener: Some("https".into()),
+            ..served("*.apps.example.com", "infra/apps-tls", Some(false), 0)
+        };
+        [("nginx".to_string(), Ok(vec![shop, apps]))]
+            .into_iter()
+            .collect()
+    }
+
+    #[test]
+    fn listeners_a_newer_crd_wrote_are_read_with_a_note_naming_the_new_fields() {
+        let newer = LISTENER
+            .replace("  port: 8443\n", "  port: 8443\n  futureTop: 1\n")
+            .replace(
+                "    address: ingress-nginx-controller.ingress-nginx.svc:443\n",
+                "    address: ingress-nginx-controller.ingress-nginx.svc:443\n    futureSetting: x\n",
+            );
+        let ls = parse_listeners(&newer).unwrap();
+        assert_eq!(ls.len(), 1);
+        assert_eq!(ls[0].spec.port, 8443);
+        let note = unknown_fields_note(&ls[0]).expect("a note");
+        assert!(
+            note.contains("Http3Listener nginx")
+                && note.ends_with(
+                    "spec.futureTop, spec.upstream.futureSetting; the served CRD is newer, upgrade the plugin"
+                ),
+            "{note}"
+        );
+        let known = parse_listeners(LISTENER).unwrap();
+        assert_eq!(unknown_fields_note(&known[0]), None);
+        assert!(
+            render_status(&ls, &Views::new()) == render_status(&known, &Views::new()),
+            "the same table"
+        );
     }
 
     #[test]
@@ -720,30 +917,42 @@ status:
 
     #[test]
     fn status_table_shows_every_host_with_reason_and_requests() {
-        let out = render_status(&[listener()]);
+        let out = render_status(&[listener()], &views());
         let expected = "\
 Listener nginx: UDP port 8443, pods ready 2/3, hosts serving 1/3, UDP drops 17, smallest receive buffer 425984 B (CLAMPED by net.core.rmem_max)
   Ready=False (SomeHostsNotServing)  BuffersApplied=False (Clamped)  Degraded=False (AsExpected)
   Ready: 2 of 3 hosts are not served
   BuffersApplied: net.core.rmem_max 212992 is below the requested 4194304
+  Hosts: 2 Serving/Serving, 1 NotServing/SecretNotFound
   HOST                 STATE        REASON           ALT-SVC   H3-REQUESTS   LAST-5M   SECRET           SOURCE
-  shop.example.com     Serving      Serving          yes       1234          56        web/shop-tls     Ingress web/shop
+  *.apps.example.com   Serving      Serving          NO        0             0         infra/apps-tls   HTTPRoute apps/web, Gateway infra/gw listener https
   api.example.com      NotServing   SecretNotFound   unknown   -             -         web/api-tls      Ingress web/shop
-  *.apps.example.com   Serving      Serving          NO        -             -         infra/apps-tls   HTTPRoute apps/web, Gateway infra/gw listener https
+  shop.example.com     Serving      Serving          yes       1234          56        web/shop-tls     Ingress web/shop
   api.example.com: Secret web/api-tls not found
   DNS HTTPS records to publish (first visits can use HTTP/3):
-    shop.example.com. 3600 IN HTTPS 1 . alpn=\"h3,h2\"
+    *.apps.example.com. 3600 IN HTTPS 1 . alpn=\"h3,h2\" port=8443
+    shop.example.com. 3600 IN HTTPS 1 . alpn=\"h3,h2\" port=8443
 ";
         assert_eq!(out, expected, "\n{out}");
+        // Without the pods' view: the hosts the status lists, and why the rest are missing.
+        let unreadable: Views = [(
+            "nginx".to_string(),
+            Err("no ready data plane pod".to_string()),
+        )]
+        .into_iter()
+        .collect();
+        let out = render_status(&[listener()], &unreadable);
+        assert!(out.contains("Served hosts not shown: the data plane's /hosts could not be read (no ready data plane pod)."), "{out}");
+        assert!(!out.contains("shop.example.com "), "{out}");
     }
 
     #[test]
     fn status_without_status_or_listeners_says_what_to_do() {
-        assert!(render_status(&[]).starts_with("No Http3Listener found"));
+        assert!(render_status(&[], &Views::new()).starts_with("No Http3Listener found"));
         let mut l = listener();
         l.status = None;
         l.metadata.generation = Some(1);
-        let out = render_status(&[l]);
+        let out = render_status(&[l], &Views::new());
         assert!(
             out.contains("No conditions yet: is the operator running?"),
             "{out}"
@@ -755,7 +964,8 @@ Listener nginx: UDP port 8443, pods ready 2/3, hosts serving 1/3, UDP drops 17, 
     fn stale_status_is_flagged() {
         let mut l = listener();
         l.metadata.generation = Some(4);
-        assert!(render_status(&[l]).contains("(status is for generation 3, spec is at 4)"));
+        assert!(render_status(&[l], &Views::new())
+            .contains("(status is for generation 3, spec is at 4)"));
     }
 
     #[test]
@@ -782,16 +992,27 @@ Listener nginx: UDP port 8443, pods ready 2/3, hosts serving 1/3, UDP drops 17, 
 
     #[test]
     fn host_lookup_prefers_serving_and_understands_wildcards() {
-        let ls = vec![listener()];
-        assert!(listener_for_host(&ls, "shop.example.com").is_some());
-        assert!(listener_for_host(&ls, "x.apps.example.com").is_some());
-        assert!(listener_for_host(&ls, "a.b.apps.example.com").is_none());
-        assert!(listener_for_host(&ls, "apps.example.com").is_none());
+        let mut other = listener();
+        other.metadata.name = Some("other".into());
+        other.spec.hosts.clear();
+        other.status = None;
+        let ls = vec![other, listener()];
+        let v = views();
+        let name = |l: Option<&Http3Listener>| l.and_then(|l| l.metadata.name.clone());
+        assert_eq!(
+            name(listener_for_host(&ls, "shop.example.com", &v)).as_deref(),
+            Some("nginx")
+        );
+        assert!(listener_for_host(&ls, "x.apps.example.com", &v).is_some());
+        assert!(listener_for_host(&ls, "a.b.apps.example.com", &v).is_none());
+        assert!(listener_for_host(&ls, "apps.example.com", &v).is_none());
         // Wanted but not serving still finds the listener, so check can show the failure.
-        assert!(listener_for_host(&ls, "api.example.com").is_some());
-        // Only in spec.hosts (status not written yet).
-        assert!(listener_for_host(&ls, "static.example.com").is_some());
-        assert!(listener_for_host(&ls, "nope.example.com").is_none());
+        assert!(listener_for_host(&ls, "api.example.com", &Views::new()).is_some());
+        // Only in spec.hosts.
+        assert!(listener_for_host(&ls, "static.example.com", &Views::new()).is_some());
+        assert!(listener_for_host(&ls, "nope.example.com", &v).is_none());
+        // With one listener there is nothing to choose.
+        assert!(listener_for_host(&ls[1..], "nope.example.com", &Views::new()).is_some());
         assert!(host_matches("SHOP.example.com", "shop.EXAMPLE.com"));
     }
 

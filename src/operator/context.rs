@@ -1,0 +1,212 @@
+//! What every reconciliation shares: the API client, the parameters, the caches the watches
+//! fill, the leadership flag and the report source.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::Store;
+use kube::Client;
+use tokio::sync::watch;
+
+use super::metrics::OperatorMetrics;
+use super::reports::ReportFetcher;
+use super::resources::{Params, PodDefaults};
+use super::secrets::SourceSecrets;
+use super::watches::OwnedStores;
+use crate::api::{HostStatus, Http3Listener, SecretRef};
+use crate::config::gateway::GatewayObjects;
+use crate::config::kube::{default_class, with_default_class};
+use crate::gateway_api::GatewayApiWatch;
+
+/// The operator's caches: what reconciles read instead of asking the API server.
+#[derive(Clone)]
+pub struct Caches {
+    /// All Ingresses, kept by a reflector the controller polls.
+    pub ingresses: Store<Ingress>,
+    /// All listeners (the controller's own store), for port conflicts between them.
+    pub listeners: Store<Http3Listener>,
+    /// All IngressClasses: which one is the default.
+    pub classes: Store<IngressClass>,
+    /// The objects the operator made (pruning, the applied-hash check, DaemonSet status).
+    pub owned: OwnedStores,
+    /// Gateways, HTTPRoutes and ReferenceGrants; `None` leaves the Gateway API out entirely.
+    pub gateway_api: Option<Arc<GatewayApiWatch>>,
+    /// The data plane pods (their IPs, for `/status`).
+    pub pods: Store<Pod>,
+    /// The Secrets hosts are served with.
+    pub secrets: SourceSecrets,
+}
+
+/// What the operator remembers of a listener between reconciles. Lost on restart (then the
+/// first reconcile rebuilds it, publishing no per-host event).
+#[derive(Debug, Default, Clone)]
+pub struct Memory {
+    /// The Secrets, Ingresses (`namespace/name`) and Gateways its hosts came from at the last
+    /// reconcile: a change to one of them concerns this listener.
+    pub secrets: BTreeSet<SecretRef>,
+    pub ingresses: BTreeSet<String>,
+    pub gateways: BTreeSet<String>,
+    pub routes: BTreeSet<String>,
+    /// The mirrors every answering pod had applied when all of them last were up to date.
+    pub last_synced: BTreeMap<String, String>,
+    /// Every wanted host's status as last published (for per-host events).
+    pub hosts: Option<Vec<HostStatus>>,
+    /// Prompt looks in a row while its pods load new mirrors.
+    pub settling: u32,
+    /// The hash and generation of each object as the operator last applied it.
+    pub applied: BTreeMap<String, Applied>,
+}
+
+/// An object as last applied: the hash of what was applied, and the version the API server
+/// then had. An object whose cached version moved on (someone edited it) is applied again.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Applied {
+    pub hash: String,
+    pub version: String,
+}
+
+/// Everything a reconciliation needs; shared by all of them.
+pub struct Context {
+    pub client: Client,
+    pub params: Params,
+    pub pod_defaults: PodDefaults,
+    pub ingresses: Store<Ingress>,
+    pub listeners: Store<Http3Listener>,
+    pub classes: Store<IngressClass>,
+    pub owned: OwnedStores,
+    pub gateway_api: Option<Arc<GatewayApiWatch>>,
+    pub pods: Store<Pod>,
+    pub secrets: SourceSecrets,
+    pub leader: watch::Receiver<bool>,
+    pub reports: Arc<dyn ReportFetcher>,
+    pub recorder: Recorder,
+    pub metrics: Arc<OperatorMetrics>,
+    /// Per listener name.
+    pub memory: Mutex<BTreeMap<String, Memory>>,
+    /// Set once every cache listed once; reconciles wait for it.
+    pub caches_ready: Arc<AtomicBool>,
+    /// Version skew: the served CRD against this binary's schema (`operator::crd`).
+    pub crd: Arc<super::crd::CrdCheck>,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        params: Params,
+        caches: Caches,
+        leader: watch::Receiver<bool>,
+        reports: Arc<dyn ReportFetcher>,
+        reporter: Reporter,
+        metrics: Arc<OperatorMetrics>,
+    ) -> Self {
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            params,
+            pod_defaults: PodDefaults::default(),
+            ingresses: caches.ingresses,
+            listeners: caches.listeners,
+            classes: caches.classes,
+            owned: caches.owned,
+            gateway_api: caches.gateway_api,
+            pods: caches.pods,
+            secrets: caches.secrets,
+            leader,
+            reports,
+            metrics,
+            memory: Mutex::new(BTreeMap::new()),
+            caches_ready: Arc::new(AtomicBool::new(false)),
+            crd: super::crd::CrdCheck::disabled(),
+        }
+    }
+
+    /// The check of the served CRD whose verdict the status carries as `CRDCurrent`.
+    pub fn with_crd_check(mut self, crd: Arc<super::crd::CrdCheck>) -> Self {
+        self.crd = crd;
+        self
+    }
+
+    /// What goes into every data plane pod besides the listener's spec.
+    pub fn with_pod_defaults(mut self, pod: PodDefaults) -> Self {
+        self.pod_defaults = pod;
+        self
+    }
+
+    /// Every Ingress as the listeners see it: one without a class belongs to the default
+    /// IngressClass (the data plane counts them the same way).
+    pub fn ingresses(&self) -> Vec<Arc<Ingress>> {
+        let classes = self.classes.state();
+        let default = default_class(classes.iter().map(|c| c.as_ref()));
+        with_default_class(&self.ingresses.state(), default.as_deref())
+    }
+
+    /// The Gateway API objects seen so far (none without the Gateway API).
+    pub fn gateway_objects(&self) -> GatewayObjects {
+        self.gateway_api
+            .as_ref()
+            .map(|g| g.objects())
+            .unwrap_or_default()
+    }
+
+    /// Whether the Gateway API kinds have been listed (or found not served) once; before
+    /// that every route's host would look unwanted.
+    pub fn gateway_api_synced(&self) -> bool {
+        self.gateway_api.as_ref().is_none_or(|g| g.synced())
+    }
+
+    /// Waits until every cache listed once (false when one of them stopped for good).
+    pub async fn wait_for_caches(&self) -> bool {
+        self.ingresses.wait_until_ready().await.is_ok()
+            && self.classes.wait_until_ready().await.is_ok()
+            && self.listeners.wait_until_ready().await.is_ok()
+            && self.pods.wait_until_ready().await.is_ok()
+            && self.secrets.wait_until_ready().await
+            && self.owned.wait_until_ready().await
+    }
+
+    /// A copy of what is remembered of `listener` (default when nothing is).
+    pub fn memory_of(&self, listener: &str) -> Memory {
+        let memory = self.memory.lock().expect("not poisoned");
+        memory.get(listener).cloned().unwrap_or_default()
+    }
+
+    /// How an object (`kind/namespace/name`) was last applied for `listener`.
+    pub fn applied(&self, listener: &str, key: &str) -> Option<Applied> {
+        let memory = self.memory.lock().expect("not poisoned");
+        memory.get(listener)?.applied.get(key).cloned()
+    }
+
+    /// Changes what is remembered of `listener`.
+    pub fn remember(&self, listener: &str, f: impl FnOnce(&mut Memory)) {
+        let mut memory = self.memory.lock().expect("not poisoned");
+        f(memory.entry(listener.to_string()).or_default());
+    }
+
+    /// Forgets a listener that is gone.
+    pub fn forget(&self, listener: &str) {
+        self.memory.lock().expect("not poisoned").remove(listener);
+    }
+
+    /// The listeners whose hosts came from this Secret at their last reconcile.
+    pub fn listeners_of_secret(&self, r: &SecretRef) -> Vec<String> {
+        let memory = self.memory.lock().expect("not poisoned");
+        memory
+            .iter()
+            .filter(|(_, m)| m.secrets.contains(r))
+            .map(|(l, _)| l.clone())
+            .collect()
+    }
+
+    /// Every Secret some listener references (the Secret cache keeps only these).
+    pub fn all_secrets(&self) -> BTreeSet<SecretRef> {
+        let memory = self.memory.lock().expect("not poisoned");
+        memory
+            .values()
+            .flat_map(|m| m.secrets.iter().cloned())
+            .collect()
+    }
+}
