@@ -556,6 +556,9 @@ fn ten_thousand_mirrors() {
     let log_path = dir.path().join("proxy.log");
     let mut child = Command::new(env!("CARGO_BIN_EXE_h3-ingress"))
         .args(["proxy", "--listener", LISTENER, "--hosts-namespace", NS])
+        // Its own probe socket, not the pod default in the machine's shared /tmp.
+        .arg("--probe-socket")
+        .arg(dir.path().join("probe.sock"))
         .env("KUBECONFIG", kubeconfig(dir.path(), api_addr))
         .env_remove("KUBERNETES_SERVICE_HOST")
         .env_remove("RUST_LOG")
