@@ -31,6 +31,10 @@ pub trait AdminSource: Send + Sync + 'static {
     fn status(&self) -> Option<String> {
         None
     }
+    /// The `/hosts` JSON document (one entry per host); `None` when there is none (404).
+    fn hosts(&self) -> Option<String> {
+        None
+    }
 }
 
 fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
@@ -74,6 +78,10 @@ pub fn route(source: &dyn AdminSource, method: &Method, path: &str) -> Response<
             Some(json) => text(StatusCode::OK, "application/json", json),
             None => not_found(),
         },
+        "/hosts" => match source.hosts() {
+            Some(json) => text(StatusCode::OK, "application/json", json),
+            None => not_found(),
+        },
         _ => not_found(),
     }
 }
@@ -82,7 +90,7 @@ fn not_found() -> Response<Full<Bytes>> {
     text(
         StatusCode::NOT_FOUND,
         "text/plain",
-        "not found; try /metrics /healthz /readyz (and /status on the data plane)\n".into(),
+        "not found; try /metrics /healthz /readyz (and /status, /hosts on the data plane)\n".into(),
     )
 }
 
@@ -177,8 +185,9 @@ mod tests {
         let m = get("/metrics");
         assert_eq!(m.headers()[header::CONTENT_TYPE], METRICS_CONTENT_TYPE);
         assert_eq!(body(m).await, "fake_total 1\n");
-        // No status document: /status is not a route.
+        // No status document: /status is not a route, nor /hosts.
         assert_eq!(get("/status").status(), StatusCode::NOT_FOUND);
+        assert_eq!(get("/hosts").status(), StatusCode::NOT_FOUND);
         assert_eq!(
             route(&f, &Method::POST, "/metrics").status(),
             StatusCode::METHOD_NOT_ALLOWED

@@ -9,6 +9,11 @@ use tracing_subscriber::EnvFilter;
 /// this filter needs none.
 pub const SERVER: &str = "warn,h3_ingress=info";
 
+/// The data plane's default: [`SERVER`], except kube-runtime's watcher, which warns on every
+/// retry of a refused watch (a 403 while the operator's RBAC is pending, every backoff step);
+/// the proxy's source logs each watch failure itself, at most once per cause per minute.
+pub const PROXY: &str = "warn,h3_ingress=info,kube_runtime::watcher=error";
+
 /// The default filter of the one-shot commands: warnings and errors only.
 pub const QUIET: &str = "warn";
 
@@ -80,5 +85,27 @@ mod tests {
         assert!(!text.contains("ours-debug"), "{text}");
         assert!(!text.contains("dep-info"), "{text}");
         assert_eq!(text.matches("dep-warn").count(), 7, "{text}");
+    }
+
+    #[test]
+    fn the_proxy_default_leaves_refused_watches_to_the_source() {
+        let out = Captured::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(EnvFilter::new(PROXY))
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(target: "h3_ingress::proxy::source::kube", "ours-info");
+            tracing::warn!(target: "kube_runtime::watcher", "watcher-warn");
+            tracing::error!(target: "kube_runtime::watcher", "watcher-error");
+            tracing::warn!(target: "kube_client", "client-warn");
+        });
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        for shown in ["ours-info", "watcher-error", "client-warn"] {
+            assert!(text.contains(shown), "{shown}: {text}");
+        }
+        assert!(!text.contains("watcher-warn"), "{text}");
     }
 }

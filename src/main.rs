@@ -116,7 +116,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Err(e) => invalid_config(&e),
         }),
         Command::Proxy(args) => {
-            logging::init(logging::SERVER);
+            logging::init(logging::PROXY);
             let shutdown = lifecycle::shutdown_token().context("installing the signal handlers")?;
             match h3_ingress::proxy::run::run(args, shutdown).await {
                 Ok(()) => Ok(ExitCode::SUCCESS),

@@ -94,3 +94,29 @@ fn crd_subcommand_prints_the_checked_in_crd() {
     .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), on_disk);
 }
+
+/// Kubernetes mode needs the namespace of the certificate mirrors: from the flag or from
+/// `H3I_HOSTS_NAMESPACE`, never guessed.
+#[test]
+fn kubernetes_mode_names_the_missing_hosts_namespace() {
+    let out = bin()
+        .args(["proxy", "--listener", "public"])
+        .env_remove("H3I_HOSTS_NAMESPACE")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--hosts-namespace"), "{stderr}");
+    // With the variable set, the flags parse and the proxy goes on to look for a cluster
+    // (there is none here: KUBECONFIG points nowhere).
+    let out = bin()
+        .args(["proxy", "--listener", "public"])
+        .env("H3I_HOSTS_NAMESPACE", "h3-hosts")
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("--hosts-namespace"), "{stderr}");
+    assert!(stderr.contains("Kubernetes API"), "{stderr}");
+}

@@ -1,11 +1,14 @@
 //! The data plane's Kubernetes source end to end against a mock API server that speaks the
-//! list + streaming watch protocol: objects in, `ProxyConfig`s out on the channel; a rotated
-//! certificate and a new Ingress host arrive live; only the referenced Secrets are ever
-//! requested (by name); when the API server goes away nothing is sent, so the proxy keeps its
-//! last good configuration. Without the Gateway API's CRDs (404) all of that works; with them,
-//! an accepted annotated HTTPRoute is served with its Gateway listener's certificate. Then the
-//! same source driving the real proxy, as `proxy --listener` runs it: live certificate rotation, and an invalid spec counted as an
-//! invalid reload exactly like a bad file in standalone mode.
+//! list + streaming watch protocol: the listener and its certificate mirrors in,
+//! `ProxyConfig`s out on the channel. The source opens exactly two watches (the listener by
+//! name, the mirrors by label and type in the hosts namespace) and asks for nothing else: no
+//! Ingress, no Gateway API kind, no Secret elsewhere. A new mirror adds its hosts, a rotated
+//! one swaps the certificate, a deleted one removes its hosts, a broken one is a failure while
+//! the others serve, an unchanged resourceVersion is not parsed again (not even on a relist),
+//! and when the API server goes away nothing is sent, so the proxy keeps its last good
+//! configuration. Then the same source driving the real proxy, as `proxy --listener` runs it:
+//! live certificate rotation, the digest on `/status`, `/hosts`, and an invalid spec counted as
+//! an invalid reload exactly like a bad file in standalone mode.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -23,12 +26,17 @@ use kube::Client;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use h3_ingress::api::mirror;
 use h3_ingress::config::ProxyConfig;
 use h3_ingress::proxy::source::kube::watch_listener;
 use h3_ingress::proxy::ConfigUpdate;
 
 type RespBody = UnsyncBoxBody<Bytes, Infallible>;
 type Handle = tower_test::mock::Handle<Request<Body>, Response<RespBody>>;
+
+const NS: &str = "h3-hosts";
+const LISTENERS: &str = "/apis/h3-ingress.dev/v1alpha1/http3listeners";
+const MIRRORS: &str = "/api/v1/namespaces/h3-hosts/secrets";
 
 fn full(v: Value) -> RespBody {
     http_body_util::Full::new(Bytes::from(serde_json::to_vec(&v).unwrap()))
@@ -51,28 +59,41 @@ fn listener() -> Value {
            "spec": {"ingressClassName": "nginx", "upstream": {"address": "10.0.0.1:443"}}})
 }
 
-fn ingress(hosts: &[(&str, &str)], rv: &str) -> Value {
-    json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
-           "metadata": {"name": "web", "namespace": "shop", "resourceVersion": rv,
-                        "annotations": {"h3-ingress.dev/enabled": "true"}},
-           "spec": {"ingressClassName": "nginx",
-                    "tls": hosts.iter().map(|(h, s)| json!({"hosts": [h], "secretName": s})).collect::<Vec<_>>()}})
+/// A certificate and key for `names`, with the leaf's SHA-256.
+struct Cert {
+    cert: String,
+    key: String,
+    sha: String,
 }
 
-fn secret(name: &str, host: &str, rv: &str) -> (Value, String) {
-    use base64_free::encode;
-    let ck = rcgen::generate_simple_self_signed(vec![host.to_string()]).unwrap();
-    let der_sha = {
+fn cert(names: &[&str]) -> Cert {
+    let ck =
+        rcgen::generate_simple_self_signed(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .unwrap();
+    let sha = {
         use sha2::Digest;
         hex::encode(sha2::Sha256::digest(ck.cert.der().as_ref() as &[u8]))
     };
-    (
-        json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
-               "metadata": {"name": name, "namespace": "shop", "resourceVersion": rv},
-               "data": {"tls.crt": encode(ck.cert.pem().as_bytes()),
-                        "tls.key": encode(ck.signing_key.serialize_pem().as_bytes())}}),
-        der_sha,
-    )
+    Cert {
+        cert: ck.cert.pem(),
+        key: ck.signing_key.serialize_pem(),
+        sha,
+    }
+}
+
+/// The mirror Secret `name` (resourceVersion `rv`) serving `hosts` with `c`.
+fn mirror_secret(name: &str, rv: &str, c: &Cert, hosts: &[&str]) -> Value {
+    use base64_free::encode;
+    let doc = json!({"hosts": hosts.iter().map(|h| json!({"name": h, "source": format!("Ingress shop/{name}")})).collect::<Vec<_>>()});
+    json!({"apiVersion": "v1", "kind": "Secret", "type": mirror::SECRET_TYPE,
+           "metadata": {"name": name, "namespace": NS, "resourceVersion": rv,
+                        "labels": {mirror::LISTENER_LABEL: "public"},
+                        "annotations": {mirror::SOURCE_ANNOTATION: format!("shop/{name}-tls"),
+                                        "kubectl.kubernetes.io/last-applied-configuration": "{}"},
+                        "managedFields": [{"manager": "h3-ingress-operator", "operation": "Apply"}]},
+           "data": {mirror::CERT_KEY: encode(c.cert.as_bytes()),
+                    mirror::KEY_KEY: encode(c.key.as_bytes()),
+                    mirror::HOSTS_KEY: encode(doc.to_string().as_bytes())}})
 }
 
 /// Standard base64 without pulling a crate in for one test.
@@ -104,32 +125,32 @@ fn event(kind: &str, obj: &Value) -> Bytes {
 
 #[derive(Default)]
 struct World {
-    /// Objects listed per collection path; a Secret list is filtered by the name selector.
-    secrets: BTreeMap<String, Value>,
-    ingress: Option<Value>,
-    /// Open watch streams per collection path (Secrets: path + name).
-    watches: BTreeMap<String, mpsc::UnboundedSender<Bytes>>,
-    /// Every Secret request, as `path?query`.
-    secret_requests: Vec<String>,
-    down: bool,
+    /// The mirrors to list, by name.
+    mirrors: BTreeMap<String, Value>,
     /// The listener to list (the default one when unset).
     listener: Option<Value>,
-    /// IngressClasses to list.
-    classes: Vec<Value>,
-    /// Gateways, HTTPRoutes and ReferenceGrants to list by collection path; without any, the
-    /// Gateway API is not installed (404, as an API server without its CRDs answers).
-    gateway_api: BTreeMap<String, Vec<Value>>,
+    /// Open watch streams per collection path.
+    watches: BTreeMap<String, mpsc::UnboundedSender<Bytes>>,
+    /// Every request, as `path?query`.
+    requests: Vec<String>,
+    down: bool,
 }
 
-fn not_found() -> Response<RespBody> {
+fn status(code: u16, reason: &str) -> Response<RespBody> {
     Response::builder()
-        .status(404)
+        .status(code)
         .body(full(
             json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
-                          "status": "Failure", "reason": "NotFound", "code": 404,
-                          "message": "the server could not find the requested resource"}),
+                          "status": "Failure", "reason": reason, "code": code,
+                          "message": reason}),
         ))
         .unwrap()
+}
+
+fn query_param<'a>(query: &'a str, key: &str) -> Option<&'a str> {
+    query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
 }
 
 async fn api_server(mut handle: Handle, world: Arc<Mutex<World>>) {
@@ -138,60 +159,23 @@ async fn api_server(mut handle: Handle, world: Arc<Mutex<World>>) {
         let query = req.uri().query().unwrap_or_default().to_string();
         let watch = query.contains("watch=true");
         let mut w = world.lock().unwrap();
+        w.requests.push(format!("{path}?{query}"));
         if w.down {
-            send.send_response(
-                Response::builder()
-                    .status(503)
-                    .body(full(json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
-                                      "status": "Failure", "code": 503, "message": "apiserver down"})))
-                    .unwrap(),
-            );
+            send.send_response(status(503, "ServiceUnavailable"));
             continue;
         }
-        let selected_name = query
-            .split('&')
-            .find_map(|kv| kv.strip_prefix("fieldSelector=metadata.name%3D"))
-            .map(str::to_string);
-        if path.starts_with("/apis/gateway.networking.k8s.io/") && w.gateway_api.is_empty() {
-            send.send_response(not_found());
-            continue;
-        }
-        let (key, items): (String, Vec<Value>) = match path.as_str() {
-            "/apis/h3-ingress.dev/v1alpha1/http3listeners" => {
-                assert_eq!(
-                    selected_name.as_deref(),
-                    Some("public"),
-                    "the listener is watched by name: {query}"
-                );
-                (
-                    path.clone(),
-                    vec![w.listener.clone().unwrap_or_else(listener)],
-                )
+        let items: Vec<Value> = match path.as_str() {
+            LISTENERS => vec![w.listener.clone().unwrap_or_else(listener)],
+            MIRRORS => w.mirrors.values().cloned().collect(),
+            // Anything else is a request the source must not make; the test fails on it.
+            _ => {
+                send.send_response(status(404, "NotFound"));
+                continue;
             }
-            "/apis/networking.k8s.io/v1/ingresses" => {
-                (path.clone(), w.ingress.clone().into_iter().collect())
-            }
-            "/apis/networking.k8s.io/v1/ingressclasses" => (path.clone(), w.classes.clone()),
-            p if p.starts_with("/apis/gateway.networking.k8s.io/") => (
-                path.clone(),
-                w.gateway_api.get(p).cloned().unwrap_or_default(),
-            ),
-            p if p.starts_with("/api/v1/namespaces/") && p.ends_with("/secrets") => {
-                w.secret_requests.push(format!("{path}?{query}"));
-                let name = selected_name.unwrap_or_else(|| {
-                    panic!("a Secret request without a name selector: {path}?{query}")
-                });
-                let key = format!("{path}/{name}");
-                (
-                    key.clone(),
-                    w.secrets.get(&key).cloned().into_iter().collect(),
-                )
-            }
-            other => panic!("unexpected request {other}?{query}"),
         };
         let body = if watch {
             let (tx, rx) = mpsc::unbounded_channel();
-            w.watches.insert(key, tx);
+            w.watches.insert(path, tx);
             streaming(rx)
         } else {
             full(
@@ -200,6 +184,42 @@ async fn api_server(mut handle: Handle, world: Arc<Mutex<World>>) {
         };
         send.send_response(Response::builder().status(200).body(body).unwrap());
     }
+}
+
+/// Every request the source made asks for exactly the listener by name or the mirrors by
+/// label and type: two collections, nothing else.
+fn assert_only_the_two_watches(world: &Arc<Mutex<World>>) {
+    let requests = world.lock().unwrap().requests.clone();
+    assert!(!requests.is_empty());
+    for r in &requests {
+        let (path, query) = r.split_once('?').unwrap();
+        match path {
+            LISTENERS => assert_eq!(
+                query_param(query, "fieldSelector"),
+                Some("metadata.name%3Dpublic"),
+                "{r}"
+            ),
+            MIRRORS => {
+                assert_eq!(
+                    query_param(query, "labelSelector"),
+                    Some("h3-ingress.dev%2Flistener%3Dpublic"),
+                    "{r}"
+                );
+                assert_eq!(
+                    query_param(query, "fieldSelector"),
+                    Some("type%3Dh3-ingress.dev%2Fhost-certificate"),
+                    "{r}"
+                );
+            }
+            _ => panic!("the source asked for something else than its two watches: {r}"),
+        }
+    }
+    let watched: std::collections::BTreeSet<&str> = requests
+        .iter()
+        .filter(|r| r.contains("watch=true"))
+        .map(|r| r.split_once('?').unwrap().0)
+        .collect();
+    assert_eq!(watched, [MIRRORS, LISTENERS].into_iter().collect());
 }
 
 async fn next(rx: &mut mpsc::Receiver<ConfigUpdate>, what: &str) -> ProxyConfig {
@@ -211,6 +231,12 @@ async fn next(rx: &mut mpsc::Receiver<ConfigUpdate>, what: &str) -> ProxyConfig 
         ConfigUpdate::Apply(c) => *c,
         ConfigUpdate::Invalid(why) => panic!("{what}: rejected: {why}"),
     }
+}
+
+/// Nothing is sent for `secs` seconds.
+async fn quiet(rx: &mut mpsc::Receiver<ConfigUpdate>, secs: u64, what: &str) {
+    let got = tokio::time::timeout(Duration::from_secs(secs), rx.recv()).await;
+    assert!(got.is_err(), "{what}: {:?}", got.unwrap());
 }
 
 async fn wait_for_watch(world: &Arc<Mutex<World>>, key: &str) -> mpsc::UnboundedSender<Bytes> {
@@ -227,193 +253,203 @@ fn leaf(c: &ProxyConfig, host: &str) -> String {
     c.hosts.lookup(host).unwrap().leaf_sha256.clone()
 }
 
-#[tokio::test]
-async fn objects_in_configs_out_live_updates_and_last_good_config_when_the_api_goes_away() {
+fn digest_of(pairs: &[(&str, &str)]) -> String {
+    mirror::digest(pairs.iter().copied())
+}
+
+type Source = tokio::task::JoinHandle<Result<(), h3_ingress::proxy::source::kube::WatchError>>;
+
+/// A source against a mock API server whose mirrors are `mirrors`.
+fn start_source(
+    mirrors: &[(&str, Value)],
+) -> (Arc<Mutex<World>>, mpsc::Receiver<ConfigUpdate>, Source) {
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<RespBody>>();
     let client = Client::new(svc, "default");
     let world = Arc::new(Mutex::new(World::default()));
-    let secrets_path = "/api/v1/namespaces/shop/secrets";
-    let (s1, sha1) = secret("web-tls", "a.example.com", "10");
     {
         let mut w = world.lock().unwrap();
-        w.ingress = Some(ingress(&[("a.example.com", "web-tls")], "5"));
-        w.secrets.insert(format!("{secrets_path}/web-tls"), s1);
+        for (name, m) in mirrors {
+            w.mirrors.insert(name.to_string(), m.clone());
+        }
     }
     tokio::spawn(api_server(handle, world.clone()));
-    let (tx, mut rx) = mpsc::channel(4);
-    let source = tokio::spawn(watch_listener(client, "public".into(), tx));
+    let (tx, rx) = mpsc::channel(4);
+    let source = tokio::spawn(watch_listener(client, "public".into(), NS.into(), tx));
+    (world, rx, source)
+}
 
-    // 1. The first configuration, built by the same pure function as the file mode.
-    let c1 = next(&mut rx, "initial objects").await;
+#[tokio::test]
+async fn mirrors_in_configs_out_and_nothing_else_is_asked_for() {
+    let (ca, cb) = (cert(&["a.example.com"]), cert(&["b.example.com"]));
+    let (world, mut rx, source) = start_source(&[
+        ("m-a", mirror_secret("m-a", "10", &ca, &["a.example.com"])),
+        ("m-b", mirror_secret("m-b", "11", &cb, &["b.example.com"])),
+    ]);
+
+    // 1. The first configuration: both mirrors, and what was applied is their digest.
+    let c1 = next(&mut rx, "initial mirrors").await;
     assert_eq!(c1.listen.port, 443);
     assert_eq!(c1.upstream.address.to_string(), "10.0.0.1:443");
-    assert_eq!(leaf(&c1, "a.example.com"), sha1);
-    assert_eq!(c1.host_reports.len(), 1);
-    assert_eq!(c1.host_reports[0].ingress.as_deref(), Some("shop/web"));
+    assert_eq!(leaf(&c1, "a.example.com"), ca.sha);
+    assert_eq!(leaf(&c1, "b.example.com"), cb.sha);
+    let a = c1.hosts.lookup("a.example.com").unwrap();
+    assert_eq!(
+        (a.secret.as_deref(), a.source.as_str()),
+        (Some("shop/m-a-tls"), "Ingress shop/m-a")
+    );
+    let r = c1.mirrors.as_ref().unwrap();
+    assert_eq!((r.synced, r.count, r.failed_count), (true, 2, 0));
+    assert_eq!(r.digest, digest_of(&[("m-a", "10"), ("m-b", "11")]));
+    let mirrors = wait_for_watch(&world, MIRRORS).await;
 
-    // 2. cert-manager renews the certificate: the new one arrives without a restart.
-    let (s2, sha2) = secret("web-tls", "a.example.com", "11");
-    wait_for_watch(&world, &format!("{secrets_path}/web-tls"))
-        .await
-        .send(event("MODIFIED", &s2))
-        .unwrap();
-    let c2 = next(&mut rx, "rotated certificate").await;
-    assert_eq!(leaf(&c2, "a.example.com"), sha2);
-    assert_ne!(sha1, sha2);
+    // 2. A new mirror adds its hosts.
+    let cc = cert(&["c.example.com", "d.example.com"]);
+    let m_c = mirror_secret("m-c", "12", &cc, &["c.example.com", "d.example.com"]);
+    mirrors.send(event("ADDED", &m_c)).unwrap();
+    let c2 = next(&mut rx, "new mirror").await;
+    assert_eq!(leaf(&c2, "d.example.com"), cc.sha);
+    assert_eq!(c2.hosts.len(), 4);
 
-    // 3. The Ingress gains a host whose Secret does not exist (yet): a new watch for exactly
-    //    that Secret, and a per-host reason.
-    wait_for_watch(&world, "/apis/networking.k8s.io/v1/ingresses")
-        .await
+    // 3. A rotated mirror (a new resourceVersion) swaps the certificate.
+    let ca2 = cert(&["a.example.com"]);
+    mirrors
         .send(event(
             "MODIFIED",
-            &ingress(
-                &[("a.example.com", "web-tls"), ("b.example.com", "b-tls")],
-                "6",
-            ),
+            &mirror_secret("m-a", "13", &ca2, &["a.example.com"]),
         ))
         .unwrap();
-    let c3 = next(&mut rx, "new Ingress host").await;
-    assert_eq!(leaf(&c3, "a.example.com"), sha2);
-    let b = c3
-        .host_reports
-        .iter()
-        .find(|h| h.name == "b.example.com")
+    let c3 = next(&mut rx, "rotated mirror").await;
+    assert_eq!(leaf(&c3, "a.example.com"), ca2.sha);
+    assert_eq!(leaf(&c3, "b.example.com"), cb.sha);
+
+    // 4. The same resourceVersion again (even with other bytes, which the API server never
+    //    sends) is not parsed again: nothing is sent.
+    let other = cert(&["a.example.com"]);
+    mirrors
+        .send(event(
+            "MODIFIED",
+            &mirror_secret("m-a", "13", &other, &["a.example.com"]),
+        ))
         .unwrap();
+    quiet(&mut rx, 1, "an unchanged resourceVersion").await;
+
+    // 5. A deleted mirror removes its hosts.
+    mirrors.send(event("DELETED", &m_c)).unwrap();
+    let c5 = next(&mut rx, "deleted mirror").await;
+    assert!(c5.hosts.lookup("c.example.com").is_none());
+    assert_eq!(c5.hosts.len(), 2);
     assert_eq!(
-        (b.state.as_str(), b.reason.as_str()),
-        ("NotServing", "SecretNotFound")
+        c5.mirrors.unwrap().digest,
+        digest_of(&[("m-a", "13"), ("m-b", "11")])
     );
+    assert_only_the_two_watches(&world);
+    drop(mirrors);
+    continue_when_broken_or_gone(world, rx, source, ca2.sha).await;
+}
 
-    // 4. The Secret appears: b is served.
-    let (sb, shab) = secret("b-tls", "b.example.com", "12");
-    wait_for_watch(&world, &format!("{secrets_path}/b-tls"))
+/// The second half of the test above: a broken mirror, a relist, the API server gone.
+async fn continue_when_broken_or_gone(
+    world: Arc<Mutex<World>>,
+    mut rx: mpsc::Receiver<ConfigUpdate>,
+    source: Source,
+    a_sha: String,
+) {
+    // 6. A broken mirror (its key belongs to another certificate) is a failure; the others
+    //    still serve.
+    let mut broken = cert(&["e.example.com"]);
+    broken.key = cert(&["e.example.com"]).key;
+    wait_for_watch(&world, MIRRORS)
         .await
-        .send(event("ADDED", &sb))
+        .send(event(
+            "ADDED",
+            &mirror_secret("m-e", "14", &broken, &["e.example.com"]),
+        ))
         .unwrap();
-    let c4 = next(&mut rx, "new Secret").await;
-    assert_eq!(leaf(&c4, "b.example.com"), shab);
+    let c6 = next(&mut rx, "broken mirror").await;
+    assert!(c6.hosts.lookup("e.example.com").is_none());
+    assert_eq!(leaf(&c6, "a.example.com"), a_sha);
+    let r = c6.mirrors.unwrap();
+    assert_eq!((r.count, r.failed_count), (3, 1));
+    assert_eq!(r.failed[0].mirror, "m-e");
+    assert_eq!(r.failed[0].reason, "CertificateInvalid");
+    assert_eq!(c6.host_reports[0].name, "e.example.com");
 
-    // Only the two referenced Secrets were ever asked for, each by name.
-    let requests = world.lock().unwrap().secret_requests.clone();
-    assert!(!requests.is_empty());
-    for r in &requests {
-        assert!(
-            r.contains("metadata.name%3Dweb-tls") || r.contains("metadata.name%3Db-tls"),
-            "{r}"
-        );
+    // 7. The mirrors' watch expires (410 Gone): the source lists them again. The list carries
+    //    the same resourceVersions (with other bytes under m-a's), so nothing is parsed or
+    //    sent.
+    let lists = |w: &World| {
+        let is_list = |r: &&String| r.starts_with(MIRRORS) && !r.contains("watch=true");
+        w.requests.iter().filter(is_list).count()
+    };
+    let lists_before = {
+        let mut w = world.lock().unwrap();
+        let other = cert(&["a.example.com"]);
+        w.mirrors.clear();
+        for (name, rv, c, h) in [
+            ("m-a", "13", &other, "a.example.com"),
+            ("m-b", "11", &cert(&["b.example.com"]), "b.example.com"),
+            ("m-e", "14", &broken, "e.example.com"),
+        ] {
+            w.mirrors
+                .insert(name.into(), mirror_secret(name, rv, c, &[h]));
+        }
+        lists(&w)
+    };
+    let gone = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                      "reason": "Expired", "code": 410, "message": "too old resource version"});
+    let expired = wait_for_watch(&world, MIRRORS).await;
+    expired.send(event("ERROR", &gone)).unwrap();
+    drop(expired);
+    for _ in 0..200 {
+        if lists(&world.lock().unwrap()) > lists_before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
     }
+    assert!(lists(&world.lock().unwrap()) > lists_before, "no relist");
+    quiet(&mut rx, 1, "a relist with the same resourceVersions").await;
 
-    // 5. The API server goes away: streams end, every request fails. Nothing is sent, so the
-    //    proxy keeps c4; the source keeps retrying instead of giving up.
+    // 8. The API server goes away: streams end, every request fails. Nothing is sent, so the
+    //    proxy keeps its configuration; the source keeps retrying instead of giving up.
     {
         let mut w = world.lock().unwrap();
         w.down = true;
         w.watches.clear();
     }
-    let quiet = tokio::time::timeout(Duration::from_secs(4), rx.recv()).await;
-    assert!(
-        quiet.is_err(),
-        "a config was sent while the API server was down"
-    );
+    quiet(
+        &mut rx,
+        4,
+        "a config was sent while the API server was down",
+    )
+    .await;
     assert!(!source.is_finished(), "the source gave up");
+    assert_only_the_two_watches(&world);
 
-    // 6. The proxy shutting down (receiver dropped) ends the source cleanly.
+    // 9. The proxy shutting down (receiver dropped) ends the source cleanly.
     drop(rx);
     let done = tokio::time::timeout(Duration::from_secs(5), source).await;
     assert!(matches!(done, Ok(Ok(Ok(())))), "{done:?}");
 }
 
-fn route(annotated: bool, rv: &str) -> Value {
-    let annotations = if annotated {
-        json!({"h3-ingress.dev/enabled": "true"})
-    } else {
-        json!({})
-    };
-    json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
-           "metadata": {"name": "web", "namespace": "shop", "resourceVersion": rv, "uid": "r1",
-                        "generation": 1, "annotations": annotations},
-           "spec": {"parentRefs": [{"name": "gw"}], "hostnames": ["a.example.com"]},
-           "status": {"parents": [{"parentRef": {"name": "gw"}, "controllerName": "example.com/gw",
-               "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted",
-                   "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}]}})
-}
-
+/// No mirror yet (a listener without hosts, or RBAC not granted yet): no configuration at
+/// all until the list completes; an empty list is a configuration with no host.
 #[tokio::test]
-async fn an_accepted_annotated_httproute_is_served_with_the_gateway_certificate_until_unannotated()
-{
-    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<RespBody>>();
-    let client = Client::new(svc, "default");
-    let world = Arc::new(Mutex::new(World::default()));
-    let secrets_path = "/api/v1/namespaces/shop/secrets";
-    let routes = "/apis/gateway.networking.k8s.io/v1/httproutes";
-    let (cert, sha) = secret("gw-tls", "a.example.com", "10");
-    {
-        let mut w = world.lock().unwrap();
-        let mut l = listener();
-        l["spec"]["gatewayClassName"] = json!("gw");
-        w.listener = Some(l);
-        w.secrets.insert(format!("{secrets_path}/gw-tls"), cert);
-        w.gateway_api.insert(
-            "/apis/gateway.networking.k8s.io/v1/gateways".into(),
-            vec![
-                json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
-                "metadata": {"name": "gw", "namespace": "shop", "resourceVersion": "3"},
-                "spec": {"gatewayClassName": "gw", "listeners": [{"name": "https", "port": 443,
-                    "protocol": "HTTPS", "tls": {"certificateRefs": [{"name": "gw-tls"}]}}]}}),
-            ],
-        );
-        w.gateway_api.insert(routes.into(), vec![route(true, "5")]);
-        w.gateway_api.insert(
-            "/apis/gateway.networking.k8s.io/v1beta1/referencegrants".into(),
-            vec![],
-        );
-    }
-    tokio::spawn(api_server(handle, world.clone()));
-    let (tx, mut rx) = mpsc::channel(4);
-    let _source = tokio::spawn(watch_listener(client, "public".into(), tx));
-
-    let c1 = next(&mut rx, "route attached to an HTTPS Gateway listener").await;
-    assert_eq!(leaf(&c1, "a.example.com"), sha);
-    let h = &c1.host_reports[0];
-    assert_eq!(
-        (
-            h.http_route.as_deref(),
-            h.gateway.as_deref(),
-            h.gateway_listener.as_deref()
-        ),
-        (Some("shop/web"), Some("shop/gw"), Some("https"))
-    );
-    assert_eq!(h.secret.as_deref(), Some("shop/gw-tls"));
-    assert_eq!(
-        world
-            .lock()
-            .unwrap()
-            .secret_requests
-            .iter()
-            .filter(|r| !r.contains("metadata.name%3Dgw-tls"))
-            .count(),
-        0,
-        "only the Gateway listener's Secret is read"
-    );
-
-    wait_for_watch(&world, routes)
-        .await
-        .send(event("MODIFIED", &route(false, "6")))
-        .unwrap();
-    let c2 = next(&mut rx, "annotation removed").await;
-    assert!(c2.hosts.lookup("a.example.com").is_none());
-    assert!(c2.host_reports.is_empty(), "{:?}", c2.host_reports);
+async fn the_first_configuration_waits_for_the_complete_list() {
+    let (world, mut rx, _source) = start_source(&[]);
+    let c = next(&mut rx, "an empty list").await;
+    assert!(c.hosts.is_empty());
+    assert_eq!(c.mirrors.unwrap().digest, digest_of(&[]));
+    assert_only_the_two_watches(&world);
 }
 
 // ---------------------------------------------------------------------------------------------
 // The same source driving the real data plane through `kube_with`, the code `proxy --listener`
-// runs: a certificate rotated in a Secret is served to new connections while a connection
+// runs: a certificate rotated in a mirror is served to new connections while a connection
 // opened before the swap keeps working on its old one; a broken spec is counted.
 
 mod live {
     use super::*;
-    use h3_ingress::proxy::run::kube_with;
+    use h3_ingress::proxy::run::{kube_with, KubeSource};
     use h3_ingress::proxy::RunningProxy;
     use std::net::SocketAddr;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -546,23 +582,22 @@ mod live {
         });
         let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<RespBody>>();
         let world = Arc::new(Mutex::new(World::default()));
-        let (s1, sha1) = secret("web-tls", "a.example.com", "10");
+        let c1 = cert(&["a.example.com"]);
         {
             let mut w = world.lock().unwrap();
-            w.ingress = Some(ingress(&[("a.example.com", "web-tls")], "5"));
-            w.secrets.insert(format!("{SECRETS}/web-tls"), s1);
+            let m = mirror_secret("m-a", "10", &c1, &["a.example.com"]);
+            w.mirrors.insert("m-a".into(), m);
             w.listener = Some(l.clone());
         }
         tokio::spawn(api_server(handle, world.clone()));
         let shutdown = CancellationToken::new();
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let client = Client::new(svc, "default");
-        let task = tokio::spawn(kube_with(
-            client,
-            "public".into(),
-            shutdown.clone(),
-            Some(ready_tx),
-        ));
+        let source = KubeSource {
+            listener: "public".into(),
+            hosts_namespace: NS.into(),
+        };
+        let task = tokio::spawn(kube_with(client, source, shutdown.clone(), Some(ready_tx)));
         let proxy = tokio::time::timeout(Duration::from_secs(10), ready_rx)
             .await
             .expect("the proxy starts on the first configuration")
@@ -572,7 +607,7 @@ mod live {
             proxy,
             world,
             listener: l,
-            sha1,
+            sha1: c1.sha,
             shutdown,
             task,
         }
@@ -585,16 +620,23 @@ mod live {
             assert!(matches!(done, Ok(Ok(Ok(())))), "{done:?}");
         }
 
-        /// `h3_ingress_config_reloads_total{result}` as the admin endpoint serves it.
-        async fn reloads(&self, result: &str) -> u64 {
+        /// The body the admin endpoint serves on `path`.
+        async fn admin(&self, path: &str) -> String {
             let mut s = tokio::net::TcpStream::connect(self.proxy.admin_addr)
                 .await
                 .unwrap();
-            s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
-                .await
-                .unwrap();
+            let req = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+            s.write_all(req.as_bytes()).await.unwrap();
             let mut text = String::new();
             s.read_to_string(&mut text).await.unwrap();
+            let (head, body) = text.split_once("\r\n\r\n").unwrap();
+            assert!(head.starts_with("HTTP/1.1 200"), "{path}: {head}");
+            body.to_string()
+        }
+
+        /// `h3_ingress_config_reloads_total{result}` as the admin endpoint serves it.
+        async fn reloads(&self, result: &str) -> u64 {
+            let text = self.admin("/metrics").await;
             let series = format!("h3_ingress_config_reloads_total{{result=\"{result}\"}} ");
             let line = text.lines().find(|l| l.starts_with(&series));
             line.map_or(0, |l| l[series.len()..].parse().unwrap())
@@ -615,6 +657,19 @@ mod live {
             );
         }
 
+        /// A status write: a new resourceVersion, the spec of `generation` unchanged.
+        async fn write_status(&self, generation: i64, address: &str) {
+            let mut l = self.listener.clone();
+            l["metadata"]["generation"] = json!(generation);
+            l["metadata"]["resourceVersion"] = json!(format!("{}", 200 + generation));
+            l["spec"]["upstream"]["address"] = json!(address);
+            l["status"] = json!({"hostsSummary": "1/1"});
+            wait_for_watch(&self.world, LISTENERS)
+                .await
+                .send(event("MODIFIED", &l))
+                .unwrap();
+        }
+
         async fn modify_listener(&self, generation: i64, address: &str) {
             let mut l = self.listener.clone();
             l["metadata"]["generation"] = json!(generation);
@@ -626,9 +681,6 @@ mod live {
                 .unwrap();
         }
     }
-
-    const SECRETS: &str = "/api/v1/namespaces/shop/secrets";
-    const LISTENERS: &str = "/apis/h3-ingress.dev/v1alpha1/http3listeners";
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_running_proxy_serves_a_rotated_certificate_without_dropping_an_open_connection() {
@@ -642,11 +694,21 @@ mod live {
             (200, "from the TCP ingress".to_string())
         );
 
-        // Rotate the certificate in the Secret.
-        let (s2, sha2) = secret("web-tls", "a.example.com", "11");
-        wait_for_watch(&r.world, &format!("{SECRETS}/web-tls"))
+        // The status says which mirrors are applied.
+        let status: Value = serde_json::from_str(&r.admin("/status").await).unwrap();
+        assert_eq!(status["mirrors"]["digest"], digest_of(&[("m-a", "10")]));
+        assert_eq!(status["hostsLoaded"], 1);
+        assert!(status.get("hosts").is_none(), "{status}");
+
+        // Rotate the certificate in the mirror.
+        let c2 = cert(&["a.example.com"]);
+        let sha2 = c2.sha.clone();
+        wait_for_watch(&r.world, MIRRORS)
             .await
-            .send(event("MODIFIED", &s2))
+            .send(event(
+                "MODIFIED",
+                &mirror_secret("m-a", "11", &c2, &["a.example.com"]),
+            ))
             .unwrap();
 
         // New connections get the new certificate (no restart, same sockets)...
@@ -673,6 +735,22 @@ mod live {
         );
         assert_eq!(before.served_cert_sha256(), r.sha1);
         r.wait_reloads("applied", 1).await;
+        let status: Value = serde_json::from_str(&r.admin("/status").await).unwrap();
+        assert_eq!(status["mirrors"]["digest"], digest_of(&[("m-a", "11")]));
+        // /hosts: the host, where it comes from, its requests.
+        let hosts: Value = serde_json::from_str(&r.admin("/hosts").await).unwrap();
+        let a = &hosts[0];
+        assert_eq!(
+            (&a["name"], &a["state"], &a["secret"], &a["source"]),
+            (
+                &json!("a.example.com"),
+                &json!("Serving"),
+                &json!("shop/m-a-tls"),
+                &json!("Ingress shop/m-a")
+            ),
+            "{hosts}"
+        );
+        assert_eq!(a["requests"], 2, "{hosts}");
         r.stop().await;
     }
 
@@ -688,15 +766,10 @@ mod live {
         let mut h3 = H3::connect(&ep, r.proxy.udp_addrs[0], "a.example.com").await;
         assert_eq!(h3.get("a.example.com").await.0, 200);
 
-        // Re-evaluating the same broken spec (an unrelated Ingress change) counts nothing;
-        // a new broken version of the spec counts again, as a second bad SIGHUP would.
-        wait_for_watch(&r.world, "/apis/networking.k8s.io/v1/ingresses")
-            .await
-            .send(event(
-                "MODIFIED",
-                &ingress(&[("a.example.com", "web-tls")], "7"),
-            ))
-            .unwrap();
+        // Re-evaluating the same broken spec (the operator writing the listener's status: a
+        // new resourceVersion, the same generation) counts nothing; a new broken version of
+        // the spec counts again, as a second bad SIGHUP would.
+        r.write_status(2, "x").await;
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(r.reloads("invalid").await, 1);
         r.modify_listener(3, "y").await;
@@ -711,48 +784,4 @@ mod live {
         assert_eq!(h3.get("a.example.com").await.0, 200);
         r.stop().await;
     }
-}
-
-fn ingress_class(name: &str, default: bool, rv: &str) -> Value {
-    json!({"apiVersion": "networking.k8s.io/v1", "kind": "IngressClass",
-           "metadata": {"name": name, "resourceVersion": rv,
-                        "annotations": {"ingressclass.kubernetes.io/is-default-class": default.to_string()}},
-           "spec": {"controller": "k8s.io/ingress-nginx"}})
-}
-
-/// An Ingress without a class belongs to the cluster's default IngressClass, as the TCP
-/// ingress controller of that class serves it: the listener of that class serves it too, and
-/// stops when the class is no longer the default.
-#[tokio::test]
-async fn an_ingress_without_a_class_is_served_while_the_listeners_class_is_the_default() {
-    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<RespBody>>();
-    let client = Client::new(svc, "default");
-    let world = Arc::new(Mutex::new(World::default()));
-    let (s1, sha1) = secret("web-tls", "a.example.com", "10");
-    {
-        let mut w = world.lock().unwrap();
-        let mut ing = ingress(&[("a.example.com", "web-tls")], "5");
-        ing["spec"]
-            .as_object_mut()
-            .unwrap()
-            .remove("ingressClassName");
-        w.ingress = Some(ing);
-        w.secrets
-            .insert("/api/v1/namespaces/shop/secrets/web-tls".into(), s1);
-        w.classes = vec![ingress_class("nginx", true, "3")];
-    }
-    tokio::spawn(api_server(handle, world.clone()));
-    let (tx, mut rx) = mpsc::channel(4);
-    let _source = tokio::spawn(watch_listener(client, "public".into(), tx));
-
-    let c = next(&mut rx, "class-less Ingress, nginx is the default").await;
-    assert_eq!(leaf(&c, "a.example.com"), sha1);
-
-    wait_for_watch(&world, "/apis/networking.k8s.io/v1/ingressclasses")
-        .await
-        .send(event("MODIFIED", &ingress_class("nginx", false, "4")))
-        .unwrap();
-    let c = next(&mut rx, "nginx is no longer the default").await;
-    assert!(c.hosts.lookup("a.example.com").is_none());
-    assert!(c.host_reports.is_empty(), "{:?}", c.host_reports);
 }

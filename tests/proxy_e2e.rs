@@ -835,9 +835,9 @@ fn metrics_pass_promtool_and_count_exactly() {
         1.0
     );
 
-    // /status counts the same requests, in total and over the last minutes.
-    let status = s.proxy.status();
-    let a = status["hosts"]
+    // /hosts counts the same requests, in total and over the last minutes.
+    let status = s.proxy.hosts();
+    let a = status
         .as_array()
         .unwrap()
         .iter()
@@ -1097,8 +1097,8 @@ fn alt_svc_probe_reports_whether_the_tcp_ingress_advertises_us() {
     let proxy = ProxyProcess::start(base_config(&pki, port, nginx.port())).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     let status = loop {
-        let st = proxy.status();
-        if st["hosts"]
+        let st = proxy.hosts();
+        if st
             .as_array()
             .unwrap()
             .iter()
@@ -1109,7 +1109,7 @@ fn alt_svc_probe_reports_whether_the_tcp_ingress_advertises_us() {
         assert!(Instant::now() < deadline, "probe never ran: {st:#}");
         std::thread::sleep(Duration::from_millis(100));
     };
-    for h in status["hosts"].as_array().unwrap() {
+    for h in status.as_array().unwrap() {
         assert_eq!(h["altSvcAdvertised"], true, "{status:#}");
     }
     assert_eq!(
@@ -1126,8 +1126,8 @@ fn alt_svc_probe_reports_whether_the_tcp_ingress_advertises_us() {
     let s = Setup::start();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let st = s.proxy.status();
-        let h = &st["hosts"][0];
+        let st = s.proxy.hosts();
+        let h = &st[0];
         if h["altSvcAdvertised"] == false {
             assert!(
                 h["altSvcMessage"]

@@ -108,6 +108,9 @@ pub mod reasons {
     pub const REF_NOT_PERMITTED: &str = "RefNotPermitted";
     /// The host can be served but no data plane pod reports serving it (yet).
     pub const CONFIG_PENDING: &str = "ConfigPending";
+    /// A data plane pod cannot read a certificate mirror (`api::mirror`): a data key is
+    /// missing, `hosts.json` does not parse, or a host's `upstream` is not `host:port`.
+    pub const MIRROR_INVALID: &str = "MirrorInvalid";
 }
 
 /// Per-host states in `status.hosts[].state`.

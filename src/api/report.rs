@@ -54,6 +54,13 @@ pub struct HostReport {
     /// `namespace/name` of the Secret, or the certificate file (standalone mode).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
+    /// Where the host comes from, as people read it (`Ingress shop/web`): a certificate
+    /// mirror's `hosts.json` (Kubernetes mode).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub source: String,
+    /// The certificate mirror the host is served from (Kubernetes mode).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub mirror: String,
     /// Result of probing the TCP ingress for `Alt-Svc: h3=":PORT"`; None until probed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alt_svc_advertised: Option<bool>,
@@ -150,9 +157,6 @@ pub struct StatusReport {
     /// Hosts with a loaded certificate.
     #[serde(default)]
     pub hosts_loaded: u64,
-    /// Transitional: the per-host list moves to `/hosts`; removed once nothing reads it here.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub hosts: Vec<HostReport>,
     /// Kubernetes mode only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mirrors: Option<MirrorReport>,

@@ -38,6 +38,8 @@ pub const SCHEMA_HASHES: &[&str] = &[
     "sha256:784afc34a6842977",
     // 3: rollout.maxSurge (maxUnavailable defaults to 0; CEL refuses both at 0).
     "sha256:04b3cadde5623ff1",
+    // 4: metrics.hostLabel.
+    "sha256:ace7e773dce49f47",
 ];
 
 /// This binary's schema revision.

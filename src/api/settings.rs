@@ -346,12 +346,19 @@ pub struct MetricsSettings {
     /// `ip:port` of the metrics and health endpoint.
     #[serde(default = "default_metrics_address")]
     pub address: String,
+    /// Whether per-host series (`requests_total`, `certificate_expiry_timestamp_seconds`,
+    /// `alt_svc_advertised`) carry a `host` label. `false` drops the label altogether: requests
+    /// are counted per status class and family only, and the per-host gauges are left out,
+    /// for Prometheus servers that cannot afford a few series per host.
+    #[serde(default = "default_true")]
+    pub host_label: bool,
 }
 
 impl Default for MetricsSettings {
     fn default() -> Self {
         Self {
             address: default_metrics_address(),
+            host_label: true,
         }
     }
 }

@@ -36,11 +36,19 @@ impl HostError {
 /// One servable host: its name (lowercase, possibly `*.domain`) and its certified key.
 pub struct HostEntry {
     pub name: String,
+    /// Shared by every host served with the same certificate ([`Certificate::host`]).
     pub certified_key: Arc<CertifiedKey>,
     /// Seconds since the epoch after which the leaf certificate is no longer valid.
     pub not_after: i64,
     /// SHA-256 of the leaf certificate, hex; lets logs and status tell certificates apart.
     pub leaf_sha256: String,
+    /// Where this host's requests go when not to the configuration's upstream (a Gateway
+    /// run by its own proxy).
+    pub upstream: Option<super::UpstreamAddress>,
+    /// Where the host comes from, as people read it (`Ingress shop/web`); may be empty.
+    pub source: String,
+    /// `namespace/name` of the Secret the certificate comes from, when there is one.
+    pub secret: Option<Arc<str>>,
 }
 
 impl fmt::Debug for HostEntry {
@@ -49,6 +57,7 @@ impl fmt::Debug for HostEntry {
             .field("name", &self.name)
             .field("not_after", &self.not_after)
             .field("leaf_sha256", &self.leaf_sha256)
+            .field("upstream", &self.upstream)
             .finish()
     }
 }
@@ -61,7 +70,50 @@ impl HostEntry {
         key_pem: &[u8],
         now_unix: i64,
     ) -> Result<HostEntry, HostError> {
-        let name = normalize_host_name(name)?;
+        normalize_host_name(name)?;
+        Certificate::from_pem(cert_pem, key_pem)?.host(name, now_unix)
+    }
+
+    pub fn from_der(
+        name: &str,
+        chain: Vec<CertificateDer<'static>>,
+        key: PrivateKeyDer<'static>,
+        now_unix: i64,
+    ) -> Result<HostEntry, HostError> {
+        normalize_host_name(name)?;
+        Certificate::from_der(chain, key)?.host(name, now_unix)
+    }
+
+    /// The leaf certificate we serve (used to verify the upstream in `servedCertificate` mode).
+    pub fn leaf(&self) -> &CertificateDer<'static> {
+        &self.certified_key.cert[0]
+    }
+}
+
+/// A certificate chain with its private key, parsed and checked once. Parsing the key is the
+/// expensive part of loading a host (an RSA key costs far more than checking a name), so a
+/// certificate that serves several hosts is parsed once and its [`CertifiedKey`] shared.
+pub struct Certificate {
+    certified_key: Arc<CertifiedKey>,
+    not_before: i64,
+    not_after: i64,
+    leaf_sha256: String,
+    /// The names the leaf carries, for [`HostError::DoesNotMatchHost`].
+    names: String,
+}
+
+impl fmt::Debug for Certificate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Certificate")
+            .field("not_after", &self.not_after)
+            .field("leaf_sha256", &self.leaf_sha256)
+            .finish()
+    }
+}
+
+impl Certificate {
+    /// Parses a PEM chain (leaf first) and its PEM private key.
+    pub fn from_pem(cert_pem: &[u8], key_pem: &[u8]) -> Result<Certificate, HostError> {
         let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
             .collect::<Result<_, _>>()
             .map_err(|e| HostError::CertificateInvalid(format!("certificate PEM: {e}")))?;
@@ -72,16 +124,16 @@ impl HostEntry {
         }
         let key = PrivateKeyDer::from_pem_slice(key_pem)
             .map_err(|e| HostError::CertificateInvalid(format!("private key PEM: {e}")))?;
-        Self::from_der(&name, chain, key, now_unix)
+        Self::from_der(chain, key)
     }
 
+    /// Checks that the leaf parses and that `key` belongs to it. Validity in time and names
+    /// are checked per host ([`Self::host`]), so one parse serves every host and every
+    /// later expiry check.
     pub fn from_der(
-        name: &str,
         chain: Vec<CertificateDer<'static>>,
         key: PrivateKeyDer<'static>,
-        now_unix: i64,
-    ) -> Result<HostEntry, HostError> {
-        let name = normalize_host_name(name)?;
+    ) -> Result<Certificate, HostError> {
         let leaf = chain
             .first()
             .ok_or_else(|| HostError::CertificateInvalid("empty certificate chain".into()))?;
@@ -89,35 +141,9 @@ impl HostEntry {
             .map_err(|e| HostError::CertificateInvalid(format!("leaf certificate: {e}")))?;
         let not_after = parsed.validity().not_after.timestamp();
         let not_before = parsed.validity().not_before.timestamp();
-        if now_unix > not_after {
-            return Err(HostError::CertificateInvalid(format!(
-                "expired at {}",
-                parsed.validity().not_after
-            )));
-        }
-        if now_unix < not_before {
-            return Err(HostError::CertificateInvalid(format!(
-                "not valid before {}",
-                parsed.validity().not_before
-            )));
-        }
-
-        let ee = webpki::EndEntityCert::try_from(leaf)
+        let names = subject_names(&parsed);
+        webpki::EndEntityCert::try_from(leaf)
             .map_err(|e| HostError::CertificateInvalid(format!("leaf certificate: {e:?}")))?;
-        // A wildcard host is checked with a name the wildcard covers.
-        let probe = match name.strip_prefix("*.") {
-            Some(parent) => format!("h3-ingress-name-check.{parent}"),
-            None => name.clone(),
-        };
-        let server_name = ServerName::try_from(probe.as_str())
-            .map_err(|_| HostError::InvalidName(name.clone()))?;
-        if ee.verify_is_valid_for_subject_name(&server_name).is_err() {
-            return Err(HostError::DoesNotMatchHost {
-                host: name,
-                names: subject_names(&parsed),
-            });
-        }
-
         let signing_key = rustls::crypto::ring::sign::any_supported_type(&key)
             .map_err(|e| HostError::CertificateInvalid(format!("private key: {e}")))?;
         let certified = CertifiedKey::new(chain, signing_key);
@@ -130,17 +156,84 @@ impl HostEntry {
             use sha2::Digest;
             hex::encode(sha2::Sha256::digest(certified.cert[0].as_ref()))
         };
-        Ok(HostEntry {
-            name,
+        Ok(Certificate {
             certified_key: Arc::new(certified),
+            not_before,
             not_after,
             leaf_sha256,
+            names,
         })
     }
 
-    /// The leaf certificate we serve (used to verify the upstream in `servedCertificate` mode).
-    pub fn leaf(&self) -> &CertificateDer<'static> {
-        &self.certified_key.cert[0]
+    pub fn not_after(&self) -> i64 {
+        self.not_after
+    }
+
+    pub fn leaf_sha256(&self) -> &str {
+        &self.leaf_sha256
+    }
+
+    /// Whether the leaf is valid at `now_unix`. Certificates expire without any event, so
+    /// this is asked again as time passes; the answer needs no parsing.
+    pub fn check_time(&self, now_unix: i64) -> Result<(), HostError> {
+        let date = |t: i64| {
+            x509_parser::time::ASN1Time::from_timestamp(t)
+                .map_or_else(|_| format!("{t} (Unix time)"), |a| a.to_string())
+        };
+        if now_unix > self.not_after {
+            return Err(HostError::CertificateInvalid(format!(
+                "expired at {}",
+                date(self.not_after)
+            )));
+        }
+        if now_unix < self.not_before {
+            return Err(HostError::CertificateInvalid(format!(
+                "not valid before {}",
+                date(self.not_before)
+            )));
+        }
+        Ok(())
+    }
+
+    /// The normalised `name` if the leaf covers it (a wildcard host is checked with a name
+    /// the wildcard covers). Independent of time.
+    pub fn check_name(&self, name: &str) -> Result<String, HostError> {
+        let name = normalize_host_name(name)?;
+        let probe = match name.strip_prefix("*.") {
+            Some(parent) => format!("h3-ingress-name-check.{parent}"),
+            None => name.clone(),
+        };
+        let server_name = ServerName::try_from(probe.as_str())
+            .map_err(|_| HostError::InvalidName(name.clone()))?;
+        let ee = webpki::EndEntityCert::try_from(&self.certified_key.cert[0])
+            .map_err(|e| HostError::CertificateInvalid(format!("leaf certificate: {e:?}")))?;
+        if ee.verify_is_valid_for_subject_name(&server_name).is_err() {
+            return Err(HostError::DoesNotMatchHost {
+                host: name,
+                names: self.names.clone(),
+            });
+        }
+        Ok(name)
+    }
+
+    /// `name` served with this certificate at `now_unix`: valid in time, then for the name.
+    pub fn host(&self, name: &str, now_unix: i64) -> Result<HostEntry, HostError> {
+        self.check_time(now_unix)?;
+        let name = self.check_name(name)?;
+        Ok(self.entry(name))
+    }
+
+    /// A host entry for an already checked, normalised name.
+    pub fn entry(&self, name: String) -> HostEntry {
+        HostEntry {
+            name,
+            certified_key: self.certified_key.clone(),
+            not_after: self.not_after,
+            leaf_sha256: self.leaf_sha256.clone(),
+            upstream: None,
+            source: String::new(),
+            secret: None,
+        }
     }
 }
 
@@ -222,6 +315,11 @@ impl HostTable {
         }
         self.hosts.insert(entry.name.clone(), Arc::new(entry));
         true
+    }
+
+    /// The entry named exactly `name` (lowercase), wildcards not expanded.
+    pub fn get(&self, name: &str) -> Option<&Arc<HostEntry>> {
+        self.hosts.get(name)
     }
 
     /// Exact name first, then the wildcard that covers it ([`host_matches`] as a map lookup).

@@ -16,12 +16,12 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use hosts::{host_matches, HostEntry, HostError, HostTable};
+pub use hosts::{host_matches, normalize_host_name, Certificate, HostEntry, HostError, HostTable};
 
 use crate::api::bounds::{self, Bound};
 use crate::api::{
-    host_states, reasons, AddressValidationSettings, Addresses, AltSvcSettings, FileConfig,
-    HostReport, Http3ListenerSpec, HttpSettings, LimitsSettings, MetricsSettings, SocketSettings,
+    AddressValidationSettings, Addresses, AltSvcSettings, FileConfig, HostReport,
+    Http3ListenerSpec, HttpSettings, LimitsSettings, MetricsSettings, MirrorReport, SocketSettings,
     TransportSettings, Upstream, UpstreamVerify,
 };
 
@@ -125,9 +125,15 @@ pub struct ProxyConfig {
     pub keys_file: Option<PathBuf>,
     pub alt_svc_max_age: u32,
     pub hosts: HostTable,
-    /// Per-host state for `/status`: one `Serving` entry per host in `hosts`, plus (in
-    /// Kubernetes mode) the hosts that were wanted but cannot be served, with the reason.
+    /// `metrics.hostLabel`: whether per-host metric series carry the host's name.
+    pub metrics_host_label: bool,
+    /// Hosts that were wanted but cannot be served, with the reason (`/hosts` lists them
+    /// after the hosts of `hosts`). A report whose state is `Serving` repeats a host of
+    /// `hosts` and is skipped there.
     pub host_reports: Vec<HostReport>,
+    /// Kubernetes mode: what this configuration applies of the listener's certificate
+    /// mirrors, for `/status`.
+    pub mirrors: Option<MirrorReport>,
 }
 
 impl ProxyConfig {
@@ -310,7 +316,9 @@ pub fn build(
         limits: settings.limits.clone(),
         keys_file: None,
         alt_svc_max_age: settings.alt_svc.max_age_seconds,
-        host_reports: serving_reports(&hosts),
+        metrics_host_label: settings.metrics.host_label,
+        host_reports: Vec::new(),
+        mirrors: None,
         hosts,
     })
 }
@@ -547,20 +555,6 @@ fn metrics_address(m: &MetricsSettings, errs: &mut Errors) -> Option<SocketAddr>
             None
         }
     }
-}
-
-/// One `Serving` report per host of the table (Kubernetes mode replaces them with reports
-/// that also name the hosts it cannot serve).
-fn serving_reports(hosts: &HostTable) -> Vec<HostReport> {
-    hosts
-        .iter()
-        .map(|h| HostReport {
-            name: h.name.clone(),
-            state: host_states::SERVING.to_string(),
-            reason: reasons::SERVING.to_string(),
-            ..Default::default()
-        })
-        .collect()
 }
 
 /// Parses `host:port`, `ip:port` or `[ipv6]:port`.

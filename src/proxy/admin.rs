@@ -1,6 +1,7 @@
 //! What the data plane answers on the shared admin endpoint ([`crate::admin`]): ready when a
 //! socket is bound and a host loaded and not draining; its metrics; the `/status` document
-//! with the kernel's current drop counters.
+//! with the kernel's current drop counters (compact JSON whose size does not grow with the
+//! hosts), and `/hosts`, every host with where it comes from, its Alt-Svc probe and requests.
 
 use std::sync::Arc;
 
@@ -32,7 +33,12 @@ impl AdminSource for ProxyAdmin {
             .sum();
         let drops = |family: &str, inode| tables.drops(family == FAMILY_IPV6, inode);
         let report = self.0.status_report(drops, host_rcv);
-        Some(serde_json::to_string_pretty(&report).expect("status serialises"))
+        Some(serde_json::to_string(&report).expect("status serialises"))
+    }
+
+    fn hosts(&self) -> Option<String> {
+        let hosts = self.0.hosts_report();
+        Some(serde_json::to_string(&hosts).expect("hosts serialise"))
     }
 }
 

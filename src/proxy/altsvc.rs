@@ -1,22 +1,37 @@
 //! Probes the TCP ingress for each host: does it advertise us with `Alt-Svc: h3=":PORT"`?
 //!
 //! Browsers only find HTTP/3 through that header (or a DNS HTTPS record), and it must come
-//! from the TCP ingress, which this proxy does not control. Status and metrics say per host
+//! from the TCP ingress, which this proxy does not control. `/hosts` and metrics say per host
 //! whether it is there and, when not, how to add it.
+//!
+//! Every pod probes, so the probes' cost must not grow with the hosts: one `HEAD` per
+//! [`INTERVAL`] at most, hosts never probed first (in name order), then the host probed
+//! longest ago, and no host more often than every [`PERIOD`]. Up to `PERIOD / INTERVAL` (300)
+//! hosts, each is probed every 5 minutes as before; beyond that each host's turn comes every
+//! `hosts x INTERVAL` (10,000 hosts: 2 h 47 min; a new host is probed within seconds unless
+//! thousands of hosts arrive at once).
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::{header, Method, Request};
 use http_body_util::{BodyExt, Empty};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::state::{AltSvcProbe, Shared};
+use super::logs::CauseLog;
+use super::state::{AltSvcProbe, Generation, Shared};
+use crate::config::HostTable;
 
-const PERIOD: Duration = Duration::from_secs(300);
+/// A host is probed again at most this often.
+pub const PERIOD: Duration = Duration::from_secs(300);
+/// At most one probe per this interval, whatever the number of hosts.
+pub const INTERVAL: Duration = Duration::from_secs(1);
+/// A change of a host's result is logged at most once per this window and kind of result.
+const LOG_WINDOW: Duration = Duration::from_secs(60);
 
-/// Asks the probe loop to run now (after a configuration change).
+/// Asks the probe loop to look for new hosts now (after a configuration change).
 pub fn probe_soon(shared: &Shared) {
     shared.probe_now.notify_one();
 }
@@ -32,91 +47,135 @@ pub fn advertises_h3(value: &str, port: u16) -> bool {
     })
 }
 
+/// The host to probe at `now`: one never probed first (in name order), else the one probed
+/// longest ago if that was at least [`PERIOD`] ago. Pure.
+pub fn next_host<'a>(
+    hosts: &'a HostTable,
+    probed: &HashMap<String, AltSvcProbe>,
+    now: Instant,
+) -> Option<&'a str> {
+    let mut oldest: Option<(&str, Instant)> = None;
+    for name in hosts.names() {
+        let Some(p) = probed.get(name) else {
+            return Some(name);
+        };
+        if oldest.is_none_or(|(_, at)| p.at < at) {
+            oldest = Some((name, p.at));
+        }
+    }
+    oldest
+        .filter(|(_, at)| now.saturating_duration_since(*at) >= PERIOD)
+        .map(|(name, _)| name)
+}
+
 pub async fn probe_loop(shared: Arc<Shared>, shutdown: CancellationToken) {
     // Give the ingress a moment after start-up.
     tokio::select! {
         _ = tokio::time::sleep(Duration::from_millis(500)) => {}
         _ = shutdown.cancelled() => return,
     }
+    let mut log = CauseLog::new(LOG_WINDOW);
+    let mut budget = tokio::time::interval(INTERVAL);
+    budget.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        probe_all(&shared).await;
-        tokio::select! {
-            _ = tokio::time::sleep(PERIOD) => {}
-            _ = shared.probe_now.notified() => {}
-            _ = shutdown.cancelled() => return,
+        let gen = shared.current.load_full();
+        let host = {
+            let mut probed = shared.alt_svc_probes.lock().expect("probe lock");
+            probed.retain(|name, _| gen.config.hosts.get(name).is_some());
+            next_host(&gen.config.hosts, &probed, Instant::now()).map(str::to_string)
+        };
+        match host {
+            Some(host) => {
+                probe(&shared, &gen, &host, &mut log).await;
+                tokio::select! {
+                    _ = budget.tick() => {}
+                    _ = shutdown.cancelled() => return,
+                }
+            }
+            // Nothing due: wait for a turn or a new configuration.
+            None => tokio::select! {
+                _ = budget.tick() => {}
+                _ = shared.probe_now.notified() => {}
+                _ = shutdown.cancelled() => return,
+            },
         }
     }
 }
 
-async fn probe_all(shared: &Arc<Shared>) {
-    let gen = shared.current.load_full();
+/// Probes one configured host and records the result.
+async fn probe(shared: &Shared, gen: &Generation, name: &str, log: &mut CauseLog) {
+    let Some(entry) = gen.config.hosts.get(name) else {
+        return;
+    };
     let port = shared.port;
-    let mut results = std::collections::BTreeMap::new();
-    let previous = shared.alt_svc_probes.lock().expect("probe lock").clone();
-    for entry in gen.config.hosts.iter() {
-        // A wildcard host is probed under a name it covers.
-        let host = match entry.name.strip_prefix("*.") {
-            Some(parent) => format!("h3-ingress-probe.{parent}"),
-            None => entry.name.clone(),
-        };
-        let req = Request::builder()
-            .method(Method::HEAD)
-            .uri(format!("{}://{host}/", gen.upstream.scheme()))
-            .header(header::USER_AGENT, "h3-ingress-alt-svc-probe")
-            .body(Empty::new().map_err(|never| match never {}).boxed())
-            .expect("probe request is valid");
-        // The probe has no body: the response timeout runs from the start.
-        let sent = tokio_util::sync::CancellationToken::new();
-        sent.cancel();
-        let probe = match gen.upstream.send(req, sent).await {
-            Ok((resp, _lease)) => {
-                let values: Vec<String> = resp
-                    .headers()
-                    .get_all(header::ALT_SVC)
-                    .iter()
-                    .filter_map(|v| v.to_str().ok().map(String::from))
-                    .collect();
-                let ok = values.iter().any(|v| advertises_h3(v, port));
-                AltSvcProbe {
-                    advertised: ok,
-                    message: if ok {
-                        String::new()
-                    } else {
-                        // No controller: the data plane cannot tell which one the ingress is.
-                        crate::api::altsvc::advice(
-                            None,
-                            &entry.name,
-                            port,
-                            gen.config.alt_svc_max_age,
-                        )
-                    },
-                }
-            }
-            Err(e) => {
-                debug!(host = %entry.name, error = %e, "Alt-Svc probe failed");
-                AltSvcProbe {
-                    advertised: false,
-                    message: format!("probing the TCP ingress failed: {e}"),
-                }
-            }
-        };
-        shared
-            .metrics
-            .alt_svc_advertised
-            .with_label_values(&[&entry.name])
-            .set(probe.advertised as i64);
-        // Log transitions only: the probe repeats every few minutes.
-        let before = previous.get(&entry.name).map(|p| p.advertised);
-        if before != Some(probe.advertised) {
-            if probe.advertised {
-                info!(host = %entry.name, "TCP ingress advertises HTTP/3 (Alt-Svc) for this host");
-            } else {
-                warn!(host = %entry.name, "{}", probe.message);
-            }
+    // A wildcard host is probed under a name it covers.
+    let host = match name.strip_prefix("*.") {
+        Some(parent) => format!("h3-ingress-probe.{parent}"),
+        None => name.to_string(),
+    };
+    let req = Request::builder()
+        .method(Method::HEAD)
+        .uri(format!("{}://{host}/", gen.upstream.scheme()))
+        .header(header::USER_AGENT, "h3-ingress-alt-svc-probe")
+        .body(Empty::new().map_err(|never| match never {}).boxed())
+        .expect("probe request is valid");
+    // The probe has no body: the response timeout runs from the start.
+    let sent = CancellationToken::new();
+    sent.cancel();
+    let (advertised, failure) = match gen.upstream.send(req, sent).await {
+        Ok((resp, _lease)) => {
+            let ok = resp
+                .headers()
+                .get_all(header::ALT_SVC)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .any(|v| advertises_h3(v, port));
+            (ok, None)
         }
-        results.insert(entry.name.clone(), probe);
+        Err(e) => {
+            debug!(host = %name, error = %e, "Alt-Svc probe failed");
+            (false, Some(e.to_string()))
+        }
+    };
+    let probe = AltSvcProbe {
+        advertised,
+        failure,
+        at: Instant::now(),
+    };
+    shared
+        .metrics
+        .per_host
+        .probed(name, entry.not_after, advertised);
+    let before = shared
+        .alt_svc_probes
+        .lock()
+        .expect("probe lock")
+        .insert(name.to_string(), probe.clone())
+        .map(|p| p.advertised);
+    // Log transitions only (the probe repeats), and at most one line a minute per kind of
+    // result: at 10,000 hosts an ingress without Alt-Svc would otherwise log one a second.
+    if before == Some(advertised) {
+        return;
     }
-    *shared.alt_svc_probes.lock().expect("probe lock") = results;
+    let cause = match (advertised, probe.failure.is_some()) {
+        (true, _) => "advertised",
+        (false, false) => "not advertised",
+        (false, true) => "probe failed",
+    };
+    let Some(held) = log.allow(cause, Instant::now()) else {
+        return;
+    };
+    let others = if held > 0 {
+        format!(" ({held} more hosts since the last such line; /hosts lists them)")
+    } else {
+        String::new()
+    };
+    if advertised {
+        info!(host = %name, "TCP ingress advertises HTTP/3 (Alt-Svc) for this host{others}");
+    } else {
+        let max_age = gen.config.alt_svc_max_age;
+        warn!(host = %name, "{}{others}", probe.message(name, port, max_age));
+    }
 }
 
 #[cfg(test)]
@@ -130,5 +189,50 @@ mod tests {
         assert!(!advertises_h3("h3=\":8443\"; ma=86400", 443));
         assert!(!advertises_h3("h3-29=\":443\"", 443));
         assert!(!advertises_h3("clear", 443));
+    }
+
+    fn table(names: &[&str]) -> HostTable {
+        let ck = rcgen::generate_simple_self_signed(
+            names.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let cert = crate::config::Certificate::from_pem(
+            ck.cert.pem().as_bytes(),
+            ck.signing_key.serialize_pem().as_bytes(),
+        )
+        .unwrap();
+        let mut t = HostTable::default();
+        for n in names {
+            t.insert(cert.entry(n.to_string()));
+        }
+        t
+    }
+
+    fn probed(at: Instant) -> AltSvcProbe {
+        AltSvcProbe {
+            advertised: true,
+            failure: None,
+            at,
+        }
+    }
+
+    #[test]
+    fn new_hosts_first_then_the_oldest_probe_and_never_before_its_period() {
+        let t = table(&["a.test", "b.test", "c.test"]);
+        let t0 = Instant::now();
+        let mut seen = HashMap::new();
+        // Never probed: in name order.
+        assert_eq!(next_host(&t, &seen, t0), Some("a.test"));
+        seen.insert("a.test".to_string(), probed(t0));
+        seen.insert("c.test".to_string(), probed(t0 + Duration::from_secs(1)));
+        assert_eq!(next_host(&t, &seen, t0), Some("b.test"));
+        seen.insert("b.test".to_string(), probed(t0 + Duration::from_secs(2)));
+        // Everything probed recently: nothing is due.
+        assert_eq!(next_host(&t, &seen, t0 + Duration::from_secs(10)), None);
+        // After the period, the oldest first.
+        let later = t0 + PERIOD + Duration::from_secs(1);
+        assert_eq!(next_host(&t, &seen, later), Some("a.test"));
+        seen.insert("a.test".to_string(), probed(later));
+        assert_eq!(next_host(&t, &seen, later), Some("c.test"));
     }
 }

@@ -15,7 +15,7 @@ use tracing::{debug, Level};
 use super::body::{self, Abort, AbortReason, BodyCtx, BodyError, RecvHalf, ResponseEnd, SendHalf};
 use super::budget::{Reservation, StreamShare};
 use super::logs::{limited, Reason};
-use super::metrics::{self, limit, rejected, status_class, OTHER_HOST};
+use super::metrics::{self, limit, rejected, OTHER_HOST};
 use super::request::{self, Reject, Validated};
 use super::state::{Generation, Shared};
 use super::streams::{self, ConnStreams, StreamHandle};
@@ -426,18 +426,14 @@ impl RequestCtx {
     }
 
     fn count(&self, status: StatusCode) {
-        let c = &self.conn;
-        self.metrics()
-            .requests
-            .with_label_values(&[&self.host, status_class(status.as_u16()), c.family])
-            .inc();
-        c.shared.count_request(&self.host);
+        let expiry = self.gen.config.hosts.get(&self.host).map(|e| e.not_after);
+        let per_host = &self.metrics().per_host;
+        per_host.count_request(&self.host, expiry, status.as_u16(), self.conn.family);
     }
 
     fn observe_duration(&self) {
         self.metrics()
             .request_duration
-            .with_label_values(&[&self.host])
             .observe(self.started.elapsed().as_secs_f64());
     }
 

@@ -162,6 +162,52 @@ pub async fn report_suppressed(shutdown: CancellationToken) {
     }
 }
 
+/// Lines about a failure that repeats on its own (a watch refused with 403 while RBAC is
+/// pending, retried with backoff): at most one per cause per window, the next one saying
+/// how many were held back. Causes are few (a watch and an HTTP status); the map is still
+/// capped so an unexpected variety of causes cannot grow it.
+#[derive(Debug)]
+pub struct CauseLog {
+    window: Duration,
+    causes: std::collections::HashMap<String, (std::time::Instant, u64)>,
+}
+
+impl CauseLog {
+    const MAX_CAUSES: usize = 64;
+
+    pub fn new(window: Duration) -> Self {
+        CauseLog {
+            window,
+            causes: std::collections::HashMap::new(),
+        }
+    }
+
+    /// `Some(held back since the last line)` when a line about `cause` may be written at
+    /// `now`; `None` (and counted) when one was written less than a window ago.
+    pub fn allow(&mut self, cause: &str, now: std::time::Instant) -> Option<u64> {
+        if let Some((last, held)) = self.causes.get_mut(cause) {
+            if now.saturating_duration_since(*last) < self.window {
+                *held += 1;
+                return None;
+            }
+            let n = *held;
+            *last = now;
+            *held = 0;
+            return Some(n);
+        }
+        if self.causes.len() >= Self::MAX_CAUSES {
+            let window = self.window;
+            self.causes
+                .retain(|_, (last, _)| now.saturating_duration_since(*last) < window);
+            if self.causes.len() >= Self::MAX_CAUSES {
+                return None;
+            }
+        }
+        self.causes.insert(cause.to_string(), (now, 0));
+        Some(0)
+    }
+}
+
 /// `limited!(Level::WARN, Reason::X, fields..., "message")`: a `tracing` event that goes
 /// through [`LOG`] first.
 macro_rules! limited {
@@ -192,6 +238,29 @@ mod tests {
         assert!(l.take_suppressed().is_empty());
         // A new window refills the allowance.
         assert!(l.allow_at(Reason::UpstreamFailed, 8));
+    }
+
+    #[test]
+    fn a_cause_logs_once_per_window_and_says_what_it_held_back() {
+        let t0 = std::time::Instant::now();
+        let mut l = CauseLog::new(Duration::from_secs(60));
+        assert_eq!(l.allow("mirrors 403 Forbidden", t0), Some(0));
+        for i in 1..=100 {
+            assert_eq!(
+                l.allow("mirrors 403 Forbidden", t0 + Duration::from_millis(i * 500)),
+                None
+            );
+        }
+        // Another cause has its own allowance.
+        assert_eq!(l.allow("listener 404 NotFound", t0), Some(0));
+        let later = t0 + Duration::from_secs(61);
+        assert_eq!(l.allow("mirrors 403 Forbidden", later), Some(100));
+        assert_eq!(l.allow("mirrors 403 Forbidden", later), None);
+        // The map stays bounded whatever the causes.
+        for i in 0..1000 {
+            l.allow(&format!("cause {i}"), later);
+        }
+        assert!(l.causes.len() <= CauseLog::MAX_CAUSES);
     }
 
     #[test]

@@ -1,18 +1,25 @@
 //! Prometheus metrics, registered explicitly on one registry (no globals).
 //!
 //! Names carry the `h3_ingress_` prefix and their unit; labels are bounded: `host` only takes
-//! configured host names (or `other`), never a client address or a path.
+//! configured host names (or `other`), never a client address or a path. Per-host series
+//! ([`PerHost`]) exist only for hosts that got a request or an Alt-Svc probe, go when the
+//! host leaves the configuration, and lose their `host` label altogether with
+//! `metrics.hostLabel: false`; no histogram has a host label.
 
 use std::sync::Arc;
 
 use prometheus::core::{Collector, Desc};
-use prometheus::proto::{Counter, LabelPair, Metric, MetricFamily, MetricType};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 use super::procnet::{HostCounters, SocketInodes, SocketTables, UdpHostCounters};
+use super::window::RecentCounter;
 
 pub const FAMILY_IPV4: &str = "ipv4";
 pub const FAMILY_IPV6: &str = "ipv6";
@@ -140,8 +147,9 @@ pub struct Metrics {
     pub upstream_requests: IntGauge,
     pub upstream_lanes_opened: IntCounter,
     pub upstream_certificate_grace: IntCounterVec,
-    pub requests: IntCounterVec,
-    pub request_duration: HistogramVec,
+    /// Requests, certificate expiry and Alt-Svc per host.
+    pub per_host: Arc<PerHost>,
+    pub request_duration: Histogram,
     pub upstream_errors: IntCounterVec,
     pub rejected_requests: IntCounterVec,
     pub active_connections: IntGaugeVec,
@@ -165,9 +173,7 @@ pub struct Metrics {
     pub gso_max_segments: IntGaugeVec,
     pub gso_enabled: IntGaugeVec,
     pub hosts: IntGauge,
-    pub certificate_expiry: IntGaugeVec,
     pub config_reloads: IntCounterVec,
-    pub alt_svc_advertised: IntGaugeVec,
     pub rollout_generations: IntGauge,
     pub rollout_newest: IntGauge,
     /// Our sockets' inodes per family, read by the /proc collector at scrape time.
@@ -210,7 +216,7 @@ const fn histogram(
 pub mod specs {
     use super::{histogram, spec, Spec};
 
-    const HOST: &[&str] = &["host"];
+    pub(super) const HOST: &[&str] = &["host"];
     const FAMILY: &[&str] = &["family"];
 
     pub const BUILD_INFO: Spec = spec(
@@ -226,8 +232,8 @@ pub mod specs {
     );
     pub const REQUEST_DURATION: Spec = histogram(
         "h3_ingress_request_duration_seconds",
-        "Time from request headers to the end of the response body, by host.",
-        HOST,
+        "Time from request headers to the end of the response body, for configured hosts (no host label: 16 series per host would dominate a scrape).",
+        &[],
         &[
             0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
         ],
@@ -400,8 +406,13 @@ pub mod specs {
     pub const HOSTS: Spec = spec("h3_ingress_hosts", "Hosts with a loaded certificate.", &[]);
     pub const CERTIFICATE_EXPIRY: Spec = spec(
         "h3_ingress_certificate_expiry_timestamp_seconds",
-        "notAfter of the certificate served for a host.",
+        "notAfter of the certificate served for a host (for hosts that got a request or an Alt-Svc probe).",
         HOST,
+    );
+    pub const CERTIFICATE_EARLIEST_EXPIRY: Spec = spec(
+        "h3_ingress_certificate_earliest_expiry_timestamp_seconds",
+        "The earliest notAfter among the certificates served (absent without hosts).",
+        &[],
     );
     pub const CONFIG_RELOADS: Spec = spec(
         "h3_ingress_config_reloads_total",
@@ -410,8 +421,13 @@ pub mod specs {
     );
     pub const ALT_SVC_ADVERTISED: Spec = spec(
         "h3_ingress_alt_svc_advertised",
-        "1 when the TCP ingress answers the host with Alt-Svc h3 for our port, 0 when not.",
+        "1 when the TCP ingress answers the host with Alt-Svc h3 for our port, 0 when not (for probed hosts).",
         HOST,
+    );
+    pub const ALT_SVC_HOSTS: Spec = spec(
+        "h3_ingress_alt_svc_hosts",
+        "Configured hosts by the result of their last Alt-Svc probe (advertised, missing: not advertised or the probe failed).",
+        &["result"],
     );
     // Rollouts on a host.
     pub const ROLLOUT_GENERATIONS: Spec = spec(
@@ -471,8 +487,10 @@ impl Registrar<'_> {
         self.register(Histogram::with_opts(Self::hopts(s)).expect("valid histogram"))
     }
 
-    fn histogram_vec(&self, s: &Spec) -> HistogramVec {
-        self.register(HistogramVec::new(Self::hopts(s), s.labels).expect("valid histogram"))
+    fn per_host(&self) -> Arc<PerHost> {
+        let p = Arc::new(PerHost::new());
+        self.register_collector(PerHostCollector(p.clone()));
+        p
     }
 }
 
@@ -533,8 +551,8 @@ impl Metrics {
             upstream_requests: r.gauge(&UPSTREAM_REQUESTS),
             upstream_lanes_opened: r.counter(&UPSTREAM_LANES_OPENED),
             upstream_certificate_grace: r.counter_vec(&UPSTREAM_CERTIFICATE_GRACE),
-            requests: r.counter_vec(&REQUESTS),
-            request_duration: r.histogram_vec(&REQUEST_DURATION),
+            per_host: r.per_host(),
+            request_duration: r.histogram(&REQUEST_DURATION),
             upstream_errors: r.counter_vec(&UPSTREAM_ERRORS),
             rejected_requests: r.counter_vec(&REJECTED_REQUESTS),
             body_bytes: r.counter_vec(&BODY_BYTES),
@@ -558,9 +576,7 @@ impl Metrics {
             gso_max_segments: r.gauge_vec(&GSO_MAX_SEGMENTS),
             gso_enabled: r.gauge_vec(&GSO_ENABLED),
             hosts: r.gauge(&HOSTS),
-            certificate_expiry: r.gauge_vec(&CERTIFICATE_EXPIRY),
             config_reloads: r.counter_vec(&CONFIG_RELOADS),
-            alt_svc_advertised: r.gauge_vec(&ALT_SVC_ADVERTISED),
             rollout_generations: r.gauge(&ROLLOUT_GENERATIONS),
             rollout_newest: r.gauge(&ROLLOUT_NEWEST),
             udp_sockets,
@@ -586,6 +602,15 @@ impl Metrics {
         Arc::new(m)
     }
 
+    /// Follows a newly applied configuration: the host count, the `metrics.hostLabel`
+    /// setting, and the per-host series of hosts that left (retired, so totals without the
+    /// host label never fall).
+    pub fn follow_config(&self, config: &crate::config::ProxyConfig) {
+        self.hosts.set(config.hosts.len() as i64);
+        self.per_host
+            .follow(&config.hosts, config.metrics_host_label);
+    }
+
     /// Counts one action of the limit `l` (a [`limit`] value).
     pub fn limit(&self, l: &str) {
         self.limits.with_label_values(&[l]).inc();
@@ -601,15 +626,296 @@ impl Metrics {
     }
 }
 
-/// HTTP status class label: `2xx` ... `5xx`.
-pub fn status_class(status: u16) -> &'static str {
-    match status {
-        100..=199 => "1xx",
-        200..=299 => "2xx",
-        300..=399 => "3xx",
-        400..=499 => "4xx",
-        _ => "5xx",
+/// HTTP status classes and client address families: the indexes of a host's request
+/// counters, so counting a request allocates nothing.
+const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+const FAMILIES: [&str; 2] = [FAMILY_IPV4, FAMILY_IPV6];
+
+type RequestCounts = [[u64; FAMILIES.len()]; STATUS_CLASSES.len()];
+
+fn family_index(family: &str) -> usize {
+    usize::from(family == FAMILY_IPV6)
+}
+
+/// What is known of one host that got a request or a probe.
+#[derive(Debug, Default, Clone)]
+pub struct HostCounts {
+    requests: RequestCounts,
+    recent: RecentCounter,
+    /// notAfter of its certificate, while it is configured.
+    expiry: Option<i64>,
+    /// Its last Alt-Svc probe.
+    alt_svc: Option<bool>,
+}
+
+impl HostCounts {
+    pub fn requests(&self) -> u64 {
+        self.requests.iter().flatten().sum()
     }
+
+    /// Requests in the last [`super::window::WINDOW_MINUTES`] minutes.
+    pub fn recent(&self, now_minute: u64) -> u64 {
+        self.recent.sum(now_minute)
+    }
+}
+
+#[derive(Debug)]
+struct PerHostState {
+    host_label: bool,
+    /// Hosts with series, by the name of their configured entry (or [`OTHER_HOST`]).
+    hosts: HashMap<String, HostCounts>,
+    /// Requests of hosts no longer configured: a total without the host label never falls.
+    retired: RequestCounts,
+    /// The configured hosts' earliest notAfter; `None` without hosts.
+    earliest_expiry: Option<i64>,
+}
+
+/// The per-host series: kept here rather than in label vectors so that they are created only
+/// when a host first gets a request or a probe, removed when it leaves the configuration, and
+/// exported with or without the `host` label as `metrics.hostLabel` says, switchable live.
+/// A request costs one lock and one map lookup, no allocation after the host's first.
+#[derive(Debug)]
+pub struct PerHost {
+    state: Mutex<PerHostState>,
+}
+
+impl PerHost {
+    fn new() -> Self {
+        PerHost {
+            state: Mutex::new(PerHostState {
+                host_label: true,
+                hosts: HashMap::new(),
+                retired: RequestCounts::default(),
+                earliest_expiry: None,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PerHostState> {
+        self.state.lock().expect("per-host metrics lock")
+    }
+
+    /// Counts one answered request for `host` (a configured entry's name, or
+    /// [`OTHER_HOST`]), whose certificate expires at `expiry`.
+    pub fn count_request(&self, host: &str, expiry: Option<i64>, status: u16, family: &str) {
+        let class = class_index(status);
+        let mut s = self.lock();
+        let h = match s.hosts.get_mut(host) {
+            Some(h) => h,
+            None => s.hosts.entry(host.to_string()).or_default(),
+        };
+        h.requests[class][family_index(family)] += 1;
+        h.recent.add(super::window::current_minute());
+        if expiry.is_some() {
+            h.expiry = expiry;
+        }
+    }
+
+    /// Records the Alt-Svc probe of a configured `host` whose certificate expires at `expiry`.
+    pub fn probed(&self, host: &str, expiry: i64, advertised: bool) {
+        let mut s = self.lock();
+        let h = s.hosts.entry(host.to_string()).or_default();
+        h.alt_svc = Some(advertised);
+        h.expiry = Some(expiry);
+    }
+
+    /// Keeps the series of the hosts `hosts` still serves (their expiry updated: a rotated
+    /// certificate), retires the others, and applies `host_label`.
+    pub fn follow(&self, hosts: &crate::config::HostTable, host_label: bool) {
+        let mut s = self.lock();
+        s.host_label = host_label;
+        s.earliest_expiry = hosts.iter().map(|h| h.not_after).min();
+        let mut retired = s.retired;
+        s.hosts.retain(|name, c| {
+            if name == OTHER_HOST {
+                return true;
+            }
+            match hosts.get(name) {
+                Some(entry) => {
+                    c.expiry = Some(entry.not_after);
+                    true
+                }
+                None => {
+                    for (r, n) in retired
+                        .iter_mut()
+                        .flatten()
+                        .zip(c.requests.iter().flatten())
+                    {
+                        *r += n;
+                    }
+                    false
+                }
+            }
+        });
+        s.retired = retired;
+    }
+
+    /// Every request counted since start, retired hosts and [`OTHER_HOST`] included.
+    pub fn requests_total(&self) -> u64 {
+        let s = self.lock();
+        s.retired.iter().flatten().sum::<u64>()
+            + s.hosts.values().map(HostCounts::requests).sum::<u64>()
+    }
+
+    /// What is known of `host`, if it has series.
+    pub fn host(&self, host: &str) -> Option<HostCounts> {
+        self.lock().hosts.get(host).cloned()
+    }
+
+    /// Hosts with series now (what one scrape carries per host).
+    pub fn hosts_with_series(&self) -> usize {
+        self.lock().hosts.len()
+    }
+}
+
+/// Renders [`PerHost`] at scrape time.
+pub struct PerHostCollector(Arc<PerHost>);
+
+/// Its families, in the order of its `descs`.
+const PER_HOST_SPECS: [&Spec; 5] = [
+    &specs::REQUESTS,
+    &specs::CERTIFICATE_EXPIRY,
+    &specs::CERTIFICATE_EARLIEST_EXPIRY,
+    &specs::ALT_SVC_ADVERTISED,
+    &specs::ALT_SVC_HOSTS,
+];
+
+fn label(name: &str, value: &str) -> LabelPair {
+    let mut lp = LabelPair::default();
+    lp.set_name(name.into());
+    lp.set_value(value.into());
+    lp
+}
+
+fn family(spec: &Spec, kind: MetricType, metrics: Vec<Metric>) -> MetricFamily {
+    let mut mf = MetricFamily::default();
+    mf.set_name(spec.name.to_string());
+    mf.set_help(spec.help.to_string());
+    mf.set_field_type(kind);
+    mf.set_metric(metrics);
+    mf
+}
+
+fn counter_metric(labels: Vec<LabelPair>, v: u64) -> Metric {
+    let mut c = Counter::default();
+    c.set_value(v as f64);
+    let mut m = Metric::default();
+    m.set_label(labels);
+    m.set_counter(c);
+    m
+}
+
+fn gauge_metric(labels: Vec<LabelPair>, v: i64) -> Metric {
+    let mut g = Gauge::default();
+    g.set_value(v as f64);
+    let mut m = Metric::default();
+    m.set_label(labels);
+    m.set_gauge(g);
+    m
+}
+
+/// `requests_total` samples: per host and only the (class, family) pairs seen, or without
+/// the host label every pair, from 0.
+fn request_samples(s: &PerHostState) -> Vec<Metric> {
+    let pairs = |counts: &RequestCounts| {
+        let mut out = Vec::new();
+        for (c, class) in STATUS_CLASSES.iter().enumerate() {
+            for (f, family) in FAMILIES.iter().enumerate() {
+                out.push((*class, *family, counts[c][f]));
+            }
+        }
+        out
+    };
+    if !s.host_label {
+        let mut total = s.retired;
+        for h in s.hosts.values() {
+            for (t, n) in total.iter_mut().flatten().zip(h.requests.iter().flatten()) {
+                *t += n;
+            }
+        }
+        return pairs(&total)
+            .into_iter()
+            .map(|(class, family, n)| {
+                counter_metric(
+                    vec![label("family", family), label("status_class", class)],
+                    n,
+                )
+            })
+            .collect();
+    }
+    let mut out = Vec::new();
+    for (host, h) in &s.hosts {
+        for (class, family, n) in pairs(&h.requests) {
+            if n > 0 {
+                // In name order, as the registry's own vectors write them.
+                let labels = vec![
+                    label("family", family),
+                    label("host", host),
+                    label("status_class", class),
+                ];
+                out.push(counter_metric(labels, n));
+            }
+        }
+    }
+    out
+}
+
+impl Collector for PerHostCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        static DESCS: std::sync::OnceLock<Vec<Desc>> = std::sync::OnceLock::new();
+        DESCS
+            .get_or_init(|| PER_HOST_SPECS.iter().map(|s| desc_of(s)).collect())
+            .iter()
+            .collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let s = self.0.lock();
+        let mut expiry = Vec::new();
+        let mut alt_svc = Vec::new();
+        let (mut advertised, mut missing) = (0, 0);
+        for (host, h) in &s.hosts {
+            if let Some(t) = h.expiry {
+                expiry.push(gauge_metric(vec![label("host", host)], t));
+            }
+            if let Some(a) = h.alt_svc {
+                alt_svc.push(gauge_metric(vec![label("host", host)], i64::from(a)));
+                *(if a { &mut advertised } else { &mut missing }) += 1;
+            }
+        }
+        if !s.host_label {
+            expiry.clear();
+            alt_svc.clear();
+        }
+        let alt_svc_hosts = [("advertised", advertised), ("missing", missing)]
+            .into_iter()
+            .map(|(r, n)| gauge_metric(vec![label("result", r)], n))
+            .collect();
+        let earliest = s
+            .earliest_expiry
+            .map(|t| gauge_metric(vec![], t))
+            .into_iter()
+            .collect();
+        vec![
+            family(PER_HOST_SPECS[0], MetricType::COUNTER, request_samples(&s)),
+            family(PER_HOST_SPECS[1], MetricType::GAUGE, expiry),
+            family(PER_HOST_SPECS[2], MetricType::GAUGE, earliest),
+            family(PER_HOST_SPECS[3], MetricType::GAUGE, alt_svc),
+            family(PER_HOST_SPECS[4], MetricType::GAUGE, alt_svc_hosts),
+        ]
+    }
+}
+
+fn desc_of(s: &Spec) -> Desc {
+    let labels = s.labels.iter().map(|l| l.to_string()).collect();
+    Desc::new(s.name.into(), s.help.into(), labels, Default::default())
+        .expect("valid metric description")
+}
+
+/// The index of a status's class (`1xx` ... `5xx`) in [`STATUS_CLASSES`]; anything beyond
+/// 599 counts as `5xx`.
+fn class_index(status: u16) -> usize {
+    usize::from(status / 100).clamp(1, STATUS_CLASSES.len()) - 1
 }
 
 /// Reads /proc at scrape time so the exported values are the kernel's, not a copy.
@@ -628,39 +934,19 @@ const PROC_SPECS: [&Spec; 4] = [
 
 impl UdpProcCollector {
     fn new(sockets: SocketInodes) -> Self {
-        let desc = |s: &Spec| {
-            let labels = s.labels.iter().map(|l| l.to_string()).collect();
-            Desc::new(s.name.into(), s.help.into(), labels, Default::default())
-                .expect("valid metric description")
-        };
         Self {
-            descs: PROC_SPECS.iter().map(|s| desc(s)).collect(),
+            descs: PROC_SPECS.iter().map(|s| desc_of(s)).collect(),
             sockets,
         }
     }
 }
 
 fn counter_family(spec: &Spec, samples: Vec<(&str, u64)>) -> MetricFamily {
-    let mut mf = MetricFamily::default();
-    mf.set_name(spec.name.to_string());
-    mf.set_help(spec.help.to_string());
-    mf.set_field_type(MetricType::COUNTER);
     let metrics = samples
         .into_iter()
-        .map(|(family, v)| {
-            let mut lp = LabelPair::default();
-            lp.set_name("family".into());
-            lp.set_value(family.into());
-            let mut c = Counter::default();
-            c.set_value(v as f64);
-            let mut m = Metric::default();
-            m.set_label(vec![lp]);
-            m.set_counter(c);
-            m
-        })
+        .map(|(f, v)| counter_metric(vec![label("family", f)], v))
         .collect();
-    mf.set_metric(metrics);
-    mf
+    family(spec, MetricType::COUNTER, metrics)
 }
 
 impl Collector for UdpProcCollector {
@@ -752,13 +1038,13 @@ mod tests {
     #[test]
     fn every_metric_is_registered_with_its_spec() {
         let m = Metrics::new();
-        // Give every labelled family one child so the exposition lists it.
-        m.requests
-            .with_label_values(&["a.test", "2xx", FAMILY_IPV4])
-            .inc();
-        m.request_duration
-            .with_label_values(&["a.test"])
-            .observe(0.1);
+        let hosts = table(1);
+        m.follow_config_hosts(&hosts, true);
+        // Give every per-host family one series so the exposition lists it.
+        m.per_host
+            .count_request("h0.test", Some(7), 200, FAMILY_IPV4);
+        m.per_host.probed("h0.test", 7, true);
+        m.request_duration.observe(0.1);
         let text = m.render();
         for (s, kind) in [
             (&specs::REQUESTS, "counter"),
@@ -766,6 +1052,10 @@ mod tests {
             (&specs::CONNECTION_RTT, "histogram"),
             (&specs::LOST_PACKETS, "counter"),
             (&specs::HOSTS, "gauge"),
+            (&specs::CERTIFICATE_EXPIRY, "gauge"),
+            (&specs::CERTIFICATE_EARLIEST_EXPIRY, "gauge"),
+            (&specs::ALT_SVC_ADVERTISED, "gauge"),
+            (&specs::ALT_SVC_HOSTS, "gauge"),
             (&specs::ROLLOUT_NEWEST, "gauge"),
             (&specs::ROLLOUT_GENERATIONS, "gauge"),
         ] {
@@ -778,15 +1068,162 @@ mod tests {
                 s.name
             );
         }
-        assert!(text
-            .contains("h3_ingress_request_duration_seconds_bucket{host=\"a.test\",le=\"60\"} 1"));
+        assert!(text.contains("h3_ingress_request_duration_seconds_bucket{le=\"60\"} 1"));
+        assert!(text.contains(
+            "h3_ingress_requests_total{family=\"ipv4\",host=\"h0.test\",status_class=\"2xx\"} 1"
+        ));
+        assert!(
+            text.contains("h3_ingress_certificate_expiry_timestamp_seconds{host=\"h0.test\"} 7")
+        );
+        assert!(text.contains("h3_ingress_alt_svc_hosts{result=\"advertised\"} 1"));
         assert!(!text.contains("gro"), "{text}");
+    }
+
+    /// `n` hosts `h0.test`... sharing one certificate (building them costs no key parsing).
+    fn table(n: usize) -> crate::config::HostTable {
+        let ck = rcgen::generate_simple_self_signed(vec!["*.test".to_string()]).unwrap();
+        let cert = crate::config::Certificate::from_pem(
+            ck.cert.pem().as_bytes(),
+            ck.signing_key.serialize_pem().as_bytes(),
+        )
+        .unwrap();
+        let mut t = crate::config::HostTable::default();
+        for i in 0..n {
+            t.insert(cert.entry(format!("h{i}.test")));
+        }
+        t
+    }
+
+    impl Metrics {
+        fn follow_config_hosts(&self, hosts: &crate::config::HostTable, host_label: bool) {
+            self.hosts.set(hosts.len() as i64);
+            self.per_host.follow(hosts, host_label);
+        }
+    }
+
+    /// Sample lines of the exposition whose name starts with `prefix`.
+    fn samples(text: &str, prefix: &str) -> Vec<String> {
+        text.lines()
+            .filter(|l| l.starts_with(prefix))
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn per_host_series_appear_with_traffic_and_leave_with_the_host() {
+        let m = Metrics::new();
+        let hosts = table(3);
+        m.follow_config_hosts(&hosts, true);
+        let text = m.render();
+        // Configured, but no request and no probe yet: no per-host series.
+        assert!(
+            samples(&text, "h3_ingress_requests_total").is_empty(),
+            "{text}"
+        );
+        assert!(samples(&text, "h3_ingress_certificate_expiry_timestamp").is_empty());
+        let earliest = hosts.iter().map(|h| h.not_after).min().unwrap();
+        assert_eq!(
+            samples(&text, "h3_ingress_certificate_earliest_expiry"),
+            [format!(
+                "h3_ingress_certificate_earliest_expiry_timestamp_seconds {earliest}"
+            )]
+        );
+        m.per_host
+            .count_request("h1.test", Some(earliest), 200, FAMILY_IPV6);
+        m.per_host
+            .count_request("h1.test", Some(earliest), 503, FAMILY_IPV6);
+        m.per_host.count_request(OTHER_HOST, None, 421, FAMILY_IPV4);
+        let text = m.render();
+        assert_eq!(
+            samples(&text, "h3_ingress_requests_total").len(),
+            3,
+            "{text}"
+        );
+        assert_eq!(
+            samples(&text, "h3_ingress_certificate_expiry_timestamp").len(),
+            1
+        );
+        assert_eq!(m.per_host.host("h1.test").unwrap().requests(), 2);
+
+        // h1 leaves: its series go, its requests stay in the total.
+        let mut fewer = crate::config::HostTable::default();
+        for h in hosts.iter().filter(|h| h.name != "h1.test") {
+            fewer.insert(crate::config::HostEntry {
+                name: h.name.clone(),
+                certified_key: h.certified_key.clone(),
+                not_after: h.not_after,
+                leaf_sha256: h.leaf_sha256.clone(),
+                upstream: None,
+                source: String::new(),
+                secret: None,
+            });
+        }
+        m.follow_config_hosts(&fewer, true);
+        let text = m.render();
+        assert_eq!(
+            samples(&text, "h3_ingress_requests_total"),
+            ["h3_ingress_requests_total{family=\"ipv4\",host=\"other\",status_class=\"4xx\"} 1"]
+        );
+        assert_eq!(m.per_host.requests_total(), 3);
+
+        // Without the host label: every class and family from 0, summed over hosts, the
+        // retired ones included; no per-host gauge.
+        m.follow_config_hosts(&fewer, false);
+        let text = m.render();
+        assert!(!text.contains("host=\""), "{text}");
+        let requests = samples(&text, "h3_ingress_requests_total");
+        assert_eq!(requests.len(), STATUS_CLASSES.len() * FAMILIES.len());
+        assert!(requests.contains(
+            &"h3_ingress_requests_total{family=\"ipv6\",status_class=\"5xx\"} 1".to_string()
+        ));
+        assert!(requests.contains(
+            &"h3_ingress_requests_total{family=\"ipv4\",status_class=\"4xx\"} 1".to_string()
+        ));
+    }
+
+    /// The issue's budget: one scrape at 10,000 hosts, each with a request and an Alt-Svc
+    /// probe, stays under 50,000 series with defaults. Prints the counts.
+    #[test]
+    fn one_scrape_at_ten_thousand_hosts_stays_within_the_series_budget() {
+        const HOSTS: usize = 10_000;
+        let hosts = table(HOSTS);
+        let series = |host_label: bool, probe: bool| {
+            let m = Metrics::new();
+            m.follow_config_hosts(&hosts, host_label);
+            for h in hosts.iter() {
+                m.per_host
+                    .count_request(&h.name, Some(h.not_after), 200, FAMILY_IPV4);
+                m.request_duration.observe(0.05);
+                if probe {
+                    m.per_host.probed(&h.name, h.not_after, false);
+                }
+            }
+            m.render()
+                .lines()
+                .filter(|l| !l.starts_with('#') && !l.is_empty())
+                .count()
+        };
+        let (requests_only, probed, no_label) =
+            (series(true, false), series(true, true), series(false, true));
+        println!(
+            "series per scrape at {HOSTS} hosts, a request to each: {requests_only}; \
+             every host also probed: {probed}; metrics.hostLabel=false: {no_label}"
+        );
+        assert!(probed <= 50_000, "{probed}");
+        assert!(
+            probed >= 3 * HOSTS,
+            "every host has its three series: {probed}"
+        );
+        assert!(no_label < 300, "{no_label}");
     }
 
     #[test]
     fn status_classes() {
-        assert_eq!(status_class(200), "2xx");
-        assert_eq!(status_class(421), "4xx");
-        assert_eq!(status_class(502), "5xx");
+        let class = |s| STATUS_CLASSES[class_index(s)];
+        assert_eq!(class(200), "2xx");
+        assert_eq!(class(421), "4xx");
+        assert_eq!(class(502), "5xx");
+        assert_eq!(class(999), "5xx");
+        assert_eq!(class(100), "1xx");
     }
 }

@@ -16,6 +16,7 @@
 //!   buffered-request budget
 //! - [`handler`], [`request`], [`body`], [`upstream`]: one request, phase by phase
 //! - [`logs`]: the rate limiter of every log line a client or the upstream can cause
+//! - [`memory`]: freed memory handed back to the kernel
 //! - [`admin`], [`metrics`], [`procnet`], [`altsvc`], [`window`]: what the proxy reports
 
 pub mod accept;
@@ -34,6 +35,7 @@ pub mod handover;
 pub mod keys;
 pub mod lanes;
 pub mod logs;
+pub mod memory;
 pub mod metrics;
 pub mod probe;
 pub mod procnet;

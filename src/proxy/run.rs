@@ -11,7 +11,7 @@ use tracing::{info, warn};
 use super::probe::ProbeState;
 use super::server::{self, RunningProxy, ServeOptions, WhenSuperseded};
 use super::source::{self, ConfigUpdate, UPDATE_QUEUE};
-use super::ProxyError;
+use super::{memory, ProxyError};
 use crate::config::{self, ConfigError};
 use crate::lifecycle;
 
@@ -25,10 +25,14 @@ pub struct ProxyArgs {
         conflicts_with = "listener"
     )]
     pub config: Option<PathBuf>,
-    /// Kubernetes mode: serve this Http3Listener, its annotated Ingresses and their
-    /// Secrets, following changes live.
-    #[arg(long)]
+    /// Kubernetes mode: serve this Http3Listener and the hosts of its certificate mirrors,
+    /// following changes live.
+    #[arg(long, requires = "hosts_namespace")]
     pub listener: Option<String>,
+    /// Kubernetes mode: the namespace holding the listener's certificate mirrors (Secrets of
+    /// type h3-ingress.dev/host-certificate that the operator writes).
+    #[arg(long, env = "H3I_HOSTS_NAMESPACE", requires = "listener")]
+    pub hosts_namespace: Option<String>,
     /// Kubernetes mode: the secret the QUIC endpoint keys are derived from (the operator
     /// mounts the listener's keys Secret here). Standalone mode uses `keys.file`.
     #[arg(long, requires = "listener")]
@@ -70,7 +74,7 @@ pub enum RunError {
     Watch(#[from] source::kube::WatchError),
     #[error("the listener watch ended before a configuration arrived")]
     SourceEnded,
-    #[error("no configuration source: give --config FILE or --listener NAME")]
+    #[error("no configuration source: give --config FILE or --listener NAME --hosts-namespace NS")]
     NoSource,
 }
 
@@ -93,13 +97,17 @@ pub async fn run(args: ProxyArgs, shutdown: CancellationToken) -> Result<(), Run
         probe: Some(probe),
         identity: None,
     };
-    match (args.config, args.listener) {
-        (Some(path), _) => file(path, shutdown, opts).await,
-        (None, Some(name)) => {
+    match (args.config, args.listener, args.hosts_namespace) {
+        (Some(path), _, _) => file(path, shutdown, opts).await,
+        (None, Some(listener), Some(hosts_namespace)) => {
             opts.when_superseded = WhenSuperseded::AwaitSignal;
-            kube(name, shutdown, opts).await
+            let source = KubeSource {
+                listener,
+                hosts_namespace,
+            };
+            kube(source, shutdown, opts).await
         }
-        (None, None) => Err(RunError::NoSource),
+        _ => Err(RunError::NoSource),
     }
 }
 
@@ -116,26 +124,34 @@ pub async fn file(
     let (tx, rx) = mpsc::channel(UPDATE_QUEUE);
     let reloads = source::file::reload_on_hangup(path, hangups, tx, shutdown.clone());
     tokio::spawn(reloads);
+    tokio::spawn(memory::trim_periodically(shutdown.clone()));
     server::serve(initial, rx, shutdown, None, opts).await?;
     Ok(())
 }
 
+/// What Kubernetes mode watches: a listener and the namespace of its certificate mirrors.
+#[derive(Debug, Clone)]
+pub struct KubeSource {
+    pub listener: String,
+    pub hosts_namespace: String,
+}
+
 /// [`kube_with_options`] on the cluster this process runs in (or KUBECONFIG's).
 pub async fn kube(
-    name: String,
+    source: KubeSource,
     shutdown: CancellationToken,
     opts: ServeOptions,
 ) -> Result<(), RunError> {
     let client = ::kube::Client::try_default()
         .await
         .map_err(RunError::Kube)?;
-    kube_with_options(client, name, shutdown, None, opts).await
+    kube_with_options(client, source, shutdown, None, opts).await
 }
 
 /// [`kube_with_options`] with random per-process endpoint keys.
 pub async fn kube_with(
     client: ::kube::Client,
-    name: String,
+    source: KubeSource,
     shutdown: CancellationToken,
     ready: Option<oneshot::Sender<RunningProxy>>,
 ) -> Result<(), RunError> {
@@ -143,13 +159,13 @@ pub async fn kube_with(
         when_superseded: WhenSuperseded::AwaitSignal,
         ..ServeOptions::default()
     };
-    kube_with_options(client, name, shutdown, ready, opts).await
+    kube_with_options(client, source, shutdown, ready, opts).await
 }
 
 /// [`kube_with_options`] with the endpoint keys from `keys_file`.
 pub async fn kube_with_keys(
     client: ::kube::Client,
-    name: String,
+    source: KubeSource,
     keys_file: Option<PathBuf>,
     shutdown: CancellationToken,
     ready: Option<oneshot::Sender<RunningProxy>>,
@@ -159,23 +175,34 @@ pub async fn kube_with_keys(
         when_superseded: WhenSuperseded::AwaitSignal,
         ..ServeOptions::default()
     };
-    kube_with_options(client, name, shutdown, ready, opts).await
+    kube_with_options(client, source, shutdown, ready, opts).await
 }
 
-/// Serves the listener `name` until `shutdown`: waits for its first usable configuration,
-/// starts the proxy on it and applies every later one live. Socket changes are refused by
-/// the proxy and rolled out by the operator (the pod template carries their hash).
+/// Serves the listener of `source` until `shutdown`: waits for its first usable
+/// configuration (the listener and every mirror loaded), starts the proxy on it and applies
+/// every later one live. Socket changes are refused by the proxy and rolled out by the
+/// operator (the pod template carries their hash).
 pub async fn kube_with_options(
     client: ::kube::Client,
-    name: String,
+    source: KubeSource,
     shutdown: CancellationToken,
     ready: Option<oneshot::Sender<RunningProxy>>,
     mut opts: ServeOptions,
 ) -> Result<(), RunError> {
+    let KubeSource {
+        listener: name,
+        hosts_namespace,
+    } = source;
     opts.identity = Some(format!("listener={name}"));
     let (tx, mut updates) = mpsc::channel(UPDATE_QUEUE);
-    let watch = tokio::spawn(source::kube::watch_listener(client, name.clone(), tx));
-    info!(listener = %name, "waiting for the Http3Listener, its Ingresses and Secrets");
+    info!(listener = %name, %hosts_namespace, "waiting for the Http3Listener and its certificate mirrors");
+    let watch = tokio::spawn(source::kube::watch_listener(
+        client,
+        name.clone(),
+        hosts_namespace,
+        tx,
+    ));
+    tokio::spawn(memory::trim_periodically(shutdown.clone()));
     let initial = loop {
         tokio::select! {
             u = updates.recv() => match u {

@@ -74,17 +74,6 @@ impl Default for ServeOptions {
     }
 }
 
-fn export_host_metrics(metrics: &Metrics, config: &ProxyConfig) {
-    metrics.hosts.set(config.hosts.len() as i64);
-    metrics.certificate_expiry.reset();
-    for h in config.hosts.iter() {
-        metrics
-            .certificate_expiry
-            .with_label_values(&[&h.name])
-            .set(h.not_after);
-    }
-}
-
 /// Waits for `f` unless `shutdown` comes first.
 async fn until<T>(
     shutdown: &CancellationToken,
@@ -124,7 +113,7 @@ pub async fn serve(
     let keys_path = opts.keys_file.as_deref().or(initial.keys_file.as_deref());
     let keys = load_keys(keys_path, joined.secret)?;
     handover.tell(Local::Secret(keys.secret().to_vec()));
-    export_host_metrics(&metrics, &initial);
+    metrics.follow_config(&initial);
     let first = Generation {
         id: 1,
         config: initial,
@@ -454,13 +443,13 @@ pub fn apply(shared: &Arc<Shared>, families: &[Family], mut next: ProxyConfig) -
     if let Err(e) = endpoint::reconfigure(families, &gen, m, &shared.cc_stats) {
         return rejected(shared, e);
     }
-    export_host_metrics(m, &gen.config);
+    m.follow_config(&gen.config);
     shared
         .budget
         .resize(gen.config.limits.buffered_request_bytes);
-    let hosts: Vec<&str> = gen.config.hosts.names().collect();
     let id = gen.id;
-    info!(generation = id, ?hosts, "configuration applied live");
+    let hosts = gen.config.hosts.len();
+    info!(generation = id, hosts, "configuration applied live");
     shared.current.store(gen);
     m.config_reloads.with_label_values(&[reload::APPLIED]).inc();
     altsvc::probe_soon(shared);

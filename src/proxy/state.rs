@@ -1,14 +1,16 @@
 //! What the running proxy's tasks share: the current configuration [`Generation`], the
-//! metrics, what each socket reported when it was bound, per-host request counts and the
-//! Alt-Svc probe results.
+//! metrics (per-host request counts among them), what each socket reported when it was bound
+//! and the Alt-Svc probe results; and the two documents built from them: `/status`, whose
+//! size does not grow with the hosts, and `/hosts`, one entry per host.
 //!
 //! A leaf module: the accept loop, the request handler, the admin endpoint and the probe all
 //! use it, and it uses none of them. It reads nothing from the kernel either: the `/status`
 //! document takes the kernel's counters as arguments.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use http::HeaderValue;
@@ -21,8 +23,8 @@ use super::cc::CcStats;
 use super::metrics::{limit, Metrics};
 use super::request;
 use super::upstream::Upstream;
-use super::window::{current_minute, RecentCounter};
-use crate::api::{RolloutReport, SocketReport, StatusReport};
+use super::window::current_minute;
+use crate::api::{host_states, reasons, HostReport, RolloutReport, SocketReport, StatusReport};
 use crate::config::ProxyConfig;
 
 /// Everything one configuration implies for requests; swapped atomically on reload.
@@ -32,11 +34,26 @@ pub struct Generation {
     pub upstream: Upstream,
 }
 
-/// What the Alt-Svc probe last saw for a host.
+/// What the Alt-Svc probe last saw for a host, and when.
 #[derive(Debug, Clone)]
 pub struct AltSvcProbe {
     pub advertised: bool,
-    pub message: String,
+    /// Why the probe could not ask the TCP ingress (then `advertised` is false).
+    pub failure: Option<String>,
+    pub at: Instant,
+}
+
+impl AltSvcProbe {
+    /// What `/hosts` and the log say about this probe of `host`: nothing when the header is
+    /// there, else why not or how to add it. Computed when asked, so no text is kept per host.
+    pub fn message(&self, host: &str, port: u16, max_age: u32) -> String {
+        match (&self.failure, self.advertised) {
+            (Some(why), _) => format!("probing the TCP ingress failed: {why}"),
+            (None, true) => String::new(),
+            // No controller: the data plane cannot tell which one the ingress is.
+            (None, false) => crate::api::altsvc::advice(None, host, port, max_age),
+        }
+    }
 }
 
 /// A socket as reported when it was bound (or failed to), with its inode (0 when unbound) to
@@ -82,8 +99,8 @@ pub struct Shared {
     /// Cancelled to close every connection accepted under it at once (a drain deadline).
     close: Mutex<CancellationToken>,
     restart_required: Mutex<Vec<String>>,
-    pub alt_svc_probes: Mutex<BTreeMap<String, AltSvcProbe>>,
-    requests_by_host: Mutex<HashMap<String, (u64, RecentCounter)>>,
+    /// By configured host name; pruned to the configured hosts by the probe.
+    pub alt_svc_probes: Mutex<HashMap<String, AltSvcProbe>>,
     pub draining: AtomicBool,
     generations: AtomicU64,
     /// Wakes the Alt-Svc probe early (after a configuration change).
@@ -123,8 +140,7 @@ impl Shared {
             drain: Mutex::new(CancellationToken::new()),
             close: Mutex::new(CancellationToken::new()),
             restart_required: Mutex::new(Vec::new()),
-            alt_svc_probes: Mutex::new(BTreeMap::new()),
-            requests_by_host: Mutex::new(HashMap::new()),
+            alt_svc_probes: Mutex::new(HashMap::new()),
             draining: AtomicBool::new(false),
             generations: AtomicU64::new(id),
             probe_now: tokio::sync::Notify::new(),
@@ -140,13 +156,6 @@ impl Shared {
 
     pub fn alt_svc_value(&self, gen: &Generation) -> HeaderValue {
         request::alt_svc_value(self.port, gen.config.alt_svc_max_age)
-    }
-
-    pub fn count_request(&self, host: &str) {
-        let mut counts = self.requests_by_host.lock().expect("request count lock");
-        let (total, recent) = counts.entry(host.to_string()).or_default();
-        *total += 1;
-        recent.add(current_minute());
     }
 
     /// Records changes that only a restart can apply; `/status` lists them until then.
@@ -231,7 +240,8 @@ impl Shared {
     }
 
     /// The `/status` document. `socket_drops(family, inode)` and `host_receive_buffer_errors`
-    /// are the kernel's counters, read by the caller.
+    /// are the kernel's counters, read by the caller. Its size does not depend on the number
+    /// of hosts (the mirror report lists a bounded number of failures).
     pub fn status_report(
         &self,
         socket_drops: impl Fn(&str, u64) -> Option<u64>,
@@ -251,43 +261,110 @@ impl Shared {
                 r
             })
             .collect();
-        let counts = self
-            .requests_by_host
-            .lock()
-            .expect("request count lock")
-            .clone();
-        let probes = self.alt_svc_probes.lock().expect("probe lock").clone();
-        let now = current_minute();
-        let hosts = gen
-            .config
-            .host_reports
-            .iter()
-            .map(|h| {
-                let mut h = h.clone();
-                if let Some((total, recent)) = counts.get(&h.name) {
-                    h.requests = *total;
-                    h.requests_last5m = recent.sum(now);
-                }
-                if let Some(p) = probes.get(&h.name) {
-                    h.alt_svc_advertised = Some(p.advertised);
-                    h.alt_svc_message = p.message.clone();
-                }
-                h
-            })
-            .collect();
         StatusReport {
             version: crate::version::BUILD.to_string(),
             port: self.port,
             udp_drops: sockets.iter().map(|s| s.drops).sum(),
             sockets,
             hosts_loaded: gen.config.hosts.len() as u64,
-            mirrors: None,
-            hosts,
+            mirrors: gen.config.mirrors.clone(),
             udp_host_receive_buffer_errors: host_receive_buffer_errors,
-            requests_total: counts.values().map(|(total, _)| total).sum(),
+            requests_total: self.metrics.per_host.requests_total(),
             config_generation: gen.id,
             restart_required: self.restart_required.lock().expect("restart lock").clone(),
             rollout: self.rollout(),
         }
+    }
+
+    /// The `/hosts` document: every loaded host (where it comes from, its Alt-Svc probe,
+    /// its requests), then every host that could not be loaded, with why.
+    pub fn hosts_report(&self) -> Vec<HostReport> {
+        let gen = self.current.load();
+        let config = &gen.config;
+        let probes = self.alt_svc_probes.lock().expect("probe lock");
+        let now = current_minute();
+        let mut out = Vec::with_capacity(config.hosts.len() + config.host_reports.len());
+        for h in config.hosts.iter() {
+            let mut r = HostReport {
+                name: h.name.clone(),
+                state: host_states::SERVING.to_string(),
+                reason: reasons::SERVING.to_string(),
+                secret: h.secret.as_deref().map(str::to_string),
+                source: h.source.clone(),
+                ..Default::default()
+            };
+            if let Some(c) = self.metrics.per_host.host(&h.name) {
+                r.requests = c.requests();
+                r.requests_last5m = c.recent(now);
+            }
+            if let Some(p) = probes.get(&h.name) {
+                r.alt_svc_advertised = Some(p.advertised);
+                r.alt_svc_message = p.message(&h.name, self.port, config.alt_svc_max_age);
+            }
+            out.push(r);
+        }
+        let failed = config.host_reports.iter();
+        out.extend(failed.filter(|r| r.state != host_states::SERVING).cloned());
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::cc::CcStats;
+    use crate::proxy::metrics::UpstreamMetrics;
+    use crate::proxy::source::mirrors::{self, tests as m};
+
+    fn shared(config: ProxyConfig) -> Shared {
+        let upstream = Upstream::new(
+            &config.upstream,
+            &config.hosts,
+            UpstreamMetrics::unregistered(),
+        )
+        .unwrap();
+        let first = Generation {
+            id: 1,
+            config,
+            upstream,
+        };
+        Shared::new(first, Metrics::new(), CcStats::new(), 443, vec![])
+    }
+
+    #[test]
+    fn status_stays_small_and_hosts_lists_every_host() {
+        let set = m::set(vec![
+            m::input("m1", "1", &["a.test"], &["a.test"]),
+            m::input("m2", "1", &["b.test"], &["b.test", "c.test"]),
+        ]);
+        let s = shared(mirrors::build(&m::listener(), &set, m::now()).unwrap());
+        s.metrics
+            .per_host
+            .count_request("a.test", None, 200, crate::proxy::metrics::FAMILY_IPV4);
+
+        let status = s.status_report(|_, _| None, 0);
+        assert_eq!(status.hosts_loaded, 2);
+        assert_eq!(status.requests_total, 1);
+        let r = status.mirrors.as_ref().unwrap();
+        assert_eq!((r.count, r.failed_count), (2, 1));
+        assert_eq!(r.digest, mirrors::digest(&set));
+
+        let hosts = s.hosts_report();
+        let view: Vec<(&str, &str, u64)> = hosts
+            .iter()
+            .map(|h| (h.name.as_str(), h.state.as_str(), h.requests))
+            .collect();
+        assert_eq!(
+            view,
+            [
+                ("a.test", "Serving", 1),
+                ("b.test", "Serving", 0),
+                ("c.test", "NotServing", 0)
+            ]
+        );
+        assert_eq!(hosts[0].secret.as_deref(), Some("shop/m1-tls"));
+        assert_eq!(hosts[0].source, "Ingress shop/m1");
+        assert_eq!(hosts[2].reason, reasons::CERTIFICATE_DOES_NOT_MATCH_HOST);
+        assert_eq!(hosts[2].mirror, "m2");
     }
 }

@@ -83,9 +83,11 @@ def _rows() -> list[tuple[str, list[tuple[int, dict[str, Any]]]]]:
             "reqps", min_=0, stack=True)),
         (12, _panel(
             "HTTP/3 request latency",
-            "From request headers to the end of the response body, through the TCP ingress.",
-            [(f"histogram_quantile(0.5, sum by (le) (rate(h3_ingress_request_duration_seconds_bucket{{{HSEL}}}[{RATE}])))", "p50"),
-             (f"histogram_quantile(0.95, sum by (le) (rate(h3_ingress_request_duration_seconds_bucket{{{HSEL}}}[{RATE}])))", "p95")],
+            "From request headers to the end of the response body, through the TCP ingress, over "
+            "all hosts of the listener (the histogram has no host label: 16 series per host would "
+            "dominate a scrape).",
+            [(f"histogram_quantile(0.5, sum by (le) (rate(h3_ingress_request_duration_seconds_bucket{{{SEL}}}[{RATE}])))", "p50"),
+             (f"histogram_quantile(0.95, sum by (le) (rate(h3_ingress_request_duration_seconds_bucket{{{SEL}}}[{RATE}])))", "p95")],
             "s", min_=0)),
         (12, _panel(
             "Errors reaching the TCP ingress",
@@ -96,10 +98,11 @@ def _rows() -> list[tuple[str, list[tuple[int, dict[str, Any]]]]]:
             "reqps", min_=0)),
         (12, _panel(
             "Alt-Svc advertised by the TCP ingress",
-            "1 when the TCP ingress answers the host with Alt-Svc h3 for our port. Without it "
-            "browsers never switch to HTTP/3.",
-            [(f"min by (host) (h3_ingress_alt_svc_advertised{{{HSEL}}})", "{{host}}")],
-            "bool_yes_no", min_=0, max_=1)),
+            "Hosts whose last probe found the TCP ingress answering with Alt-Svc h3 for our port "
+            "(advertised) or not (missing). Without it browsers never switch to HTTP/3. Which "
+            "hosts: the H3IngressAltSvcMissing alert, or the data plane's /hosts.",
+            [(f"max by (result) (h3_ingress_alt_svc_hosts{{{SEL}}})", "{{result}}")],
+            "short", min_=0)),
         (24, _panel(
             "Requests held on connections to the TCP ingress",
             "Requests from sending to the TCP ingress to the end of their response. Each upstream "
@@ -172,8 +175,11 @@ def _rows() -> list[tuple[str, list[tuple[int, dict[str, Any]]]]]:
             "short", min_=0)),
         (12, _panel(
             "Certificate expiry",
-            "Time left on the certificate served for each host.",
-            [(f"min by (host) (h3_ingress_certificate_expiry_timestamp_seconds{{{HSEL}}}) - time()", "{{host}}")],
+            "Time left on the certificate that expires first, and on the ten that expire first "
+            "among the selected hosts with traffic or a probe (per-host series exist only for "
+            "those, and not at all with metrics.hostLabel: false).",
+            [(f"min(h3_ingress_certificate_earliest_expiry_timestamp_seconds{{{SEL}}}) - time()", "earliest"),
+             (f"bottomk(10, min by (host) (h3_ingress_certificate_expiry_timestamp_seconds{{{HSEL}}}) - time())", "{{host}}")],
             "s")),
         (12, _panel(
             "Hosts and configuration reloads",

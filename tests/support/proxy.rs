@@ -242,6 +242,12 @@ impl ProxyProcess {
         serde_json::from_str(&body).expect("status is JSON")
     }
 
+    /// `/hosts`: one entry per host.
+    pub fn hosts(&self) -> serde_json::Value {
+        let body = http_get(self.admin, "/hosts").expect("GET /hosts").1;
+        serde_json::from_str(&body).expect("/hosts is JSON")
+    }
+
     /// Waits for the process to exit on its own.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         let deadline = Instant::now() + timeout;
