@@ -183,8 +183,8 @@ func cmdRestart(args []string) error {
 	if cur = find(string(old.UID)); cur != nil {
 		n, name = restarts(cur), cur.Name
 	}
-	fmt.Printf("pod %s deleted; replacement %s Ready: %s; serving all %d hosts: %s (sweep %d/%d ok%s); restarts %d\n",
-		old.Name, name, fmtDur(readyAt, *timeout), len(st.annotated()), fmtDur(pr.servedAt, *timeout), pr.ok, pr.total, exampleNote(pr.example), n)
+	fmt.Printf("pod %s deleted; replacement %s Ready: %s; serving all %d hosts: %s (gauge %s; sweep %d/%d ok%s); restarts %d\n",
+		old.Name, name, fmtDur(readyAt, *timeout), len(st.annotated()), fmtDur(pr.servedAt, *timeout), pr.gauge, pr.ok, pr.total, exampleNote(pr.example), n)
 	return mergeResults(c.results, c.col, map[string]any{
 		"restart_ready_s": durOrNil(readyAt), "restart_served_s": durOrNil(pr.servedAt), "restart_restarts": n,
 		"restart_sweep_ok": pr.ok, "restart_sweep_total": pr.total, "restart_timeout_s": secs(*timeout),

@@ -17,13 +17,14 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
-var httpClient = &http.Client{Timeout: 5 * time.Second}
+var httpClient = &http.Client{Timeout: 10 * time.Second}
 
-// gauge reads one unlabelled sample of a data-plane pod's /metrics; false when absent.
-func gauge(node string, port int, name string) (float64, bool) {
+// gauge reads one unlabelled sample of a data-plane pod's /metrics: its value, or why not
+// ("absent" when the scrape answered without it).
+func gauge(node string, port int, name string) (float64, string) {
 	resp, err := httpClient.Get("http://" + net.JoinHostPort(node, strconv.Itoa(port)) + "/metrics")
 	if err != nil {
-		return 0, false
+		return 0, err.Error()
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
@@ -31,10 +32,16 @@ func gauge(node string, port int, name string) (float64, bool) {
 	for sc.Scan() {
 		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
 			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			return f, err == nil
+			if err != nil {
+				return 0, err.Error()
+			}
+			return f, ""
 		}
 	}
-	return 0, false
+	if err := sc.Err(); err != nil {
+		return 0, err.Error()
+	}
+	return 0, "absent"
 }
 
 // listenerStatus: what the listener says, read only from status.hostsSummary and the Ready
@@ -64,6 +71,7 @@ type proof struct {
 	firstFailed int
 	ok, total   int
 	example     string // one failing target and why
+	gauge       string // what the gauge said last
 }
 
 // prove waits (polling the cheap gauge) until every node says it loaded `want` hosts, then
@@ -75,22 +83,35 @@ type proof struct {
 func prove(ctx context.Context, p *prober, nodes []string, hosts []Host, metricsPort int, t0, deadline time.Time, o sweepOpts) proof {
 	want := float64(len(hosts))
 	pr := proof{gaugeAt: -1, servedAt: -1}
-	noGauge := time.Now()
+	lastAnswer, lastWith := time.Now(), time.Now()
 	for time.Now().Before(deadline) {
-		all, any := true, false
+		all := true
+		var seen []string
 		for _, n := range nodes {
-			v, ok := gauge(n, metricsPort, "h3_ingress_hosts")
-			any = any || ok
-			all = all && ok && v >= want
+			v, why := gauge(n, metricsPort, "h3_ingress_hosts")
+			switch why {
+			case "":
+				lastAnswer, lastWith = time.Now(), time.Now()
+				seen = append(seen, fmt.Sprintf("%s=%.0f", n, v))
+			case "absent":
+				lastAnswer = time.Now()
+				seen = append(seen, n+"=absent")
+			default:
+				seen = append(seen, n+": "+why)
+			}
+			all = all && why == "" && v >= want
 		}
+		pr.gauge = strings.Join(seen, " ")
 		if all {
 			pr.gaugeAt = time.Since(t0)
 			break
 		}
-		if any {
-			noGauge = time.Now()
-		} else if time.Since(noGauge) > 10*time.Second {
-			break // no gauge to poll: the sweeps alone decide
+		// Without the gauge (another implementation may not export it) the sweeps alone
+		// decide; a pod too busy to answer its scrape is waited for longer.
+		if time.Since(lastWith) > 10*time.Second && time.Since(lastAnswer) < time.Second ||
+			time.Since(lastAnswer) > 60*time.Second {
+			pr.gauge += " (sweeping without the gauge)"
+			break
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
@@ -179,12 +200,12 @@ func cmdServed(args []string) error {
 	}()
 	pr := prove(ctx, p, c.nodeList(), hosts, c.metricsPort, t0, deadline, o)
 	wg.Wait()
-	fmt.Printf("served over HTTP/3: %s (gauge: %s); sweep %d/%d ok, first pass %.1fs with %d failures%s\n",
-		fmtDur(pr.servedAt, *timeout), fmtDur(pr.gaugeAt, *timeout), pr.ok, pr.total, secs(pr.firstPass), pr.firstFailed, exampleNote(pr.example))
+	fmt.Printf("served over HTTP/3: %s (gauge: %s; last %s); sweep %d/%d ok, first pass %.1fs with %d failures%s\n",
+		fmtDur(pr.servedAt, *timeout), fmtDur(pr.gaugeAt, *timeout), pr.gauge, pr.ok, pr.total, secs(pr.firstPass), pr.firstFailed, exampleNote(pr.example))
 	fmt.Printf("listener status %s: %s (last seen: %s)\n", want, fmtDur(statusAt, *timeout), statusLast)
 	return mergeResults(c.results, c.col, map[string]any{
 		"served_s": durOrNil(pr.servedAt), "gauge_s": durOrNil(pr.gaugeAt), "sweep_s": secs(pr.firstPass),
-		"sweep_ok": pr.ok, "sweep_total": pr.total, "sweep_first_failed": pr.firstFailed, "sweep_example": pr.example,
+		"sweep_ok": pr.ok, "sweep_total": pr.total, "sweep_first_failed": pr.firstFailed, "sweep_example": pr.example, "gauge_last": pr.gauge,
 		"status_s": durOrNil(statusAt), "status_last": statusLast, "served_timeout_s": secs(*timeout),
 		"hosts": len(hosts),
 	})
@@ -244,8 +265,8 @@ func cmdSweep(args []string) error {
 	}
 	t0 := time.Now()
 	pr := prove(context.Background(), p, c.nodeList(), st.annotated(), c.metricsPort, t0, t0.Add(*timeout), o)
-	fmt.Printf("served: %s (gauge: %s); %d/%d ok, first pass %.1fs with %d failures%s\n", fmtDur(pr.servedAt, *timeout),
-		fmtDur(pr.gaugeAt, *timeout), pr.ok, pr.total, secs(pr.firstPass), pr.firstFailed, exampleNote(pr.example))
+	fmt.Printf("served: %s (gauge: %s; last %s); %d/%d ok, first pass %.1fs with %d failures%s\n", fmtDur(pr.servedAt, *timeout),
+		fmtDur(pr.gaugeAt, *timeout), pr.gauge, pr.ok, pr.total, secs(pr.firstPass), pr.firstFailed, exampleNote(pr.example))
 	if pr.ok != pr.total {
 		return fmt.Errorf("%d of %d not served", pr.total-pr.ok, pr.total)
 	}
