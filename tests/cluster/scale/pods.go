@@ -93,8 +93,12 @@ func cmdProcs(args []string) error {
 	}
 	best := map[string]float64{}
 	var each []string
+	dpRestarts := 0
 	for i := range pods.Items {
 		p := &pods.Items[i]
+		if role(p) == "data-plane" {
+			dpRestarts += restarts(p)
+		}
 		if p.Status.Phase != corev1.PodRunning || p.DeletionTimestamp != nil {
 			continue
 		}
@@ -112,8 +116,8 @@ func cmdProcs(args []string) error {
 		each = append(each, fmt.Sprintf("%s %s %.0f", r, p.Name, v))
 	}
 	sort.Strings(each)
-	fmt.Printf("%s memory (MiB): %s\n", *phase, strings.Join(each, ", "))
-	kv := map[string]any{}
+	fmt.Printf("%s memory (MiB): %s; data-plane container restarts so far: %d\n", *phase, strings.Join(each, ", "), dpRestarts)
+	kv := map[string]any{*phase + "_dp_restarts": dpRestarts}
 	for r, v := range best {
 		kv[fmt.Sprintf("%s_%s_mib", *phase, r)] = v
 	}
@@ -184,7 +188,7 @@ func cmdRestart(args []string) error {
 		n, name = restarts(cur), cur.Name
 	}
 	fmt.Printf("pod %s deleted; replacement %s Ready: %s; serving all %d hosts: %s (gauge %s; sweep %d/%d ok%s); restarts %d\n",
-		old.Name, name, fmtDur(readyAt, *timeout), len(st.annotated()), fmtDur(pr.servedAt, *timeout), pr.gauge, pr.ok, pr.total, exampleNote(pr.example), n)
+		old.Name, name, fmtDur(readyAt, *timeout), len(st.annotated()), fmtDur(pr.servedAt, *timeout), pr.gauge, pr.ok, pr.total, pr.failures(), n)
 	return mergeResults(c.results, c.col, map[string]any{
 		"restart_ready_s": durOrNil(readyAt), "restart_served_s": durOrNil(pr.servedAt), "restart_restarts": n,
 		"restart_sweep_ok": pr.ok, "restart_sweep_total": pr.total, "restart_timeout_s": secs(*timeout),

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -110,6 +111,8 @@ func classify(err error) outcome {
 
 type target struct{ node, host string }
 
+const silentAfter = 64
+
 // sweepOpts: how hard the sweep pushes. The data plane's defaults admit 500 new handshakes
 // a second and 32 handshakes in progress per source; the sweep stays below both.
 type sweepOpts struct {
@@ -130,15 +133,27 @@ func (p *prober) sweep(ctx context.Context, ts []target, o sweepOpts, onOK func(
 	for _, list := range byNode {
 		lim := rate.NewLimiter(rate.Limit(o.rate), 1)
 		work := make(chan target)
+		// A node whose port stays silent would cost a handshake timeout per host: after
+		// silentAfter timeouts in a row its other hosts are counted failed unchecked.
+		var silent atomic.Int64
 		for w := 0; w < o.conc; w++ {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				for t := range work {
-					if lim.Wait(ctx) != nil {
+					var out outcome
+					if silent.Load() >= silentAfter {
+						out = outcome{Kind: "skipped", Detail: fmt.Sprintf("node silent (%d handshakes in a row timed out)", silentAfter)}
+					} else if lim.Wait(ctx) != nil {
 						continue
+					} else {
+						out = p.check(ctx, t.node, t.host, true)
 					}
-					out := p.check(ctx, t.node, t.host, true)
+					if out.Kind == "timeout" {
+						silent.Add(1)
+					} else if out.Kind != "skipped" {
+						silent.Store(0)
+					}
 					if out.ok() {
 						if onOK != nil {
 							onOK(t)

@@ -107,7 +107,10 @@ func (t *table) build(elapsed float64) {
 		ok, _ := t.num(col, "sweep_ok")
 		tot, _ := t.num(col, "sweep_total")
 		sw, _ := t.num(col, "sweep_s")
-		return fmt.Sprintf(" [sweep %.0f/%.0f ok, %.1f s]", ok, tot, sw)
+		if k := t.str(col, "sweep_failures"); ok < tot && k != "" {
+			return fmt.Sprintf(" [sweep %.0f/%.0f ok, first pass %.1f s; not served: %s]", ok, tot, sw, k)
+		}
+		return fmt.Sprintf(" [sweep %.0f/%.0f ok, first pass %.1f s]", ok, tot, sw)
 	}
 	t.row("every host served over HTTP/3 on both nodes, after the last create", bs+detail("base"), ss+detail("scale"), "≤ 60 s", bptr(sv <= 60))
 	bst, _ := t.timed("base", "status_s", "served_timeout_s")
@@ -141,6 +144,9 @@ func (t *table) build(elapsed float64) {
 		}
 		t.row(m.name, f(b, okb, "%.0f MiB"), f(s, oks, "%.0f MiB"), m.target, met)
 	}
+	b, okb := t.num("base", "steady_dp_restarts")
+	s, oks := t.num("scale", "steady_dp_restarts")
+	t.row("data-plane container restarts, all pods, at the end of the window", f(b, okb, "%.0f"), f(s, oks, "%.0f"), "", nil)
 	t.apiRows()
 	t.latencyRows()
 	t.restartRow()

@@ -72,6 +72,20 @@ type proof struct {
 	ok, total   int
 	example     string // one failing target and why
 	gauge       string // what the gauge said last
+	kinds       string // the failures left, by kind
+}
+
+func countKinds(m map[string]int) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // prove waits (polling the cheap gauge) until every node says it loaded `want` hosts, then
@@ -132,10 +146,16 @@ func prove(ctx context.Context, p *prober, nodes []string, hosts []Host, metrics
 			pr.firstPass, pr.firstFailed = time.Since(start), len(failed)
 		}
 		pending = pending[:0]
+		kinds := map[string]int{}
+		pr.example = ""
 		for t, out := range failed {
 			pending = append(pending, t)
-			pr.example = fmt.Sprintf("%s on %s: %s %s", t.host, t.node, out.Kind, out.Detail)
+			kinds[out.Kind]++
+			if pr.example == "" || out.Kind != "skipped" {
+				pr.example = fmt.Sprintf("%s on %s: %s %s", t.host, t.node, out.Kind, out.Detail)
+			}
 		}
+		pr.kinds = countKinds(kinds)
 		if len(pending) == 0 || !time.Now().Before(deadline) {
 			break
 		}
@@ -201,21 +221,21 @@ func cmdServed(args []string) error {
 	pr := prove(ctx, p, c.nodeList(), hosts, c.metricsPort, t0, deadline, o)
 	wg.Wait()
 	fmt.Printf("served over HTTP/3: %s (gauge: %s; last %s); sweep %d/%d ok, first pass %.1fs with %d failures%s\n",
-		fmtDur(pr.servedAt, *timeout), fmtDur(pr.gaugeAt, *timeout), pr.gauge, pr.ok, pr.total, secs(pr.firstPass), pr.firstFailed, exampleNote(pr.example))
+		fmtDur(pr.servedAt, *timeout), fmtDur(pr.gaugeAt, *timeout), pr.gauge, pr.ok, pr.total, secs(pr.firstPass), pr.firstFailed, pr.failures())
 	fmt.Printf("listener status %s: %s (last seen: %s)\n", want, fmtDur(statusAt, *timeout), statusLast)
 	return mergeResults(c.results, c.col, map[string]any{
 		"served_s": durOrNil(pr.servedAt), "gauge_s": durOrNil(pr.gaugeAt), "sweep_s": secs(pr.firstPass),
-		"sweep_ok": pr.ok, "sweep_total": pr.total, "sweep_first_failed": pr.firstFailed, "sweep_example": pr.example, "gauge_last": pr.gauge,
+		"sweep_ok": pr.ok, "sweep_total": pr.total, "sweep_first_failed": pr.firstFailed, "sweep_example": pr.example, "sweep_failures": pr.kinds, "gauge_last": pr.gauge,
 		"status_s": durOrNil(statusAt), "status_last": statusLast, "served_timeout_s": secs(*timeout),
 		"hosts": len(hosts),
 	})
 }
 
-func exampleNote(e string) string {
-	if e == "" {
+func (pr proof) failures() string {
+	if pr.ok == pr.total {
 		return ""
 	}
-	return "; e.g. " + e
+	return fmt.Sprintf("; not served: %s; e.g. %s", pr.kinds, pr.example)
 }
 
 func durOrNil(d time.Duration) any {
@@ -266,7 +286,7 @@ func cmdSweep(args []string) error {
 	t0 := time.Now()
 	pr := prove(context.Background(), p, c.nodeList(), st.annotated(), c.metricsPort, t0, t0.Add(*timeout), o)
 	fmt.Printf("served: %s (gauge: %s; last %s); %d/%d ok, first pass %.1fs with %d failures%s\n", fmtDur(pr.servedAt, *timeout),
-		fmtDur(pr.gaugeAt, *timeout), pr.gauge, pr.ok, pr.total, secs(pr.firstPass), pr.firstFailed, exampleNote(pr.example))
+		fmtDur(pr.gaugeAt, *timeout), pr.gauge, pr.ok, pr.total, secs(pr.firstPass), pr.firstFailed, pr.failures())
 	if pr.ok != pr.total {
 		return fmt.Errorf("%d of %d not served", pr.total-pr.ok, pr.total)
 	}
