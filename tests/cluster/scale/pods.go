@@ -94,6 +94,7 @@ func cmdProcs(args []string) error {
 	best := map[string]float64{}
 	var each []string
 	dpRestarts := 0
+	var dpEach []string
 	for i := range pods.Items {
 		p := &pods.Items[i]
 		if role(p) == "data-plane" {
@@ -113,11 +114,15 @@ func cmdProcs(args []string) error {
 		}
 		r := role(p)
 		best[r] = max(best[r], v)
+		if r == "data-plane" {
+			dpEach = append(dpEach, fmt.Sprintf("%.0f", v))
+		}
 		each = append(each, fmt.Sprintf("%s %s %.0f", r, p.Name, v))
 	}
 	sort.Strings(each)
 	fmt.Printf("%s memory (MiB): %s; data-plane container restarts so far: %d\n", *phase, strings.Join(each, ", "), dpRestarts)
-	kv := map[string]any{*phase + "_dp_restarts": dpRestarts}
+	sort.Strings(dpEach)
+	kv := map[string]any{*phase + "_dp_restarts": dpRestarts, *phase + "_dp_each": strings.Join(dpEach, ", ")}
 	for r, v := range best {
 		kv[fmt.Sprintf("%s_%s_mib", *phase, r)] = v
 	}

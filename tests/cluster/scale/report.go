@@ -142,7 +142,13 @@ func (t *table) build(elapsed float64) {
 		if m.limit > 0 {
 			met = bptr(oks && s <= m.limit)
 		}
-		t.row(m.name, f(b, okb, "%.0f MiB"), f(s, oks, "%.0f MiB"), m.target, met)
+		bs, ss := f(b, okb, "%.0f MiB"), f(s, oks, "%.0f MiB")
+		if strings.Contains(m.key, "data-plane") {
+			phase := strings.SplitN(m.key, "_", 2)[0]
+			bs += each(t.str("base", phase+"_dp_each"))
+			ss += each(t.str("scale", phase+"_dp_each"))
+		}
+		t.row(m.name, bs, ss, m.target, met)
 	}
 	b, okb := t.num("base", "steady_dp_restarts")
 	s, oks := t.num("scale", "steady_dp_restarts")
@@ -160,6 +166,14 @@ func (t *table) build(elapsed float64) {
 	} else {
 		t.row("run time (after cluster up, before clean-up)", "", fmt.Sprintf("%.0f s", elapsed), "", nil)
 	}
+}
+
+// each: the figure of every pod, when there are several.
+func each(list string) string {
+	if !strings.Contains(list, ",") {
+		return ""
+	}
+	return " (pods: " + list + ")"
 }
 
 func (t *table) apiRows() {
