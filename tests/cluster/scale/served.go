@@ -96,7 +96,7 @@ func countKinds(m map[string]int) string {
 // run that misses says how many hosts are served.
 func prove(ctx context.Context, p *prober, nodes []string, hosts []Host, metricsPort int, t0, deadline time.Time, o sweepOpts) proof {
 	want := float64(len(hosts))
-	pr := proof{gaugeAt: -1, servedAt: -1}
+	pr := proof{gaugeAt: -1, servedAt: -1, gauge: "not read (the deadline had passed)"}
 	lastAnswer, lastWith := time.Now(), time.Now()
 	for time.Now().Before(deadline) {
 		all := true
