@@ -26,12 +26,6 @@ H3CLIENT=$REPO/tests/py/h3client.py
 PY=python3
 [[ -x $REPO/.venv/bin/python3 ]] && PY=$REPO/.venv/bin/python3
 
-# The Gateway API release whose standard channel is installed, and its go.sum hash: the
-# module proxy and the checksum database must hand out exactly this tree.
-GATEWAY_API_VERSION=v1.6.3
-GATEWAY_API_SUM=h1:lKpJa5bGlraC/QeACvCpsHLdmO6y0iKfzVl6gzaFEYc=
-CACHE=${H3I_CLUSTER_CACHE:-/var/cache/h3-ingress}
-
 NS_OP=h3-ingress
 RELEASE=h3-ingress
 NS_INFRA=h3i-gw-infra   # the Gateway and its own certificate
@@ -85,18 +79,6 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'fail "line $LINENO: \`$BASH_COMMAND\` failed unexpectedly"' ERR
-
-# ---- the Gateway API CRDs: the pinned Go module, cached like the cluster's own build ---------
-gateway_api_dir() {
-    local out dir sum
-    out=$(cd "$tmp" && GOMODCACHE=$CACHE/gomod GOCACHE=$CACHE/gocache GOTOOLCHAIN=local GOFLAGS=-mod=mod \
-        go mod download -json "sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION") || fail "go mod download sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION: $out"
-    dir=$("$PY" -c 'import json,sys; print(json.load(sys.stdin)["Dir"])' <<<"$out")
-    sum=$("$PY" -c 'import json,sys; print(json.load(sys.stdin)["Sum"])' <<<"$out")
-    [[ $sum == "$GATEWAY_API_SUM" ]] || fail "sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION has go.sum $sum, pinned $GATEWAY_API_SUM"
-    [[ -d $dir/config/crd/standard ]] || fail "no config/crd/standard in $dir"
-    echo "$dir/config/crd/standard"
-}
 
 # ---- PKI (make_ca, leaf: lib.sh) -----------------------------------------------------------------
 der_sha256() { openssl x509 -in "$1" -outform DER | sha256sum | cut -d' ' -f1; }
@@ -204,16 +186,7 @@ fi
 ok "up in $(($(date +%s) - t0))s; nodes ${NODES[*]} at ${IPS[*]}; binary $H3I_BINARY"
 
 step "install the Gateway API $GATEWAY_API_VERSION standard-channel CRDs (sigs.k8s.io/gateway-api via the Go module proxy)"
-t0=$(date +%s)
-CRDS=$(gateway_api_dir)
-kubectl apply --server-side --force-conflicts -f "$CRDS" >"$tmp/crds.log" 2>&1 || fail "kubectl apply $CRDS: $(cat "$tmp/crds.log")"
-for crd in gateways httproutes referencegrants gatewayclasses; do
-    kubectl wait --for=condition=Established "crd/$crd.gateway.networking.k8s.io" --timeout=30s >/dev/null ||
-        fail "crd/$crd.gateway.networking.k8s.io not Established"
-done
-bundle=$(jp crd httproutes.gateway.networking.k8s.io -o jsonpath='{.metadata.annotations.gateway\.networking\.k8s\.io/bundle-version} {.metadata.annotations.gateway\.networking\.k8s\.io/channel}')
-[[ $bundle == "$GATEWAY_API_VERSION standard" ]] || fail "HTTPRoute CRD bundle '$bundle', want '$GATEWAY_API_VERSION standard'"
-ok "$(ls "$CRDS" | wc -l) files from $CRDS applied in $(($(date +%s) - t0))s; gateways, httproutes, referencegrants Established (bundle $bundle)"
+install_gateway_api_crds
 
 step "helm install the chart (image $IMAGE_REPO = the local binary through the node agent)"
 kubectl create namespace "$NS_OP" >/dev/null

@@ -3,8 +3,8 @@
 # product on the test cluster of scripts/cluster.sh the same way: timed steps, checks that poll
 # the API server until a deadline, and a report of the cluster's state when a check fails.
 #
-# Both also stand a Debian nginx in each node's namespace in for the TCP ingress, with a
-# throw-away PKI.
+# They (and tests/cluster/scale.sh) also stand a Debian nginx in each node's namespace in for
+# the TCP ingress, with a throw-away PKI, and install the Gateway API CRDs.
 #
 # Sourced by those scripts after they set their names. It uses, from the sourcing script:
 # T_START (the run's start, epoch seconds), CLUSTER (scripts/cluster.sh), NS_OP and RELEASE (the
@@ -169,6 +169,37 @@ leaf() {
 tls_secret() { # NAMESPACE NAME CERT-BASENAME
     kubectl -n "$1" create secret tls "$2" --cert "$tmp/pki/$3.crt" --key "$tmp/pki/$3.key" \
         --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+}
+
+# ---- the Gateway API CRDs: the pinned Go module, cached like the cluster's own build ---------
+# The release whose standard channel is installed, and its go.sum hash: the module proxy and
+# the checksum database must hand out exactly this tree.
+GATEWAY_API_VERSION=v1.6.3
+GATEWAY_API_SUM=h1:lKpJa5bGlraC/QeACvCpsHLdmO6y0iKfzVl6gzaFEYc=
+gateway_api_dir() {
+    local out dir sum cache=${H3I_CLUSTER_CACHE:-/var/cache/h3-ingress}
+    out=$(cd "$tmp" && GOMODCACHE=$cache/gomod GOCACHE=$cache/gocache GOTOOLCHAIN=local GOFLAGS=-mod=mod \
+        go mod download -json "sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION") || fail "go mod download sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION: $out"
+    dir=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])' <<<"$out")
+    sum=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["Sum"])' <<<"$out")
+    [[ $sum == "$GATEWAY_API_SUM" ]] || fail "sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION has go.sum $sum, pinned $GATEWAY_API_SUM"
+    [[ -d $dir/config/crd/standard ]] || fail "no config/crd/standard in $dir"
+    echo "$dir/config/crd/standard"
+}
+# install_gateway_api_crds: apply the standard channel (server-side, as its README says) and
+# wait until the kinds h3-ingress reads are Established.
+install_gateway_api_crds() {
+    local t0 crds crd bundle
+    t0=$(date +%s)
+    crds=$(gateway_api_dir)
+    kubectl apply --server-side --force-conflicts -f "$crds" >"$tmp/crds.log" 2>&1 || fail "kubectl apply $crds: $(cat "$tmp/crds.log")"
+    for crd in gateways httproutes referencegrants gatewayclasses; do
+        kubectl wait --for=condition=Established "crd/$crd.gateway.networking.k8s.io" --timeout=30s >/dev/null ||
+            fail "crd/$crd.gateway.networking.k8s.io not Established"
+    done
+    bundle=$(jp crd httproutes.gateway.networking.k8s.io -o jsonpath='{.metadata.annotations.gateway\.networking\.k8s\.io/bundle-version} {.metadata.annotations.gateway\.networking\.k8s\.io/channel}')
+    [[ $bundle == "$GATEWAY_API_VERSION standard" ]] || fail "HTTPRoute CRD bundle '$bundle', want '$GATEWAY_API_VERSION standard'"
+    ok "$(ls "$crds" | wc -l) files from $crds applied in $(($(date +%s) - t0))s; gateways, httproutes, referencegrants Established (bundle $bundle)"
 }
 
 # ---- the cluster and what a run leaves on it -------------------------------------------------
