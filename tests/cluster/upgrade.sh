@@ -109,7 +109,9 @@ build_pinned() {
     fi
     cp "$dir/target/debug/h3-ingress" "$PINNED_BIN.tmp"
     mv "$PINNED_BIN.tmp" "$PINNED_BIN"
-    rm -rf "$src" "$dir/target" # the binary is what is cached; its build tree is gigabytes
+    # The binary is what is cached; its build tree is gigabytes (a failed build keeps it, so
+    # that the next attempt resumes).
+    rm -rf "$src" "$dir/target"
     exec 7>&-
     ok "the release $PINNED_C12 built in $(($(date +%s) - t0)) s: $PINNED_BIN"
 }
@@ -123,7 +125,7 @@ tag_of() {
     echo "${BASH_REMATCH[1]}-${BASH_REMATCH[2]}"
 }
 
-pods_state() { # name uid node deletionTimestamp image|ready, one line per data plane pod
+pods_state() { # name uid node image deletionTimestamp|ready, one line per data plane pod
     kubectl -n "$NS_OP" get pods -l "$DP_SELECTOR" -o jsonpath='{range .items[*]}{.metadata.name} {.metadata.uid} {.spec.nodeName} {.spec.containers[0].image} {.metadata.deletionTimestamp}|{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}'
 }
 ready_pods() { pods_state | grep -c '|True$' || true; }
@@ -169,7 +171,7 @@ crd_current() {
 }
 
 # =================================================================================================
-step "the previous release: commit $PINNED_COMMIT's binary (cached) and chart"
+step "the previous release: commit $PINNED_COMMIT's binary (built once, then cached) and chart"
 build_pinned
 mkdir -p "$tmp/pinned"
 if [[ ${1:-} == build ]]; then
