@@ -16,7 +16,7 @@ use super::metrics::OperatorMetrics;
 use super::reports::ReportFetcher;
 use super::resources::{Params, PodDefaults};
 use super::secrets::SourceSecrets;
-use super::watches::OwnedStores;
+use super::watches::{listed, OwnedStores};
 use crate::api::{HostStatus, Http3Listener, SecretRef};
 use crate::config::gateway::GatewayObjects;
 use crate::config::kube::{default_class, with_default_class};
@@ -158,14 +158,22 @@ impl Context {
         self.gateway_api.as_ref().is_none_or(|g| g.synced())
     }
 
-    /// Waits until every cache listed once (false when one of them stopped for good).
-    pub async fn wait_for_caches(&self) -> bool {
-        self.ingresses.wait_until_ready().await.is_ok()
-            && self.classes.wait_until_ready().await.is_ok()
-            && self.listeners.wait_until_ready().await.is_ok()
-            && self.pods.wait_until_ready().await.is_ok()
-            && self.secrets.wait_until_ready().await
-            && self.owned.wait_until_ready().await
+    /// The caches that have not listed yet (empty once every one has): readiness waits for
+    /// them, and a pod that stays unready says which one holds it.
+    pub fn pending_caches(&self) -> Vec<&'static str> {
+        let mut pending: Vec<&'static str> = [
+            ("Ingress", listed(&self.ingresses)),
+            ("IngressClass", listed(&self.classes)),
+            ("Http3Listener", listed(&self.listeners)),
+            ("Pod", listed(&self.pods)),
+            ("Secret", self.secrets.listed()),
+        ]
+        .iter()
+        .filter(|(_, ok)| !ok)
+        .map(|(n, _)| *n)
+        .collect();
+        pending.extend(self.owned.pending());
+        pending
     }
 
     /// A copy of what is remembered of `listener` (default when nothing is).

@@ -152,6 +152,8 @@ pub async fn run_with(
         .with_crd_check(crd),
     );
     tokio::spawn(ready_once_filled(ctx.clone(), ready));
+    // The first lists and Secret reads of a large cluster are a burst the allocator keeps.
+    tokio::spawn(crate::memory::trim_periodically(shutdown.clone()));
     tracing::info!(
         namespace = %opts.namespace,
         hosts_namespace = %opts.hosts_namespace,
@@ -322,6 +324,10 @@ fn controller(
     .with_config(kube::runtime::controller::Config::default().debounce(DEBOUNCE))
 }
 
+/// How often readiness looks at the caches, and how often it names those still empty.
+const CACHE_POLL: Duration = Duration::from_millis(100);
+const CACHE_WAIT_LOG: Duration = Duration::from_secs(30);
+
 /// A channel's messages as a stream (it ends when every sender is gone).
 fn stream_from_channel<T: Send + 'static>(
     rx: mpsc::UnboundedReceiver<T>,
@@ -361,11 +367,27 @@ async fn export_leadership(mut rx: watch::Receiver<bool>, metrics: Arc<OperatorM
 
 /// Readiness, and reconciles, wait for every cache: before the Ingress or Secret caches are
 /// filled every host would look unwanted or its Secret missing, and the reconcile would
-/// delete the mirrors the running data plane serves.
+/// delete the mirrors the running data plane serves. A cache that takes long is named in a
+/// warning (once per `CACHE_WAIT_LOG`), so an unready replica says what it waits for.
 async fn ready_once_filled(ctx: Arc<Context>, ready: Arc<AtomicBool>) {
-    if ctx.wait_for_caches().await {
-        ctx.caches_ready.store(true, Ordering::Release);
-        ready.store(true, Ordering::Relaxed);
+    let start = tokio::time::Instant::now();
+    let mut logged = start;
+    loop {
+        let pending = ctx.pending_caches();
+        if pending.is_empty() {
+            tracing::info!(
+                elapsed_ms = start.elapsed().as_millis() as u64,
+                "caches filled: ready"
+            );
+            ctx.caches_ready.store(true, Ordering::Release);
+            ready.store(true, Ordering::Relaxed);
+            return;
+        }
+        if logged.elapsed() >= CACHE_WAIT_LOG {
+            logged = tokio::time::Instant::now();
+            tracing::warn!(waiting_s = start.elapsed().as_secs(), caches = ?pending, "caches not filled yet: not ready");
+        }
+        tokio::time::sleep(CACHE_POLL).await;
     }
 }
 

@@ -94,9 +94,9 @@ impl SourceSecrets {
         }
     }
 
-    /// Whether the metadata watch listed once.
-    pub async fn wait_until_ready(&self) -> bool {
-        self.meta.wait_until_ready().await.is_ok()
+    /// Whether the metadata watch listed once (never waits).
+    pub fn listed(&self) -> bool {
+        super::watches::listed(&self.meta)
     }
 
     fn current_version(&self, r: &SecretRef) -> Option<String> {

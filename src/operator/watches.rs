@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use futures_util::{future, Stream, StreamExt, TryStreamExt};
+use futures_util::{future, FutureExt, Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Pod, PodSpec, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
@@ -323,18 +323,37 @@ impl OwnedStores {
         )
     }
 
-    /// Waits until every cache has listed once.
-    pub async fn wait_until_ready(&self) -> bool {
-        self.roles.wait_until_ready().await.is_ok()
-            && self.role_bindings.wait_until_ready().await.is_ok()
-            && self.services.wait_until_ready().await.is_ok()
-            && self.service_accounts.wait_until_ready().await.is_ok()
-            && self.cluster_roles.wait_until_ready().await.is_ok()
-            && self.cluster_role_bindings.wait_until_ready().await.is_ok()
-            && self.keys.wait_until_ready().await.is_ok()
-            && self.mirrors.wait_until_ready().await.is_ok()
-            && self.daemon_sets.wait_until_ready().await.is_ok()
+    /// The caches that have not listed yet, by kind.
+    pub fn pending(&self) -> Vec<&'static str> {
+        let stores = [
+            ("Role", listed(&self.roles)),
+            ("RoleBinding", listed(&self.role_bindings)),
+            ("Service", listed(&self.services)),
+            ("ServiceAccount", listed(&self.service_accounts)),
+            ("ClusterRole", listed(&self.cluster_roles)),
+            ("ClusterRoleBinding", listed(&self.cluster_role_bindings)),
+            ("Secret (keys)", listed(&self.keys)),
+            ("Secret (mirrors)", listed(&self.mirrors)),
+            ("DaemonSet", listed(&self.daemon_sets)),
+        ];
+        stores
+            .iter()
+            .filter(|(_, ok)| !ok)
+            .map(|(n, _)| *n)
+            .collect()
     }
+}
+
+/// Whether a cache has listed once (never waits).
+pub fn listed<K>(store: &Store<K>) -> bool
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    store
+        .wait_until_ready()
+        .now_or_never()
+        .is_some_and(|r| r.is_ok())
 }
 
 /// `(namespace, name)` of the cached objects made for `listener`.

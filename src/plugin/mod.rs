@@ -657,8 +657,12 @@ fn host_rows(
     rows.into_values().collect()
 }
 
-/// Where a host came from, as people read it.
+/// Where a host came from, as people read it: what the pod's report says (the mirror's
+/// `hosts.json` carries it as text), else from the report's fields (the listener's status).
 fn source_of(h: &HostReport) -> String {
+    if !h.source.is_empty() {
+        return h.source.clone();
+    }
     crate::api::HostStatus {
         ingress: h.ingress.clone(),
         http_route: h.http_route.clone(),
@@ -863,14 +867,13 @@ status:
             requests_last5m: requests / 22,
             ..Default::default()
         };
+        // As a pod's /hosts says it: where each host came from is the text of its mirror.
         let shop = HostReport {
-            ingress: Some("web/shop".into()),
+            source: "Ingress web/shop".into(),
             ..served("shop.example.com", "web/shop-tls", Some(true), 1234)
         };
         let apps = HostReport {
-            http_route: Some("apps/web".into()),
-            gateway: Some("infra/gw".into()),
-            gateway_listener: Some("https".into()),
+            source: "HTTPRoute apps/web, Gateway infra/gw listener https".into(),
             ..served("*.apps.example.com", "infra/apps-tls", Some(false), 0)
         };
         [("nginx".to_string(), Ok(vec![shop, apps]))]
