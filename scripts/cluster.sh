@@ -15,8 +15,10 @@
 #   scripts/cluster.sh down               stop everything, remove namespaces and state
 #
 # Environment: H3I_BINARY (the project binary run for the project's image; default
-# target/debug/h3-ingress of this checkout), H3I_CLUSTER_CACHE (default
-# /var/cache/h3-ingress), H3I_CLUSTER_STATE (default /run/h3i-cluster).
+# target/debug/h3-ingress of this checkout), H3I_TAG_BINARIES (TAG=PATH,TAG=PATH: the
+# binary run for the project's image under that tag instead, e.g. an earlier release's
+# build; default none), H3I_CLUSTER_CACHE (default /var/cache/h3-ingress),
+# H3I_CLUSTER_STATE (default /run/h3i-cluster).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -26,6 +28,7 @@ CACHE=${H3I_CLUSTER_CACHE:-/var/cache/h3-ingress}
 STATE=${H3I_CLUSTER_STATE:-/run/h3i-cluster}
 BINARY=${H3I_BINARY:-$REPO/target/debug/h3-ingress}
 [[ $BINARY == /* ]] || BINARY=$PWD/$BINARY
+TAG_BINARIES=${H3I_TAG_BINARIES:-}
 CP_SRC=$REPO/tests/cluster/controlplane
 AGENT_SRC=$REPO/tests/cluster/agent
 
@@ -370,8 +373,25 @@ start_controllers() {
     wait_for kube-scheduler 60 secure_healthz 10259
 }
 
+# tag_binaries_json: H3I_TAG_BINARIES (TAG=PATH,...) as the agent's tagBinaries object.
+tag_binaries_json() {
+    local out="" pair tag bin
+    local -a pairs
+    IFS=, read -r -a pairs <<<"$TAG_BINARIES"
+    for pair in "${pairs[@]}"; do
+        [[ -n $pair ]] || continue
+        tag=${pair%%=*}
+        bin=${pair#*=}
+        [[ $pair == *=* && -n $tag && $bin == /* ]] || die "H3I_TAG_BINARIES: '$pair' is not TAG=/absolute/path"
+        [[ -x $bin ]] || log "warning: H3I_TAG_BINARIES: $bin (tag $tag) does not exist yet"
+        out+=$(printf '"%s":"%s",' "$tag" "$bin")
+    done
+    echo "{${out%,}}"
+}
+
 write_agent_config() {
-    local nodes="" i ns
+    local nodes="" i ns tags
+    tags=$(tag_binaries_json)
     for i in "${!NODES[@]}"; do
         ns=${NODES[$i]}
         nodes+=$(printf '{"name":"%s","netns":"%s","ipv4":"%s","ipv6":"%s","certFile":"%s","keyFile":"%s"},' \
@@ -384,6 +404,7 @@ write_agent_config() {
   "caFile": "$STATE/pki/ca.crt",
   "stateDir": "$STATE",
   "binary": "$BINARY",
+  "tagBinaries": $tags,
   "imageSuffix": "h3-ingress",
   "apiserverHost": "$HOST4",
   "apiserverPort": $APISERVER_PORT,
@@ -439,6 +460,7 @@ export H3I_NODE_IPS="${ips4% }"
 export H3I_NODE_IPS6="${ips6% }"
 export H3I_POD_LOGS=$STATE/pods
 export H3I_BINARY=$BINARY
+export H3I_TAG_BINARIES=$TAG_BINARIES
 EOF
 }
 

@@ -24,6 +24,7 @@ pub mod demo;
 pub mod gateway_api;
 pub mod lifecycle;
 pub mod logging;
+pub mod memory;
 pub mod operator;
 pub mod plugin;
 pub mod probe;

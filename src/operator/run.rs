@@ -152,6 +152,8 @@ pub async fn run_with(
         .with_crd_check(crd),
     );
     tokio::spawn(ready_once_filled(ctx.clone(), ready));
+    // The first lists and Secret reads of a large cluster are a burst the allocator keeps.
+    tokio::spawn(crate::memory::trim_periodically(shutdown.clone()));
     tracing::info!(
         namespace = %opts.namespace,
         hosts_namespace = %opts.hosts_namespace,

@@ -35,7 +35,6 @@ pub mod handover;
 pub mod keys;
 pub mod lanes;
 pub mod logs;
-pub mod memory;
 pub mod metrics;
 pub mod probe;
 pub mod procnet;

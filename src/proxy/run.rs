@@ -11,9 +11,10 @@ use tracing::{info, warn};
 use super::probe::ProbeState;
 use super::server::{self, RunningProxy, ServeOptions, WhenSuperseded};
 use super::source::{self, ConfigUpdate, UPDATE_QUEUE};
-use super::{memory, ProxyError};
+use super::ProxyError;
 use crate::config::{self, ConfigError};
 use crate::lifecycle;
+use crate::memory;
 
 /// `h3-ingress proxy`: where the configuration comes from.
 #[derive(Debug, clap::Args)]

@@ -15,6 +15,9 @@ Per node:
   broken kept connection;
 - the slow download: complete, 200, the expected bytes and SHA-256 (it finished on the process
   that started it, whatever the roll did meanwhile).
+The access logs are read together, so a request id must name one attempt of one client: results
+that share an id (two clients without their own rollclient.py --id-prefix) are refused, since a
+retry on one node would be found "processed" in another node's log.
 Exit 1 when any count that must be 0 is not.
 """
 
@@ -78,6 +81,10 @@ def judge(node, doc, processed, a):
           f"{len(lost)} retried but processed, {broken} broken; slow download "
           f"{slow.get('bytes')} bytes in {slow.get('ms', 0) / 1000:.1f} s, "
           f"{'complete' if slow_ok else 'FAILED: ' + str(slow.get('error'))}")
+    for r in doc["kept"]:
+        if r["error"] is not None:
+            print(f"  {node}: kept {r['id']} retried after {r['ms']:.0f} ms: {r['error']}"
+                  f"{' (processed upstream)' if r['id'] in processed else ''}")
     bad = []
     if new_failed:
         bad.append(f"{node}: new-connection requests failed: {new_failed[:3]}")
@@ -102,10 +109,19 @@ def main():
     a = p.parse_args()
     processed = processed_ids(a.access_log)
     bad = []
+    docs = []
     for r in a.result:
         node, path = r.split("=", 1)
         with open(path) as f:
-            bad += judge(node, json.load(f), processed, a)
+            docs.append((node, json.load(f)))
+    owner = {}
+    for node, doc in docs:
+        for r in doc["new"] + doc["kept"]:
+            if owner.setdefault(r["id"], node) != node:
+                sys.exit(f"rollcheck.py: request id {r['id']} is in the results of both {owner[r['id']]} "
+                         f"and {node}: give each client its own rollclient.py --id-prefix")
+    for node, doc in docs:
+        bad += judge(node, doc, processed, a)
     for b in bad:
         print(f"FAIL: {b}", file=sys.stderr)
     return 1 if bad else 0

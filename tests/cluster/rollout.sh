@@ -130,7 +130,7 @@ for i in "${!IPS[@]}"; do
     "$PY" "$REPO/tests/py/rollclient.py" --host "$HOST" --addr "${IPS[$i]}" --port 443 \
         --cacert "$tmp/pki/ca.crt" --duration "$CLIENT_SECONDS" --interval 0.2 \
         --slow-path /slow/2m.bin --slow-timeout $((DRAIN + 30)) \
-        --ready-file "$tmp/ready-$i" >"$tmp/clients-$i.json" 2>"$tmp/clients-$i.err" &
+        --ready-file "$tmp/ready-$i" --id-prefix "${NODES[$i]}-" >"$tmp/clients-$i.json" 2>"$tmp/clients-$i.err" &
     CLIENT_PIDS+=($!)
 done
 wait_ok 30 "the clients run on ${IPS[*]}" eval '[[ -e $tmp/ready-0 && -e $tmp/ready-1 ]]'

@@ -4,8 +4,10 @@
 # with curl 8.14 (the journey's second HTTP/3 client), tests/cluster/smoke.sh (the cluster
 # itself), tests/cluster/journey.sh (the product on it), tests/cluster/gateway.sh (Gateway
 # API on it), tests/cluster/skew.sh (CRD version skew both ways, certificate renewal),
-# tests/cluster/rollout.sh (a DaemonSet roll under clients), tests/cluster/scale.sh 1000 (the
-# scale harness, its targets asserted), then `scripts/cluster.sh down` whatever happened: on success, on a failed step, on Ctrl-C or a CI
+# tests/cluster/rollout.sh (a DaemonSet roll under clients), tests/cluster/upgrade.sh (helm
+# upgrade from the pinned previous release and back, under clients; its binary built once
+# into the cache), tests/cluster/scale.sh 1000 (the scale harness, its targets asserted), then
+# `scripts/cluster.sh down` whatever happened: on success, on a failed step, on Ctrl-C or a CI
 # job's SIGTERM.
 #
 #   tests/cluster/run.sh        (root) prints each phase's time and the total at the end
@@ -21,7 +23,7 @@ step() { printf '\n=== %s (%s)\n' "$*" "$(date +%H:%M:%S)"; }
 if [[ $(id -u) -ne 0 ]]; then
     echo "=================================================================================="
     echo "CLUSTER TESTS SKIPPED (needs root): scripts/cluster.sh build/up, tests/cluster/smoke.sh"
-    echo "tests/cluster/journey.sh, gateway.sh, skew.sh, rollout.sh and scale.sh did NOT run; nothing was proven on a real API server."
+    echo "tests/cluster/journey.sh, gateway.sh, skew.sh, rollout.sh, upgrade.sh and scale.sh did NOT run; nothing was proven on a real API server."
     echo "=================================================================================="
     [[ ${H3I_TESTS_REQUIRE_ROOT:-0} == 1 ]] && { echo "H3I_TESTS_REQUIRE_ROOT=1: failing" >&2; exit 1; }
     exit 0
@@ -54,6 +56,8 @@ trap 'exit 143' TERM
 
 step "cluster: build the control plane, helm and the node agent (cached per version)"
 timed build scripts/cluster.sh build
+step "the previous release's binary for tests/cluster/upgrade.sh (cached per commit)"
+timed release-build tests/cluster/upgrade.sh build
 step "trixie chroot with curl 8.14 (HTTP/3), the journey's second HTTP/3 client"
 timed trixie bash -c 'set -o pipefail; scripts/trixie-chroot.sh "${H3I_TRIXIE_ROOT:-/work/trixie-root}" | tail -n 3'
 step "tests/cluster/smoke.sh (the cluster itself; left up for the journey)"
@@ -66,5 +70,7 @@ step "tests/cluster/skew.sh (a newer and an older CRD under the running binary, 
 timed skew tests/cluster/skew.sh
 step "tests/cluster/rollout.sh (a socket setting rolls the DaemonSet under three clients per node)"
 timed rollout tests/cluster/rollout.sh
+step "tests/cluster/upgrade.sh (helm upgrade from the previous release and back, under three clients per node)"
+timed upgrade tests/cluster/upgrade.sh
 step "tests/cluster/scale.sh ${H3I_SCALE_HOSTS:-1000} (the scale harness against a 4-host baseline, targets asserted)"
 timed scale tests/cluster/scale.sh "${H3I_SCALE_HOSTS:-1000}"

@@ -18,7 +18,8 @@ and prints one JSON document:
    "slow": {"start", "ms", "status", "bytes", "sha256", "error"}}
 
 `start` is the wall-clock time (seconds since the epoch), so a test can compare it with
-the moments it restarted the server. Exit 0 when the run completed (whatever the results).
+the moments it restarted the server. Request ids are `[PREFIX]new-N` and
+`[PREFIX]kept-N-aATTEMPT` (--id-prefix). Exit 0 when the run completed (whatever the results).
 """
 
 import argparse
@@ -123,7 +124,7 @@ def result(rid, t0, s=None, error=None):
 
 
 async def one_new(args, n):
-    rid = f"new-{n}"
+    rid = f"{args.id_prefix}new-{n}"
     t0 = time.time()
     try:
         async with connect(args.addr, args.port, configuration=config(args),
@@ -180,7 +181,7 @@ async def kept_loop(args, stop):
     while time.time() < stop:
         t_next = time.time() + args.interval
         for attempt in (1, 2):
-            rid = f"kept-{n}-a{attempt}"
+            rid = f"{args.id_prefix}kept-{n}-a{attempt}"
             t0 = time.time()
             try:
                 if k.client is None or k.client.closed is not None:
@@ -245,6 +246,9 @@ def main():
     p.add_argument("--slow-timeout", type=float, default=120.0)
     p.add_argument("--no-kept", action="store_true", help="no kept-connection client")
     p.add_argument("--ready-file", help="touched once the clients have started")
+    p.add_argument("--id-prefix", default="",
+                   help="prefix of every request id, so that clients whose upstream access logs "
+                        "are read together (one per node, one run after another) never share one")
     args = p.parse_args()
     args.authority = args.host if args.port == 443 else f"{args.host}:{args.port}"
     if args.ready_file:

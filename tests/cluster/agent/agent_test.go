@@ -77,6 +77,43 @@ func TestComposeArgv(t *testing.T) {
 	}
 }
 
+func TestTagBinaries(t *testing.T) {
+	cfg := &Config{Binary: "/work/h3-ingress", ImageSuffix: "h3-ingress",
+		TagBinaries: map[string]string{"0.1.0-d0332e8aaaaa": "/cache/release-d0332e8aaaaa/h3-ingress"}}
+	for image, want := range map[string]string{
+		"registry.h3i.test/h3-ingress:0.1.0-d0332e8aaaaa":      "/cache/release-d0332e8aaaaa/h3-ingress",
+		"registry.local:5000/h3-ingress:0.1.0-d0332e8aaaaa":    "/cache/release-d0332e8aaaaa/h3-ingress",
+		"h3-ingress:0.1.0-d0332e8aaaaa":                        "/cache/release-d0332e8aaaaa/h3-ingress",
+		"registry.h3i.test/h3-ingress:0.1.0-b88e66d00000":      "/work/h3-ingress",
+		"registry.h3i.test/h3-ingress:0.1.0":                   "/work/h3-ingress",
+		"registry.local:5000/h3-ingress":                       "/work/h3-ingress", // the port is no tag
+		"registry.h3i.test/h3-ingress@sha256:0d0332e8aaaaa":    "/work/h3-ingress",
+		"registry.h3i.test/h3-ingress:0.1.0-d0332e8aaaaa-next": "/work/h3-ingress",
+	} {
+		argv, err := composeArgv(&corev1.Container{Image: image}, nil, []string{"proxy"}, cfg)
+		if err != nil || argv[0] != want {
+			t.Errorf("%s: argv %q (%v), want it to run %s", image, argv, err, want)
+		}
+	}
+	for _, tc := range []struct {
+		tags map[string]string
+		err  string
+	}{
+		{map[string]string{"0.1.0-x": "/bin/x"}, ""},
+		{map[string]string{"": "/bin/x"}, `tagBinaries: "" is not an image tag`},
+		{map[string]string{"reg/h3-ingress:1": "/bin/x"}, "is not an image tag"},
+		{map[string]string{"1": "bin/x"}, `tagBinaries["1"]: "bin/x" is not an absolute path`},
+	} {
+		c := Config{Server: "s", CAFile: "ca", StateDir: "/s", Binary: "/b", ImageSuffix: "h3-ingress",
+			Nodes: []NodeConf{{Name: "n", Netns: "n", IPv4: "10.0.0.1"}}, PodNetwork: PodNetwork{First: 1, Last: 2},
+			TagBinaries: tc.tags}
+		err := c.validate()
+		if (tc.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("tagBinaries %v: validate() = %v, want %q", tc.tags, err, tc.err)
+		}
+	}
+}
+
 func TestPodFieldValueAndResources(t *testing.T) {
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", UID: "u1", Labels: map[string]string{"app": "a"}},

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 )
@@ -19,6 +20,10 @@ type Config struct {
 	StateDir string `json:"stateDir"`
 	// Binary is the project binary run for containers of the project's image.
 	Binary string `json:"binary"`
+	// TagBinaries maps a tag of the project's image to the binary run for it instead of
+	// Binary, so one cluster can run two builds side by side (a chart upgrade from an
+	// earlier release and back); other tags, digests and untagged images run Binary.
+	TagBinaries map[string]string `json:"tagBinaries,omitempty"`
 	// ImageSuffix: an image whose repository (the part before ":tag" or "@digest")
 	// ends with it is the project's image.
 	ImageSuffix string `json:"imageSuffix"`
@@ -96,6 +101,14 @@ func (c *Config) validate() error {
 	case c.PodNetwork.First < 1 || c.PodNetwork.Last < c.PodNetwork.First || c.PodNetwork.Last > 254:
 		return fmt.Errorf("podNetwork: first/last must satisfy 1 <= first <= last <= 254")
 	}
+	for tag, bin := range c.TagBinaries {
+		if tag == "" || strings.ContainsAny(tag, ":/@") {
+			return fmt.Errorf("tagBinaries: %q is not an image tag", tag)
+		}
+		if !filepath.IsAbs(bin) {
+			return fmt.Errorf("tagBinaries[%q]: %q is not an absolute path", tag, bin)
+		}
+	}
 	for i, n := range c.Nodes {
 		if n.Name == "" || n.Netns == "" || net.ParseIP(n.IPv4) == nil {
 			return fmt.Errorf("nodes[%d]: name, netns and a valid ipv4 are required", i)
@@ -120,6 +133,27 @@ func (c *Config) backoff(restarts int32) time.Duration {
 		d *= 2
 	}
 	return min(d, maxD)
+}
+
+// binaryFor is the binary run for a container of the project's image: the one TagBinaries
+// names for its tag, else Binary.
+func (c *Config) binaryFor(image string) string {
+	if bin, ok := c.TagBinaries[imageTag(image)]; ok {
+		return bin
+	}
+	return c.Binary
+}
+
+// imageTag is the tag of an image reference ("" when it has none or is pinned by digest).
+func imageTag(image string) string {
+	if strings.Contains(image, "@") {
+		return ""
+	}
+	// A ':' after the last '/' starts the tag; one before it is a registry port.
+	if i := strings.LastIndex(image, ":"); i > strings.LastIndex(image, "/") {
+		return image[i+1:]
+	}
+	return ""
 }
 
 // isProjectImage reports whether image names the project's image: its repository

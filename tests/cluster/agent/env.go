@@ -35,14 +35,15 @@ func (e errUnsupportedImage) Error() string { return e.msg }
 // image's ENTRYPOINT/CMD and the container's command/args (already $(VAR)-expanded).
 func composeArgv(c *corev1.Container, command, args []string, cfg *Config) ([]string, error) {
 	if isProjectImage(c.Image, cfg.ImageSuffix) {
+		bin := cfg.binaryFor(c.Image)
 		switch {
 		case len(command) == 0:
 			if len(args) == 0 {
 				args = projectDefaultArgs
 			}
-			return append([]string{cfg.Binary}, args...), nil
+			return append([]string{bin}, args...), nil
 		case command[0] == projectEntrypoint || command[0] == filepath.Base(projectEntrypoint):
-			return append(append([]string{cfg.Binary}, command[1:]...), args...), nil
+			return append(append([]string{bin}, command[1:]...), args...), nil
 		default:
 			// The image is distroless: nothing but /h3-ingress exists in it.
 			return nil, fmt.Errorf("exec: %q: not found in image %s (it holds only %s)", command[0], c.Image, projectEntrypoint)

@@ -114,13 +114,13 @@ func cmdLogs(args []string) error {
 	_ = fs.Parse(args)
 	files, _ := filepath.Glob(filepath.Join(*podLogs, c.namespace, "*", "*.log"))
 	loadPer, restPer := map[string]float64{}, map[string]float64{}
-	var worst, worstWarn repeat
+	var worst, worstWarn, worstClient repeat
 	for _, path := range files {
 		if strings.HasPrefix(filepath.Base(path), "_") {
 			continue
 		}
 		pod := filepath.Base(filepath.Dir(path)) + "/" + strings.TrimSuffix(filepath.Base(path), ".log")
-		nLoad, nRest, all, warn, err := scanLog(path, load, rest, rep)
+		nLoad, nRest, all, warn, client, err := scanLog(path, load, rest, rep)
 		if err != nil {
 			return err
 		}
@@ -136,6 +136,9 @@ func cmdLogs(args []string) error {
 		if warn.count > worstWarn.count {
 			worstWarn, worstWarn.pod = warn, pod
 		}
+		if client.count > worstClient.count {
+			worstClient, worstClient.pod = client, pod
+		}
 	}
 	kv := map[string]any{
 		"log_load_per_min": maxVal(loadPer), "log_rest_per_min": maxVal(restPer),
@@ -143,17 +146,28 @@ func cmdLogs(args []string) error {
 		"log_load_window_s": load.to.Sub(load.from).Seconds(), "log_rest_window_s": rest.to.Sub(rest.from).Seconds(),
 		"log_repeat": worst.count, "log_repeat_msg": describe(worst),
 		"log_repeat_warn": worstWarn.count, "log_repeat_warn_msg": describe(worstWarn),
+		"log_repeat_client": worstClient.count, "log_repeat_client_msg": describe(worstClient),
 	}
 	fmt.Printf("log lines per pod per minute: load %s; rest %s\n", perPod(loadPer), perPod(restPer))
 	fmt.Printf("most repeated in one minute: %d× %s\n", worst.count, describe(worst))
 	fmt.Printf("most repeated warning or error in one minute: %d× %s\n", worstWarn.count, describe(worstWarn))
+	fmt.Printf("most repeated client-caused (rate-limited) warning in one minute: %d× %s\n", worstClient.count, describe(worstClient))
 	return mergeResults(c.results, c.col, kv)
 }
 
-func scanLog(path string, load, rest, rep window) (nLoad, nRest int, all, warn repeat, err error) {
+// clientCaused: the reasons of the data plane's rate limiter for lines that clients or the
+// upstream cause (src/proxy/logs.rs, Reason::as_str): at most 5 per reason per 10 s by
+// design, so they are judged against that budget, not against "once per cause per minute",
+// which is for what the cluster causes (watch errors, API refusals).
+var clientCaused = regexp.MustCompile(`\breason="?(unknown_sni|upstream_failed|upstream_mid_response|upstream_certificate|request_budget|handover|rollout)\b`)
+
+// clientBudgetPerMinute: what the limiter lets through per reason in one minute.
+const clientBudgetPerMinute = 30
+
+func scanLog(path string, load, rest, rep window) (nLoad, nRest int, all, warn, client repeat, err error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return 0, 0, all, warn, err
+		return 0, 0, all, warn, client, err
 	}
 	defer f.Close()
 	type bucket struct {
@@ -162,6 +176,7 @@ func scanLog(path string, load, rest, rep window) (nLoad, nRest int, all, warn r
 	}
 	counts := map[bucket]int{}
 	levels := map[string]string{}
+	limited := map[string]bool{}
 	var prev time.Time
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<24)
@@ -177,17 +192,28 @@ func scanLog(path string, load, rest, rep window) (nLoad, nRest int, all, warn r
 		if rep.has(l.at) && l.key != "" {
 			counts[bucket{l.at.Truncate(time.Minute), l.key}]++
 			levels[l.key] = l.level
+			if clientCaused.MatchString(sc.Text()) {
+				limited[l.key] = true
+			}
 		}
 	}
 	for b, n := range counts {
 		if n > all.count {
 			all = repeat{count: n, key: b.key, minuteStart: b.minute}
 		}
-		if lv := levels[b.key]; (lv == "WARN" || lv == "ERROR") && n > warn.count {
+		lv := levels[b.key]
+		if !(lv == "WARN" || lv == "ERROR") {
+			continue
+		}
+		if limited[b.key] {
+			if n > client.count {
+				client = repeat{count: n, key: b.key, minuteStart: b.minute}
+			}
+		} else if n > warn.count {
 			warn = repeat{count: n, key: b.key, minuteStart: b.minute}
 		}
 	}
-	return nLoad, nRest, all, warn, sc.Err()
+	return nLoad, nRest, all, warn, client, sc.Err()
 }
 
 func describe(r repeat) string {

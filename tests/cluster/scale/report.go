@@ -248,10 +248,14 @@ func (t *table) logRows() {
 	t.row("most repeated message in one minute, any level (1)", f(b, okb, "%.0f"), f(s, oks, "%.0f"), "", nil)
 	bw, okbw := t.num("base", "log_repeat_warn")
 	sw, oksw := t.num("scale", "log_repeat_warn")
-	t.row("most repeated warning or error in one minute (2)", f(bw, okbw, "%.0f"), f(sw, oksw, "%.0f"), "≤ 1", bptr(oksw && sw <= 1 && (!okbw || bw <= 1)))
+	t.row("most repeated warning or error in one minute, cluster-caused (2)", f(bw, okbw, "%.0f"), f(sw, oksw, "%.0f"), "≤ 1", bptr(oksw && sw <= 1 && (!okbw || bw <= 1)))
+	bc, okbc := t.num("base", "log_repeat_client")
+	sc, oksc := t.num("scale", "log_repeat_client")
+	t.row("most repeated client-caused warning in one minute, rate-limited (3)", f(bc, okbc, "%.0f"), f(sc, oksc, "%.0f"), fmt.Sprintf("≤ %d", clientBudgetPerMinute), bptr((!oksc || sc <= clientBudgetPerMinute) && (!okbc || bc <= clientBudgetPerMinute)))
 	t.notes = append(t.notes,
 		"(1) baseline: "+t.str("base", "log_repeat_msg"), "(1) at HOSTS: "+t.str("scale", "log_repeat_msg"),
 		"(2) baseline: "+t.str("base", "log_repeat_warn_msg"), "(2) at HOSTS: "+t.str("scale", "log_repeat_warn_msg"),
+		"(3) baseline: "+t.str("base", "log_repeat_client_msg"), "(3) at HOSTS: "+t.str("scale", "log_repeat_client_msg"),
 		"log lines per minute while loading: "+t.str("scale", "log_load_pods"),
 		"log lines per minute at rest: "+t.str("scale", "log_rest_pods"))
 }

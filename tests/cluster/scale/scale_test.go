@@ -1,7 +1,9 @@
 package main
 
 import (
+	"fmt"
 	"math"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -107,5 +109,29 @@ func TestReportMarksMissedTargets(t *testing.T) {
 		if strings.Contains(joined, met) {
 			t.Fatalf("%q is met but reported missed:\n%s", met, joined)
 		}
+	}
+}
+
+func TestClientCausedWarningsAreJudgedApartFromTheClusterCaused(t *testing.T) {
+	dir := t.TempDir()
+	path := dir + "/h3-ingress.log"
+	var lines []string
+	for i := 0; i < 12; i++ {
+		lines = append(lines, fmt.Sprintf(`2026-12-02T05:57:%02d.000000Z  WARN conn{client=10.0.0.%d:5000}: h3_ingress::proxy::tls: refusing QUIC handshake: SNI "h%d.test" is not a configured host reason=unknown_sni sni=h%d.test`, i, i, i, i))
+	}
+	for i := 0; i < 3; i++ {
+		lines = append(lines, fmt.Sprintf(`2026-12-02T05:57:%02d.500000Z  WARN h3_ingress::watch: Secret watch (retrying) error=403 n=%d`, i, i))
+	}
+	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	from := time.Date(2026, 12, 2, 5, 50, 0, 0, time.UTC)
+	w := window{from: from, to: from.Add(time.Hour)}
+	_, _, all, warn, client, err := scanLog(path, w, w, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if all.count != 12 || client.count != 12 || warn.count != 3 {
+		t.Fatalf("all %d, client-caused %d, cluster-caused %d; want 12, 12, 3", all.count, client.count, warn.count)
 	}
 }
