@@ -31,7 +31,7 @@ use super::frames;
 use super::handler::{self, ConnCtx};
 use super::metrics::{handshake, limit, Metrics};
 use super::state::Shared;
-use super::streams::{self, ConnStreams, StreamLimits};
+use super::streams::{self, ConnStreams, Delivered, StreamHandle, StreamLimits};
 use crate::api::HttpSettings;
 
 /// How long a drained connection that has not sent a request yet (a stray of a superseded
@@ -306,19 +306,37 @@ fn jitter() -> f64 {
 }
 
 /// GOAWAY naming the first request stream not accepted (h3's `shutdown(1)`: the one after
-/// the last accepted), so a client never retries a request that was processed.
-async fn send_goaway(h3conn: &mut H3Conn) {
+/// the last accepted). From then on the stream layer refuses every newer request stream with
+/// H3_REQUEST_REJECTED, that one included (h3 would accept it): a client never retries a
+/// request that was processed, and may retry every one that was not.
+async fn send_goaway(h3conn: &mut H3Conn, streams: &ConnStreams) {
+    streams.refuse_new_requests();
     if let Err(e) = h3conn.shutdown(1).await {
         debug!(error = %e, "sending GOAWAY failed");
     }
 }
 
+/// One request, then until the client has its whole response: quinn has only queued it when
+/// the handler is done, and a connection closed then (after GOAWAY, its last request done)
+/// would lose the response to a request the upstream has processed.
+async fn respond(
+    resolver: handler::Resolver,
+    handle: StreamHandle,
+    delivered: Delivered,
+    ctx: Arc<ConnCtx>,
+) {
+    handler::handle(resolver, handle, ctx).await;
+    delivered.await;
+}
+
 /// Runs every request of one connection. On drain, or when the connection reaches its
-/// maximum age, sends GOAWAY and lets the requests in flight finish; after the maximum age
-/// they get `life.grace`, then the connection is closed. A connection drained before its
-/// first request (its handshake crossed the drain, or a stray) gets its GOAWAY after that
-/// request, or after [`STRAY_GRACE`] without one: a GOAWAY before it would refuse the
-/// request the client has most likely just sent.
+/// maximum age, sends GOAWAY, lets the requests in flight finish and their responses reach
+/// the client, then closes the connection (H3_NO_ERROR) without waiting for the client,
+/// which may ignore the GOAWAY; after the maximum age they get `life.grace`, a drain
+/// deadline (`close`) ends them too. A connection drained before its first request (its
+/// handshake crossed the drain, or a stray) gets its GOAWAY after that request, or after
+/// [`STRAY_GRACE`] without one: a GOAWAY before it would refuse the request the client has
+/// most likely just sent.
 async fn serve_requests(
     mut h3conn: H3Conn,
     conn: &quinn::Connection,
@@ -335,9 +353,6 @@ async fn serve_requests(
     // Drained while fresh: GOAWAY after the first request, or at `fresh_over`.
     let mut goaway_due = false;
     let mut goaway_sent = false;
-    // Responses finished during the drain may still sit unacknowledged in quinn's send
-    // buffer; closing the connection then would cut them off.
-    let mut wait_for_client_close = false;
     // Set once the connection reached its maximum age: everything after must end by then.
     let mut deadline: Option<Instant> = None;
     let far = Instant::now() + Duration::from_secs(10 * 365 * 86_400);
@@ -376,13 +391,15 @@ async fn serve_requests(
                 }
                 false
             }
+            // Polled after GOAWAY too: the stream layer refuses new requests in it.
             r = h3conn.accept() => match r {
                 Ok(Some(resolver)) => {
-                    let Some(handle) = ctx.streams.take(resolver.frame_stream.id()) else {
+                    let Some((handle, delivered)) = ctx.streams.take(resolver.frame_stream.id())
+                    else {
                         // Every accepted request stream registers one; never reached.
                         continue;
                     };
-                    let request = handler::handle(resolver, handle, ctx.clone());
+                    let request = respond(resolver, handle, delivered, ctx.clone());
                     requests.spawn(request.in_current_span());
                     served = true;
                     goaway_due && !goaway_sent
@@ -398,15 +415,15 @@ async fn serve_requests(
         };
         if goaway {
             goaway_sent = true;
-            send_goaway(&mut h3conn).await;
+            send_goaway(&mut h3conn, &ctx.streams).await;
             if requests.is_empty() {
                 break;
             }
-            wait_for_client_close = true;
         }
     }
-    let finish = finish_requests(&mut h3conn, conn, requests, wait_for_client_close);
-    // The grace after the maximum age, or a drain deadline (the close token), bounds it.
+    // What is left: requests still running when h3 ended (the client's GOAWAY, a connection
+    // error), or at the end of the grace after the maximum age.
+    let finish = async { while requests.join_next().await.is_some() {} };
     tokio::select! {
         _ = finish => {}
         _ = tokio::time::sleep_until(deadline.unwrap_or(far)) => {
@@ -415,24 +432,7 @@ async fn serve_requests(
         }
         _ = close.cancelled() => conn.close(VarInt::from_u32(H3_NO_ERROR), b"drain deadline"),
     }
-}
-
-/// Lets accepted requests finish, then (after GOAWAY) waits for the client to close.
-async fn finish_requests(
-    h3conn: &mut H3Conn,
-    conn: &quinn::Connection,
-    mut requests: JoinSet<()>,
-    wait_for_client_close: bool,
-) {
-    // Dropping the h3 connection afterwards closes it with H3_NO_ERROR.
-    while requests.join_next().await.is_some() {}
-    if wait_for_client_close {
-        // The client closes once it has everything (GOAWAY told it to); the drain deadline
-        // (or the grace after the maximum age) closes it if it never does.
-        debug!("GOAWAY sent, responses complete, waiting for the client to close");
-        let _ = h3conn.accept().await;
-        conn.closed().await;
-    }
+    // Dropping the h3 connection closes it with H3_NO_ERROR.
 }
 
 /// Per-connection transport statistics, exported when the connection ends.

@@ -79,7 +79,7 @@ impl Refusal {
 }
 
 type Stream = h3::server::RequestStream<streams::RequestStream, Bytes>;
-type Resolver = h3::server::RequestResolver<streams::Connection, Bytes>;
+pub type Resolver = h3::server::RequestResolver<streams::Connection, Bytes>;
 
 /// What one request has established so far, passed through its phases.
 struct RequestCtx {

@@ -67,13 +67,17 @@ pub mod rejected {
     pub const CONTENT_LENGTH: &str = "content_length_mismatch";
     /// Refused with 503 because the buffered-request budget was exhausted.
     pub const OVERLOADED: &str = "overloaded";
+    /// Opened after the connection's GOAWAY: refused unprocessed (H3_REQUEST_REJECTED), the
+    /// client may retry it on a new connection.
+    pub const AFTER_GOAWAY: &str = "after_goaway";
     /// Every reason, exported as 0 from the start.
-    pub const ALL: [&str; 5] = [
+    pub const ALL: [&str; 6] = [
         MALFORMED,
         MISDIRECTED,
         HEADERS_TOO_LARGE,
         CONTENT_LENGTH,
         OVERLOADED,
+        AFTER_GOAWAY,
     ];
 }
 

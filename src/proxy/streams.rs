@@ -16,11 +16,18 @@
 //! - quinn's `SendStream::stopped` is the only way to learn of STOP_SENDING before writing;
 //!   h3-quinn's streams do not expose it, so the streams here are built on quinn directly
 //!   and hand it to the request handler as a [`StreamHandle`] (server-initiated streams,
-//!   which h3 only writes to, stay h3-quinn's).
+//!   which h3 only writes to, stay h3-quinn's). It is also how the connection learns that
+//!   the client has acknowledged a whole response ([`Delivered`]).
+//! - Once the connection has sent GOAWAY ([`ConnStreams::refuse_new_requests`]), every
+//!   request stream not yet handed to h3 is refused here with H3_REQUEST_REJECTED: its ID is
+//!   at or above the GOAWAY's (quinn hands streams over in ID order, and the GOAWAY names the
+//!   one after the last h3 accepted), so the client may retry it. h3 itself would still
+//!   accept the stream whose ID the GOAWAY names.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -36,7 +43,7 @@ use tracing::{debug, Level};
 use super::budget::{ConnShare, Exhausted, Reservation, StreamShare};
 use super::frames::{self, Out, Scanner, StreamKind, Violation};
 use super::logs::{limited, Reason};
-use super::metrics::{limit, Metrics};
+use super::metrics::{limit, rejected, Metrics};
 
 /// Bytes read from quinn per call; the copy into a `Bytes` of exactly what was read is what
 /// h3 and the scanner hold.
@@ -44,6 +51,11 @@ const READ_CHUNK: usize = 16 * 1024;
 
 /// Resolves when the client sent STOP_SENDING for the response or the connection ended.
 pub type Stopped = Pin<Box<dyn Future<Output = ()> + Send + Sync>>;
+
+/// Resolves when the client has acknowledged the whole response (the stream finished), when
+/// it stopped the stream, when the stream was reset, or when the connection ended: until
+/// then, closing the connection could cut off a response to a request that was processed.
+pub type Delivered = Stopped;
 
 /// What a request handler takes over from the transport for its stream.
 pub struct StreamHandle {
@@ -69,7 +81,9 @@ pub struct ConnStreams {
     metrics: Arc<Metrics>,
     budget: Arc<ConnShare>,
     limits: StreamLimits,
-    handles: Mutex<HashMap<StreamId, StreamHandle>>,
+    handles: Mutex<HashMap<StreamId, (StreamHandle, Delivered)>>,
+    /// Set when the connection sends GOAWAY: new request streams are refused.
+    refusing: AtomicBool,
 }
 
 impl ConnStreams {
@@ -85,12 +99,31 @@ impl ConnStreams {
             budget,
             limits,
             handles: Mutex::new(HashMap::new()),
+            refusing: AtomicBool::new(false),
         })
     }
 
-    /// The handle of request stream `id`, once.
-    pub fn take(&self, id: StreamId) -> Option<StreamHandle> {
+    /// The handle of request stream `id` and when its response is delivered, once.
+    pub fn take(&self, id: StreamId) -> Option<(StreamHandle, Delivered)> {
         self.handles.lock().expect("stream handles").remove(&id)
+    }
+
+    /// From now on, refuse every request stream h3 has not accepted yet (H3_REQUEST_REJECTED):
+    /// called as the connection sends GOAWAY, before h3 names its ID.
+    pub fn refuse_new_requests(&self) {
+        self.refusing.store(true, Ordering::Relaxed);
+    }
+
+    /// Refuses a request stream that arrived after GOAWAY; nothing of it was read.
+    fn refuse_after_goaway(&self, mut send: quinn::SendStream, mut recv: quinn::RecvStream) {
+        let code = var(Code::H3_REQUEST_REJECTED.value());
+        let _ = recv.stop(code);
+        let _ = send.reset(code);
+        let m = &self.metrics;
+        m.rejected_requests
+            .with_label_values(&[rejected::AFTER_GOAWAY])
+            .inc();
+        debug!(stream = %stream_id(send.id()), "request after GOAWAY refused unprocessed");
     }
 
     fn forget(&self, id: StreamId) {
@@ -532,6 +565,8 @@ impl Connection {
     fn request_stream(&self, send: quinn::SendStream, recv: quinn::RecvStream) -> RequestStream {
         let share = self.streams.budget.stream();
         let stopped: Stopped = Box::pin(send.stopped().map(|_| ()));
+        // The same event as `stopped`, or the acknowledgement of the finished stream.
+        let delivered: Delivered = Box::pin(send.stopped().map(|_| ()));
         let id = stream_id(send.id());
         let deadline = Box::pin(tokio::time::sleep(self.streams.limits.headers_timeout));
         let refused = Arc::new(OnceLock::new());
@@ -541,14 +576,13 @@ impl Connection {
             share: share.clone(),
             held: Vec::new(),
         };
-        self.streams.handles.lock().expect("stream handles").insert(
-            id,
-            StreamHandle {
-                stopped,
-                refused,
-                share,
-            },
-        );
+        let handle = StreamHandle {
+            stopped,
+            refused,
+            share,
+        };
+        let handles = &self.streams.handles;
+        (handles.lock().expect("stream handles")).insert(id, (handle, delivered));
         RequestStream {
             send: SendHalf {
                 inner: send,
@@ -576,9 +610,15 @@ impl quic::Connection<Bytes> for Connection {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<RequestStream, ConnectionErrorIncoming>> {
-        let next = ready!(self.bi.poll_next_unpin(cx)).expect("the accept stream never ends");
-        let (send, recv) = next.map_err(connection_error)?;
-        Poll::Ready(Ok(self.request_stream(send, recv)))
+        loop {
+            let next = ready!(self.bi.poll_next_unpin(cx)).expect("the accept stream never ends");
+            let (send, recv) = next.map_err(connection_error)?;
+            if self.streams.refusing.load(Ordering::Relaxed) {
+                self.streams.refuse_after_goaway(send, recv);
+                continue;
+            }
+            return Poll::Ready(Ok(self.request_stream(send, recv)));
+        }
     }
 
     fn opener(&self) -> Opener {
