@@ -183,7 +183,10 @@ git -C "$REPO" archive "$PINNED_C12" charts/h3-ingress | tar -x -C "$tmp/pinned"
 PINNED_CHART=$tmp/pinned/charts/h3-ingress
 WORK_CHART=$REPO/charts/h3-ingress
 PINNED_TAG=$(tag_of "$PINNED_BIN")
-[[ -x ${H3I_BINARY:-} ]] || fail "H3I_BINARY=${H3I_BINARY:-} does not exist (cargo build first)"
+# The working tree's binary: as for every cluster test, target/debug unless H3I_BINARY says.
+H3I_BINARY=${H3I_BINARY:-$REPO/target/debug/h3-ingress}
+export H3I_BINARY
+[[ -x $H3I_BINARY ]] || fail "H3I_BINARY=$H3I_BINARY does not exist (cargo build first)"
 WORK_TAG=$(tag_of "$H3I_BINARY")
 [[ $PINNED_TAG != "$WORK_TAG" ]] || fail "H3I_BINARY is a build of the pinned commit ($WORK_TAG): nothing to upgrade"
 ok "previous release: $PINNED_TAG ($PINNED_BIN, chart of $PINNED_C12); working tree: $WORK_TAG ($H3I_BINARY)"
