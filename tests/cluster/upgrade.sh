@@ -31,11 +31,13 @@ JPY=$REPO/tests/cluster/journey.py
 PY=python3
 [[ -x $REPO/.venv/bin/python3 ]] && PY=$REPO/.venv/bin/python3
 
-# The previous release. d0332e8 is the first main commit whose operator and data plane agree on
-# --hosts-namespace and the certificate mirrors (an older operator passes its data plane a flag
-# that data plane rejects, so no older commit runs at all on this chart). At a release, move it
-# to the released commit: the next run builds it once into $CACHE/release-<commit12>/.
-PINNED_COMMIT=d0332e8
+# The previous release. 131b96b: the first main commit with everything a roll needs to go
+# unnoticed from the old side too (the certificate mirrors and --hosts-namespace, an operator
+# that becomes ready whatever order its caches fill in, a drain that keeps every processed
+# response); d0332e8, the first with the mirrors, has an operator that at times never became
+# ready (06:55 run: 0/1 Available after 120 s). At a release, move it to the released commit:
+# the next run builds it once into $CACHE/release-<commit12>/.
+PINNED_COMMIT=131b96b
 
 NS_OP=h3-ingress
 RELEASE=h3-ingress
