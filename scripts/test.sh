@@ -51,11 +51,12 @@ tests/adversarial/run.sh
 
 # The real Kubernetes control plane (root; tests/cluster/README.md): the control plane, helm
 # and the node agent built once per version into /var/cache/h3-ingress (cold: 15-28 min on the
-# shared 2-core machine; warm: seconds), the cluster smoke, the user's journey, Gateway API
-# (tests/cluster/gateway.sh), then `scripts/cluster.sh down` whatever happened. They run
+# shared 2-core machine; warm: seconds), the cluster smoke, the user's journey, Gateway API,
+# version skew, a DaemonSet roll and a helm upgrade under clients, the scale harness at 1,000
+# hosts (tests/cluster/README.md), then `scripts/cluster.sh down` whatever happened. They run
 # target/debug/h3-ingress (built by cargo test above) for the project's image. Without root it
 # prints CLUSTER TESTS SKIPPED (and fails where H3I_TESTS_REQUIRE_ROOT=1).
-step "tests/cluster/run.sh (cluster build, smoke, the user's journey, Gateway API, down)"
+step "tests/cluster/run.sh (cluster build, smoke, journey, Gateway API, skew, rollout, upgrade, scale 1000, down)"
 tests/cluster/run.sh
 
 step "all checks passed"
