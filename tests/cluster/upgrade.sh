@@ -86,6 +86,12 @@ secs() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.1f", b - a}'; }
 # lock so that two runs never build it twice; sets PINNED_BIN and PINNED_C12.
 build_pinned() {
     local commit dir src t0
+    # A shallow clone (CI may make one) lacks the release's commit: deepen it first.
+    if ! git -C "$REPO" rev-parse --verify --quiet "$PINNED_COMMIT^{commit}" >/dev/null &&
+        [[ $(git -C "$REPO" rev-parse --is-shallow-repository) == true ]]; then
+        info "shallow clone: fetching the history to reach $PINNED_COMMIT"
+        git -C "$REPO" fetch --quiet --unshallow || fail "git fetch --unshallow failed: the release $PINNED_COMMIT is not in this clone"
+    fi
     commit=$(git -C "$REPO" rev-parse --verify --quiet "$PINNED_COMMIT^{commit}") ||
         fail "PINNED_COMMIT=$PINNED_COMMIT is not a commit of $REPO"
     PINNED_C12=${commit:0:12}
