@@ -392,24 +392,9 @@ async fn request(ep: &quinn::Endpoint, addr: SocketAddr, host: &str) -> bool {
     ok
 }
 
-fn quic_client() -> quinn::Endpoint {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(h3_ingress::proxy::tls::AnyServerCertificate::new())
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![b"h3".to_vec()];
-    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
-    let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-    ep.set_default_client_config(quinn::ClientConfig::new(Arc::new(quic)));
-    ep
-}
-
 /// A request to every host, 32 at a time; how many succeeded.
 async fn request_every_host(addr: SocketAddr, hosts: Vec<String>) -> usize {
-    let ep = quic_client();
+    let ep = support::quic::any_certificate_client();
     let hosts = Arc::new(Mutex::new(hosts));
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..32 {

@@ -10,6 +10,8 @@
 //! live certificate rotation, the digest on `/status`, `/hosts`, and an invalid spec counted as
 //! an invalid reload exactly like a bad file in standalone mode.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -456,22 +458,6 @@ mod live {
     use tokio::task::JoinHandle;
     use tokio_util::sync::CancellationToken;
 
-    fn client() -> quinn::Endpoint {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut tls = rustls::ClientConfig::builder_with_provider(provider.clone())
-            .with_protocol_versions(&[&rustls::version::TLS13])
-            .unwrap()
-            .dangerous()
-            // Any certificate: the test compares the served one itself.
-            .with_custom_certificate_verifier(h3_ingress::proxy::tls::AnyServerCertificate::new())
-            .with_no_client_auth();
-        tls.alpn_protocols = vec![b"h3".to_vec()];
-        let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
-        let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-        ep.set_default_client_config(quinn::ClientConfig::new(Arc::new(quic)));
-        ep
-    }
-
     struct H3 {
         conn: quinn::Connection,
         send: h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>,
@@ -686,7 +672,7 @@ mod live {
     async fn a_running_proxy_serves_a_rotated_certificate_without_dropping_an_open_connection() {
         let r = start().await;
         let addr = r.proxy.udp_addrs[0];
-        let ep = client();
+        let ep = crate::support::quic::any_certificate_client();
         let mut before = H3::connect(&ep, addr, "a.example.com").await;
         assert_eq!(before.served_cert_sha256(), r.sha1);
         assert_eq!(
@@ -762,7 +748,7 @@ mod live {
         // The spec breaks: one invalid reload, and the proxy keeps serving.
         r.modify_listener(2, "x").await;
         r.wait_reloads("invalid", 1).await;
-        let ep = client();
+        let ep = crate::support::quic::any_certificate_client();
         let mut h3 = H3::connect(&ep, r.proxy.udp_addrs[0], "a.example.com").await;
         assert_eq!(h3.get("a.example.com").await.0, 200);
 

@@ -5,7 +5,6 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -27,21 +26,6 @@ fn config(pki: &TestPki, port: u16, upstream: &str, extra: Value) -> Value {
         c[k] = v.clone();
     }
     c
-}
-
-fn client() -> quinn::Endpoint {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(h3_ingress::proxy::tls::AnyServerCertificate::new())
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![b"h3".to_vec()];
-    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
-    let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-    ep.set_default_client_config(quinn::ClientConfig::new(Arc::new(quic)));
-    ep
 }
 
 async fn connect(ep: &quinn::Endpoint, port: u16) -> quinn::Connection {
@@ -68,7 +52,7 @@ async fn after_restart(
     let port = free_udp_port();
     let cfg = config(pki, port, "127.0.0.1:9", extra);
     let proxy = ProxyProcess::start(cfg.clone()).expect("proxy starts");
-    let ep = client();
+    let ep = support::quic::any_certificate_client();
     let conn = connect(&ep, port).await;
     let _second = tokio::task::block_in_place(|| kill_and_restart(proxy, cfg));
     let sent = Instant::now();
@@ -113,7 +97,7 @@ async fn aged(
     let pki = TestPki::generate().unwrap();
     let port = free_udp_port();
     let proxy = ProxyProcess::start(config(&pki, port, upstream, extra)).expect("proxy starts");
-    let ep = client();
+    let ep = support::quic::any_certificate_client();
     let conn = connect(&ep, port).await;
     let t0 = Instant::now();
     let (mut driver, mut send) = h3::client::new(h3_quinn::Connection::new(conn.clone()))

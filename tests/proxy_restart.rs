@@ -339,7 +339,7 @@ async fn the_connections_of_a_killed_generation_are_reset_by_the_survivor() {
     let port = free_udp_port();
     let cfg = config(&pki, port, nginx.port(), json!({}));
     let first = ProxyProcess::start(cfg).unwrap();
-    let ep = quic_client();
+    let ep = support::quic::any_certificate_client();
     let conn = ep
         .connect(([127, 0, 0, 1], port).into(), "a.test")
         .unwrap()
@@ -395,23 +395,6 @@ async fn the_connections_of_a_killed_generation_are_reset_by_the_survivor() {
         "stateless reset {} ms after the SIGKILL, {got} bytes in",
         after.as_millis()
     );
-}
-
-/// A quinn client that accepts any certificate (what is tested here is the connection's
-/// life, not TLS).
-fn quic_client() -> quinn::Endpoint {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(h3_ingress::proxy::tls::AnyServerCertificate::new())
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![b"h3".to_vec()];
-    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
-    let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-    ep.set_default_client_config(quinn::ClientConfig::new(Arc::new(quic)));
-    ep
 }
 
 /// The roll from h3-ingress 0.1.0, whose sockets have no SO_REUSEPORT: the new process cannot
@@ -675,7 +658,7 @@ async fn the_drain_keeps_unacknowledged_responses_and_refuses_requests_at_the_go
     let cfg = config(&pki, port, nginx.port(), json!({}));
     let mut proxy = tokio::task::block_in_place(|| ProxyProcess::start(cfg)).unwrap();
     let path = LossyPath::start(([127, 0, 0, 1], port).into()).await;
-    let ep = quic_client();
+    let ep = support::quic::any_certificate_client();
     let conn = ep
         .connect(path.addr, "a.test")
         .unwrap()

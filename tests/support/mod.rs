@@ -17,6 +17,7 @@ pub mod nginx;
 pub mod pki;
 pub mod process;
 pub mod proxy;
+pub mod quic;
 pub mod tls;
 
 // Re-exports for convenience; a given test binary uses only some of them.
