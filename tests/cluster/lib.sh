@@ -251,3 +251,78 @@ remove_objects() {
     fi
     rm -rf "$tmp"
 }
+
+# ---- a roll under clients (rollout.sh, upgrade.sh) ------------------------------------------
+# They share the application and the clients: PY, tmp, NODES, IPS, HOST, NS_APP, CLASS,
+# LISTENER, DRAIN, SLOW_BYTES, SLOW_RATE set by the caller.
+# roll_app NAME: a throw-away CA, a 2 MiB file under /slow/ that nginx serves at SLOW_RATE
+# (sets SLOW_SHA), nginx for HOST on every node, namespace NS_APP with Secret NAME-tls,
+# IngressClass CLASS, the annotated Ingress NAME and the Http3Listener LISTENER (upstream the
+# node's nginx, drainTimeoutSeconds DRAIN).
+roll_app() {
+    local name=$1 node
+    make_ca "h3i-$name-ca"
+    leaf "$HOST" "$HOST"
+    mkdir -p "$tmp/www/slow"
+    head -c "$SLOW_BYTES" /dev/urandom >"$tmp/www/slow/2m.bin"
+    SLOW_SHA=$(sha256sum "$tmp/www/slow/2m.bin" | cut -d' ' -f1)
+    NGINX_EXTRA="location /slow/ { limit_rate $SLOW_RATE; }"
+    for node in "${NODES[@]}"; do start_nginx "$node" "$HOST"; done
+    kubectl create namespace "$NS_APP" >/dev/null
+    tls_secret "$NS_APP" "$name-tls" "$HOST"
+    kubectl apply -f - >/dev/null <<EOF
+apiVersion: networking.k8s.io/v1
+kind: IngressClass
+metadata: {name: $CLASS}
+spec: {controller: example.com/h3i-$name}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: $name, namespace: $NS_APP, annotations: {h3-ingress.dev/enabled: "true"}}
+spec:
+  ingressClassName: $CLASS
+  tls: [{hosts: [$HOST], secretName: $name-tls}]
+  rules: [{host: $HOST, http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: shop, port: {number: 80}}}}]}}]
+---
+apiVersion: h3-ingress.dev/v1alpha1
+kind: Http3Listener
+metadata: {name: $LISTENER}
+spec:
+  ingressClassName: $CLASS
+  upstream: {address: "127.0.0.1:443"}
+  http: {drainTimeoutSeconds: $DRAIN}
+EOF
+}
+# roll_clients PREFIX SECONDS: tests/py/rollclient.py against every node for SECONDS (a new
+# connection per request every 200 ms, a kept connection, the slow download), results in
+# $tmp/PREFIXclients-I.json, request ids PREFIXNODE-; their pids in ROLL_CLIENTS. Returns
+# once all of them run.
+roll_clients() {
+    local prefix=$1 seconds=$2 i
+    ROLL_CLIENTS=()
+    for i in "${!IPS[@]}"; do
+        "$PY" "$REPO/tests/py/rollclient.py" --host "$HOST" --addr "${IPS[$i]}" --port 443 \
+            --cacert "$tmp/pki/ca.crt" --duration "$seconds" --interval 0.2 \
+            --slow-path /slow/2m.bin --slow-timeout $((DRAIN + 30)) \
+            --ready-file "$tmp/${prefix}ready-$i" --id-prefix "$prefix${NODES[$i]}-" \
+            >"$tmp/${prefix}clients-$i.json" 2>"$tmp/${prefix}clients-$i.err" &
+        ROLL_CLIENTS+=($!)
+    done
+    wait_ok 30 "the clients run on ${IPS[*]}" eval '[[ -e $tmp/${prefix}ready-0 && -e $tmp/${prefix}ready-1 ]]'
+}
+# roll_clients_done PREFIX: waits for the clients of roll_clients; a client that failed to run
+# fails the test.
+roll_clients_done() {
+    local p
+    for p in "${ROLL_CLIENTS[@]}"; do wait "$p" || fail "a client run failed: $(cat "$tmp/$1"clients-*.err)"; done
+    ROLL_CLIENTS=()
+}
+# roll_verdict PREFIX: tests/cluster/rollcheck.py on what the clients saw and both nodes'
+# nginx access logs (one line per node on stdout); its exit status is the verdict.
+roll_verdict() {
+    local node logs=()
+    for node in "${NODES[@]}"; do logs+=(--access-log "$tmp/nginx-$node/access.log"); done
+    "$PY" "$REPO/tests/cluster/rollcheck.py" --result "${NODES[0]}=$tmp/$1clients-0.json" \
+        --result "${NODES[1]}=$tmp/$1clients-1.json" "${logs[@]}" \
+        --slow-bytes "$SLOW_BYTES" --slow-sha256 "$SLOW_SHA" --max-new-ms 3000
+}

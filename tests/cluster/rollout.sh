@@ -50,10 +50,10 @@ fail() {
 skip_unless_root "ROLLOUT TEST"
 
 tmp=$(mktemp -d /tmp/h3i-rollout.XXXXXX)
-CLIENT_PIDS=()
+ROLL_CLIENTS=()
 cleanup() {
     local rc=$? p
-    for p in "${CLIENT_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${ROLL_CLIENTS[@]}"; do kill "$p" 2>/dev/null || true; done
     remove_objects H3I_ROLLOUT_KEEP "$LISTENER" "ingressclass/$CLASS" "$NS_APP" "$NS_OP"
     return $rc
 }
@@ -85,37 +85,7 @@ kubectl create namespace "$NS_OP" >/dev/null
 kubectl label namespace "$NS_OP" pod-security.kubernetes.io/enforce=privileged >/dev/null
 helm install "$RELEASE" "$REPO/charts/h3-ingress" -n "$NS_OP" --set image.repository="$IMAGE_REPO" \
     --wait --timeout 120s >"$tmp/helm.log" 2>&1 || fail "helm install: $(cat "$tmp/helm.log")"
-make_ca h3i-roll-ca
-leaf "$HOST" "$HOST"
-mkdir -p "$tmp/www/slow"
-head -c "$SLOW_BYTES" /dev/urandom >"$tmp/www/slow/2m.bin"
-SLOW_SHA=$(sha256sum "$tmp/www/slow/2m.bin" | cut -d' ' -f1)
-NGINX_EXTRA="location /slow/ { limit_rate $SLOW_RATE; }"
-for node in "${NODES[@]}"; do start_nginx "$node" "$HOST"; done
-kubectl create namespace "$NS_APP" >/dev/null
-tls_secret "$NS_APP" roll-tls "$HOST"
-kubectl apply -f - >/dev/null <<EOF
-apiVersion: networking.k8s.io/v1
-kind: IngressClass
-metadata: {name: $CLASS}
-spec: {controller: example.com/h3i-roll}
----
-apiVersion: networking.k8s.io/v1
-kind: Ingress
-metadata: {name: roll, namespace: $NS_APP, annotations: {h3-ingress.dev/enabled: "true"}}
-spec:
-  ingressClassName: $CLASS
-  tls: [{hosts: [$HOST], secretName: roll-tls}]
-  rules: [{host: $HOST, http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: shop, port: {number: 80}}}}]}}]
----
-apiVersion: h3-ingress.dev/v1alpha1
-kind: Http3Listener
-metadata: {name: $LISTENER}
-spec:
-  ingressClassName: $CLASS
-  upstream: {address: "127.0.0.1:443"}
-  http: {drainTimeoutSeconds: $DRAIN}
-EOF
+roll_app roll
 wait_ok 120 "both data plane pods Ready" eval '[[ $(ready_pods) -eq 2 ]]'
 wait_ok 60 "$HOST served over HTTP/3 on ${IPS[*]}" served_everywhere
 strategy=$(jp ds -n "$NS_OP" "h3-ingress-$LISTENER" -o jsonpath='{.spec.updateStrategy.rollingUpdate.maxSurge}/{.spec.updateStrategy.rollingUpdate.maxUnavailable}')
@@ -126,14 +96,7 @@ info "pods before the roll: $OLD_PODS"
 
 # =================================================================================================
 step "three clients on each node; a socket setting changes under them: the DaemonSet rolls with surge"
-for i in "${!IPS[@]}"; do
-    "$PY" "$REPO/tests/py/rollclient.py" --host "$HOST" --addr "${IPS[$i]}" --port 443 \
-        --cacert "$tmp/pki/ca.crt" --duration "$CLIENT_SECONDS" --interval 0.2 \
-        --slow-path /slow/2m.bin --slow-timeout $((DRAIN + 30)) \
-        --ready-file "$tmp/ready-$i" --id-prefix "${NODES[$i]}-" >"$tmp/clients-$i.json" 2>"$tmp/clients-$i.err" &
-    CLIENT_PIDS+=($!)
-done
-wait_ok 30 "the clients run on ${IPS[*]}" eval '[[ -e $tmp/ready-0 && -e $tmp/ready-1 ]]'
+roll_clients "" "$CLIENT_SECONDS"
 sleep 3
 t_roll=$(date +%s.%N)
 kubectl patch h3l "$LISTENER" --type merge -p '{"spec":{"socket":{"receiveBufferBytes":2097152}}}' >/dev/null
@@ -141,17 +104,12 @@ wait_ok 120 "the roll done: the old pods gone, two new pods Ready" rolled
 t_rolled=$(date +%s.%N)
 NEW_PODS=$(pods_state | cut -d' ' -f1 | tr '\n' ' ')
 ok "rolled in $(awk -v a="$t_roll" -v b="$t_rolled" 'BEGIN {printf "%.1f", b - a}') s: $OLD_PODS-> $NEW_PODS"
-for p in "${CLIENT_PIDS[@]}"; do wait "$p" || fail "a client run failed: $(cat "$tmp"/clients-*.err)"; done
-CLIENT_PIDS=()
+roll_clients_done ""
 t_clients=$(date +%s.%N)
 
 # =================================================================================================
 step "what the clients saw, per node: no failed request, the kept connection kept or closed only by GOAWAY, the download complete"
-logs=()
-for node in "${NODES[@]}"; do logs+=(--access-log "$tmp/nginx-$node/access.log"); done
-"$PY" "$REPO/tests/cluster/rollcheck.py" --result "${NODES[0]}=$tmp/clients-0.json" \
-    --result "${NODES[1]}=$tmp/clients-1.json" "${logs[@]}" \
-    --slow-bytes "$SLOW_BYTES" --slow-sha256 "$SLOW_SHA" --max-new-ms 3000 | tee "$tmp/verdict.txt" | indent
+roll_verdict "" | tee "$tmp/verdict.txt" | indent
 [[ ${PIPESTATUS[0]} -eq 0 ]] || fail "rollout clients: $(cat "$tmp/verdict.txt")"
 slow_ends=$("$PY" -c 'import json,sys
 for f in sys.argv[1:]:

@@ -213,37 +213,7 @@ kubectl label namespace "$NS_OP" pod-security.kubernetes.io/enforce=privileged >
 helm install "$RELEASE" "$PINNED_CHART" -n "$NS_OP" --set image.repository="$IMAGE_REPO" \
     --set image.tag="$PINNED_TAG" --wait --timeout 120s >"$tmp/helm.log" 2>&1 ||
     fail "helm install: $(cat "$tmp/helm.log")"
-make_ca h3i-upgrade-ca
-leaf "$HOST" "$HOST"
-mkdir -p "$tmp/www/slow"
-head -c "$SLOW_BYTES" /dev/urandom >"$tmp/www/slow/2m.bin"
-SLOW_SHA=$(sha256sum "$tmp/www/slow/2m.bin" | cut -d' ' -f1)
-NGINX_EXTRA="location /slow/ { limit_rate $SLOW_RATE; }"
-for node in "${NODES[@]}"; do start_nginx "$node" "$HOST"; done
-kubectl create namespace "$NS_APP" >/dev/null
-tls_secret "$NS_APP" upgrade-tls "$HOST"
-kubectl apply -f - >/dev/null <<EOF
-apiVersion: networking.k8s.io/v1
-kind: IngressClass
-metadata: {name: $CLASS}
-spec: {controller: example.com/h3i-upgrade}
----
-apiVersion: networking.k8s.io/v1
-kind: Ingress
-metadata: {name: upgrade, namespace: $NS_APP, annotations: {h3-ingress.dev/enabled: "true"}}
-spec:
-  ingressClassName: $CLASS
-  tls: [{hosts: [$HOST], secretName: upgrade-tls}]
-  rules: [{host: $HOST, http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: shop, port: {number: 80}}}}]}}]
----
-apiVersion: h3-ingress.dev/v1alpha1
-kind: Http3Listener
-metadata: {name: $LISTENER}
-spec:
-  ingressClassName: $CLASS
-  upstream: {address: "127.0.0.1:443"}
-  http: {drainTimeoutSeconds: $DRAIN}
-EOF
+roll_app upgrade
 OLD_PODS=""
 wait_ok 120 "the operator and both data plane pods run the previous release" eval \
     'operator_runs "$PINNED_TAG" "$PINNED_BIN" && rolled "$PINNED_TAG" "$PINNED_BIN"'
@@ -257,25 +227,17 @@ info "CRDCurrent: $(crd_current)"
 # target is added to MISSES (the other change still runs); a change that never completes fails.
 MISSES=()
 change() {
-    local name=$1 chart=$2 tag=$3 bin=$4 i p t_change t_helm t_op t_new t_rolled
+    local name=$1 chart=$2 tag=$3 bin=$4 t_change t_helm t_op t_new t_rolled
     step "$name: three clients on each node; helm upgrade to the chart of ${chart#"$tmp/"} with image tag $tag under them"
     OLD_PODS=$(pods_state | cut -d' ' -f1 | tr '\n' ' ')
     local old_op=$OP_POD
-    local -a clients=()
     local loops_end
     loops_end=$(awk -v t="$(date +%s.%N)" -v d="$CLIENT_SECONDS" 'BEGIN {printf "%.3f", t + d}')
-    for i in "${!IPS[@]}"; do
-        "$PY" "$REPO/tests/py/rollclient.py" --host "$HOST" --addr "${IPS[$i]}" --port 443 \
-            --cacert "$tmp/pki/ca.crt" --duration "$CLIENT_SECONDS" --interval 0.2 \
-            --slow-path /slow/2m.bin --slow-timeout $((DRAIN + 30)) \
-            --ready-file "$tmp/$name-ready-$i" --id-prefix "$name-${NODES[$i]}-" >"$tmp/$name-clients-$i.json" 2>"$tmp/$name-clients-$i.err" &
-        clients+=($!)
-        BG_PIDS+=($!)
-    done
+    roll_clients "$name-" "$CLIENT_SECONDS"
+    BG_PIDS+=("${ROLL_CLIENTS[@]}")
     poll_ready "$tmp/$name-ready.log" &
     local poller=$!
     BG_PIDS+=($poller)
-    wait_ok 30 "the clients run on ${IPS[*]}" eval '[[ -e $tmp/$name-ready-0 && -e $tmp/$name-ready-1 ]]'
     sleep 3
     t_change=$(date +%s.%N)
     helm upgrade "$RELEASE" "$chart" -n "$NS_OP" --set image.repository="$IMAGE_REPO" \
@@ -289,7 +251,7 @@ change() {
     wait_ok 240 "the roll done: the old data plane pods gone, two of $tag Ready running $bin" rolled "$tag" "$bin"
     t_rolled=$(date +%s.%N)
     kill "$poller" 2>/dev/null || true
-    for p in "${clients[@]}"; do wait "$p" || fail "a client run failed: $(cat "$tmp/$name"-clients-*.err)"; done
+    roll_clients_done "$name-"
     awk -v r="$t_rolled" -v e="$loops_end" 'BEGIN {exit !(r < e)}' ||
         fail "$name: the request loops ended $(secs "$loops_end" "$t_rolled") s before the roll was done: raise CLIENT_SECONDS"
     ok "$name: helm upgrade --wait returned after $(secs "$t_change" "$t_helm") s; operator $old_op -> $OP_POD ($tag) after $(secs "$t_change" "$t_op") s; new data plane pods Ready on both nodes after $(secs "$t_change" "$t_new") s; the old ones gone (drained) after $(secs "$t_change" "$t_rolled") s: $OLD_PODS-> $(pods_state | cut -d' ' -f1 | tr '\n' ' ')"
@@ -298,12 +260,9 @@ change() {
 
 # verdicts NAME T_CHANGE T_ROLLED TAG: what the clients saw, the Ready observations, CRDCurrent.
 verdicts() {
-    local name=$1 t_change=$2 t_rolled=$3 tag=$4 node logs=() crd
+    local name=$1 t_change=$2 t_rolled=$3 tag=$4 crd
     step "$name: what the clients saw per node; the listener's Ready condition during the change; CRDCurrent"
-    for node in "${NODES[@]}"; do logs+=(--access-log "$tmp/nginx-$node/access.log"); done
-    if ! "$PY" "$REPO/tests/cluster/rollcheck.py" --result "${NODES[0]}=$tmp/$name-clients-0.json" \
-        --result "${NODES[1]}=$tmp/$name-clients-1.json" "${logs[@]}" \
-        --slow-bytes "$SLOW_BYTES" --slow-sha256 "$SLOW_SHA" --max-new-ms 3000 >"$tmp/$name-verdict.txt" 2>&1; then
+    if ! roll_verdict "$name-" >"$tmp/$name-verdict.txt" 2>&1; then
         MISSES+=("$name: $(grep FAIL "$tmp/$name-verdict.txt" | tr '\n' ' ')")
     fi
     indent <"$tmp/$name-verdict.txt"
