@@ -82,15 +82,11 @@ func cmdCreate(args []string) error {
 	to := fs.Int("to", 4, "host index after the last")
 	workers := fs.Int("workers", 48, "parallel API writers")
 	_ = fs.Parse(args)
-	st, err := loadState(c.state)
+	st, k, _, err := c.open(true, false)
 	if err != nil {
 		return err
 	}
 	authority, err := loadCA(c.pki)
-	if err != nil {
-		return err
-	}
-	k, err := newKube(c.kubeconfig)
 	if err != nil {
 		return err
 	}

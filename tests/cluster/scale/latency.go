@@ -27,19 +27,11 @@ func cmdLatency(args []string) error {
 	rounds := fs.Int("rounds", 5, "rounds (each: new host, rotation, removal)")
 	timeout := fs.Duration("timeout", 30*time.Second, "cap of each wait")
 	_ = fs.Parse(args)
-	st, err := loadState(c.state)
+	st, k, p, err := c.open(true, true)
 	if err != nil {
 		return err
 	}
 	authority, err := loadCA(c.pki)
-	if err != nil {
-		return err
-	}
-	k, err := newKube(c.kubeconfig)
-	if err != nil {
-		return err
-	}
-	p, err := newProber(c.ca, c.port)
 	if err != nil {
 		return err
 	}

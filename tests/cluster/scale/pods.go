@@ -140,18 +140,9 @@ func cmdRestart(args []string) error {
 	nodeIP := fs.String("node-ip", "10.77.0.1", "its address")
 	timeout := fs.Duration("timeout", 90*time.Second, "cap, counted from the deletion")
 	o := sweepOpts{}
-	fs.Float64Var(&o.rate, "rate", 400, "handshakes per second")
-	fs.IntVar(&o.conc, "conc", 16, "handshakes in progress")
+	o.register(fs)
 	_ = fs.Parse(args)
-	st, err := loadState(c.state)
-	if err != nil {
-		return err
-	}
-	k, err := newKube(c.kubeconfig)
-	if err != nil {
-		return err
-	}
-	p, err := newProber(c.ca, c.port)
+	st, k, p, err := c.open(true, true)
 	if err != nil {
 		return err
 	}

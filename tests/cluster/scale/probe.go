@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -118,6 +119,12 @@ const silentAfter = 64
 type sweepOpts struct {
 	rate float64 // handshakes per second per node
 	conc int     // handshakes in progress per node
+}
+
+// register adds -rate and -conc (defaults under the data plane's own limits).
+func (o *sweepOpts) register(fs *flag.FlagSet) {
+	fs.Float64Var(&o.rate, "rate", 400, "handshakes per second per node")
+	fs.IntVar(&o.conc, "conc", 16, "handshakes in progress per node")
 }
 
 // sweep checks every target once (handshake + GET /) and returns those that failed with

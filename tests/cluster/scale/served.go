@@ -179,18 +179,9 @@ func cmdServed(args []string) error {
 	listener := fs.String("listener", "", "the Http3Listener whose status to watch")
 	timeout := fs.Duration("timeout", 120*time.Second, "deadline, counted from the last create")
 	o := sweepOpts{}
-	fs.Float64Var(&o.rate, "rate", 400, "handshakes per second per node")
-	fs.IntVar(&o.conc, "conc", 16, "handshakes in progress per node")
+	o.register(fs)
 	_ = fs.Parse(args)
-	st, err := loadState(c.state)
-	if err != nil {
-		return err
-	}
-	k, err := newKube(c.kubeconfig)
-	if err != nil {
-		return err
-	}
-	p, err := newProber(c.ca, c.port)
+	st, k, p, err := c.open(true, true)
 	if err != nil {
 		return err
 	}
@@ -272,14 +263,9 @@ func cmdSweep(args []string) error {
 	c.register(fs)
 	timeout := fs.Duration("timeout", 30*time.Second, "deadline")
 	o := sweepOpts{}
-	fs.Float64Var(&o.rate, "rate", 400, "handshakes per second per node")
-	fs.IntVar(&o.conc, "conc", 16, "handshakes in progress per node")
+	o.register(fs)
 	_ = fs.Parse(args)
-	st, err := loadState(c.state)
-	if err != nil {
-		return err
-	}
-	p, err := newProber(c.ca, c.port)
+	st, _, p, err := c.open(false, true)
 	if err != nil {
 		return err
 	}

@@ -127,6 +127,25 @@ func (c *common) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.namespace, "namespace", "h3-ingress", "namespace of the operator and data plane")
 }
 
+// open reads the run's state and, when asked, makes an API client and a prober (QUIC
+// handshakes verified against the test CA): what most commands start with.
+func (c *common) open(withKube, withProber bool) (st *State, k *kube, p *prober, err error) {
+	if st, err = loadState(c.state); err != nil {
+		return nil, nil, nil, err
+	}
+	if withKube {
+		if k, err = newKube(c.kubeconfig); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	if withProber {
+		if p, err = newProber(c.ca, c.port); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	return st, k, p, nil
+}
+
 func (c *common) nodeList() []string {
 	return strings.FieldsFunc(c.nodes, func(r rune) bool { return r == ' ' || r == ',' })
 }
