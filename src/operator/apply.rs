@@ -163,7 +163,7 @@ pub async fn apply_all(
     d: &Desired,
 ) -> Result<Option<DaemonSet>, ApplyError> {
     let c = &ctx.client;
-    let o = &ctx.owned;
+    let o = &ctx.caches.owned;
     ensure_keys_secret(ctx, &d.keys_secret).await?;
     let sa = &d.service_account;
     let v = cached_version(&o.service_accounts, sa);
@@ -208,7 +208,7 @@ pub async fn apply_all(
 async fn ensure_keys_secret(ctx: &Context, keys: &Secret) -> Result<(), ApplyError> {
     let api = namespaced::<Secret>(ctx, keys);
     let name = keys.name_any();
-    if cached_version(&ctx.owned.keys, keys).is_some() {
+    if cached_version(&ctx.caches.owned.keys, keys).is_some() {
         return Ok(());
     }
     let failed = |source| ApplyError {
@@ -277,19 +277,19 @@ pub async fn prune(ctx: &Context, listener: &str, d: &Desired) -> Result<(), App
         .iter()
         .filter_map(|r| r.metadata.namespace.as_deref())
         .collect();
-    for (ns, name) in owned_by(&ctx.owned.roles, listener) {
+    for (ns, name) in owned_by(&ctx.caches.owned.roles, listener) {
         if !keep.contains(ns.as_str()) {
             tracing::info!(%listener, namespace = %ns, "removing the data plane's Secret access");
             delete::<Role>(ctx, &ns, &name).await?;
         }
     }
-    for (ns, name) in owned_by(&ctx.owned.role_bindings, listener) {
+    for (ns, name) in owned_by(&ctx.caches.owned.role_bindings, listener) {
         if !keep.contains(ns.as_str()) {
             delete::<RoleBinding>(ctx, &ns, &name).await?;
         }
     }
     if d.service.is_none() {
-        for (ns, name) in owned_by(&ctx.owned.services, listener) {
+        for (ns, name) in owned_by(&ctx.caches.owned.services, listener) {
             tracing::info!(%listener, service = %name, "removing the Service spec.service no longer asks for");
             delete::<Service>(ctx, &ns, &name).await?;
         }

@@ -74,13 +74,7 @@ pub struct Context {
     pub client: Client,
     pub params: Params,
     pub pod_defaults: PodDefaults,
-    pub ingresses: Store<Ingress>,
-    pub listeners: Store<Http3Listener>,
-    pub classes: Store<IngressClass>,
-    pub owned: OwnedStores,
-    pub gateway_api: Option<Arc<GatewayApiWatch>>,
-    pub pods: Store<Pod>,
-    pub secrets: SourceSecrets,
+    pub caches: Caches,
     pub leader: watch::Receiver<bool>,
     pub reports: Arc<dyn ReportFetcher>,
     pub recorder: Recorder,
@@ -108,13 +102,7 @@ impl Context {
             client,
             params,
             pod_defaults: PodDefaults::default(),
-            ingresses: caches.ingresses,
-            listeners: caches.listeners,
-            classes: caches.classes,
-            owned: caches.owned,
-            gateway_api: caches.gateway_api,
-            pods: caches.pods,
-            secrets: caches.secrets,
+            caches,
             leader,
             reports,
             metrics,
@@ -139,14 +127,15 @@ impl Context {
     /// Every Ingress as the listeners see it: one without a class belongs to the default
     /// IngressClass (the data plane counts them the same way).
     pub fn ingresses(&self) -> Vec<Arc<Ingress>> {
-        let classes = self.classes.state();
+        let classes = self.caches.classes.state();
         let default = default_class(classes.iter().map(|c| c.as_ref()));
-        with_default_class(&self.ingresses.state(), default.as_deref())
+        with_default_class(&self.caches.ingresses.state(), default.as_deref())
     }
 
     /// The Gateway API objects seen so far (none without the Gateway API).
     pub fn gateway_objects(&self) -> GatewayObjects {
-        self.gateway_api
+        self.caches
+            .gateway_api
             .as_ref()
             .map(|g| g.objects())
             .unwrap_or_default()
@@ -155,24 +144,24 @@ impl Context {
     /// Whether the Gateway API kinds have been listed (or found not served) once; before
     /// that every route's host would look unwanted.
     pub fn gateway_api_synced(&self) -> bool {
-        self.gateway_api.as_ref().is_none_or(|g| g.synced())
+        self.caches.gateway_api.as_ref().is_none_or(|g| g.synced())
     }
 
     /// The caches that have not listed yet (empty once every one has): readiness waits for
     /// them, and a pod that stays unready says which one holds it.
     pub fn pending_caches(&self) -> Vec<&'static str> {
         let mut pending: Vec<&'static str> = [
-            ("Ingress", listed(&self.ingresses)),
-            ("IngressClass", listed(&self.classes)),
-            ("Http3Listener", listed(&self.listeners)),
-            ("Pod", listed(&self.pods)),
-            ("Secret", self.secrets.listed()),
+            ("Ingress", listed(&self.caches.ingresses)),
+            ("IngressClass", listed(&self.caches.classes)),
+            ("Http3Listener", listed(&self.caches.listeners)),
+            ("Pod", listed(&self.caches.pods)),
+            ("Secret", self.caches.secrets.listed()),
         ]
         .iter()
         .filter(|(_, ok)| !ok)
         .map(|(n, _)| *n)
         .collect();
-        pending.extend(self.owned.pending());
+        pending.extend(self.caches.owned.pending());
         pending
     }
 

@@ -77,6 +77,7 @@ pub enum Error {
 /// call), all at once.
 async fn pod_reports(ctx: &Context, listener: &str, metrics: SocketAddr) -> Vec<PodReport> {
     let mut pods: Vec<Arc<Pod>> = ctx
+        .caches
         .pods
         .state()
         .into_iter()
@@ -128,39 +129,40 @@ fn truncate(mut s: String) -> String {
 
 async fn publish(ctx: &Context, listener: &Http3Listener, planned: Vec<PlannedEvent>) {
     for ev in planned {
-        let reference = match &ev.target {
-            Target::Listener => listener.object_ref(&()),
-            Target::Ingress(key) => {
-                let (ns, name) = key.split_once('/').unwrap_or(("", key));
-                match ctx.ingresses.get(&ObjectRef::new(name).within(ns)) {
-                    Some(ing) => ing.object_ref(&()),
-                    // Deleted meanwhile: the listener's event says it all.
-                    None => continue,
+        let reference =
+            match &ev.target {
+                Target::Listener => listener.object_ref(&()),
+                Target::Ingress(key) => {
+                    let (ns, name) = key.split_once('/').unwrap_or(("", key));
+                    match ctx.caches.ingresses.get(&ObjectRef::new(name).within(ns)) {
+                        Some(ing) => ing.object_ref(&()),
+                        // Deleted meanwhile: the listener's event says it all.
+                        None => continue,
+                    }
                 }
-            }
-            Target::HttpRoute(key) => {
-                let (ns, name) = key.split_once('/').unwrap_or(("", key));
-                let found = ctx
-                    .gateway_api
-                    .as_ref()
-                    .and_then(|g| g.routes.get(&ObjectRef::<HTTPRoute>::new(name).within(ns)));
-                match found {
-                    Some(r) => r.object_ref(&()),
-                    None => continue,
+                Target::HttpRoute(key) => {
+                    let (ns, name) = key.split_once('/').unwrap_or(("", key));
+                    let found =
+                        ctx.caches.gateway_api.as_ref().and_then(|g| {
+                            g.routes.get(&ObjectRef::<HTTPRoute>::new(name).within(ns))
+                        });
+                    match found {
+                        Some(r) => r.object_ref(&()),
+                        None => continue,
+                    }
                 }
-            }
-            Target::Gateway(key) => {
-                let (ns, name) = key.split_once('/').unwrap_or(("", key));
-                let found = ctx
-                    .gateway_api
-                    .as_ref()
-                    .and_then(|g| g.gateways.get(&ObjectRef::<Gateway>::new(name).within(ns)));
-                match found {
-                    Some(gw) => gw.object_ref(&()),
-                    None => continue,
+                Target::Gateway(key) => {
+                    let (ns, name) = key.split_once('/').unwrap_or(("", key));
+                    let found =
+                        ctx.caches.gateway_api.as_ref().and_then(|g| {
+                            g.gateways.get(&ObjectRef::<Gateway>::new(name).within(ns))
+                        });
+                    match found {
+                        Some(gw) => gw.object_ref(&()),
+                        None => continue,
+                    }
                 }
-            }
-        };
+            };
         let type_ = if ev.warning {
             EventType::Warning
         } else {
@@ -240,7 +242,7 @@ async fn observe_data_plane(
             return Ok(Observed::blocked(reasons::INVALID_SPEC, e.to_string()));
         }
     };
-    if let Some(c) = conflicts::port_conflict(listener, &ctx.listeners.state()) {
+    if let Some(c) = conflicts::port_conflict(listener, &ctx.caches.listeners.state()) {
         // Nothing is applied, and a DaemonSet this listener already runs is left alone: the
         // operator never takes a serving data plane down over another object's edit.
         tracing::warn!(listener = %name, other = %c.other, port = c.port.port, "port conflict");
@@ -284,7 +286,7 @@ async fn observe_data_plane(
 /// Whether some pod of the listener holds its port alone (from before hand-overs): then a
 /// roll must not surge ([`resources::without_surge`]).
 fn solo_pods(ctx: &Context, listener: &str) -> bool {
-    ctx.pods.state().iter().any(|p| {
+    ctx.caches.pods.state().iter().any(|p| {
         let labels = p.labels();
         labels.get(labels::INSTANCE).map(String::as_str) == Some(listener)
             && labels.get(resources::HANDOVER_LABEL).is_none()
@@ -336,18 +338,19 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         m.routes = seen.routes;
     });
     let read = ctx
+        .caches
         .secrets
         .refresh(&ctx.client, &refs, &ctx.all_secrets())
         .await;
     ctx.metrics.secret_reads.inc_by(read as u64);
     let now = Timestamp::now();
-    let resolved = resolve_wanted(wanted, &ctx.secrets, now.as_second());
+    let resolved = resolve_wanted(wanted, &ctx.caches.secrets, now.as_second());
     let gateways = ctx.gateway_objects().gateways;
     let upstream = |h: &ServedHost| {
         let (gw, section) = (h.gateway.as_deref()?, h.gateway_listener.as_deref()?);
         gateway_upstream(listener, &gateways, gw, section)
     };
-    let desired = mirrors::desired(&name, &resolved, |s| ctx.secrets.pair(s), upstream);
+    let desired = mirrors::desired(&name, &resolved, |s| ctx.caches.secrets.pair(s), upstream);
     let mirror_of: BTreeMap<String, String> = resolved
         .served
         .iter()

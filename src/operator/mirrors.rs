@@ -191,7 +191,7 @@ pub async fn sync(
 ) -> Result<Synced, ApplyError> {
     let name = listener.name_any();
     let ns = ctx.params.hosts_namespace.clone();
-    let existing = existing(&ctx.owned.mirrors.state(), &name);
+    let existing = existing(&ctx.caches.owned.mirrors.state(), &name);
     let mut versions: BTreeMap<String, String> = existing
         .iter()
         .map(|e| (e.name.clone(), e.resource_version.clone()))

@@ -269,9 +269,9 @@ fn controller(
     let refs = |names: Vec<String>| stream::iter(names.into_iter().map(|n| ObjectRef::new(&n)));
     let c = ctx.clone();
     let ingresses = watches::ingress_changes(client, w.ingress_writer).flat_map(move |ing| {
-        let classes = c.classes.state();
+        let classes = c.caches.classes.state();
         let default = default_class(classes.iter().map(|c| c.as_ref()));
-        let listeners = c.listeners.state();
+        let listeners = c.caches.listeners.state();
         // Computed under the lock, not on a copy: thousands of Ingress events arrive while a
         // cluster's hosts are created, and the memory holds every host's status.
         let memory = c.memory.lock().expect("not poisoned");
@@ -289,10 +289,10 @@ fn controller(
     });
     let c = ctx.clone();
     let gateways = stream_from_channel(gateway_rx).flat_map(move |change| {
-        let listeners = c.listeners.state();
+        let listeners = c.caches.listeners.state();
         let class_of = |key: &str| {
             let (ns, name) = key.split_once('/')?;
-            let gw = c.gateway_api.as_ref()?;
+            let gw = c.caches.gateway_api.as_ref()?;
             let found = gw
                 .gateways
                 .get(&ObjectRef::<Gateway>::new(name).within(ns))?;
