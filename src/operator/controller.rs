@@ -89,6 +89,7 @@ async fn pod_reports(ctx: &Context, listener: &str, metrics: SocketAddr) -> Vec<
         let name = p.name_any();
         let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
         let ip = p.status.as_ref().and_then(|s| s.pod_ip.clone());
+        let ready = pod_ready(p);
         let reports = ctx.reports.clone();
         async move {
             let report = match ip {
@@ -101,6 +102,7 @@ async fn pod_reports(ctx: &Context, listener: &str, metrics: SocketAddr) -> Vec<
             PodReport {
                 pod: name,
                 node,
+                ready,
                 report,
             }
         }
@@ -113,6 +115,13 @@ async fn pod_reports(ctx: &Context, listener: &str, metrics: SocketAddr) -> Vec<
         }
     }
     out
+}
+
+fn pod_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 fn truncate(mut s: String) -> String {

@@ -45,6 +45,8 @@ pub struct Blocker {
 pub struct PodReport {
     pub pod: String,
     pub node: Option<String>,
+    /// The pod's `Ready` condition (its readiness probe, as the kubelet last saw it).
+    pub ready: bool,
     /// The report, or why it could not be read.
     pub report: Result<StatusReport, String>,
 }
@@ -320,7 +322,7 @@ impl<'a> Facts<'a> {
                 .map(|h| format!("{} ({})", h.name, h.reason))
                 .collect(),
             bind_failures: bind_failures(&ok),
-            nodes: nodes(inp.daemon_set),
+            nodes: nodes(inp.daemon_set, inp.pods),
             udp: udp(&ok),
             ok,
             inp,
@@ -328,10 +330,24 @@ impl<'a> Facts<'a> {
     }
 }
 
-fn nodes(daemon_set: Option<&DaemonSetStatus>) -> NodesStatus {
-    let (desired, ready) = daemon_set
+/// Nodes that should run the data plane, and nodes it serves. The DaemonSet's `numberReady`
+/// counts each node by its oldest pod; in a surge roll that is the old pod, which may call
+/// itself not ready while it drains (data planes of earlier versions did once superseded) though the
+/// new pod beside it serves the node. So a node also counts when any of its pods that is not
+/// being deleted is Ready.
+fn nodes(daemon_set: Option<&DaemonSetStatus>, pods: &[PodReport]) -> NodesStatus {
+    let (desired, counted) = daemon_set
         .map(|s| (s.desired_number_scheduled, s.number_ready))
         .unwrap_or((0, 0));
+    let mut served: Vec<&str> = pods
+        .iter()
+        .filter(|p| p.ready)
+        .filter_map(|p| p.node.as_deref())
+        .collect();
+    served.sort_unstable();
+    served.dedup();
+    let by_pods = i32::try_from(served.len()).unwrap_or(i32::MAX);
+    let ready = counted.max(by_pods).min(desired);
     NodesStatus {
         desired,
         ready,
@@ -769,6 +785,7 @@ mod tests {
         PodReport {
             pod: name.into(),
             node: Some(format!("node-{name}")),
+            ready: true,
             report: Ok(StatusReport {
                 version: "0.1.0".into(),
                 port: 443,
@@ -902,6 +919,7 @@ mod tests {
         let silent = [PodReport {
             pod: "p1".into(),
             node: None,
+            ready: false,
             report: Err("connection refused".into()),
         }];
         let inp = inputs(&hosts, Some(&d), &silent, None, 1);
@@ -1062,10 +1080,20 @@ mod tests {
         );
         let s = agg(&inputs(&hosts, None, &ok_pod, None, 1));
         assert_eq!(cond(&s, conditions::READY).reason, reasons::PODS_NOT_READY);
+        // A surge roll: the DaemonSet counts the old, draining pod of the second node, but
+        // the new pod beside it is Ready, so both nodes are served.
+        let rolling = [pod("p1", "D", vec![], 0), pod("p2", "D", vec![], 0)];
+        let s = agg(&inputs(&hosts, Some(&d21), &rolling, None, 1));
+        assert_eq!(s.nodes.as_ref().map(|n| n.summary.as_str()), Some("2/2"));
+        let mut unready = rolling.clone();
+        unready[1].ready = false;
+        let s = agg(&inputs(&hosts, Some(&d21), &unready, None, 1));
+        assert_eq!(s.nodes.as_ref().map(|n| n.summary.as_str()), Some("1/2"));
 
         let unreachable = [PodReport {
             pod: "p1".into(),
             node: None,
+            ready: false,
             report: Err("connection refused".into()),
         }];
         let s = agg(&inputs(&hosts, Some(&d11), &unreachable, None, 1));

@@ -80,7 +80,9 @@ pub enum RunError {
 }
 
 /// Runs the proxy fed by the source `args` names until `shutdown`. The probe socket answers
-/// from the start, before the configuration is loaded.
+/// from the start, before the configuration is loaded, to the end of the drain after
+/// `shutdown`: the kubelet goes on probing readiness while a pod terminates, and a drained
+/// pod whose successor on the node serves is still ready.
 pub async fn run(args: ProxyArgs, shutdown: CancellationToken) -> Result<(), RunError> {
     let probe_path = args.probe_socket.clone().or_else(|| {
         args.listener
@@ -88,8 +90,10 @@ pub async fn run(args: ProxyArgs, shutdown: CancellationToken) -> Result<(), Run
             .map(|_| PathBuf::from(crate::probe::DEFAULT_SOCKET))
     });
     let probe = ProbeState::new();
+    let probe_stop = CancellationToken::new();
+    let _stop_probes_on_return = probe_stop.clone().drop_guard();
     if let Some(p) = &probe_path {
-        crate::probe::serve_or_warn(p, probe.clone(), shutdown.clone());
+        crate::probe::serve_or_warn(p, probe.clone(), probe_stop);
     }
     let mut opts = ServeOptions {
         keys_file: args.keys_file,

@@ -369,9 +369,9 @@ impl Running<'_> {
             }
             Role::Superseded if superseded.is_none() => {
                 *superseded = Some(Instant::now());
+                self.admin.pause();
                 self.shared.superseded.store(true, Ordering::Relaxed);
                 self.shared.drain_connections();
-                self.admin.pause();
                 limited!(
                     Level::INFO,
                     Reason::Rollout,
@@ -660,5 +660,8 @@ mod tests {
         assert_eq!(s.readiness(), Err(NotReady::NoSocket));
         s.draining.store(true, Ordering::Relaxed);
         assert_eq!(s.readiness(), Err(NotReady::Draining));
+        // Superseded (draining or not), a newer process serves the node: ready.
+        s.superseded.store(true, Ordering::Relaxed);
+        assert_eq!(s.readiness(), Ok(()));
     }
 }

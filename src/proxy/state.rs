@@ -64,8 +64,6 @@ pub type SocketEntry = (SocketReport, u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NotReady {
     Draining,
-    /// A newer generation on this host takes the new connections.
-    Superseded,
     NoHost,
     NoSocket,
 }
@@ -74,7 +72,6 @@ impl NotReady {
     pub fn as_str(self) -> &'static str {
         match self {
             NotReady::Draining => "draining",
-            NotReady::Superseded => "superseded by a newer process on this host; draining",
             NotReady::NoHost => "no host loaded",
             NotReady::NoSocket => "no UDP socket bound",
         }
@@ -205,8 +202,13 @@ impl Shared {
         *c = CancellationToken::new();
     }
 
-    /// Ready: at least one socket bound and at least one host loaded, not draining and not
-    /// superseded.
+    /// Ready: at least one socket bound and at least one host loaded, and not draining; or
+    /// superseded, whatever else: a newer process on this host takes the new connections, so
+    /// the node is served. The kubelet probes both pods of a surge roll at the same shared
+    /// admin socket, and the DaemonSet controller counts a node by its oldest pod, so a
+    /// superseded process that answered "not ready" (in the moment before it stops accepting
+    /// there, or on its own admin port when the port changed) would mark the node unserved
+    /// for its whole drain.
     pub fn readiness(&self) -> Result<(), NotReady> {
         let bound = self
             .sockets
@@ -214,10 +216,10 @@ impl Shared {
             .expect("socket lock")
             .iter()
             .any(|(r, _)| r.bound);
-        if self.draining.load(Ordering::Relaxed) {
+        if self.superseded.load(Ordering::Relaxed) {
+            Ok(())
+        } else if self.draining.load(Ordering::Relaxed) {
             Err(NotReady::Draining)
-        } else if self.superseded.load(Ordering::Relaxed) {
-            Err(NotReady::Superseded)
         } else if self.current.load().config.hosts.is_empty() {
             Err(NotReady::NoHost)
         } else if !bound {

@@ -184,8 +184,9 @@ func (r *runner) run(ctx context.Context) {
 			closedStarted = true
 		}
 		probeCtx, cancelProbes := context.WithCancel(ctx)
+		readyCtx, cancelReady := context.WithCancel(context.Background())
 		kill := make(chan string, 1)
-		r.w.startProbes(probeCtx, &r.ctr, kill)
+		r.w.startProbes(probeCtx, readyCtx, &r.ctr, kill)
 		var reason string
 		select {
 		case <-p.done:
@@ -197,6 +198,7 @@ func (r *runner) run(ctx context.Context) {
 			reason = "Error"
 		}
 		cancelProbes()
+		cancelReady()
 		lastExit = p.exit
 		r.w.setTerminated(name, p.exit, reason, started)
 		if ctx.Err() != nil || !r.mode.restarts(r.w.restartPolicy(), p.exit) {

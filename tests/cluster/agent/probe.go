@@ -18,8 +18,12 @@ import (
 
 // startProbes runs the container's startup, readiness and liveness probes from the
 // node's network namespace, where a kubelet's probes come from. A failed liveness or
-// startup probe asks the runner to restart the container through kill.
-func (w *podWorker) startProbes(ctx context.Context, c *corev1.Container, kill chan<- string) {
+// startup probe asks the runner to restart the container through kill. As a kubelet does
+// (its prober's StopLivenessAndStartup), termination stops the liveness and startup probes
+// (ctx ends) while the readiness probe goes on until the container exits (readyCtx ends):
+// the DaemonSet controller counts a node's oldest pod, so a draining pod's readiness is
+// what it sees during a surge roll.
+func (w *podWorker) startProbes(ctx, readyCtx context.Context, c *corev1.Container, kill chan<- string) {
 	name := c.Name
 	go func() {
 		if p := c.StartupProbe; p != nil {
@@ -37,7 +41,7 @@ func (w *podWorker) startProbes(ctx context.Context, c *corev1.Container, kill c
 			}
 		}
 		if p := c.ReadinessProbe; p != nil {
-			go w.probeLoop(ctx, c, p, func(ok bool, msg string) bool {
+			go w.probeLoop(readyCtx, c, p, func(ok bool, msg string) bool {
 				if !ok {
 					w.event("readiness probe of %s failed: %s", name, msg)
 				}
