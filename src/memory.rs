@@ -25,6 +25,69 @@ pub fn trim() {
     }
 }
 
+/// The allocator's own account: bytes in live allocations, and bytes it holds free (what a
+/// trim can return, less what fragmentation pins). `None` off glibc.
+pub fn heap() -> Option<Heap> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallinfo2 only reads the arenas' counters, under their locks.
+        let m = unsafe { libc::mallinfo2() };
+        Some(Heap {
+            in_use: (m.uordblks + m.hblkhd) as u64,
+            free: m.fordblks as u64,
+        })
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    None
+}
+
+/// See [`heap`].
+#[derive(Debug, Clone, Copy)]
+pub struct Heap {
+    pub in_use: u64,
+    pub free: u64,
+}
+
+/// `<name>{state="in_use"|"free"}`, read from the allocator at each scrape: with the process's
+/// RSS it tells memory held by live data from memory the allocator keeps.
+pub struct HeapCollector {
+    gauge: prometheus::IntGaugeVec,
+}
+
+/// The metric's name in the data plane ([`OPERATOR_HEAP_BYTES`] in the operator).
+pub const HEAP_BYTES: &str = "h3_ingress_heap_bytes";
+pub const OPERATOR_HEAP_BYTES: &str = "h3_ingress_operator_heap_bytes";
+
+impl HeapCollector {
+    pub fn new(name: &str) -> Self {
+        let opts = prometheus::Opts::new(
+            name,
+            "Heap bytes by state: in_use (live allocations) and free (held by the allocator).",
+        );
+        let gauge = prometheus::IntGaugeVec::new(opts, &["state"]).expect("valid gauge");
+        Self { gauge }
+    }
+}
+
+impl prometheus::core::Collector for HeapCollector {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        self.gauge.desc()
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        if let Some(h) = heap() {
+            let set = |state: &str, v: u64| {
+                self.gauge
+                    .with_label_values(&[state])
+                    .set(i64::try_from(v).unwrap_or(i64::MAX))
+            };
+            set("in_use", h.in_use);
+            set("free", h.free);
+        }
+        self.gauge.collect()
+    }
+}
+
 /// Trims every [`PERIOD`] until `shutdown`.
 pub async fn trim_periodically(shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(PERIOD);

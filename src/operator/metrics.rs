@@ -128,6 +128,9 @@ impl OperatorMetrics {
             Box::new(events.clone()),
             Box::new(pod_report_errors.clone()),
             Box::new(leader.clone()),
+            Box::new(crate::memory::HeapCollector::new(
+                crate::memory::OPERATOR_HEAP_BYTES,
+            )),
         ] {
             registry.register(c).expect("unique metric names");
         }

@@ -149,6 +149,7 @@ pub struct Metrics {
     pub limits: IntCounterVec,
     pub buffered_request_bytes: IntGauge,
     pub upstream_requests: IntGauge,
+    pub upstream_connections: IntGauge,
     pub upstream_lanes_opened: IntCounter,
     pub upstream_certificate_grace: IntCounterVec,
     /// Requests, certificate expiry and Alt-Svc per host.
@@ -265,6 +266,11 @@ pub mod specs {
     pub const UPSTREAM_REQUESTS: Spec = spec(
         "h3_ingress_upstream_requests",
         "Requests holding a place on an upstream connection now (from sending the request to the end of its response).",
+        &[],
+    );
+    pub const UPSTREAM_CONNECTIONS: Spec = spec(
+        "h3_ingress_upstream_connections",
+        "Connections open to the TCP ingress (in use or idle in the pool; an idle one closes after 30 to 60 s).",
         &[],
     );
     pub const UPSTREAM_LANES_OPENED: Spec = spec(
@@ -504,6 +510,7 @@ impl Registrar<'_> {
 pub struct UpstreamMetrics {
     pub lanes: super::lanes::LaneMetrics,
     pub certificate_grace: prometheus::IntCounterVec,
+    pub connections: IntGauge,
 }
 
 #[cfg(test)]
@@ -515,6 +522,7 @@ impl UpstreamMetrics {
             lanes: super::lanes::LaneMetrics::unregistered(),
             certificate_grace: prometheus::IntCounterVec::new(opts, &["leaf"])
                 .expect("valid counter"),
+            connections: IntGauge::new("connections", "-").expect("valid gauge"),
         }
     }
 }
@@ -533,6 +541,7 @@ impl Metrics {
         UpstreamMetrics {
             lanes: self.lanes(),
             certificate_grace: self.upstream_certificate_grace.clone(),
+            connections: self.upstream_connections.clone(),
         }
     }
 
@@ -542,6 +551,7 @@ impl Metrics {
         let r = Registrar(&registry);
         let udp_sockets = SocketInodes::default();
         r.register_collector(UdpProcCollector::new(udp_sockets.clone()));
+        r.register_collector(crate::memory::HeapCollector::new(crate::memory::HEAP_BYTES));
         r.gauge_vec(&BUILD_INFO)
             .with_label_values(&[crate::version::VERSION, crate::version::COMMIT])
             .set(1);
@@ -553,6 +563,7 @@ impl Metrics {
             limits,
             buffered_request_bytes: r.gauge(&BUFFERED_REQUEST_BYTES),
             upstream_requests: r.gauge(&UPSTREAM_REQUESTS),
+            upstream_connections: r.gauge(&UPSTREAM_CONNECTIONS),
             upstream_lanes_opened: r.counter(&UPSTREAM_LANES_OPENED),
             upstream_certificate_grace: r.counter_vec(&UPSTREAM_CERTIFICATE_GRACE),
             per_host: r.per_host(),
