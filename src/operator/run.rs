@@ -207,7 +207,7 @@ impl Wiring {
         let (owned, owned_tasks) =
             OwnedStores::start(client, &opts.namespace, &opts.hosts_namespace, &ds_store);
         let (pods, pod_task) = watches::pod_cache(client, &opts.namespace);
-        let (secrets, secret_events) = SourceSecrets::watch(client);
+        let (secrets, secret_events) = SourceSecrets::watch(client, &opts.hosts_namespace);
         let log = crate::watch::ErrorLog::default();
         let secret_changes = secret_events
             .filter_map(move |r| {

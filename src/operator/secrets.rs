@@ -11,7 +11,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
-use futures_util::{stream, StreamExt, TryStreamExt};
+use futures_util::{future, stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -64,9 +64,13 @@ fn strip(s: &mut PartialObjectMeta<Secret>) {
 
 impl SourceSecrets {
     /// The metadata watch (its stream must be polled: it fills the store and yields a `()` for
-    /// every Secret that changed, for the caller to decide whether it matters).
+    /// every Secret that changed, for the caller to decide whether it matters). It leaves out
+    /// `hosts_namespace`, which holds the operator's own certificate mirrors (one per source
+    /// Secret: as many again, each write of which would come back as an event) and is never
+    /// a source.
     pub fn watch(
         client: &Client,
+        hosts_namespace: &str,
     ) -> (
         Self,
         impl futures_util::Stream<Item = Result<PartialObjectMeta<Secret>, watcher::Error>>
@@ -76,7 +80,9 @@ impl SourceSecrets {
         let (meta, writer) = reflector::store();
         let events = watcher(
             Api::<PartialObjectMeta<Secret>>::all(client.clone()),
-            watcher::Config::default().any_semantic(),
+            watcher::Config::default()
+                .any_semantic()
+                .fields(&format!("metadata.namespace!={hosts_namespace}")),
         )
         .map_ok(|ev| ev.modify(strip))
         .default_backoff()
@@ -126,20 +132,22 @@ impl SourceSecrets {
     ) -> usize {
         let stale = self.stale(refs);
         let fetched = stale.len();
-        let results: Vec<(SecretRef, Result<Option<Secret>, kube::Error>)> =
-            stream::iter(stale.into_iter().map(|(r, _)| {
-                let api = Api::<Secret>::namespaced(client.clone(), &r.namespace);
-                async move {
-                    let got = api.get_opt(&r.name).await;
-                    (r, got)
-                }
-            }))
-            .buffer_unordered(FETCH_CONCURRENCY)
-            .collect()
-            .await;
-        for (r, got) in results {
+        // Each Secret is kept as it arrives, so at most FETCH_CONCURRENCY whole Secrets (with
+        // their managedFields and last-applied copies) are alive at once, not all of them:
+        // a restarted operator at 10,000 hosts read 10,000 before keeping the first.
+        stream::iter(stale.into_iter().map(|(r, _)| {
+            let api = Api::<Secret>::namespaced(client.clone(), &r.namespace);
+            async move {
+                let got = api.get_opt(&r.name).await;
+                (r, got)
+            }
+        }))
+        .buffer_unordered(FETCH_CONCURRENCY)
+        .for_each(|(r, got)| {
             self.store(r, got);
-        }
+            future::ready(())
+        })
+        .await;
         self.kept
             .lock()
             .expect("not poisoned")
