@@ -18,7 +18,9 @@
 #   --out FILE         also write the table as markdown to FILE
 #   --rsa              RSA-2048 keys (cert-manager's default) instead of ECDSA P-256
 #   --route-share P    percent of namespaces whose hosts are HTTPRoutes (default 10)
-#   --window S         length of each steady-state window (default 60)
+#   --window S         length of each steady-state window (default 60; it runs on, at most
+#                      150 s more, until the data plane's upstream pool has emptied and a
+#                      trim has run since: the memory read at its end is the steady state)
 #   --rounds N         rounds of new host / rotation / removal at HOSTS (default 5)
 #   --base-rounds N    the same at the baseline (default 3)
 #   --base-restart     also delete a data-plane pod at the baseline
@@ -60,6 +62,9 @@ HOSTS=${1:-}
 [[ $HOSTS =~ ^[0-9]+$ ]] || usage
 shift
 ASSERT=1 KEEP=0 OUT="" RSA="" ROUTE_SHARE=10 WINDOW=60 ROUNDS=5 BASE_ROUNDS=3 BASE_RESTART=0
+SETTLE_CAP=150 # seconds the steady window may run past WINDOW for the upstream pool to empty
+TRIM_WAIT=35   # the data plane returns freed memory every 30 s (src/memory.rs PERIOD)
+SETTLE_MIN=100 # upstream connections at the window's start below which it does not wait
 SERVED_TIMEOUT=120 LATENCY_TIMEOUT=30 RESTART_TIMEOUT=90
 while (($#)); do
     case $1 in
@@ -189,6 +194,59 @@ dp_pods_up() { # both data-plane pods run and answer /healthz (not Ready: no hos
 }
 listener_bytes() { kubectl get h3l "$LISTENER" -o json | wc -c; }
 
+# upstream_open IP: the data plane's connections to the TCP ingress (in use or idle in its pool).
+upstream_open() {
+    curl -s --max-time 2 "http://$1:9476/metrics" | awk '$1 == "h3_ingress_upstream_connections" { print $2 }'
+}
+# rest_window FROM-MS: the steady window, WINDOW seconds from FROM-MS, and longer if needed until
+# the pool's connections from the harness's requests to every host have closed (idle timeout;
+# fewer than SETTLE_MIN left) and a trim (every 30 s) has run since, so the memory read after it is the steady state and
+# not the tail of that burst (cap SETTLE_CAP seconds past the window).
+rest_window() {
+    local from=$1 empty_at="" open ip n end=$(($1 + WINDOW * 1000)) cap=$(($1 + (WINDOW + SETTLE_CAP) * 1000)) first=""
+    while :; do
+        open=0
+        for ip in "${IPS[@]}"; do
+            n=$(upstream_open "$ip")
+            open=$((open + ${n:-0}))
+        done
+        [[ -n $first ]] || first=$open
+        # A few connections weigh nothing (the baseline's pool; the Alt-Svc probes keep some
+        # open at any time): only the pool of a burst is awaited.
+        if ((open < SETTLE_MIN)); then
+            [[ -n $empty_at ]] || empty_at=$(now_ms)
+        else
+            empty_at=""
+        fi
+        local t=$(now_ms)
+        if ((t >= end)) && [[ -n $empty_at ]] && ((t - empty_at >= TRIM_WAIT * 1000)); then break; fi
+        if ((t >= cap)); then
+            info "upstream connections still open ($open) ${SETTLE_CAP}s after the window: memory read anyway"
+            break
+        fi
+        sleep 5
+    done
+    if ((first < SETTLE_MIN)); then
+        info "steady window: $((($(now_ms) - from) / 1000)) s ($first upstream connections at its start)"
+    else
+        info "steady window: $((($(now_ms) - from) / 1000)) s ($first upstream connections at its start, fewer than $SETTLE_MIN from $(((${empty_at:-$(now_ms)} - from) / 1000)) s into it)"
+    fi
+}
+
+# heap_info: what each process's allocator says it holds (h3_ingress_*heap_bytes): live data
+# against what it keeps, next to the RSS the table shows.
+heap_info() {
+    local ip op_ip line=""
+    op_ip=$(kubectl -n "$NS_OP" get pods -l app.kubernetes.io/component=operator \
+        -o jsonpath='{.items[0].status.podIP}' 2>/dev/null || true)
+    heap_of() { curl -s --max-time 2 "http://$1/metrics" | awk -v m="$2" \
+        '$1 == m "{state=\"in_use\"}" { u = $2 } $1 == m "{state=\"free\"}" { f = $2 }
+         END { if (u != "") printf "%.0f MiB in use, %.0f MiB free", u / 1048576, f / 1048576; else printf "?" }'; }
+    [[ -n $op_ip ]] && line="operator $(heap_of "$op_ip:9477" h3_ingress_operator_heap_bytes)"
+    for ip in "${IPS[@]}"; do line+="; data plane $ip $(heap_of "$ip:9476" h3_ingress_heap_bytes)"; done
+    info "heap: $line"
+}
+
 # measure COL FIRST-CREATE-MS: what follows each batch of creates (the state file names the
 # last create): every host served and the status, peak memory, series, the steady window.
 measure() {
@@ -200,13 +258,14 @@ measure() {
     step "$([[ $col == base ]] && echo baseline || echo scale): steady state, a ${WINDOW}s window (no request from the harness meanwhile; load $(load))"
     kubectl get --raw /metrics >"$tmp/api-$col-before.txt"
     rest_from=$(now_ms)
-    sleep "$WINDOW"
+    rest_window "$rest_from"
     rest_to=$(now_ms)
     kubectl get --raw /metrics >"$tmp/api-$col-after.txt"
     tool apirate --col "$col" --before "$tmp/api-$col-before.txt" --after "$tmp/api-$col-after.txt" \
         --seconds "$(((rest_to - rest_from) / 1000))" || fail "apirate"
     tool watches --col "$col" --scrape "$tmp/api-$col-after.txt" || fail "watches"
     tool procs --col "$col" --phase steady || fail "procs"
+    heap_info
     "$TOOL" set --results "$RESULTS" --col "$col" "listener_bytes=$(listener_bytes)" \
         "load_from_ms=$load_from" "load_to_ms=$load_to" "rest_from_ms=$rest_from" "rest_to_ms=$rest_to"
     ok "listener object: $(listener_bytes) bytes; status: $(jp h3l "$LISTENER" -o jsonpath='{.status.hostsSummary} Ready={.status.conditions[?(@.type=="Ready")].status} {.status.conditions[?(@.type=="Ready")].reason}')"
