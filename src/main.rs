@@ -71,6 +71,9 @@ fn main() -> ExitCode {
         return h3_ingress::plugin::main();
     }
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Operator(_)) {
+        h3_ingress::memory::tune_for_caches();
+    }
     let result = tokio::runtime::Runtime::new()
         .context("starting the runtime")
         .and_then(|rt| rt.block_on(run(cli)));
