@@ -205,14 +205,14 @@ upstream_open() {
 rest_window() {
     local from=$1 empty_at="" open ip n end=$(($1 + WINDOW * 1000)) cap=$(($1 + (WINDOW + SETTLE_CAP) * 1000)) first=""
     while :; do
-        open=0
+        open=0 # the most of any pod
         for ip in "${IPS[@]}"; do
             n=$(upstream_open "$ip")
-            open=$((open + ${n:-0}))
+            ((${n:-0} > open)) && open=${n:-0}
         done
         [[ -n $first ]] || first=$open
-        # A few connections weigh nothing (the baseline's pool; the Alt-Svc probes keep some
-        # open at any time): only the pool of a burst is awaited.
+        # A few connections weigh nothing (the baseline's pool; the Alt-Svc probe, one host a
+        # second, keeps 30 to 60 open per pod): only the pool of a burst is awaited.
         if ((open < SETTLE_MIN)); then
             [[ -n $empty_at ]] || empty_at=$(now_ms)
         else
@@ -227,9 +227,9 @@ rest_window() {
         sleep 5
     done
     if ((first < SETTLE_MIN)); then
-        info "steady window: $((($(now_ms) - from) / 1000)) s ($first upstream connections at its start)"
+        info "steady window: $((($(now_ms) - from) / 1000)) s ($first upstream connections at its start, the most of any pod)"
     else
-        info "steady window: $((($(now_ms) - from) / 1000)) s ($first upstream connections at its start, fewer than $SETTLE_MIN from $(((${empty_at:-$(now_ms)} - from) / 1000)) s into it)"
+        info "steady window: $((($(now_ms) - from) / 1000)) s ($first upstream connections at its start, the most of any pod; fewer than $SETTLE_MIN from $(((${empty_at:-$(now_ms)} - from) / 1000)) s into it)"
     fi
 }
 

@@ -119,6 +119,11 @@ const silentAfter = 64
 type sweepOpts struct {
 	rate float64 // handshakes per second per node
 	conc int     // handshakes in progress per node
+	// retry, when set, checks a failed target once more after this pause within the same
+	// sweep (reporting the first failure to onRetry), so one transient failure costs the
+	// pause and not a whole second sweep of every host.
+	retry   time.Duration
+	onRetry func(target, outcome)
 }
 
 // register adds -rate and -conc (defaults under the data plane's own limits).
@@ -155,6 +160,13 @@ func (p *prober) sweep(ctx context.Context, ts []target, o sweepOpts, onOK func(
 						continue
 					} else {
 						out = p.check(ctx, t.node, t.host, true)
+						if !out.ok() && out.Kind != "timeout" && o.retry > 0 {
+							if o.onRetry != nil {
+								o.onRetry(t, out)
+							}
+							time.Sleep(o.retry)
+							out = p.check(ctx, t.node, t.host, true)
+						}
 					}
 					if out.Kind == "timeout" {
 						silent.Add(1)

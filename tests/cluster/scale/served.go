@@ -73,6 +73,10 @@ type proof struct {
 	example     string // one failing target and why
 	gauge       string // what the gauge said last
 	kinds       string // the failures left, by kind
+	// retried: first attempts that failed and were checked again a second later, with one
+	// of them and why (the first sweep's transient failures).
+	retried      int
+	retryExample string
 }
 
 func countKinds(m map[string]int) string {
@@ -136,12 +140,36 @@ func prove(ctx context.Context, p *prober, nodes []string, hosts []Host, metrics
 		}
 	}
 	pr.total = len(pending)
+	// Served: when the gauge said so, unless a target failed at first; then when the last of
+	// those succeeded (its retry right away, or a later sweep's).
 	var lastOK time.Duration
 	var mu sync.Mutex
-	onOK := func(target) { mu.Lock(); lastOK = max(lastOK, time.Since(t0)); mu.Unlock() }
+	retried := map[target]bool{}
+	o.retry = time.Second
+	o.onRetry = func(t target, out outcome) {
+		mu.Lock()
+		retried[t] = true
+		pr.retried++
+		if pr.retryExample == "" {
+			pr.retryExample = fmt.Sprintf("%s on %s: %s %s", t.host, t.node, out.Kind, out.Detail)
+		}
+		mu.Unlock()
+	}
+	onOK := func(t target) {
+		mu.Lock()
+		if retried[t] || pr.gaugeAt < 0 {
+			lastOK = max(lastOK, time.Since(t0))
+		}
+		mu.Unlock()
+	}
 	for pass := 0; ; pass++ {
 		start := time.Now()
 		failed := p.sweep(ctx, pending, o, onOK)
+		mu.Lock()
+		for t := range failed {
+			retried[t] = true
+		}
+		mu.Unlock()
 		if pass == 0 {
 			pr.firstPass, pr.firstFailed = time.Since(start), len(failed)
 		}
@@ -164,10 +192,10 @@ func prove(ctx context.Context, p *prober, nodes []string, hosts []Host, metrics
 	pr.ok = pr.total - len(pending)
 	switch {
 	case len(pending) > 0:
-	case pr.gaugeAt >= 0 && pr.firstFailed == 0:
+	case pr.gaugeAt >= 0 && pr.firstFailed == 0 && pr.retried == 0:
 		pr.servedAt = pr.gaugeAt
 	default:
-		pr.servedAt = lastOK
+		pr.servedAt = max(lastOK, pr.gaugeAt)
 	}
 	return pr
 }
@@ -223,10 +251,14 @@ func cmdServed(args []string) error {
 }
 
 func (pr proof) failures() string {
-	if pr.ok == pr.total {
-		return ""
+	retried := ""
+	if pr.retried > 0 {
+		retried = fmt.Sprintf("; %d checked again a second after failing, e.g. %s", pr.retried, pr.retryExample)
 	}
-	return fmt.Sprintf("; not served: %s; e.g. %s", pr.kinds, pr.example)
+	if pr.ok == pr.total {
+		return retried
+	}
+	return fmt.Sprintf("%s; not served: %s; e.g. %s", retried, pr.kinds, pr.example)
 }
 
 func durOrNil(d time.Duration) any {
