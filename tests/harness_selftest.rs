@@ -315,8 +315,17 @@ fn nginx_alt_svc_toggle_and_unknown_sni_rejection() {
 fn nginx_stops_on_drop_and_releases_its_port() {
     let ng = NginxFixture::start(NginxOptions::default()).unwrap();
     let (pid, port) = (ng.pid(), ng.port());
-    let workers = support::process::descendants(pid);
-    assert!(!workers.is_empty(), "nginx master has no workers");
+    // The master forks its workers after it answers; on a loaded machine that takes a moment.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut workers = support::process::descendants(pid);
+    while workers.is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        workers = support::process::descendants(pid);
+    }
+    assert!(
+        !workers.is_empty(),
+        "nginx master has no workers after 10 s"
+    );
     let dir = ng.dir().to_path_buf();
     drop(ng);
     assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
