@@ -75,16 +75,15 @@ pub struct HeapCollector {
     gauge: prometheus::IntGaugeVec,
 }
 
-/// The metric's name in the data plane ([`OPERATOR_HEAP_BYTES`] in the operator).
-pub const HEAP_BYTES: &str = "h3_ingress_heap_bytes";
+/// The metric's help; its name is each process's (the data plane's in its metrics registry,
+/// [`OPERATOR_HEAP_BYTES`] in the operator).
+pub const HEAP_BYTES_HELP: &str =
+    "Heap bytes by state: in_use (live allocations) and free (held by the allocator).";
 pub const OPERATOR_HEAP_BYTES: &str = "h3_ingress_operator_heap_bytes";
 
 impl HeapCollector {
     pub fn new(name: &str) -> Self {
-        let opts = prometheus::Opts::new(
-            name,
-            "Heap bytes by state: in_use (live allocations) and free (held by the allocator).",
-        );
+        let opts = prometheus::Opts::new(name, HEAP_BYTES_HELP);
         let gauge = prometheus::IntGaugeVec::new(opts, &["state"]).expect("valid gauge");
         Self { gauge }
     }

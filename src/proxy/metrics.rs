@@ -268,6 +268,11 @@ pub mod specs {
         "Requests holding a place on an upstream connection now (from sending the request to the end of its response).",
         &[],
     );
+    pub const HEAP_BYTES: Spec = spec(
+        "h3_ingress_heap_bytes",
+        crate::memory::HEAP_BYTES_HELP,
+        &["state"],
+    );
     pub const UPSTREAM_CONNECTIONS: Spec = spec(
         "h3_ingress_upstream_connections",
         "Connections open to the TCP ingress (in use or idle in the pool; an idle one closes after 30 to 60 s).",
@@ -551,7 +556,7 @@ impl Metrics {
         let r = Registrar(&registry);
         let udp_sockets = SocketInodes::default();
         r.register_collector(UdpProcCollector::new(udp_sockets.clone()));
-        r.register_collector(crate::memory::HeapCollector::new(crate::memory::HEAP_BYTES));
+        r.register_collector(crate::memory::HeapCollector::new(HEAP_BYTES.name));
         r.gauge_vec(&BUILD_INFO)
             .with_label_values(&[crate::version::VERSION, crate::version::COMMIT])
             .set(1);
