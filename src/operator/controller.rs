@@ -12,12 +12,12 @@ use std::time::Duration;
 
 use futures_util::future;
 use k8s_openapi::api::apps::v1::DaemonSetStatus;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event as KubeEvent, EventType};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 
 use super::apply::{self, ApplyError};
@@ -27,7 +27,6 @@ use super::metrics::results;
 use super::reports::status_address;
 use super::status::{self, Blocker, PodReport};
 use super::{conflicts, labels, mirrors, resources, FIELD_MANAGER};
-use crate::api::gateway::{Gateway, HTTPRoute};
 use crate::api::mirror::mirror_name;
 use crate::api::{host_states, reasons, HostStatus, Http3Listener, Http3ListenerStatus};
 use crate::config::gateway::gateway_upstream;
@@ -136,42 +135,27 @@ fn truncate(mut s: String) -> String {
     s
 }
 
+/// The reference of the cached object `key` (`namespace/name`) names, if it is still cached.
+fn cached_ref<K>(store: Option<&Store<K>>, key: &str) -> Option<ObjectReference>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let (ns, name) = key.split_once('/').unwrap_or(("", key));
+    let obj = store?.get(&ObjectRef::new(name).within(ns))?;
+    Some(obj.object_ref(&()))
+}
+
 async fn publish(ctx: &Context, listener: &Http3Listener, planned: Vec<PlannedEvent>) {
     for ev in planned {
-        let reference =
-            match &ev.target {
-                Target::Listener => listener.object_ref(&()),
-                Target::Ingress(key) => {
-                    let (ns, name) = key.split_once('/').unwrap_or(("", key));
-                    match ctx.caches.ingresses.get(&ObjectRef::new(name).within(ns)) {
-                        Some(ing) => ing.object_ref(&()),
-                        // Deleted meanwhile: the listener's event says it all.
-                        None => continue,
-                    }
-                }
-                Target::HttpRoute(key) => {
-                    let (ns, name) = key.split_once('/').unwrap_or(("", key));
-                    let found =
-                        ctx.caches.gateway_api.as_ref().and_then(|g| {
-                            g.routes.get(&ObjectRef::<HTTPRoute>::new(name).within(ns))
-                        });
-                    match found {
-                        Some(r) => r.object_ref(&()),
-                        None => continue,
-                    }
-                }
-                Target::Gateway(key) => {
-                    let (ns, name) = key.split_once('/').unwrap_or(("", key));
-                    let found =
-                        ctx.caches.gateway_api.as_ref().and_then(|g| {
-                            g.gateways.get(&ObjectRef::<Gateway>::new(name).within(ns))
-                        });
-                    match found {
-                        Some(gw) => gw.object_ref(&()),
-                        None => continue,
-                    }
-                }
-            };
+        let gateway_api = ctx.caches.gateway_api.as_deref();
+        let found = match &ev.target {
+            Target::Listener => Some(listener.object_ref(&())),
+            Target::Ingress(key) => cached_ref(Some(&ctx.caches.ingresses), key),
+            Target::HttpRoute(key) => cached_ref(gateway_api.map(|g| &g.routes), key),
+            Target::Gateway(key) => cached_ref(gateway_api.map(|g| &g.gateways), key),
+        };
+        // Deleted meanwhile: the listener's event says it all.
+        let Some(reference) = found else { continue };
         let type_ = if ev.warning {
             EventType::Warning
         } else {
