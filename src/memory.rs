@@ -69,8 +69,22 @@ pub struct Heap {
     pub free: u64,
 }
 
-/// `<name>{state="in_use"|"free"}`, read from the allocator at each scrape: with the process's
-/// RSS it tells memory held by live data from memory the allocator keeps.
+/// [`heap`] as of the last trim. mallinfo2 walks every arena's free chunks under its lock,
+/// like a trim, so it runs beside the trim on the blocking pool and never on a scrape, whose
+/// rate a Prometheus user sets.
+static LAST_HEAP: std::sync::Mutex<Option<Heap>> = std::sync::Mutex::new(None);
+
+fn record_heap() {
+    *LAST_HEAP.lock().expect("heap lock") = heap();
+}
+
+/// The heap as of the last trim (`None` before the first, or off glibc).
+pub fn last_heap() -> Option<Heap> {
+    *LAST_HEAP.lock().expect("heap lock")
+}
+
+/// `<name>{state="in_use"|"free"}`, the allocator's account as of the last trim ([`PERIOD`]):
+/// with the process's RSS it tells memory held by live data from memory the allocator keeps.
 pub struct HeapCollector {
     gauge: prometheus::IntGaugeVec,
 }
@@ -78,7 +92,7 @@ pub struct HeapCollector {
 /// The metric's help; its name is each process's (the data plane's in its metrics registry,
 /// [`OPERATOR_HEAP_BYTES`] in the operator).
 pub const HEAP_BYTES_HELP: &str =
-    "Heap bytes by state: in_use (live allocations) and free (held by the allocator).";
+    "Heap bytes by state: in_use (live allocations) and free (held by the allocator), read after each trim (every 30 s).";
 pub const OPERATOR_HEAP_BYTES: &str = "h3_ingress_operator_heap_bytes";
 
 impl HeapCollector {
@@ -95,7 +109,7 @@ impl prometheus::core::Collector for HeapCollector {
     }
 
     fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
-        if let Some(h) = heap() {
+        if let Some(h) = last_heap() {
             let set = |state: &str, v: u64| {
                 self.gauge
                     .with_label_values(&[state])
@@ -108,16 +122,22 @@ impl prometheus::core::Collector for HeapCollector {
     }
 }
 
-/// Trims every [`PERIOD`] until `shutdown`.
+/// Trims every [`PERIOD`] until `shutdown`, reading the heap ([`last_heap`]) at the start and
+/// after each trim.
 pub async fn trim_periodically(shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(PERIOD);
     tick.tick().await;
+    let _ = tokio::task::spawn_blocking(record_heap).await;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = shutdown.cancelled() => return,
         }
-        let _ = tokio::task::spawn_blocking(trim).await;
+        let _ = tokio::task::spawn_blocking(|| {
+            trim();
+            record_heap();
+        })
+        .await;
     }
 }
 

@@ -332,9 +332,9 @@ impl<'a> Facts<'a> {
 
 /// Nodes that should run the data plane, and nodes it serves. The DaemonSet's `numberReady`
 /// counts each node by its oldest pod; in a surge roll that is the old pod, which may call
-/// itself not ready while it drains (data planes of earlier versions did once superseded) though the
-/// new pod beside it serves the node. So a node also counts when any of its pods that is not
-/// being deleted is Ready.
+/// itself not ready while it drains (data planes of earlier versions did once superseded)
+/// though the new pod beside it serves the node. So a node also counts when any of its pods
+/// that is not being deleted is Ready.
 fn nodes(daemon_set: Option<&DaemonSetStatus>, pods: &[PodReport]) -> NodesStatus {
     let (desired, counted) = daemon_set
         .map(|s| (s.desired_number_scheduled, s.number_ready))
