@@ -20,7 +20,7 @@ use http_body_util::{BodyExt, Empty};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::logs::CauseLog;
+use super::logs::{self, CauseLog};
 use super::state::{AltSvcProbe, Generation, Shared};
 use crate::config::HostTable;
 
@@ -28,8 +28,6 @@ use crate::config::HostTable;
 pub const PERIOD: Duration = Duration::from_secs(300);
 /// At most one probe per this interval, whatever the number of hosts.
 pub const INTERVAL: Duration = Duration::from_secs(1);
-/// A change of a host's result is logged at most once per this window and kind of result.
-const LOG_WINDOW: Duration = Duration::from_secs(60);
 
 /// Asks the probe loop to look for new hosts now (after a configuration change).
 pub fn probe_soon(shared: &Shared) {
@@ -74,7 +72,7 @@ pub async fn probe_loop(shared: Arc<Shared>, shutdown: CancellationToken) {
         _ = tokio::time::sleep(Duration::from_millis(500)) => {}
         _ = shutdown.cancelled() => return,
     }
-    let mut log = CauseLog::new(LOG_WINDOW);
+    let mut log = CauseLog::new(logs::WINDOW);
     let mut budget = tokio::time::interval(INTERVAL);
     budget.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

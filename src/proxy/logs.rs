@@ -1,18 +1,24 @@
-//! The one rate limiter for log lines that clients or the upstream can cause.
+//! The data plane's log budget: a line that can repeat is written at most once per cause per
+//! [`WINDOW`] (a minute), whatever causes it.
 //!
-//! Every such line names a [`Reason`] from a fixed set; each reason may log
-//! [`RateLimitedLog::LINES_PER_WINDOW`] lines per [`WINDOW`], and what it suppresses is said by
-//! one periodic line per reason ("N similar lines suppressed"), so an attacker (or an upstream
-//! that is down) costs a bounded number of lines whatever the request rate. Lines at debug
-//! level are for diagnosis, off by default, and not limited.
+//! Lines that clients or the upstream can cause name a [`Reason`] from a fixed set and go
+//! through [`LOG`]: one line per reason per window, and what it suppressed is said by one
+//! periodic line per reason ("N similar lines suppressed"), so an attacker (or an upstream that
+//! is down) costs a bounded number of lines whatever the request rate. Lines about failures
+//! and changes that repeat on their own (a refused watch, a configuration applied while
+//! thousands of hosts load) go through a [`CauseLog`] of the task that writes them, and the
+//! next line of a cause says how many it held back. Lines at debug level are for diagnosis,
+//! off by default, and not limited.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio_util::sync::CancellationToken;
 
-/// How often suppressed lines are reported, and the window the per-reason allowance refills.
-pub const WINDOW: Duration = Duration::from_secs(10);
+/// One line per cause per window; also how often suppressed lines are reported. A minute is
+/// what an operator reading a log at 10,000 hosts can afford per cause, and the metrics count
+/// every occurrence anyway.
+pub const WINDOW: Duration = Duration::from_secs(60);
 
 /// Why a line is logged; the `reason` field of the line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,7 +101,7 @@ fn window_now() -> u64 {
 }
 
 impl RateLimitedLog {
-    pub const LINES_PER_WINDOW: u64 = 5;
+    pub const LINES_PER_WINDOW: u64 = 1;
 
     pub const fn new() -> Self {
         RateLimitedLog {
@@ -145,6 +151,8 @@ impl Default for RateLimitedLog {
 /// Writes the periodic "N similar lines suppressed" lines until `shutdown`.
 pub async fn report_suppressed(shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(WINDOW);
+    // After a stall, one report, not a burst of them in the same minute.
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     loop {
         tokio::select! {

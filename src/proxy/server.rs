@@ -301,15 +301,16 @@ impl Running<'_> {
         let mut superseded: Option<Instant> = None;
         let mut closed_at_deadline = false;
         let mut tick = tokio::time::interval(TICK);
+        let mut lines = logs::CauseLog::new(logs::WINDOW);
         self.role(&view.borrow_and_update(), &mut superseded);
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return End::Signal,
                 u = updates.recv(), if updates_open => match u {
                     Some(ConfigUpdate::Apply(next)) => {
-                        let _ = apply(self.shared, self.families, *next);
+                        let _ = apply(self.shared, self.families, *next, &mut lines);
                     }
-                    Some(ConfigUpdate::Invalid(why)) => reject(self.shared, &why),
+                    Some(ConfigUpdate::Invalid(why)) => reject(self.shared, &why, &mut lines),
                     None => updates_open = false,
                 },
                 c = view.changed(), if view_open => match c {
@@ -387,10 +388,17 @@ impl Running<'_> {
 }
 
 /// Counts and logs an update that cannot be applied; the running configuration stays.
-fn reject(shared: &Shared, why: &str) {
+/// Counts a configuration update that cannot apply; a source that keeps sending the same
+/// invalid update gets one line a minute.
+fn reject(shared: &Shared, why: &str, lines: &mut logs::CauseLog) {
     let m = &shared.metrics;
     m.config_reloads.with_label_values(&[reload::INVALID]).inc();
-    error!("configuration update rejected, still serving the previous one: {why}");
+    if let Some(held) = lines.allow(why, std::time::Instant::now()) {
+        error!(
+            earlier_unlogged = held,
+            "configuration update rejected, still serving the previous one: {why}"
+        );
+    }
 }
 
 /// What [`apply`] did with an update.
@@ -407,8 +415,14 @@ pub enum Applied {
 
 /// Applies a new configuration to the running endpoints without touching connections.
 /// Changes that need new sockets are refused (counted, logged and listed in `/status`) and
-/// the rest applies.
-pub fn apply(shared: &Arc<Shared>, families: &[Family], mut next: ProxyConfig) -> Applied {
+/// the rest applies. While thousands of hosts load, updates come every second: `lines`
+/// keeps each kind of line to one a minute.
+pub fn apply(
+    shared: &Arc<Shared>,
+    families: &[Family],
+    mut next: ProxyConfig,
+    lines: &mut logs::CauseLog,
+) -> Applied {
     let m = &shared.metrics;
     let old = shared.current.load_full();
     let refused = old.config.restart_required_changes(&next);
@@ -417,12 +431,14 @@ pub fn apply(shared: &Arc<Shared>, families: &[Family], mut next: ProxyConfig) -
         // survived in the field (docs/field-reports.md, "000 dual-stack socket without DF").
         // We keep them too (they are bound), but say so loudly, count it and show it in
         // /status until a restart.
-        error!(
-            changes = ?refused,
-            "configuration changes need new sockets and were NOT applied; restart the proxy \
-             (in Kubernetes the operator rolls the pods) to apply: {}",
-            refused.join(", ")
-        );
+        let changes = refused.join(", ");
+        if let Some(held) = lines.allow(&changes, std::time::Instant::now()) {
+            error!(
+                earlier_unlogged = held,
+                "configuration changes need new sockets and were NOT applied; restart the \
+                 proxy (in Kubernetes the operator rolls the pods) to apply: {changes}"
+            );
+        }
         m.config_reloads
             .with_label_values(&[reload::RESTART_REQUIRED])
             .inc();
@@ -433,7 +449,7 @@ pub fn apply(shared: &Arc<Shared>, families: &[Family], mut next: ProxyConfig) -
     // servedCertificate: the successor remembers the leaves this reload replaces.
     let upstream = match old.upstream.successor(&next.upstream, &next.hosts) {
         Ok(u) => u,
-        Err(e) => return rejected(shared, e.into()),
+        Err(e) => return rejected(shared, e.into(), lines),
     };
     let gen = Arc::new(Generation {
         id: shared.next_generation_id(),
@@ -441,7 +457,7 @@ pub fn apply(shared: &Arc<Shared>, families: &[Family], mut next: ProxyConfig) -
         upstream,
     });
     if let Err(e) = endpoint::reconfigure(families, &gen, m, &shared.cc_stats) {
-        return rejected(shared, e);
+        return rejected(shared, e, lines);
     }
     m.follow_config(&gen.config);
     shared
@@ -449,7 +465,14 @@ pub fn apply(shared: &Arc<Shared>, families: &[Family], mut next: ProxyConfig) -
         .resize(gen.config.limits.buffered_request_bytes);
     let id = gen.id;
     let hosts = gen.config.hosts.len();
-    info!(generation = id, hosts, "configuration applied live");
+    if let Some(held) = lines.allow("configuration applied live", std::time::Instant::now()) {
+        info!(
+            generation = id,
+            hosts,
+            earlier_unlogged = held,
+            "configuration applied live"
+        );
+    }
     shared.current.store(gen);
     m.config_reloads.with_label_values(&[reload::APPLIED]).inc();
     altsvc::probe_soon(shared);
@@ -459,9 +482,9 @@ pub fn apply(shared: &Arc<Shared>, families: &[Family], mut next: ProxyConfig) -
     }
 }
 
-fn rejected(shared: &Shared, e: ProxyError) -> Applied {
+fn rejected(shared: &Shared, e: ProxyError, lines: &mut logs::CauseLog) -> Applied {
     let why = e.to_string();
-    reject(shared, &why);
+    reject(shared, &why, lines);
     Applied::Rejected(why)
 }
 
@@ -619,7 +642,8 @@ mod tests {
     #[tokio::test]
     async fn a_live_update_swaps_the_generation_and_keeps_the_sockets() {
         let s = shared(config(443, &["a.test", "b.test"]));
-        let live = apply(&s, &[], config(443, &["a.test"]));
+        let mut lines = logs::CauseLog::new(logs::WINDOW);
+        let live = apply(&s, &[], config(443, &["a.test"]), &mut lines);
         assert_eq!(
             live,
             Applied::Live {
@@ -635,7 +659,7 @@ mod tests {
         let Applied::Live {
             id: 3,
             restart_required,
-        } = apply(&s, &[], config(8443, &["a.test", "b.test"]))
+        } = apply(&s, &[], config(8443, &["a.test", "b.test"]), &mut lines)
         else {
             panic!("expected generation 3")
         };
@@ -652,7 +676,11 @@ mod tests {
         assert_eq!(reloads(&s, "restart_required"), 1);
 
         // An update a source found invalid is counted and changes nothing.
-        reject(&s, "upstream.address: \"nope\" is not host:port");
+        reject(
+            &s,
+            "upstream.address: \"nope\" is not host:port",
+            &mut lines,
+        );
         assert_eq!(reloads(&s, "invalid"), 1);
         assert_eq!(s.current.load().id, 3);
 

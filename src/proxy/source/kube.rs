@@ -35,7 +35,7 @@ use super::mirrors::{self, Fingerprint, Mirror, MirrorInput, MirrorSet};
 use super::ConfigUpdate;
 use crate::api::{mirror, Http3Listener};
 use crate::config::ProxyConfig;
-use crate::proxy::logs::CauseLog;
+use crate::proxy::logs::{self, CauseLog};
 
 /// Certificates expire without any watch event: re-evaluate this often regardless.
 pub const RECHECK: Duration = Duration::from_secs(60);
@@ -47,8 +47,6 @@ pub const MAX_DELAY: Duration = Duration::from_secs(1);
 /// Mirrors per parse task: big enough that task overhead is nothing next to key parsing,
 /// small enough that the first list's parsing keeps pace with its pages.
 const PARSE_CHUNK: usize = 32;
-/// A watch failure is logged at most once per cause in this window.
-pub const WATCH_ERROR_WINDOW: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum WatchError {
@@ -443,7 +441,7 @@ fn hint(cause: &str, namespace: &str) -> String {
     }
 }
 
-/// Logs a watch failure at most once per cause per [`WATCH_ERROR_WINDOW`].
+/// Logs a watch failure at most once per cause per [`logs::WINDOW`].
 fn log_failure(log: &mut CauseLog, what: &str, namespace: &str, e: &watcher::Error) {
     let cause = cause(what, e);
     if let Some(suppressed) = log.allow(&cause, std::time::Instant::now()) {
@@ -496,7 +494,7 @@ pub async fn watch_listener(
     let mut inputs = Inputs::new();
     let mut reported = Reported::default();
     // Watch failures, and the configurations sent: each at most once a minute per cause.
-    let mut lines = CauseLog::new(WATCH_ERROR_WINDOW);
+    let mut lines = CauseLog::new(logs::WINDOW);
     let mut recheck = tokio::time::interval_at(Instant::now() + RECHECK, RECHECK);
     loop {
         let deadline = inputs.debounce.deadline();

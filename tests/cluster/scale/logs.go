@@ -29,9 +29,17 @@ type logLine struct {
 }
 
 // mask: the message without what varies between two occurrences of the same cause: field
-// values (key=value), quoted strings, hex identifiers and digit runs.
+// values (key=value), quoted strings, hex identifiers and digit runs. A `reason` field names
+// the cause itself (the data plane's rate limiter writes one line per reason), so its value
+// stays.
 func mask(s string) string {
-	s = fieldVal.ReplaceAllString(s, "$1=…")
+	s = fieldVal.ReplaceAllStringFunc(s, func(kv string) string {
+		k, v, _ := strings.Cut(kv, "=")
+		if k == "reason" {
+			return k + "=" + strings.Trim(v, `"`)
+		}
+		return k + "=…"
+	})
 	s = quoted.ReplaceAllString(s, `"…"`)
 	s = hexRun.ReplaceAllString(s, "…")
 	return digits.ReplaceAllString(s, "#")
@@ -156,13 +164,13 @@ func cmdLogs(args []string) error {
 }
 
 // clientCaused: the reasons of the data plane's rate limiter for lines that clients or the
-// upstream cause (src/proxy/logs.rs, Reason::as_str): at most 5 per reason per 10 s by
-// design, so they are judged against that budget, not against "once per cause per minute",
-// which is for what the cluster causes (watch errors, API refusals).
+// upstream cause (src/proxy/logs.rs, Reason::as_str), told apart from what the cluster
+// causes (watch errors, API refusals) in the table; both are held to once per cause per
+// minute.
 var clientCaused = regexp.MustCompile(`\breason="?(unknown_sni|upstream_failed|upstream_mid_response|upstream_certificate|request_budget|handover|rollout)\b`)
 
-// clientBudgetPerMinute: what the limiter lets through per reason in one minute.
-const clientBudgetPerMinute = 30
+// repeatBudgetPerMinute: lines of one cause in one calendar minute, whatever the level.
+const repeatBudgetPerMinute = 1
 
 func scanLog(path string, load, rest, rep window) (nLoad, nRest int, all, warn, client repeat, err error) {
 	f, err := os.Open(path)

@@ -135,3 +135,17 @@ func TestClientCausedWarningsAreJudgedApartFromTheClusterCaused(t *testing.T) {
 		t.Fatalf("all %d, client-caused %d, cluster-caused %d; want 12, 12, 3", all.count, client.count, warn.count)
 	}
 }
+
+// Two reasons' suppressed-lines reports in one minute are two causes, not one repeated.
+func TestMaskKeepsTheReason(t *testing.T) {
+	line := func(reason string, n int) string {
+		return fmt.Sprintf(`2026-12-02T12:00:01Z WARN h3_ingress::proxy::logs: %d similar log lines suppressed in the last 60s reason=%s suppressed=%d`, n, reason, n)
+	}
+	a, b := parseLogLine(line("unknown_sni", 3), time.Time{}), parseLogLine(line("upstream_failed", 9), time.Time{})
+	if a.key == b.key {
+		t.Fatalf("one key for two reasons: %q", a.key)
+	}
+	if c := parseLogLine(line("unknown_sni", 40), time.Time{}); c.key != a.key {
+		t.Fatalf("counts changed the key: %q vs %q", c.key, a.key)
+	}
+}
