@@ -29,20 +29,26 @@ type logLine struct {
 }
 
 // mask: the message without what varies between two occurrences of the same cause: field
-// values (key=value), quoted strings, hex identifiers and digit runs. A `reason` field names
-// the cause itself (the data plane's rate limiter writes one line per reason), so its value
-// stays.
+// values (key=value), quoted strings, hex identifiers and digit runs. Two fields name the
+// cause itself, so their values stay: `reason` (the data plane's rate limiter writes one line
+// per reason) and `family` (each UDP socket, IPv4 and IPv6, says once what it was granted).
 func mask(s string) string {
+	var kept []string
 	s = fieldVal.ReplaceAllStringFunc(s, func(kv string) string {
 		k, v, _ := strings.Cut(kv, "=")
-		if k == "reason" {
-			return k + "=" + strings.Trim(v, `"`)
+		if k == "reason" || k == "family" {
+			kept = append(kept, k+"="+strings.Trim(v, `"`))
+			return "\x00"
 		}
 		return k + "=…"
 	})
 	s = quoted.ReplaceAllString(s, `"…"`)
 	s = hexRun.ReplaceAllString(s, "…")
-	return digits.ReplaceAllString(s, "#")
+	s = digits.ReplaceAllString(s, "#")
+	for _, kv := range kept {
+		s = strings.Replace(s, "\x00", kv, 1)
+	}
+	return s
 }
 
 // parseLogLine reads tracing's text format ("TIME LEVEL target: message fields") or a JSON

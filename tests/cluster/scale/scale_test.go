@@ -148,4 +148,11 @@ func TestMaskKeepsTheReason(t *testing.T) {
 	if c := parseLogLine(line("unknown_sni", 40), time.Time{}); c.key != a.key {
 		t.Fatalf("counts changed the key: %q vs %q", c.key, a.key)
 	}
+	bound := func(family, addr string) string {
+		return `2026-12-02T12:44:01Z INFO h3_ingress::proxy::endpoint: UDP socket bound family=` + family + ` address=` + addr
+	}
+	v4, v6 := parseLogLine(bound("ipv4", "0.0.0.0:443"), time.Time{}), parseLogLine(bound("ipv6", "[::]:443"), time.Time{})
+	if v4.key == v6.key {
+		t.Fatalf("one key for two sockets: %q", v4.key)
+	}
 }
