@@ -51,4 +51,10 @@ async def run(env: lib.Env) -> lib.Outcome:
     return lib.Outcome(numbers, checks)
 
 
-ATTACK = Attack("upstream down, 400 failed requests", "<= 60 log lines", run, upstream="down")
+ATTACK = Attack(
+    "upstream down, 400 failed requests",
+    f"<= {MAX_LINES} log lines",
+    run,
+    upstream="down",
+    timeout=REPORT_WAIT_S + 40,
+)
