@@ -26,6 +26,8 @@ APT_PACKAGES=(
     nftables                  # packet-drop rules in root tests
     curl                      # HTTP/2 client for fixture checks
     openssl                   # RSA key generation (ring cannot), s_client cert checks
+    chromium                  # tests/browser: a real browser over Alt-Svc and forced QUIC
+    libnss3-tools             # certutil: the browser test's CA in a private NSS db
     ca-certificates
     python3
     python3-venv              # fallback when the system python is externally managed
@@ -38,6 +40,7 @@ PIP_PACKAGES=(
     "helm-python-sdk==0.2.2:helm_python"          # pinned: tests/observe/helmlib.py uses its native call
     "dockerfile:dockerfile"
     "pyyaml:yaml"
+    "websockets:websockets"                 # tests/browser/chromium.py (DevTools protocol)
 )
 SERVICES=(nginx caddy prometheus prometheus-nginx-exporter)
 # -----------------------------------------------------------------------------------------
@@ -159,4 +162,4 @@ log "apt already present: ${present_apt[*]:-(none)}"
 log "pip installed now:   ${installed_pip[*]:-(none)}"
 log "python for tests:    $pip_target"
 log "services stopped:    ${stopped[*]:-(none)}"
-log "versions: $(nginx -v 2>&1 | tr -d '\n'); caddy $(caddy version 2>/dev/null | cut -d' ' -f1); $(curl --version | head -n1 | cut -d' ' -f1-2); $(promtool --version 2>&1 | head -n1)"
+log "versions: $(nginx -v 2>&1 | tr -d '\n'); caddy $(caddy version 2>/dev/null | cut -d' ' -f1); $(curl --version | head -n1 | cut -d' ' -f1-2); $(chromium --version 2>/dev/null | cut -d' ' -f1-2); $(promtool --version 2>&1 | head -n1)"

@@ -74,6 +74,12 @@ done
 step "tests/adversarial/run.sh (attacks on the release binary, default settings)"
 tests/adversarial/run.sh
 
+# Debian's Chromium, headless, against nginx (Alt-Svc) and target/debug/h3-ingress on 443 in a
+# private network namespace (root): Alt-Svc discovery in the net log, then page and 1 MiB fetch
+# over h3 with QUIC forced (tests/README.md). About 10 s.
+step "tests/browser/run.sh (headless Chromium: Alt-Svc discovery, forced h3)"
+tests/browser/run.sh
+
 # The real Kubernetes control plane (root; tests/cluster/README.md): the control plane, helm
 # and the node agent built once per version into /var/cache/h3-ingress (cold: 15-28 min on the
 # shared 2-core machine; warm: seconds), the cluster smoke, the user's journey, Gateway API,
