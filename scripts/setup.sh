@@ -38,6 +38,7 @@ PIP_PACKAGES=(
     "helm-python-sdk==0.2.2:helm_python"          # pinned: tests/observe/helmlib.py uses its native call
     "dockerfile:dockerfile"
     "pyyaml:yaml"
+    "bcrypt:bcrypt"                         # scripts/registry.sh: the registry's htpasswd file
 )
 SERVICES=(nginx caddy prometheus prometheus-nginx-exporter)
 # -----------------------------------------------------------------------------------------
