@@ -18,6 +18,7 @@
 #                                        config and layers matches the local layout
 #   scripts/registry.sh env              shell lines: REGISTRY, REGISTRY_USER,
 #                                        REGISTRY_PASSWORD, REGISTRY_CA
+#   scripts/registry.sh dockerconfigjson the .dockerconfigjson of an imagePullSecret for it
 #   scripts/registry.sh clean            stop and remove state (data, PKI, credentials)
 #
 # Environment: H3I_REGISTRY_ADDR (default 127.0.0.1:5443), H3I_CLUSTER_CACHE (default
@@ -217,14 +218,30 @@ cmd_env() {
         "$ADDR" "$USER_NAME" "$(cat "$STATE/password")" "$STATE/pki/ca.crt"
 }
 
+# The .dockerconfigjson of a kubernetes.io/dockerconfigjson Secret for the chart's
+# imagePullSecrets, what `kubectl create secret docker-registry` writes.
+cmd_dockerconfigjson() {
+    [[ -s $STATE/password ]] || die "no credentials yet (scripts/registry.sh start)"
+    python3 - "$ADDR" "$USER_NAME" "$STATE/password" <<'PY'
+import base64, json, sys
+addr, user, pw_file = sys.argv[1:]
+pw = open(pw_file).read().strip()
+auth = base64.b64encode(f"{user}:{pw}".encode()).decode()
+print(json.dumps({"auths": {addr: {"username": user, "password": pw, "auth": auth}}}))
+PY
+}
+
 case ${1:-} in
     build) cmd_build ;;
+    dockerconfigjson) cmd_dockerconfigjson ;;
     start) cmd_start ;;
     stop) cmd_stop ;;
-    status) answering && log "running (pid $(pid)) on https://$ADDR, auth required" ;;
+    status)
+        if answering; then log "running (pid $(pid)) on https://$ADDR, auth required"
+        else log "not answering on https://$ADDR"; exit 1; fi ;;
     push) shift; cmd_push "$@" ;;
     verify) shift; cmd_verify "$@" ;;
     env) cmd_env ;;
     clean) cmd_stop; rm -rf "$STATE" ;;
-    *) die "usage: $0 build|start|stop|status|push [OCI_DIR] [REPO:TAG]|verify [REPO:TAG]|env|clean" ;;
+    *) die "usage: $0 build|start|stop|status|push [OCI_DIR] [REPO:TAG]|verify [REPO:TAG]|env|dockerconfigjson|clean" ;;
 esac

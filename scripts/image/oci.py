@@ -169,6 +169,7 @@ def assemble(inputs: dict[str, Path], args: dict[str, str], name: str) -> tuple[
     # ctr images import names the image from io.containerd.image.name; other OCI tools read
     # the tag from org.opencontainers.image.ref.name.
     index = {"schemaVersion": 2, "mediaType": MT_INDEX, "manifests": [manifest.descriptor(
+        platform={"architecture": "amd64", "os": "linux"},
         annotations={"io.containerd.image.name": name, "org.opencontainers.image.ref.name": tag})]}
     return blobs, index
 

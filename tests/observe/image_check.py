@@ -193,7 +193,8 @@ def read_blob(layout: Path, desc: dict) -> bytes:
     algo, hexd = desc["digest"].split(":")
     data = (layout / "blobs" / algo / hexd).read_bytes()
     if hashlib.sha256(data).hexdigest() != hexd or len(data) != desc["size"]:
-        fail(f"blob {desc['digest']}: content does not match its digest or size")
+        # Nothing read from a corrupt blob means anything: stop here.
+        raise SystemExit(f"FAIL image_check: blob {desc['digest']} in {layout} does not match its digest or size")
     return data
 
 
@@ -251,7 +252,10 @@ def compare(exp: Expected, config: dict, layers: list[dict[str, Entry]]) -> None
         else:
             fail(f"{origin}: {key}: Dockerfile {want!r}, image {have!r}")
     if len(layers) != len(exp.layers):
-        fail(f"the runtime stage has {len(exp.layers)} COPY instructions, the image {len(layers)} layers")
+        # Pairing COPYs with layers would then report every file: the count says it all.
+        fail(f"the runtime stage has {len(exp.layers)} COPY instructions "
+             f"({'; '.join(o for o, _ in exp.layers)}), the image {len(layers)} layers")
+        return
     for (origin, want_files), have_files in zip(exp.layers, layers):
         for name in sorted(set(want_files) | set(have_files)):
             w, h = want_files.get(name), have_files.get(name)
