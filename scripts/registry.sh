@@ -19,6 +19,7 @@
 #   scripts/registry.sh env              shell lines: REGISTRY, REGISTRY_USER,
 #                                        REGISTRY_PASSWORD, REGISTRY_CA
 #   scripts/registry.sh dockerconfigjson the .dockerconfigjson of an imagePullSecret for it
+#   scripts/registry.sh hosts-toml       containerd's certs.d/HOST:PORT/hosts.toml (the test CA)
 #   scripts/registry.sh clean            stop and remove state (data, PKI, credentials)
 #
 # Environment: H3I_REGISTRY_ADDR (default 127.0.0.1:5443), H3I_CLUSTER_CACHE (default
@@ -231,9 +232,17 @@ print(json.dumps({"auths": {addr: {"username": user, "password": pw, "auth": aut
 PY
 }
 
+# containerd's registry host config (config_path/<HOST:PORT>/hosts.toml): trust the test CA for
+# this registry only, instead of adding it to the node's system roots.
+cmd_hosts_toml() {
+    printf 'server = "https://%s"\n\n[host."https://%s"]\n  capabilities = ["pull", "resolve"]\n  ca = "%s"\n' \
+        "$ADDR" "$ADDR" "$STATE/pki/ca.crt"
+}
+
 case ${1:-} in
     build) cmd_build ;;
     dockerconfigjson) cmd_dockerconfigjson ;;
+    hosts-toml) cmd_hosts_toml ;;
     start) cmd_start ;;
     stop) cmd_stop ;;
     status)
@@ -243,5 +252,5 @@ case ${1:-} in
     verify) shift; cmd_verify "$@" ;;
     env) cmd_env ;;
     clean) cmd_stop; rm -rf "$STATE" ;;
-    *) die "usage: $0 build|start|stop|status|push [OCI_DIR] [REPO:TAG]|verify [REPO:TAG]|env|dockerconfigjson|clean" ;;
+    *) die "usage: $0 build|start|stop|status|push [OCI_DIR] [REPO:TAG]|verify [REPO:TAG]|env|dockerconfigjson|hosts-toml|clean" ;;
 esac
