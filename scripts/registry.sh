@@ -76,12 +76,15 @@ cmd_build() {
 # ---- state: CA, certificate, credentials, config (made once; kept across stop/start) -----
 make_pki() {
     local d=$STATE/pki host=${ADDR%:*}
-    [[ -f $d/registry.crt ]] && return
+    # A new address needs a certificate naming it; the CA stays, so nodes' trust stays valid.
+    [[ -f $d/registry.crt && $(cat "$d/host" 2>/dev/null) == "$host" ]] && return
     mkdir -p "$d" && chmod 700 "$d"
-    openssl ecparam -name prime256v1 -genkey -noout -out "$d/ca.key" 2>/dev/null
-    openssl req -x509 -new -key "$d/ca.key" -subj "/CN=h3i-registry-ca" -days 30 -sha256 \
-        -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
-        -out "$d/ca.crt" 2>/dev/null
+    if [[ ! -f $d/ca.crt ]]; then
+        openssl ecparam -name prime256v1 -genkey -noout -out "$d/ca.key" 2>/dev/null
+        openssl req -x509 -new -key "$d/ca.key" -subj "/CN=h3i-registry-ca" -days 30 -sha256 \
+            -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+            -out "$d/ca.crt" 2>/dev/null
+    fi
     openssl ecparam -name prime256v1 -genkey -noout -out "$d/registry.key" 2>/dev/null
     openssl req -new -key "$d/registry.key" -subj "/CN=h3i-registry" -out "$d/registry.csr" 2>/dev/null
     # The address the nodes pull from must be in the certificate: containerd verifies it.
@@ -96,6 +99,7 @@ make_pki() {
     openssl x509 -req -in "$d/registry.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial \
         -days 30 -sha256 -extfile "$d/registry.ext" -out "$d/registry.crt" 2>/dev/null
     rm -f "$d/registry.csr" "$d/registry.ext"
+    echo "$host" >"$d/host"
 }
 
 make_credentials() {
