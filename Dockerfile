@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# h3-ingress: one static binary on a distroless base, run as a non-root user.
+# h3-ingress: one static binary on an empty base, run as a non-root user.
 #
 #   docker build -t ghcr.io/h3-ingress/h3-ingress:0.1.0 --build-arg VERSION=0.1.0 --build-arg REVISION=$(git rev-parse HEAD) .
 #
@@ -12,8 +12,11 @@
 # REVISION is also stamped into the binary (`h3-ingress --version`, /status, build_info): the
 # build context has no .git. Without it the binary reports commit "unknown".
 #
-# The build stage runs scripts/build-static.sh, the same script the test command runs, so the
-# build step is exercised without a Docker engine (tests/observe/dockerfile_check.py).
+# The build stage runs scripts/build-static.sh and scripts/image-rootfs.sh, the same scripts the
+# test command runs, so the build step is exercised without a Docker engine
+# (tests/observe/dockerfile_check.py). scripts/image.sh assembles this very image from their
+# output without a Docker engine, and tests/observe/image_check.py fails when the runtime stage
+# below and that image differ in any instruction.
 
 ARG RUST_VERSION=1.95
 
@@ -24,22 +27,26 @@ COPY . .
 # Cache mounts keep the registry and incremental builds between image builds.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    H3I_GIT_COMMIT="${REVISION}" scripts/build-static.sh /out/h3-ingress
+    H3I_GIT_COMMIT="${REVISION}" scripts/build-static.sh /out/h3-ingress \
+    && scripts/image-rootfs.sh /out/rootfs
 
-# distroless/static: no shell, no package manager, no libc; it does carry the CA bundle that
-# `upstream.verify: system` reads, /etc/passwd with the nonroot user, and tzdata.
-FROM gcr.io/distroless/static-debian12:nonroot
+# scratch plus scripts/image-rootfs.sh's few files: no shell, no package manager, no libc; the CA
+# bundle that `upstream.verify: system` reads, /etc/passwd with the nonroot user, /tmp. Not a
+# pulled base such as distroless/static: every byte of the image comes from this build, so
+# scripts/image.sh can assemble the same image where no registry but our own is reachable.
+FROM scratch
 ARG VERSION=0.1.0
 ARG REVISION=unknown
 LABEL org.opencontainers.image.title="h3-ingress" \
       org.opencontainers.image.description="HTTP/3 in front of a Kubernetes cluster's existing TCP ingress" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \
-      org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.base.name="gcr.io/distroless/static-debian12:nonroot"
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=build /out/rootfs/ /
 COPY --from=build /out/h3-ingress /h3-ingress
-# 65532 is distroless's "nonroot". The data plane binds UDP 443 with CAP_NET_BIND_SERVICE,
-# which the operator grants in the DaemonSet's security context; nothing here needs root.
+# 65532 is "nonroot" in the image's /etc/passwd (distroless's uid too). The data plane binds
+# UDP 443 with CAP_NET_BIND_SERVICE, which the operator grants in the DaemonSet's security
+# context; nothing here needs root.
 USER 65532:65532
 ENTRYPOINT ["/h3-ingress"]
 CMD ["--help"]

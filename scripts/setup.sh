@@ -41,6 +41,7 @@ PIP_PACKAGES=(
     "dockerfile:dockerfile"
     "pyyaml:yaml"
     "websockets:websockets"                 # tests/browser/chromium.py (DevTools protocol)
+    "bcrypt:bcrypt"                         # scripts/registry.sh: the registry's htpasswd file
 )
 SERVICES=(nginx caddy prometheus prometheus-nginx-exporter)
 # -----------------------------------------------------------------------------------------

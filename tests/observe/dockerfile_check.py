@@ -5,11 +5,13 @@ binary its build stage produces.
 No Docker engine runs here, so instead of `docker build`:
 - the Dockerfile's properties are checked on the parse tree (multi-stage, `cargo build --release
   --locked` through scripts/build-static.sh, distroless/scratch runtime, non-root USER, OCI
-  labels, only the binary copied in, exec-form ENTRYPOINT);
+  labels, only the binary and scripts/image-rootfs.sh's files copied in, exec-form ENTRYPOINT);
 - with --build, scripts/build-static.sh (the very command of the RUN line) builds the binary;
-- the binary must be static (`file`, `ldd`) and must work in an empty root, as the non-root user,
-  with nothing but what distroless/static has: it prints the CRD, and as the kubectl plugin it
-  resolves `localhost` and reads an Http3Listener from a fake API server (needs root for chroot).
+- the binary must be static (`file`, `ldd`) and must work in a root with nothing but the image's
+  files (scripts/image-rootfs.sh) and what Kubernetes mounts, as the non-root user: it prints the
+  CRD, and as the kubectl plugin it resolves `localhost` and reads an Http3Listener from a fake
+  API server (needs root for chroot).
+tests/observe/image_check.py checks the image scripts/image.sh assembles against the runtime stage.
 """
 
 from __future__ import annotations
@@ -78,8 +80,10 @@ def parse_checks() -> None:
     copies = [c for c in final["cmds"] if c.cmd in ("COPY", "ADD")]
     check(all(c.cmd == "COPY" for c in copies), "the runtime stage uses ADD")
     sources = [v for c in copies for v in c.value[:-1]]
-    check(sources == ["/out/h3-ingress"] and all("--from=build" in c.flags for c in copies),
-          f"the runtime stage copies more than the binary: {sources}")
+    check(sources == ["/out/rootfs/", "/out/h3-ingress"] and all("--from=build" in c.flags for c in copies),
+          f"the runtime stage copies more than scripts/image-rootfs.sh's files and the binary: {sources}")
+    check(any("scripts/image-rootfs.sh /out/rootfs" in " ".join(c.value) for c in runs),
+          "the build stage does not run scripts/image-rootfs.sh /out/rootfs")
     entry = [c for c in final["cmds"] if c.cmd == "ENTRYPOINT"]
     check(bool(entry) and entry[-1].json and entry[-1].value == ("/h3-ingress",),
           "ENTRYPOINT is not exec-form [\"/h3-ingress\"]")
@@ -132,21 +136,14 @@ def binary_checks(binary: Path) -> None:
         skipped.append(msg)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
+        root = Path(tmp) / "root"
+        # The image's files (passwd, group, nsswitch.conf, CA bundle: the kube client's TLS setup
+        # refuses to start without system roots, even for an http:// API server), plus the
+        # /etc/hosts Kubernetes mounts into containers.
+        subprocess.run([str(ROOT / "scripts/image-rootfs.sh"), str(root)], check=True)
         shutil.copy(binary, root / "h3-ingress")
         os.symlink("h3-ingress", root / "kubectl-h3_ingress")
-        etc = root / "etc"
-        etc.mkdir()
-        # What distroless/static provides (passwd, group, nsswitch.conf, CA bundle), plus the
-        # /etc/hosts Kubernetes mounts into containers.
-        (etc / "passwd").write_text("root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n")
-        (etc / "group").write_text("root:x:0:\nnonroot:x:65532:\n")
-        (etc / "nsswitch.conf").write_text("hosts: files dns\n")
-        (etc / "hosts").write_text("127.0.0.1 localhost\n::1 localhost\n")
-        # distroless/static ships Debian's CA bundle; the kube client's TLS setup refuses to start
-        # without system roots (even for an http:// API server), so scratch would need it too.
-        (etc / "ssl/certs").mkdir(parents=True)
-        shutil.copy("/etc/ssl/certs/ca-certificates.crt", etc / "ssl/certs/ca-certificates.crt")
+        (root / "etc/hosts").write_text("127.0.0.1 localhost\n::1 localhost\n")
         os.chmod(root, 0o755)
         userspec = f"--userspec={NONROOT}:{NONROOT}"
         p = subprocess.run(["chroot", userspec, str(root), "/h3-ingress", "crd"], capture_output=True, text=True)

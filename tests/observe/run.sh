@@ -78,6 +78,9 @@ if [ "${OBSERVE_STATIC_BUILD:-1}" = "0" ] && [ -x target/static/h3-ingress ]; th
 else
     step dockerfile python3 $OBS/dockerfile_check.py --build
 fi
+# The image scripts/image.sh assembles from that binary (OCI layout, no Docker engine) against
+# the Dockerfile's runtime stage, instruction by instruction, and assembled twice for one digest.
+step image python3 $OBS/image_check.py
 
 # The image's binary (static; the lab is a separate package) serves HTTP/3 through the proxy.
 if [ -x target/static/h3-ingress ]; then
