@@ -7,7 +7,8 @@
 #   scripts/image-rootfs.sh DIR          DIR must not exist or be empty
 #
 # - /etc/passwd, /etc/group: the non-root user 65532 ("nonroot", the name distroless uses and
-#   the operator's DaemonSet assumes) has a name, so nothing that looks it up fails;
+#   the operator's DaemonSet assumes) has a name, so nothing that looks it up fails; its home
+#   is /nonexistent, as Debian gives system users: the root filesystem is read-only anyway;
 # - /etc/nsswitch.conf: glibc's resolver (linked in statically) reads /etc/hosts before DNS;
 # - /etc/ssl/certs/ca-certificates.crt: Debian's CA bundle, read by `upstream.verify: system`
 #   and by the kube client, whose TLS setup refuses to start without system roots;
@@ -25,7 +26,7 @@ umask 022
 mkdir -p "$dir/etc/ssl/certs" "$dir/tmp"
 chmod 1777 "$dir/tmp"
 printf '%s\n' 'root:x:0:0:root:/root:/sbin/nologin' \
-    'nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin' >"$dir/etc/passwd"
+    'nonroot:x:65532:65532:nonroot:/nonexistent:/sbin/nologin' >"$dir/etc/passwd"
 printf '%s\n' 'root:x:0:' 'nonroot:x:65532:' >"$dir/etc/group"
 printf '%s\n' 'hosts: files dns' >"$dir/etc/nsswitch.conf"
 cp "$bundle" "$dir/etc/ssl/certs/ca-certificates.crt"

@@ -48,7 +48,7 @@ pub const SOCKET_HASH_ANNOTATION: &str = "h3-ingress.dev/socket-hash";
 pub const HANDOVER_LABEL: &str = "h3-ingress.dev/handover";
 pub const HANDOVER_VERSION: &str = "1";
 /// Default image of the opt-in init container that raises the node's buffer limits. It needs a
-/// shell and nothing else, which the (distroless) data plane image does not have. Overridden
+/// shell and nothing else, which the data plane image (FROM scratch) does not have. Overridden
 /// by the operator's `--tune-image` and a listener's `spec.tuneImage`.
 pub const TUNE_IMAGE: &str = "busybox:1.36.1";
 /// Node label every data plane pod selects, next to the listener's own selector: the binary
@@ -58,7 +58,7 @@ pub const OS_LINUX: &str = "linux";
 /// Name of the data plane container (also used by `kubectl logs -c`).
 pub const CONTAINER_NAME: &str = "h3-ingress";
 pub const TUNE_CONTAINER_NAME: &str = "tune-node-buffers";
-/// Non-root user of the data plane when the port allows (the distroless "nonroot" user).
+/// Non-root user of the data plane when the port allows (65532, "nonroot" in the image).
 pub const NON_ROOT_UID: i64 = 65532;
 /// Where the keys Secret is mounted in the data plane container, and its one data key.
 pub const KEYS_MOUNT_PATH: &str = "/etc/h3-ingress/keys";

@@ -45,7 +45,7 @@ func composeArgv(c *corev1.Container, command, args []string, cfg *Config) ([]st
 		case command[0] == projectEntrypoint || command[0] == filepath.Base(projectEntrypoint):
 			return append(append([]string{bin}, command[1:]...), args...), nil
 		default:
-			// The image is distroless: nothing but /h3-ingress exists in it.
+			// The image is FROM scratch: no shell, nothing to run but /h3-ingress.
 			return nil, fmt.Errorf("exec: %q: not found in image %s (it holds only %s)", command[0], c.Image, projectEntrypoint)
 		}
 	}
