@@ -76,8 +76,9 @@ fi
 
 need_libseccomp() {
     pkg-config --exists libseccomp 2>/dev/null && return
-    command -v apt-get >/dev/null && [[ $(id -u) -eq 0 ]] ||
+    if ! command -v apt-get >/dev/null || [[ $(id -u) -ne 0 ]]; then
         die "runc needs libseccomp-dev and pkg-config (apt-get install libseccomp-dev pkg-config)"
+    fi
     log "installing libseccomp-dev pkg-config (runc links libseccomp)"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q libseccomp-dev pkg-config >&2
 }

@@ -343,9 +343,8 @@ down() {
     for pid in $(pgrep -f "containerd-shim-runc-v2 .*-address $SOCK" || true); do kill -9 "$pid" || true; done
     # Mounts (overlay rootfs, shm, netns files, kubelet volumes), deepest first.
     local m
-    for m in $(awk -v a="$RUN/" -v b="$LIB/" 'index($2, a) == 1 || index($2, b) == 1 {print $2}' /proc/mounts | sort -r); do
-        umount "$m" 2>/dev/null || umount -l "$m"
-    done
+    awk -v a="$RUN/" -v b="$LIB/" 'index($2, a) == 1 || index($2, b) == 1 {print $2}' /proc/mounts | sort -r |
+        while read -r m; do umount "$m" 2>/dev/null || umount -l "$m"; done
     ip netns list | grep -qx "$NETNS\( .*\)\?" && ip netns del "$NETNS"
     local c d
     # unified: the cgroup v2 hierarchy of this hybrid setup, where runc mirrors the paths.
