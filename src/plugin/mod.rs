@@ -629,14 +629,17 @@ fn render_listener(l: &Http3Listener, view: Option<&Result<Vec<HostReport>, Stri
             status.hosts_omitted
         );
     }
-    out.push_str(&hosts_block(&rows, &Roots::of(&status)));
+    out.push_str(&hosts_block(&rows, &Roots::of(&status, &rows)));
     out.push_str(&dns_records_block(&rows, l.spec.port));
     out
 }
 
-/// Each host's certificate verdict as the listener's `PublicRoots` condition gives it: the
-/// condition names at most five hosts that do not chain to a public web root and counts the
-/// rest, so a host it does not name is known to chain to one only when it names them all.
+/// Each host's certificate verdict. A pod's `/hosts` says `publicRoots: false` of every host
+/// the operator found not to chain to a public web root (through the mirror) and nothing of
+/// the others; the listener's `PublicRoots` condition names at most five such hosts and counts
+/// the rest. So a host nobody names chains to a public root when the condition names them
+/// all, or when the pods say it of some (they relay the operator's word); else it is unknown
+/// (pods of an older version say nothing).
 struct Roots<'a> {
     named: Vec<&'a str>,
     /// The PUBLIC-ROOT cell of a served host the condition does not name.
@@ -644,7 +647,7 @@ struct Roots<'a> {
 }
 
 impl<'a> Roots<'a> {
-    fn of(status: &'a Http3ListenerStatus) -> Self {
+    fn of(status: &'a Http3ListenerStatus, rows: &[HostReport]) -> Self {
         let c = status
             .conditions
             .iter()
@@ -655,7 +658,10 @@ impl<'a> Roots<'a> {
                 others: "-",
             };
         };
-        let (named, more) = private_roots_named(c);
+        let (named, mut more) = private_roots_named(c);
+        if rows.iter().any(|h| h.public_roots == Some(false)) {
+            more = false;
+        }
         let others = match c.status.as_str() {
             "True" => "yes",
             "False" if more => "?",
@@ -666,7 +672,7 @@ impl<'a> Roots<'a> {
     }
 
     /// `yes`, `NO`, `?` (one of the hosts the condition counts but does not name, or not)
-    /// or `-` (not served, or no verdict). A pod's own word comes first.
+    /// or `-` (not served, or no verdict). What `/hosts` says comes first.
     fn cell(&self, h: &HostReport) -> &'static str {
         if h.state != host_states::SERVING {
             return "-";
@@ -1079,19 +1085,32 @@ Listener nginx: UDP port 8443, pods ready 2/3, hosts serving 1/3, UDP drops 17, 
             .collect();
         println!("{}", notes.join("\n"));
 
-        // A pod that judged its hosts itself is believed for every one of them.
-        let mut own = views.clone();
-        if let Some(Ok(hosts)) = own.get_mut("nginx") {
-            for h in hosts.iter_mut() {
-                h.public_roots = Some(!h.name.ends_with("1.example.com"));
+        // Pods that relay the operator's word (`publicRoots: false` from the mirrors) mark
+        // every such host, and the silence about the others means a public root.
+        let mut relayed = views.clone();
+        if let Some(Ok(hosts)) = relayed.get_mut("nginx") {
+            for h in hosts
+                .iter_mut()
+                .filter(|h| h.name.ends_with("0.example.com"))
+            {
+                h.public_roots = Some(false);
             }
         }
-        let out = render_status(&[l], &own);
-        assert!(
-            out.contains("  h00001.example.com: Chrome will not use HTTP/3"),
-            "{out}"
+        let out = render_status(&[l], &relayed);
+        let cell = |host: &str| {
+            let line = out
+                .lines()
+                .find(|x| x.starts_with(&format!("  {host} ")))
+                .unwrap();
+            line.split_whitespace().nth(4).unwrap().to_string()
+        };
+        assert_eq!(
+            (cell("h09990.example.com"), cell("h00011.example.com")),
+            ("NO".to_string(), "yes".to_string())
         );
-        assert!(out.contains("  and 995 more hosts marked NO under PUBLIC-ROOT: "));
+        assert_eq!(out.lines().filter(|x| x.ends_with(CHROME_NOTE)).count(), 6);
+        assert!(out.contains("\n  and 995 more hosts marked NO under PUBLIC-ROOT: "));
+        assert!(!out.contains("PUBLIC-ROOT ?"), "{out}");
     }
 
     #[test]
