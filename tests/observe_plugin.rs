@@ -173,7 +173,7 @@ async fn status_and_check_against_an_api_server() {
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(
-        stdout.contains("  shop.example.com   Serving      Serving   yes       42"),
+        stdout.contains("  shop.example.com   Serving      Serving   yes       -             42"),
         "{stdout}"
     );
 

@@ -41,6 +41,10 @@ pub mod conditions {
     /// Whether the CRD the API server serves reads every field this operator writes and reads
     /// (`api::schema`): False while an older CRD would drop some.
     pub const CRD_CURRENT: &str = "CRDCurrent";
+    /// Whether every served host's certificate chains to a public web root: Chrome uses
+    /// HTTP/3 only then (Firefox and Safari may with a private CA). A note: never part of
+    /// Ready or Degraded.
+    pub const PUBLIC_ROOTS: &str = "PublicRoots";
 }
 
 /// Reasons for conditions and per-host states. CamelCase, stable: users alert on them.
@@ -90,6 +94,14 @@ pub mod reasons {
     pub const CRD_MODIFIED: &str = "CRDModified";
     /// The operator cannot read the CRD (RBAC), so it cannot tell.
     pub const CRD_UNREADABLE: &str = "CRDUnreadable";
+    // PublicRoots
+    /// Every served host's certificate chains to a public web root.
+    pub const ALL_PUBLICLY_TRUSTED: &str = "AllPubliclyTrusted";
+    /// Some served hosts' certificates do not (a private CA, self-signed): Chrome will not
+    /// use HTTP/3 for them.
+    pub const PRIVATE_ROOTS: &str = "PrivateRoots";
+    /// No served host's certificate has been judged (none served yet).
+    pub const NO_CERTIFICATES: &str = "NoCertificates";
     // Per host
     pub const SERVING: &str = "Serving";
     pub const NO_TLS: &str = "NoTLS";

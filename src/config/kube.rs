@@ -300,6 +300,8 @@ pub struct ServedHost {
     pub gateway: Option<String>,
     /// The name of that Gateway's listener (section).
     pub gateway_listener: Option<String>,
+    /// Whether its certificate chains to a public web root ([`Servable::public_roots`]).
+    pub public_roots: bool,
 }
 
 /// Served hosts plus a report for every wanted host (served or not, with the reason).
@@ -327,6 +329,14 @@ impl ResolvedHosts {
     }
 }
 
+/// What resolving learns of a certificate that can serve a host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Servable {
+    /// Whether its chain verifies against the public web roots ([`super::roots`]): Chrome
+    /// uses HTTP/3 only then.
+    pub public_roots: bool,
+}
+
 /// Whether a Secret's certificate can serve a host: what resolving needs from Secrets.
 /// The operator answers from a cache that parses each Secret once per resourceVersion;
 /// [`SecretMap`] answers by parsing (tests, tools).
@@ -338,7 +348,7 @@ pub trait Certificates {
         secret: &SecretRef,
         host: &str,
         now_unix: i64,
-    ) -> Result<(), (&'static str, String)>;
+    ) -> Result<Servable, (&'static str, String)>;
 }
 
 impl Certificates for SecretMap {
@@ -347,12 +357,15 @@ impl Certificates for SecretMap {
         sref: &SecretRef,
         host: &str,
         now_unix: i64,
-    ) -> Result<(), (&'static str, String)> {
+    ) -> Result<Servable, (&'static str, String)> {
         let Some(secret) = self.get(&(sref.namespace.clone(), sref.name.clone())) else {
             return Err(secret_not_found(sref));
         };
         let (cert, key) = tls_pair(secret).ok_or_else(|| missing_keys(sref))?;
-        check_pem(sref, host, cert, key, now_unix)
+        check_pem(sref, host, cert, key, now_unix)?;
+        Ok(Servable {
+            public_roots: super::roots::publicly_trusted(cert, host, now_unix),
+        })
     }
 }
 
@@ -516,11 +529,12 @@ pub fn resolve_wanted(
             continue;
         }
         match certificates.check(sref, &lower, now_unix) {
-            Ok(()) => {
+            Ok(servable) => {
                 reports.push(HostReport {
                     state: host_states::SERVING.to_string(),
                     reason: reasons::SERVING.to_string(),
                     secret: Some(secret_key(sref)),
+                    public_roots: Some(servable.public_roots),
                     ..report_of(&w)
                 });
                 served.push(ServedHost {
@@ -529,6 +543,7 @@ pub fn resolve_wanted(
                     source: source_text(&w),
                     gateway: w.gateway.as_ref().map(|g| g.gateway.clone()),
                     gateway_listener: w.gateway.as_ref().map(|g| g.listener.clone()),
+                    public_roots: servable.public_roots,
                 });
             }
             Err((reason, message)) => reports.push(not_serving(&w, Some(sref), reason, message)),

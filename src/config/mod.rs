@@ -9,6 +9,7 @@ pub mod file;
 pub mod gateway;
 mod hosts;
 pub mod kube;
+pub mod roots;
 pub mod wanted;
 
 use std::fmt;

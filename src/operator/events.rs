@@ -188,7 +188,9 @@ fn condition_events(
     for c in &new.conditions {
         let prev = old.and_then(|o| o.conditions.iter().find(|p| p.type_ == c.type_));
         let changed = prev.is_none_or(|p| p.status != c.status || p.reason != c.reason);
-        if !changed {
+        // PublicRoots says what the certificates a user chose are, not something that went
+        // wrong: the status and `kubectl h3-ingress status` carry it, no event.
+        if !changed || c.type_ == conditions::PUBLIC_ROOTS {
             continue;
         }
         // Degraded=True and the other conditions False are the bad states; Unknown (no
@@ -440,6 +442,7 @@ mod tests {
                 cond(conditions::READY, "True", reasons::ALL_HOSTS_SERVING),
                 cond(conditions::BUFFERS_APPLIED, "False", reasons::CLAMPED),
                 cond(conditions::DEGRADED, "True", reasons::UDP_DROPS),
+                cond(conditions::PUBLIC_ROOTS, "False", reasons::PRIVATE_ROOTS),
             ],
         );
         assert_eq!(

@@ -6,10 +6,11 @@
 //! its resourceVersion differs from the copy kept here. At steady state a reconcile makes no
 //! Secret request at all, whatever the number of hosts; a restarted operator fetches each
 //! referenced Secret once, a bounded number at a time. Certificate checks are cached per Secret
-//! version and host, so a reconcile parses nothing it parsed before.
+//! version and host, and whether the chain is publicly trusted per Secret version, so a
+//! reconcile parses and verifies nothing it did before.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use futures_util::{future, stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Secret;
@@ -19,7 +20,9 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, ResourceExt};
 
 use crate::api::SecretRef;
-use crate::config::kube::{host_error, missing_keys, secret_not_found, tls_pair, Certificates};
+use crate::config::kube::{
+    host_error, missing_keys, secret_not_found, tls_pair, Certificates, Servable,
+};
 
 /// Secret GETs in flight at once while a restarted operator (or a burst of new hosts) reads
 /// the referenced Secrets.
@@ -38,6 +41,10 @@ struct Kept {
     pair: Option<Arc<TlsPair>>,
     /// `notAfter` of the certificate per host it was checked for and passed.
     passed: Mutex<HashMap<String, i64>>,
+    /// Whether the chain verifies against the public web roots, judged with the first host
+    /// that passed: the chain's verdict does not depend on which of its names is asked (name
+    /// constraints bind every name the leaf carries), and the names are checked per host.
+    public_roots: OnceLock<bool>,
 }
 
 /// Why a referenced Secret could not be read (other than not existing).
@@ -175,6 +182,7 @@ impl SourceSecrets {
                     resource_version: s.resource_version().unwrap_or_default(),
                     pair,
                     passed: Mutex::default(),
+                    public_roots: OnceLock::new(),
                 };
                 kept.insert(r, Arc::new(kept_one));
             }
@@ -207,7 +215,7 @@ impl Certificates for SourceSecrets {
         sref: &SecretRef,
         host: &str,
         now_unix: i64,
-    ) -> Result<(), (&'static str, String)> {
+    ) -> Result<Servable, (&'static str, String)> {
         if self.current_version(sref).is_none() {
             return Err(secret_not_found(sref));
         }
@@ -228,9 +236,14 @@ impl Certificates for SourceSecrets {
         let Some(pair) = &kept.pair else {
             return Err(missing_keys(sref));
         };
+        let servable = || Servable {
+            public_roots: *kept
+                .public_roots
+                .get_or_init(|| crate::config::roots::publicly_trusted(&pair.cert, host, now_unix)),
+        };
         if let Some(not_after) = kept.passed.lock().expect("not poisoned").get(host) {
             if now_unix <= *not_after {
-                return Ok(());
+                return Ok(servable());
             }
         }
         // Not checked yet, or expired since: parse, with the code the data plane loads with.
@@ -238,7 +251,8 @@ impl Certificates for SourceSecrets {
             Ok(e) => {
                 let mut passed = kept.passed.lock().expect("not poisoned");
                 passed.insert(host.to_string(), e.not_after);
-                Ok(())
+                drop(passed);
+                Ok(servable())
             }
             Err(e) => Err(host_error(sref, e)),
         }
@@ -286,7 +300,18 @@ mod tests {
             reasons::SECRET_NOT_FOUND
         );
         s.store(sref("a"), Ok(Some(secret("a", "1", &["a.test"]))));
-        assert!(s.check(&sref("a"), "a.test", now).is_ok());
+        // A self-signed test certificate: servable, but not from a public web root, judged
+        // once for the Secret version and kept.
+        assert_eq!(
+            s.check(&sref("a"), "a.test", now),
+            Ok(Servable {
+                public_roots: false
+            })
+        );
+        assert_eq!(
+            s.kept.lock().unwrap()[&sref("a")].public_roots.get(),
+            Some(&false)
+        );
         assert_eq!(
             s.kept.lock().unwrap()[&sref("a")]
                 .passed

@@ -5,9 +5,11 @@
 //! per-host view.
 //!
 //! [`aggregate`] gathers the [`Facts`] once, then asks one function per condition
-//! ([`ready`], [`sockets_bound`], [`buffers_applied`], [`degraded`]) and one per status part.
+//! ([`ready`], [`sockets_bound`], [`buffers_applied`], [`degraded`], [`public_roots`]) and one
+//! per status part.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
 
 use k8s_openapi::api::apps::v1::DaemonSetStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -304,6 +306,11 @@ struct Facts<'a> {
     nodes: NodesStatus,
     /// Summed over the pods that answered; `None` (unknown, not zero) when none did.
     udp: Option<UdpStatus>,
+    /// Hosts the operator can serve whose certificate was judged against the public web
+    /// roots, and those of them it does not chain to. From the operator's view, not the
+    /// pods': the verdict is the certificate's, and must not flap while pods load it.
+    judged: BTreeSet<&'a str>,
+    private_roots: BTreeSet<&'a str>,
 }
 
 impl<'a> Facts<'a> {
@@ -324,10 +331,22 @@ impl<'a> Facts<'a> {
             bind_failures: bind_failures(&ok),
             nodes: nodes(inp.daemon_set, inp.pods),
             udp: udp(&ok),
+            judged: judged_hosts(inp.hosts, |_| true),
+            private_roots: judged_hosts(inp.hosts, |public| !public),
             ok,
             inp,
         }
     }
+}
+
+/// Servable hosts whose certificate verdict is known and passes `keep`.
+fn judged_hosts(hosts: &[HostReport], keep: impl Fn(bool) -> bool) -> BTreeSet<&str> {
+    hosts
+        .iter()
+        .filter(|h| h.state == host_states::SERVING)
+        .filter(|h| h.public_roots.is_some_and(&keep))
+        .map(|h| h.name.as_str())
+        .collect()
 }
 
 /// Nodes that should run the data plane, and nodes it serves. The DaemonSet's `numberReady`
@@ -603,6 +622,59 @@ fn rollout_pending(f: &Facts) -> Option<(&'static str, String)> {
     })
 }
 
+/// Where the [`public_roots`] message starts naming hosts; [`private_roots_named`] reads them.
+const NAMED: &str = "; e.g. ";
+/// How the [`public_roots`] message counts the hosts it does not name.
+const MORE: &str = " and ";
+
+/// `PublicRoots`: every servable host's certificate chains to a public web root. Chrome uses
+/// QUIC only then; with a private CA it stays on HTTP/2 even where that CA is trusted, while
+/// Firefox and Safari may use HTTP/3. A note for people: Ready and Degraded ignore it.
+fn public_roots(f: &Facts) -> Condition {
+    let (inp, type_) = (f.inp, conditions::PUBLIC_ROOTS);
+    let judged = f.judged.len();
+    if judged == 0 {
+        let msg = "no served host's certificate has been judged yet".to_string();
+        return condition(type_, None, reasons::NO_CERTIFICATES, msg, inp);
+    }
+    let private: Vec<&str> = f.private_roots.iter().copied().collect();
+    if private.is_empty() {
+        let msg = format!("all {judged} hosts have certificates that chain to a public web root");
+        return condition(type_, Some(true), reasons::ALL_PUBLICLY_TRUSTED, msg, inp);
+    }
+    let (what, them) = if private.len() == 1 {
+        ("has a certificate that does", "it")
+    } else {
+        ("have certificates that do", "them")
+    };
+    let mut msg = format!(
+        "{} of {judged} hosts {what} not chain to a public web root: Chrome will not use HTTP/3 for \
+         {them} (Firefox and Safari may){NAMED}{}",
+        private.len(),
+        private[..private.len().min(MESSAGE_ITEMS)].join(", ")
+    );
+    if private.len() > MESSAGE_ITEMS {
+        let _ = write!(msg, "{MORE}{} more", private.len() - MESSAGE_ITEMS);
+    }
+    condition(type_, Some(false), reasons::PRIVATE_ROOTS, msg, inp)
+}
+
+/// The hosts a `PublicRoots` condition names as not chaining to a public web root, and
+/// whether it has more it does not name (it names at most five, so the status stays small).
+pub fn private_roots_named(c: &Condition) -> (Vec<&str>, bool) {
+    if c.type_ != conditions::PUBLIC_ROOTS || c.reason != reasons::PRIVATE_ROOTS {
+        return (Vec::new(), false);
+    }
+    let Some((_, named)) = c.message.split_once(NAMED) else {
+        return (Vec::new(), true);
+    };
+    let (names, more) = match named.split_once(MORE) {
+        Some((names, _)) => (names, true),
+        None => (named, false),
+    };
+    (names.split(", ").filter(|n| !n.is_empty()).collect(), more)
+}
+
 /// Hosts by state and reason, and the first [`MAX_STATUS_HOSTS`] not served (in name order)
 /// with how many more there are: the status stays the same size whatever the number of hosts.
 pub fn bounded(hosts: &[HostStatus]) -> (Vec<HostCount>, Vec<HostStatus>, i64) {
@@ -639,6 +711,7 @@ pub fn aggregate(inp: &Inputs, hosts: &[HostStatus]) -> Http3ListenerStatus {
         sockets_bound(&f),
         buffers_applied(&f),
         degraded(&f),
+        public_roots(&f),
     ];
     let hosts_summary = Some(format!("{}/{}", f.serving.len(), f.wanted.len()));
     let Facts { nodes, udp, .. } = f;
@@ -1158,6 +1231,105 @@ mod tests {
         let bytes = serde_json::to_vec(&s).unwrap().len();
         assert!(bytes <= 64 * 1024, "{bytes} bytes");
         assert!(s.hosts.iter().all(|h| h.message.len() <= MAX_HOST_MESSAGE));
+    }
+
+    /// A served host whose certificate was judged: `public` says whether it chains to a
+    /// public web root.
+    fn judged(name: &str, public: bool) -> HostReport {
+        HostReport {
+            public_roots: Some(public),
+            ..want(name, "Serving", reasons::SERVING)
+        }
+    }
+
+    #[test]
+    fn public_roots_names_a_few_private_hosts_counts_the_rest_and_leaves_ready_alone() {
+        let d = ds(1, 1);
+        let pods = [pod("p1", "D", vec![socket("ipv4", false)], 0)];
+        let public = [judged("a.example.com", true), judged("b.example.com", true)];
+        let s = agg(&inputs(&public, Some(&d), &pods, None, 1000));
+        let c = cond(&s, conditions::PUBLIC_ROOTS);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+            (
+                "True",
+                reasons::ALL_PUBLICLY_TRUSTED,
+                "all 2 hosts have certificates that chain to a public web root"
+            )
+        );
+        assert_eq!(private_roots_named(c), (vec![], false));
+
+        let mixed = [
+            judged("a.example.com", true),
+            judged("b.example.com", false),
+            want("c.example.com", "NotServing", reasons::SECRET_NOT_FOUND),
+        ];
+        let s = agg(&inputs(&mixed, Some(&d), &pods, Some(&s), 2000));
+        let c = cond(&s, conditions::PUBLIC_ROOTS);
+        println!("{}={} ({}): {}", c.type_, c.status, c.reason, c.message);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+            (
+                "False",
+                reasons::PRIVATE_ROOTS,
+                "1 of 2 hosts has a certificate that does not chain to a public web root: \
+                 Chrome will not use HTTP/3 for it (Firefox and Safari may); e.g. b.example.com"
+            )
+        );
+        assert_eq!(c.last_transition_time.0, t(2000));
+        assert_eq!(private_roots_named(c), (vec!["b.example.com"], false));
+        let ready = cond(&s, conditions::READY);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("True", reasons::SOME_HOSTS_SERVING),
+            "the certificates' roots are not Ready's business"
+        );
+        assert!(!cond(&s, conditions::DEGRADED)
+            .message
+            .contains("public web root"));
+
+        // Unchanged verdict later: no new transition time, nothing to write.
+        let again = agg(&inputs(&mixed, Some(&d), &pods, Some(&s), 3000));
+        let c = cond(&again, conditions::PUBLIC_ROOTS);
+        assert_eq!(c.last_transition_time.0, t(2000));
+        assert!(!needs_write(Some(&s), &again));
+
+        // No verdict (nothing served, or a view without one): Unknown, not True.
+        let none = [want(
+            "c.example.com",
+            "NotServing",
+            reasons::SECRET_NOT_FOUND,
+        )];
+        let c = agg(&inputs(&none, Some(&d), &pods, None, 1));
+        assert_eq!(cond(&c, conditions::PUBLIC_ROOTS).status, "Unknown");
+        let unjudged = [want("a.example.com", "Serving", reasons::SERVING)];
+        let c = agg(&inputs(&unjudged, Some(&d), &pods, None, 1));
+        assert_eq!(
+            cond(&c, conditions::PUBLIC_ROOTS).reason,
+            reasons::NO_CERTIFICATES
+        );
+    }
+
+    #[test]
+    fn public_roots_stays_one_short_condition_at_ten_thousand_hosts() {
+        let hosts: Vec<HostReport> = (0..10_000)
+            .map(|i| judged(&format!("h{i:05}.example.com"), i % 10 != 0))
+            .collect();
+        let d = ds(1, 1);
+        let pods = [pod("p1", "D", vec![socket("ipv4", false)], 0)];
+        let s = agg(&inputs(&hosts, Some(&d), &pods, None, 1));
+        let c = cond(&s, conditions::PUBLIC_ROOTS);
+        println!("{}={} ({}): {}", c.type_, c.status, c.reason, c.message);
+        assert_eq!(
+            c.message,
+            "1000 of 10000 hosts have certificates that do not chain to a public web root: \
+             Chrome will not use HTTP/3 for them (Firefox and Safari may); e.g. \
+             h00000.example.com, h00010.example.com, h00020.example.com, h00030.example.com, \
+             h00040.example.com and 995 more"
+        );
+        let (named, more) = private_roots_named(c);
+        assert_eq!((named.len(), more), (5, true));
+        assert_eq!(named[4], "h00040.example.com");
     }
 
     #[test]

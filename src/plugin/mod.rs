@@ -32,7 +32,14 @@ pub mod pods;
 use crate::api::{conditions, host_states, HostReport, Http3Listener, Http3ListenerStatus};
 use crate::config::host_matches;
 use crate::operator::resources::label_selector;
-use crate::operator::status::dns_https_record;
+use crate::operator::status::{dns_https_record, private_roots_named};
+
+/// What a host whose certificate does not chain to a public web root is told.
+pub const CHROME_NOTE: &str =
+    "Chrome will not use HTTP/3 (certificate not from a public web root; Firefox and Safari may)";
+/// At most this many hosts get a [`CHROME_NOTE`] line of their own; the table's PUBLIC-ROOT
+/// column marks every one.
+const NOTED_HOSTS: usize = 5;
 
 /// File name kubectl looks for to run `kubectl h3-ingress`.
 pub const PLUGIN_EXECUTABLE: &str = "kubectl-h3_ingress";
@@ -622,9 +629,61 @@ fn render_listener(l: &Http3Listener, view: Option<&Result<Vec<HostReport>, Stri
             status.hosts_omitted
         );
     }
-    out.push_str(&hosts_block(&rows));
+    out.push_str(&hosts_block(&rows, &Roots::of(&status, &rows)));
     out.push_str(&dns_records_block(&rows, l.spec.port));
     out
+}
+
+/// Each host's certificate verdict. A pod's `/hosts` says `publicRoots: false` of every host
+/// the operator found not to chain to a public web root (through the mirror) and nothing of
+/// the others; the listener's `PublicRoots` condition names at most five such hosts and counts
+/// the rest. So a host nobody names chains to a public root when the condition names them
+/// all, or when the pods say it of some (they relay the operator's word); else it is unknown
+/// (pods of an older version say nothing).
+struct Roots<'a> {
+    named: Vec<&'a str>,
+    /// The PUBLIC-ROOT cell of a served host the condition does not name.
+    others: &'static str,
+}
+
+impl<'a> Roots<'a> {
+    fn of(status: &'a Http3ListenerStatus, rows: &[HostReport]) -> Self {
+        let c = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == conditions::PUBLIC_ROOTS);
+        let Some(c) = c else {
+            return Roots {
+                named: Vec::new(),
+                others: "-",
+            };
+        };
+        let (named, mut more) = private_roots_named(c);
+        if rows.iter().any(|h| h.public_roots == Some(false)) {
+            more = false;
+        }
+        let others = match c.status.as_str() {
+            "True" => "yes",
+            "False" if more => "?",
+            "False" => "yes",
+            _ => "-",
+        };
+        Roots { named, others }
+    }
+
+    /// `yes`, `NO`, `?` (one of the hosts the condition counts but does not name, or not)
+    /// or `-` (not served, or no verdict). What `/hosts` says comes first.
+    fn cell(&self, h: &HostReport) -> &'static str {
+        if h.state != host_states::SERVING {
+            return "-";
+        }
+        match h.public_roots {
+            Some(true) => "yes",
+            Some(false) => "NO",
+            None if self.named.contains(&h.name.as_str()) => "NO",
+            None => self.others,
+        }
+    }
 }
 
 /// Every host a pod serves, then every host the status lists as not served (the status is
@@ -729,8 +788,10 @@ fn conditions_block(l: &Http3Listener, status: &Http3ListenerStatus) -> String {
     out
 }
 
-/// The per-host table, then the message of every host that has one.
-fn hosts_block(rows: &[HostReport]) -> String {
+/// The per-host table, then the message of every host that has one, then what Chrome does
+/// with the hosts whose certificate is not from a public web root (a few by name; the
+/// PUBLIC-ROOT column marks them all).
+fn hosts_block(rows: &[HostReport], roots: &Roots) -> String {
     let table_rows: Vec<Vec<String>> = rows
         .iter()
         .map(|h| {
@@ -747,6 +808,7 @@ fn hosts_block(rows: &[HostReport]) -> String {
                 h.state.clone(),
                 h.reason.clone(),
                 yes_no(h.alt_svc_advertised).to_string(),
+                roots.cell(h).to_string(),
                 count(h.requests),
                 count(h.requests_last5m),
                 h.secret.clone().unwrap_or_else(|| "-".into()),
@@ -759,6 +821,7 @@ fn hosts_block(rows: &[HostReport]) -> String {
         "STATE",
         "REASON",
         "ALT-SVC",
+        "PUBLIC-ROOT",
         "H3-REQUESTS",
         "LAST-5M",
         "SECRET",
@@ -777,6 +840,28 @@ fn hosts_block(rows: &[HostReport]) -> String {
         if !msg.is_empty() {
             let _ = writeln!(out, "  {}: {msg}", h.name);
         }
+    }
+    let private: Vec<&str> = rows
+        .iter()
+        .filter(|h| roots.cell(h) == "NO")
+        .map(|h| h.name.as_str())
+        .collect();
+    for name in private.iter().take(NOTED_HOSTS) {
+        let _ = writeln!(out, "  {name}: {CHROME_NOTE}");
+    }
+    if private.len() > NOTED_HOSTS {
+        let _ = writeln!(
+            out,
+            "  and {} more hosts marked NO under PUBLIC-ROOT: {CHROME_NOTE}",
+            private.len() - NOTED_HOSTS
+        );
+    }
+    if rows.iter().any(|h| roots.cell(h) == "?") {
+        let _ = writeln!(
+            out,
+            "  PUBLIC-ROOT ?: the PublicRoots condition names a few hosts that are not from a \
+             public web root and counts the rest; hosts marked ? may be among them"
+        );
     }
     out
 }
@@ -836,6 +921,11 @@ status:
       status: "False"
       reason: AsExpected
       message: ""
+      lastTransitionTime: "2026-11-30T00:00:00Z"
+    - type: PublicRoots
+      status: "False"
+      reason: PrivateRoots
+      message: "1 of 2 hosts has a certificate that does not chain to a public web root: Chrome will not use HTTP/3 for it (Firefox and Safari may); e.g. *.apps.example.com"
       lastTransitionTime: "2026-11-30T00:00:00Z"
   hostCounts:
     - {state: Serving, reason: Serving, count: 2}
@@ -923,15 +1013,17 @@ status:
         let out = render_status(&[listener()], &views());
         let expected = "\
 Listener nginx: UDP port 8443, pods ready 2/3, hosts serving 1/3, UDP drops 17, smallest receive buffer 425984 B (CLAMPED by net.core.rmem_max)
-  Ready=False (SomeHostsNotServing)  BuffersApplied=False (Clamped)  Degraded=False (AsExpected)
+  Ready=False (SomeHostsNotServing)  BuffersApplied=False (Clamped)  Degraded=False (AsExpected)  PublicRoots=False (PrivateRoots)
   Ready: 2 of 3 hosts are not served
   BuffersApplied: net.core.rmem_max 212992 is below the requested 4194304
+  PublicRoots: 1 of 2 hosts has a certificate that does not chain to a public web root: Chrome will not use HTTP/3 for it (Firefox and Safari may); e.g. *.apps.example.com
   Hosts: 2 Serving/Serving, 1 NotServing/SecretNotFound
-  HOST                 STATE        REASON           ALT-SVC   H3-REQUESTS   LAST-5M   SECRET           SOURCE
-  *.apps.example.com   Serving      Serving          NO        0             0         infra/apps-tls   HTTPRoute apps/web, Gateway infra/gw listener https
-  api.example.com      NotServing   SecretNotFound   unknown   -             -         web/api-tls      Ingress web/shop
-  shop.example.com     Serving      Serving          yes       1234          56        web/shop-tls     Ingress web/shop
+  HOST                 STATE        REASON           ALT-SVC   PUBLIC-ROOT   H3-REQUESTS   LAST-5M   SECRET           SOURCE
+  *.apps.example.com   Serving      Serving          NO        NO            0             0         infra/apps-tls   HTTPRoute apps/web, Gateway infra/gw listener https
+  api.example.com      NotServing   SecretNotFound   unknown   -             -             -         web/api-tls      Ingress web/shop
+  shop.example.com     Serving      Serving          yes       yes           1234          56        web/shop-tls     Ingress web/shop
   api.example.com: Secret web/api-tls not found
+  *.apps.example.com: Chrome will not use HTTP/3 (certificate not from a public web root; Firefox and Safari may)
   DNS HTTPS records to publish (first visits can use HTTP/3):
     *.apps.example.com. 3600 IN HTTPS 1 . alpn=\"h3,h2\" port=8443
     shop.example.com. 3600 IN HTTPS 1 . alpn=\"h3,h2\" port=8443
@@ -947,6 +1039,78 @@ Listener nginx: UDP port 8443, pods ready 2/3, hosts serving 1/3, UDP drops 17, 
         let out = render_status(&[listener()], &unreadable);
         assert!(out.contains("Served hosts not shown: the data plane's /hosts could not be read (no ready data plane pod)."), "{out}");
         assert!(!out.contains("shop.example.com "), "{out}");
+    }
+
+    #[test]
+    fn public_roots_at_ten_thousand_hosts_is_a_column_and_a_few_lines() {
+        let mut l = listener();
+        let status = l.status.as_mut().unwrap();
+        let c = status
+            .conditions
+            .iter_mut()
+            .find(|c| c.type_ == conditions::PUBLIC_ROOTS)
+            .unwrap();
+        c.message = "1000 of 10000 hosts have certificates that do not chain to a public web \
+                     root: Chrome will not use HTTP/3 for them (Firefox and Safari may); e.g. \
+                     h00000.example.com, h00010.example.com, h00020.example.com, \
+                     h00030.example.com, h00040.example.com and 995 more"
+            .into();
+        status.hosts.clear();
+        let served: Vec<HostReport> = (0..10_000)
+            .map(|i| HostReport {
+                name: format!("h{i:05}.example.com"),
+                state: host_states::SERVING.into(),
+                reason: "Serving".into(),
+                ..Default::default()
+            })
+            .collect();
+        let views: Views = [("nginx".to_string(), Ok(served))].into_iter().collect();
+        let out = render_status(&[l.clone()], &views);
+        let cell = |host: &str| {
+            let line = out
+                .lines()
+                .find(|x| x.starts_with(&format!("  {host} ")))
+                .unwrap();
+            line.split_whitespace().nth(4).unwrap().to_string()
+        };
+        assert_eq!(cell("h00010.example.com"), "NO");
+        assert_eq!(cell("h00011.example.com"), "?");
+        let noted = out.lines().filter(|x| x.ends_with(CHROME_NOTE)).count();
+        assert_eq!(noted, 5, "the named hosts only");
+        assert_eq!(out.matches("PUBLIC-ROOT ?:").count(), 1);
+        assert_eq!(out.lines().count(), 10_000 + 10_000 + 14);
+        let notes: Vec<&str> = out
+            .lines()
+            .filter(|x| x.contains("public web root") && !x.starts_with("    "))
+            .collect();
+        println!("{}", notes.join("\n"));
+
+        // Pods that relay the operator's word (`publicRoots: false` from the mirrors) mark
+        // every such host, and the silence about the others means a public root.
+        let mut relayed = views.clone();
+        if let Some(Ok(hosts)) = relayed.get_mut("nginx") {
+            for h in hosts
+                .iter_mut()
+                .filter(|h| h.name.ends_with("0.example.com"))
+            {
+                h.public_roots = Some(false);
+            }
+        }
+        let out = render_status(&[l], &relayed);
+        let cell = |host: &str| {
+            let line = out
+                .lines()
+                .find(|x| x.starts_with(&format!("  {host} ")))
+                .unwrap();
+            line.split_whitespace().nth(4).unwrap().to_string()
+        };
+        assert_eq!(
+            (cell("h09990.example.com"), cell("h00011.example.com")),
+            ("NO".to_string(), "yes".to_string())
+        );
+        assert_eq!(out.lines().filter(|x| x.ends_with(CHROME_NOTE)).count(), 6);
+        assert!(out.contains("\n  and 995 more hosts marked NO under PUBLIC-ROOT: "));
+        assert!(!out.contains("PUBLIC-ROOT ?"), "{out}");
     }
 
     #[test]
