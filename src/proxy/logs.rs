@@ -31,23 +31,34 @@ pub enum Reason {
     UpstreamMidResponse,
     /// The upstream presented another certificate than the one we serve.
     UpstreamCertificate,
+    /// The upstream presented the previous or next certificate within the renewal grace:
+    /// accepted, and its own reason so these lines never use up the allowance of a refusal.
+    UpstreamRenewal,
     /// The buffered-request budget refused a request.
     RequestBudget,
     /// Another process sharing the port misbehaved (bad message, no answer, another user).
     Handover,
     /// Another process sharing the port joined, left, or took the new connections.
     Rollout,
+    /// This process was superseded by a newer one; its own reason, so the lines about other
+    /// processes never hide it.
+    Superseded,
+    /// The newer process left and this one takes new connections again.
+    Resumed,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 7] = [
+    pub const ALL: [Reason; 10] = [
         Reason::UnknownSni,
         Reason::UpstreamFailed,
         Reason::UpstreamMidResponse,
         Reason::UpstreamCertificate,
+        Reason::UpstreamRenewal,
         Reason::RequestBudget,
         Reason::Handover,
         Reason::Rollout,
+        Reason::Superseded,
+        Reason::Resumed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -56,9 +67,12 @@ impl Reason {
             Reason::UpstreamFailed => "upstream_failed",
             Reason::UpstreamMidResponse => "upstream_mid_response",
             Reason::UpstreamCertificate => "upstream_certificate",
+            Reason::UpstreamRenewal => "upstream_renewal",
             Reason::RequestBudget => "request_budget",
             Reason::Handover => "handover",
             Reason::Rollout => "rollout",
+            Reason::Superseded => "superseded",
+            Reason::Resumed => "resumed",
         }
     }
 

@@ -361,7 +361,7 @@ impl Running<'_> {
                 if superseded.take().is_some() {
                     limited!(
                         Level::INFO,
-                        Reason::Handover,
+                        Reason::Resumed,
                         "the newer process is gone: taking new connections again"
                     );
                 }
@@ -375,7 +375,7 @@ impl Running<'_> {
                 self.shared.drain_connections();
                 limited!(
                     Level::INFO,
-                    Reason::Rollout,
+                    Reason::Superseded,
                     connections = self.tracker.len(),
                     drain_timeout = ?self.drain_timeout(),
                     "superseded by a newer process on this host: GOAWAY sent, draining"
@@ -387,7 +387,6 @@ impl Running<'_> {
     }
 }
 
-/// Counts and logs an update that cannot be applied; the running configuration stays.
 /// Counts a configuration update that cannot apply; a source that keeps sending the same
 /// invalid update gets one line a minute.
 fn reject(shared: &Shared, why: &str, lines: &mut logs::CauseLog) {

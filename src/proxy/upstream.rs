@@ -367,7 +367,7 @@ impl ServerCertVerifier for ServedCertificateVerifier {
                 .inc();
             limited!(
                 tracing::Level::INFO,
-                Reason::UpstreamCertificate,
+                Reason::UpstreamRenewal,
                 host = name,
                 leaf = leaf.as_str(),
                 "upstream presented the {} certificate for {name}, accepted while the renewal \

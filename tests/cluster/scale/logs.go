@@ -173,7 +173,7 @@ func cmdLogs(args []string) error {
 // upstream cause (src/proxy/logs.rs, Reason::as_str), told apart from what the cluster
 // causes (watch errors, API refusals) in the table; both are held to once per cause per
 // minute.
-var clientCaused = regexp.MustCompile(`\breason="?(unknown_sni|upstream_failed|upstream_mid_response|upstream_certificate|request_budget|handover|rollout)\b`)
+var clientCaused = regexp.MustCompile(`\breason="?(unknown_sni|upstream_failed|upstream_mid_response|upstream_certificate|upstream_renewal|request_budget|handover|rollout|superseded|resumed)\b`)
 
 // repeatBudgetPerMinute: lines of one cause in one calendar minute, whatever the level.
 const repeatBudgetPerMinute = 1
