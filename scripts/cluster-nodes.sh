@@ -297,6 +297,14 @@ rn_start_nodes() {
     wait_for "nodes" 120 nodes_ready
 }
 
+# Extra lines of `cluster.sh env`: the mode, and the registry's credentials for the tests'
+# imagePullSecrets (kubectl create secret docker-registry --docker-server=registry.h3i.test).
+rn_env() {
+    printf 'export H3I_NODE_MODE=real\nexport H3I_NODE_LIB=%s\n' "$RN_LIB"
+    printf 'export H3I_REGISTRY_ADDR=%s\nexport H3I_REGISTRY_STATE=%s\n' "$RN_REGISTRY_ADDR" "$RN_REGISTRY_STATE"
+    printf 'export H3I_REGISTRY_USER=h3i-puller\nexport H3I_REGISTRY_PASSWORD_FILE=%s\n' "$RN_REGISTRY_STATE/password"
+}
+
 # ---- teardown -----------------------------------------------------------------------------
 # Stop the kubelet first (else it restarts what we kill), then every task of containerd,
 # containerd itself and its shims, then the mounts, cgroups and directories it left.

@@ -13,6 +13,8 @@
 #                                         stop kube-apiserver, keep it down SECONDS
 #                                         (default 0), start it, wait for /readyz
 #   scripts/cluster.sh down               stop everything, remove namespaces and state
+#   scripts/cluster.sh push-image         real nodes only: rebuild the product image and
+#                                         push it to the instance's registry
 #
 # Environment: H3I_BINARY (the project binary run for the project's image; default
 # target/debug/h3-ingress of this checkout), H3I_TAG_BINARIES (TAG=PATH,TAG=PATH: the
@@ -486,7 +488,7 @@ export H3I_BINARY=$BINARY
 export H3I_TAG_BINARIES=$TAG_BINARIES
 EOF
     if [[ $NODE_MODE == real ]]; then
-        printf 'export H3I_NODE_MODE=real\nexport H3I_NODE_LIB=%s\n' "$RN_LIB" >>"$STATE/env"
+        rn_env >>"$STATE/env"
     fi
 }
 
@@ -596,5 +598,6 @@ case ${1:-} in
     env) cmd_env ;;
     status) cmd_status ;;
     restart-apiserver) shift; cmd_restart_apiserver "$@" ;;
+    push-image) [[ $NODE_MODE == real ]] || die "push-image: only with real nodes"; rn_push_image ;;
     *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
