@@ -21,6 +21,8 @@ RN_REGISTRY_STATE=${H3I_REGISTRY_STATE:-$STATE-registry}
 RN_REGISTRY_NAME=registry.h3i.test
 
 rn_bin() { "$REPO/scripts/nodes-build.sh" bin; }
+# (the path only: the cache key of the binaries; rn_build builds them when missing)
+RN_BIN=$(rn_bin)
 rn_lib() { echo "$RN_LIB/$1"; }
 rn_run() { echo "$STATE/nodes/$1"; }
 rn_sock() { echo "$(rn_run "$1")/containerd/containerd.sock"; }
@@ -233,6 +235,22 @@ rn_import_images() {
     done
 }
 
+# The names tests/cluster/smoke.sh uses (the agent maps any image to a local binary) as
+# local images, so IfNotPresent never pulls: busybox:1.36.1 is the busybox image,
+# ghcr.io/h3-ingress/h3-ingress:0.1.0 and h3-ingress:0.1.0 the product image (imported
+# as registry.h3i.test/h3-ingress:VERSION-COMMIT; the chart's :APPVERSION is not imported,
+# it comes from the registry with a pull secret). No `ctr images rm` of a name here: on a
+# node that had pulled the same image, CRI then forgot the other names too and pulled.
+rn_tag_images() {
+    local ns=$1 tar=$STATE/image/h3-ingress.oci.tar name
+    rn_ctr "$ns" images tag --force "$RN_REGISTRY_NAME/busybox:1" docker.io/library/busybox:1.36.1 >/dev/null
+    [[ -f $tar ]] || return 0
+    name=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["manifests"][0]["annotations"]["io.containerd.image.name"])' \
+        "$STATE/image/oci/index.json")
+    rn_ctr "$ns" images import --snapshotter overlayfs "$tar" >/dev/null
+    rn_ctr "$ns" images tag --force "$name" ghcr.io/h3-ingress/h3-ingress:0.1.0 docker.io/library/h3-ingress:0.1.0 >/dev/null
+}
+
 # fds 8/9 are cluster.sh's locks: the registry daemon must not inherit them.
 rn_registry() { H3I_REGISTRY_ADDR=$RN_REGISTRY_ADDR H3I_REGISTRY_STATE=$RN_REGISTRY_STATE "$REPO/scripts/registry.sh" "$@" 8>&- 9>&-; }
 
@@ -245,6 +263,8 @@ rn_push_image() {
     app=$(sed -n 's/^appVersion: "\(.*\)"$/\1/p' "$REPO/charts/h3-ingress/Chart.yaml")
     rn_registry push "$out/oci" >&2
     rn_registry push "$out/oci" "h3-ingress:$app" >&2
+    local ns
+    for ns in "${NODES[@]}"; do alive "containerd-$ns" && rn_tag_images "$ns"; done
 }
 
 # ---- processes ----------------------------------------------------------------------------
@@ -291,6 +311,7 @@ rn_start_nodes() {
         rn_cgroups "$(rn_cgroot "$ns")"
         rn_start_containerd "$ns"
         rn_import_images "$ns"
+        rn_tag_images "$ns"
         rn_start_kubelet "$i"
         rn_start_kube_proxy "$ns"
     done
