@@ -264,7 +264,9 @@ rn_push_image() {
     rn_registry push "$out/oci" >&2
     rn_registry push "$out/oci" "h3-ingress:$app" >&2
     local ns
-    for ns in "${NODES[@]}"; do alive "containerd-$ns" && rn_tag_images "$ns"; done
+    for ns in "${NODES[@]}"; do
+        if alive "containerd-$ns"; then rn_tag_images "$ns"; fi
+    done
 }
 
 # ---- processes ----------------------------------------------------------------------------

@@ -70,6 +70,10 @@ if [[ -f $STATE/node-mode ]]; then
 elif [[ ${H3I_NODES:-} == real ]]; then
     NODE_MODE=real
 fi
+# The agent names pod netns and veths h3ic-p-*/h3icv* whatever the prefix, and every
+# instance's net_down removes its prefix's: another prefix is for real nodes only.
+[[ $NODE_MODE == real || $LINK_PREFIX == h3ic ]] ||
+    die "H3I_CLUSTER_LINK_PREFIX=$LINK_PREFIX needs H3I_NODES=real (tests/cluster/agent hardcodes h3ic-p-*)"
 if [[ $NODE_MODE == real ]]; then
     # shellcheck source=scripts/cluster-nodes.sh
     source "$REPO/scripts/cluster-nodes.sh"

@@ -362,7 +362,13 @@ for pod in "${!POD_PID[@]}"; do
 done
 until_ok 60 "DaemonSet Ready after the restart" ds_ready
 kubectl get nodes | sed 's/^/    /'
-"$CLUSTER" status >/dev/null || fail "status unhealthy after the restart"
+if [[ $REAL == 1 ]]; then
+    # Real kubelets, kube-proxies and controllers reconnect with client-go back-off:
+    # status may stay unhealthy a few seconds after /readyz (seen once, cause not isolated).
+    until_ok 60 "status healthy after the restart" "$CLUSTER" status
+else
+    "$CLUSTER" status >/dev/null || fail "status unhealthy after the restart"
+fi
 ok "same processes (${POD_PID[*]}), nodes Ready, DaemonSet Ready"
 
 step "the agent restores node and pod status that others overwrote (as the node-lifecycle controller does after a long outage)"
