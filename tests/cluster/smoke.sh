@@ -72,52 +72,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# With real nodes (H3I_NODE_MODE=real from `cluster.sh env`, scripts/cluster-nodes.sh) pods
-# are containers: their processes, logs, volumes and tokens are found through containerd's
-# cgroups and the kubelet's directories instead of the agent's state dir.
+# shellcheck source=tests/cluster/pods.sh
+source "$REPO/tests/cluster/pods.sh"
 REAL=0
-[[ ${H3I_NODE_MODE:-agent} == real ]] && REAL=1
-
-# container_pid NS POD CONTAINER: the container's main process.
-container_pid() {
-    if [[ $REAL == 0 ]]; then
-        cat "$H3I_POD_LOGS/$1/$2/$3.pid"
-        return
-    fi
-    local id
-    id=$(kubectl -n "$1" get pod "$2" -o jsonpath="{.status.containerStatuses[?(@.name==\"$3\")].containerID}")
-    id=${id#containerd://}
-    [[ -n $id ]] || return 1
-    # runc puts the container's processes into cgroups named after its ID; the lowest pid is init.
-    grep -l -- "$id" /proc/[0-9]*/cgroup 2>/dev/null | cut -d/ -f3 | sort -n | head -1 || true
-}
-
-# container_logs NS POD CONTAINER: every log file of the container (the kubelet keeps the
-# current and the previous instance's; the agent one file for all).
-container_logs() {
-    if [[ $REAL == 0 ]]; then
-        echo "$H3I_POD_LOGS/$1/$2/$3.log"
-        return
-    fi
-    local node uid
-    read -r node uid <<<"$(kubectl -n "$1" get pod "$2" -o jsonpath='{.spec.nodeName} {.metadata.uid}')"
-    ls "$H3I_NODE_LIB/$node/pods/${1}_${2}_$uid/$3/"*.log
-}
-
-# pod_kubeconfig NS POD PID: a kubeconfig with the pod's ServiceAccount token (the agent
-# writes one; a real kubelet mounts the token, read here through the process's root).
-pod_kubeconfig() {
-    if [[ $REAL == 0 ]]; then
-        echo "$H3I_POD_LOGS/$1/$2/kubeconfig"
-        return
-    fi
-    local sa=/proc/$3/root/var/run/secrets/kubernetes.io/serviceaccount kc=$tmp/$2.kubeconfig
-    KUBECONFIG=$kc kubectl config set-cluster pod --server "$H3I_APISERVER" --certificate-authority "$sa/ca.crt" --embed-certs >/dev/null
-    KUBECONFIG=$kc kubectl config set-credentials pod --token "$(cat "$sa/token")" >/dev/null
-    KUBECONFIG=$kc kubectl config set-context pod --cluster pod --user pod >/dev/null
-    KUBECONFIG=$kc kubectl config use-context pod >/dev/null
-    echo "$kc"
-}
+pods_real && REAL=1
 
 step "node agent unit tests (go test, with the cluster's module and build cache)"
 if ! (cd "$REPO/tests/cluster/agent" && GOMODCACHE=$H3I_CLUSTER_CACHE/gomod GOCACHE=$H3I_CLUSTER_CACHE/gocache \
@@ -244,7 +202,7 @@ for i in 0 1; do
     [[ $phase == Running && $ready == True && $podip == "${ips[$i]}" && $hostip == "${ips[$i]}" && $restarts == 0 ]] ||
         fail "$pod: phase=$phase ready=$ready podIP=$podip hostIP=$hostip restarts=$restarts"
     dir=$H3I_POD_LOGS/$NS/$pod
-    pid=$(container_pid "$NS" "$pod" proxy)
+    pid=$(pod_pid "$NS" "$pod" proxy)
     POD_PID[$pod]=$pid
     [[ $(readlink -f "/proc/$pid/exe") == $(readlink -f "$exe") ]] || fail "$pod runs $(readlink -f /proc/$pid/exe), not $exe"
     [[ $(ip netns identify "$pid") == "$n" ]] || fail "$pod (pid $pid) is not in netns $n"
@@ -266,7 +224,7 @@ done
 
 step "the pod's ServiceAccount token (TokenRequest bound to the pod) in its KUBECONFIG"
 pod=$(kubectl -n "$NS" get pods -l app=smoke -o jsonpath='{.items[0].metadata.name}')
-kc=$(pod_kubeconfig "$NS" "$pod" "${POD_PID[$pod]}")
+kc=$(pod_kubeconfig "$NS" "$pod" "${POD_PID[$pod]}" "$tmp/$pod.kubeconfig")
 who=$(KUBECONFIG=$kc kubectl auth whoami -o jsonpath='{.status.userInfo.username} {.status.userInfo.extra.authentication\.kubernetes\.io/pod-name[0]}')
 [[ $who == "system:serviceaccount:$NS:smoke $pod" ]] || fail "auth whoami with the pod kubeconfig: '$who'"
 ok "kubectl auth whoami: $who"
@@ -274,7 +232,7 @@ ok "kubectl auth whoami: $who"
 ok "and it holds no extra rights (cannot list secrets)"
 
 step "container logs: files in the state dir and kubectl logs (kubelet API of the agent)"
-log_file=$(container_logs "$NS" "$pod" proxy | tail -1)
+log_file=$(pod_logs "$NS" "$pod" proxy | tail -1)
 [[ -s $log_file ]] || fail "$log_file is empty"
 lines=$(kubectl -n "$NS" logs "$pod" -c proxy | wc -l)
 [[ $lines -ge 1 ]] || fail "kubectl logs printed nothing"
@@ -307,7 +265,7 @@ EOF
 until_ok 60 "Deployment web available" kubectl -n "$NS" wait --for=condition=Available deploy/web --timeout=1s
 web=$(kubectl -n "$NS" get pods -l app=web -o jsonpath='{.items[0].metadata.name}')
 webip=$(kubectl -n "$NS" get pod "$web" -o jsonpath='{.status.podIP}')
-webpid=$(container_pid "$NS" "$web" proxy)
+webpid=$(pod_pid "$NS" "$web" proxy)
 webns=$(ip netns identify "$webpid")
 if [[ $REAL == 1 ]]; then
     # containerd keeps pod netns files under its state dir, so no name; not the node's.
@@ -337,7 +295,7 @@ code=$(kubectl -n "$NS" get pod crasher -o jsonpath='{.status.containerStatuses[
 [[ $code == 3 ]] || fail "crasher lastState exit code $code, want 3"
 if [[ $REAL == 1 ]]; then
     # CRI log lines carry a timestamp and stream prefix; only the last two runs' files stay.
-    [[ $(container_logs "$NS" crasher crasher | xargs cat | grep -c ' run at') -ge 2 ]] || fail "crasher logs should hold 2 runs"
+    [[ $(pod_logs "$NS" crasher crasher | xargs cat | grep -c ' run at') -ge 2 ]] || fail "crasher logs should hold 2 runs"
 else
     [[ $(grep -c '^run at' "$H3I_POD_LOGS/$NS/crasher/crasher.log") -ge 3 ]] || fail "crasher log should hold 3 runs"
 fi
