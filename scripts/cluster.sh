@@ -61,6 +61,9 @@ SA_ISSUER=https://kubernetes.default.svc.cluster.local
 
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler h3i-node-agent)
 
+log() { printf 'cluster: %s\n' "$*" >&2; }
+die() { printf 'cluster: ERROR: %s\n' "$*" >&2; exit 1; }
+
 # Nodes: the simulated agent (default) or, with H3I_NODES=real at the first `up`, real
 # kubelets and containerd (scripts/cluster-nodes.sh). A running instance keeps its mode
 # (the env output reuses H3I_NODES for the node names).
@@ -79,9 +82,6 @@ if [[ $NODE_MODE == real ]]; then
     source "$REPO/scripts/cluster-nodes.sh"
     read -r -a COMPONENTS <<<"etcd kube-apiserver kube-controller-manager kube-scheduler $(rn_components | tr '\n' ' ')"
 fi
-
-log() { printf 'cluster: %s\n' "$*" >&2; }
-die() { printf 'cluster: ERROR: %s\n' "$*" >&2; exit 1; }
 
 node_ip4() { echo "$NET4.$(($1 + 1))"; }
 node_ip6() { echo "${NET6}:$(($1 + 1))"; }
