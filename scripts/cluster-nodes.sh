@@ -324,6 +324,10 @@ rn_start_nodes() {
 # imagePullSecrets (kubectl create secret docker-registry --docker-server=registry.h3i.test).
 rn_env() {
     printf 'export H3I_NODE_MODE=real\nexport H3I_NODE_LIB=%s\n' "$RN_LIB"
+    # The pods run the image's binary: tests that run the binary on the host too (the
+    # kubectl plugin, version checks) must use that one (journey.sh's status columns
+    # differed with a newer debug build).
+    printf 'export H3I_BINARY=%s\n' "${H3I_IMAGE_BINARY:-$REPO/target/static/h3-ingress}"
     printf 'export H3I_REGISTRY_ADDR=%s\nexport H3I_REGISTRY_STATE=%s\n' "$RN_REGISTRY_ADDR" "$RN_REGISTRY_STATE"
     printf 'export H3I_REGISTRY_USER=h3i-puller\nexport H3I_REGISTRY_PASSWORD_FILE=%s\n' "$RN_REGISTRY_STATE/password"
 }
