@@ -51,3 +51,12 @@ pod_kubeconfig() {
     KUBECONFIG=$kc kubectl config use-context pod >/dev/null
     echo "$kc"
 }
+
+# pull_secret_args NS: on real nodes, creates Secret regcred in NS with the cluster
+# registry's credentials and prints the helm flag naming it (the agent never pulls: nothing).
+pull_secret_args() {
+    pods_real || return 0
+    kubectl -n "$1" create secret docker-registry regcred --docker-server=registry.h3i.test \
+        --docker-username="$H3I_REGISTRY_USER" --docker-password="$(cat "$H3I_REGISTRY_PASSWORD_FILE")" >/dev/null
+    echo "--set=imagePullSecrets[0].name=regcred"
+}
