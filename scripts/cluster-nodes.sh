@@ -368,4 +368,10 @@ rn_stop_nodes() {
     done
     rn_registry clean >/dev/null 2>&1 || true
     rm -rf "$RN_LIB"
+    # The shims make /run/containerd/s (and ctr its fifo dir) whatever the config says:
+    # removed only when empty and no other containerd runs.
+    if ! pgrep -x containerd >/dev/null; then
+        local d
+        for d in /run/containerd/s /run/containerd/fifo /run/containerd/runc /run/containerd; do rmdir "$d" 2>/dev/null || true; done
+    fi
 }
