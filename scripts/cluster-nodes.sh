@@ -368,10 +368,12 @@ rn_stop_nodes() {
     done
     rn_registry clean >/dev/null 2>&1 || true
     rm -rf "$RN_LIB"
-    # The shims make /run/containerd/s (and ctr its fifo dir) whatever the config says:
-    # removed only when empty and no other containerd runs.
-    if ! pgrep -x containerd >/dev/null; then
+    # The shims make /run/containerd/s (and ctr its fifo dir) whatever the config says,
+    # and a SIGKILLed shim leaves its socket there: all removed only when no containerd
+    # and no shim runs on the host.
+    if ! pgrep -x containerd >/dev/null && ! pgrep -f containerd-shim-runc-v2 >/dev/null; then
         local d
+        find /run/containerd/s -maxdepth 1 -type s -delete 2>/dev/null || true
         for d in /run/containerd/s /run/containerd/fifo /run/containerd/runc /run/containerd; do rmdir "$d" 2>/dev/null || true; done
     fi
 }
