@@ -13,6 +13,8 @@
 #                                         stop kube-apiserver, keep it down SECONDS
 #                                         (default 0), start it, wait for /readyz
 #   scripts/cluster.sh down               stop everything, remove namespaces and state
+#   scripts/cluster.sh push-image         real nodes only: rebuild the product image and
+#                                         push it to the instance's registry
 #
 # Environment: H3I_BINARY (the project binary run for the project's image; default
 # target/debug/h3-ingress of this checkout), H3I_TAG_BINARIES (TAG=PATH,TAG=PATH: the
@@ -35,24 +37,51 @@ AGENT_SRC=$REPO/tests/cluster/agent
 # ---- network: one bridge on the host, one namespace per node, pods on the bridge ------
 # 10.77.0.0/24 and fd77::/64 sit beside the lab's 10.77.1.0/24, 10.77.2.0/24 and
 # fd77:1::/64.. without overlapping them; check_subnets refuses any other overlap.
-BRIDGE=h3ic-br0
-NET4=10.77.0
-NET6=fd77:
-HOST4=$NET4.254
-HOST6=${NET6}:fe
-NODES=(h3i-node-1 h3i-node-2)
+# Every instance constant can be overridden (H3I_CLUSTER_*) so that a second cluster runs
+# beside the default one; the defaults are the default instance. LINK_PREFIX names the
+# host-side veths and the agent's pod netns (h3ic-n1, h3ic-p-*): net_down and
+# check_subnets only touch links of their own prefix.
+LINK_PREFIX=${H3I_CLUSTER_LINK_PREFIX:-h3ic}
+BRIDGE=${H3I_CLUSTER_BRIDGE:-$LINK_PREFIX-br0}
+NET4=${H3I_CLUSTER_NET4:-10.77.0}
+NET6=${H3I_CLUSTER_NET6:-fd77:}
+HOST4=${H3I_CLUSTER_HOST4:-$NET4.254}
+HOST6=${H3I_CLUSTER_HOST6:-${NET6}:fe}
+read -r -a NODES <<<"${H3I_CLUSTER_NODES:-h3i-node-1 h3i-node-2}"
 POD_FIRST=64
 POD_LAST=250
-APISERVER_PORT=6443
-ETCD_PORT=23790
-KUBELET_PORT=10250
-SERVICE_CIDRS=10.96.0.0/16,fd77:96::/112
+APISERVER_PORT=${H3I_CLUSTER_APISERVER_PORT:-6443}
+ETCD_PORT=${H3I_CLUSTER_ETCD_PORT:-23790}
+KUBELET_PORT=${H3I_CLUSTER_KUBELET_PORT:-10250}
+# Host-wide 127.0.0.1 ports of kube-controller-manager and kube-scheduler.
+CM_PORT=${H3I_CLUSTER_CM_PORT:-10257}
+SCHED_PORT=${H3I_CLUSTER_SCHED_PORT:-10259}
+SERVICE_CIDRS=${H3I_CLUSTER_SERVICE_CIDRS:-10.96.0.0/16,fd77:96::/112}
 SA_ISSUER=https://kubernetes.default.svc.cluster.local
 
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler h3i-node-agent)
 
 log() { printf 'cluster: %s\n' "$*" >&2; }
 die() { printf 'cluster: ERROR: %s\n' "$*" >&2; exit 1; }
+
+# Nodes: the simulated agent (default) or, with H3I_NODES=real at the first `up`, real
+# kubelets and containerd (scripts/cluster-nodes.sh). A running instance keeps its mode
+# (the env output reuses H3I_NODES for the node names).
+NODE_MODE=agent
+if [[ -f $STATE/node-mode ]]; then
+    NODE_MODE=$(cat "$STATE/node-mode")
+elif [[ ${H3I_NODES:-} == real ]]; then
+    NODE_MODE=real
+fi
+# The agent names pod netns and veths h3ic-p-*/h3icv* whatever the prefix, and every
+# instance's net_down removes its prefix's: another prefix is for real nodes only.
+[[ $NODE_MODE == real || $LINK_PREFIX == h3ic ]] ||
+    die "H3I_CLUSTER_LINK_PREFIX=$LINK_PREFIX needs H3I_NODES=real (tests/cluster/agent hardcodes h3ic-p-*)"
+if [[ $NODE_MODE == real ]]; then
+    # shellcheck source=scripts/cluster-nodes.sh
+    source "$REPO/scripts/cluster-nodes.sh"
+    read -r -a COMPONENTS <<<"etcd kube-apiserver kube-controller-manager kube-scheduler $(rn_components | tr '\n' ' ')"
+fi
 
 node_ip4() { echo "$NET4.$(($1 + 1))"; }
 node_ip6() { echo "${NET6}:$(($1 + 1))"; }
@@ -130,7 +159,7 @@ cmd_build() {
     exec 8>"$CACHE/.build.lock"
     flock 8
     build_controlplane
-    build_agent
+    if [[ $NODE_MODE == real ]]; then rn_build; else build_agent; fi
     flock -u 8
 }
 
@@ -200,15 +229,15 @@ EOF
 # ---- network ------------------------------------------------------------------------------
 check_subnets() {
     # Refuse to start when another route overlaps ours (the lab's must not).
-    python3 - "$BRIDGE" "$NET4.0/24" "${NET6}:/64" <<'EOF'
+    python3 - "$BRIDGE" "$LINK_PREFIX" "$NET4.0/24" "${NET6}:/64" <<'EOF'
 import ipaddress, json, subprocess, sys
-bridge, mine = sys.argv[1], [ipaddress.ip_network(n) for n in sys.argv[2:]]
+bridge, prefix, mine = sys.argv[1], sys.argv[2], [ipaddress.ip_network(n) for n in sys.argv[3:]]
 bad = []
 for fam in ("-4", "-6"):
     out = subprocess.run(["ip", "-j", fam, "route", "show", "table", "all"], capture_output=True, text=True).stdout
     for r in json.loads(out or "[]"):
         dst, dev = r.get("dst", ""), r.get("dev", "")
-        if dst in ("default", "") or dev == bridge or dev.startswith("h3ic") or r.get("type") in ("local", "broadcast", "multicast", "anycast"):
+        if dst in ("default", "") or dev == bridge or dev.startswith(prefix) or r.get("type") in ("local", "broadcast", "multicast", "anycast"):
             continue
         try:
             net = ipaddress.ip_network(dst, strict=False)
@@ -237,8 +266,8 @@ net_up() {
         ns=${NODES[$i]}
         [[ -e /run/netns/$ns ]] && continue
         ip netns add "$ns"
-        ip link add "h3ic-n$((i + 1))" type veth peer name eth0 netns "$ns"
-        ip link set "h3ic-n$((i + 1))" master "$BRIDGE" up
+        ip link add "$LINK_PREFIX-n$((i + 1))" type veth peer name eth0 netns "$ns"
+        ip link set "$LINK_PREFIX-n$((i + 1))" master "$BRIDGE" up
         ip -n "$ns" link set lo up
         ip -n "$ns" addr add "$(node_ip4 "$i")/24" dev eth0
         ip -n "$ns" -6 addr add "$(node_ip6 "$i")/64" dev eth0 nodad
@@ -250,14 +279,14 @@ net_up() {
 
 net_down() {
     local ns
-    for ns in "${NODES[@]}" $(ip netns list 2>/dev/null | awk '$1 ~ /^h3ic-p-/ {print $1}'); do
+    for ns in "${NODES[@]}" $(ip netns list 2>/dev/null | awk -v p="^$LINK_PREFIX-p-" '$1 ~ p {print $1}'); do
         [[ -e /run/netns/$ns ]] || continue
         kill_netns_pids "$ns"
         ip netns del "$ns" 2>/dev/null || true
     done
     ip link show "$BRIDGE" >/dev/null 2>&1 && ip link del "$BRIDGE"
     local l
-    for l in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep '^h3ic' || true); do
+    for l in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep "^$LINK_PREFIX" || true); do
         ip link del "$l" 2>/dev/null || true
     done
 }
@@ -337,7 +366,7 @@ start_etcd() {
 start_apiserver() {
     local d=$STATE/pki
     start kube-apiserver "$CP_BIN/kube-apiserver" \
-        --bind-address=0.0.0.0 --secure-port=$APISERVER_PORT --advertise-address=$HOST4 \
+        --bind-address=0.0.0.0 --secure-port="$APISERVER_PORT" --advertise-address="$HOST4" \
         --etcd-servers="https://127.0.0.1:$ETCD_PORT" --etcd-cafile="$d/ca.crt" \
         --etcd-certfile="$d/apiserver-etcd-client.crt" --etcd-keyfile="$d/apiserver-etcd-client.key" \
         --tls-cert-file="$d/apiserver.crt" --tls-private-key-file="$d/apiserver.key" \
@@ -348,7 +377,7 @@ start_apiserver() {
         --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
         --service-account-issuer=$SA_ISSUER --service-account-key-file="$d/sa.pub" \
         --service-account-signing-key-file="$d/sa.key" \
-        --service-cluster-ip-range=$SERVICE_CIDRS --allow-privileged=true \
+        --service-cluster-ip-range="$SERVICE_CIDRS" --allow-privileged=true \
         --profiling=false --v=1
     wait_for kube-apiserver 120 apiserver_ready
 }
@@ -359,18 +388,18 @@ start_controllers() {
         --kubeconfig="$STATE/controller-manager.kubeconfig" \
         --authentication-kubeconfig="$STATE/controller-manager.kubeconfig" \
         --authorization-kubeconfig="$STATE/controller-manager.kubeconfig" \
-        --bind-address=127.0.0.1 --secure-port=10257 --leader-elect=false \
+        --bind-address=127.0.0.1 --secure-port="$CM_PORT" --leader-elect=false \
         --use-service-account-credentials=true --controllers='*' \
         --service-account-private-key-file="$d/sa.key" --root-ca-file="$d/ca.crt" \
         --cluster-signing-cert-file="$d/ca.crt" --cluster-signing-key-file="$d/ca.key" \
-        --service-cluster-ip-range=$SERVICE_CIDRS --profiling=false --v=1
+        --service-cluster-ip-range="$SERVICE_CIDRS" --profiling=false --v=1
     start kube-scheduler "$CP_BIN/kube-scheduler" \
         --kubeconfig="$STATE/scheduler.kubeconfig" \
         --authentication-kubeconfig="$STATE/scheduler.kubeconfig" \
         --authorization-kubeconfig="$STATE/scheduler.kubeconfig" \
-        --bind-address=127.0.0.1 --secure-port=10259 --leader-elect=false --profiling=false --v=1
-    wait_for kube-controller-manager 60 secure_healthz 10257
-    wait_for kube-scheduler 60 secure_healthz 10259
+        --bind-address=127.0.0.1 --secure-port="$SCHED_PORT" --leader-elect=false --profiling=false --v=1
+    wait_for kube-controller-manager 60 secure_healthz "$CM_PORT"
+    wait_for kube-scheduler 60 secure_healthz "$SCHED_PORT"
 }
 
 # tag_binaries_json: H3I_TAG_BINARIES (TAG=PATH,...) as the agent's tagBinaries object.
@@ -462,12 +491,15 @@ export H3I_POD_LOGS=$STATE/pods
 export H3I_BINARY=$BINARY
 export H3I_TAG_BINARIES=$TAG_BINARIES
 EOF
+    if [[ $NODE_MODE == real ]]; then
+        rn_env >>"$STATE/env"
+    fi
 }
 
 healthy() {
     local c
     for c in "${COMPONENTS[@]}"; do alive "$c" || return 1; done
-    etcd_healthy && apiserver_ready && secure_healthz 10257 && secure_healthz 10259 && nodes_ready
+    etcd_healthy && apiserver_ready && secure_healthz "$CM_PORT" && secure_healthz "$SCHED_PORT" && nodes_ready
 }
 
 cmd_up() {
@@ -479,7 +511,7 @@ cmd_up() {
     flock 9
     if [[ -f $STATE/admin.kubeconfig ]]; then
         if healthy; then
-            start_agent # picks up a changed H3I_BINARY or agent build
+            [[ $NODE_MODE == real ]] || start_agent # picks up a changed H3I_BINARY or agent build
             write_env
             log "already up and healthy ($STATE)"
             return
@@ -491,6 +523,8 @@ cmd_up() {
     [[ -x $BINARY ]] || log "warning: H3I_BINARY=$BINARY does not exist yet; pods of the project image fail until it does"
     make_pki
     echo "$CP_BIN" >"$STATE/cp-bin"
+    echo "$NODE_MODE" >"$STATE/node-mode"
+    [[ $NODE_MODE == agent ]] || rn_make_pki
     local srv="https://127.0.0.1:$APISERVER_PORT"
     write_kubeconfig "$STATE/admin.kubeconfig" admin "$srv"
     write_kubeconfig "$STATE/controller-manager.kubeconfig" controller-manager "$srv"
@@ -499,7 +533,7 @@ cmd_up() {
     start_etcd
     start_apiserver
     start_controllers
-    start_agent
+    if [[ $NODE_MODE == real ]]; then rn_start_nodes; else start_agent; fi
     wait_for "default ServiceAccount" 60 kubectl_admin -n default get serviceaccount default
     write_env
     log "up in $(($(date +%s) - t0)) s: eval \"\$($0 env)\""
@@ -507,6 +541,7 @@ cmd_up() {
 
 teardown() {
     stop h3i-node-agent 20
+    [[ $NODE_MODE == agent ]] || rn_stop_nodes
     net_down
     stop kube-scheduler
     stop kube-controller-manager
@@ -537,8 +572,8 @@ cmd_status() {
     done
     etcd_healthy && echo "etcd /health              ok" || { echo "etcd /health              FAILED"; ok=1; }
     apiserver_ready && echo "kube-apiserver /readyz    ok" || { echo "kube-apiserver /readyz    FAILED"; ok=1; }
-    secure_healthz 10257 && echo "controller-manager        ok" || { echo "controller-manager        FAILED"; ok=1; }
-    secure_healthz 10259 && echo "scheduler                 ok" || { echo "scheduler                 FAILED"; ok=1; }
+    secure_healthz "$CM_PORT" && echo "controller-manager        ok" || { echo "controller-manager        FAILED"; ok=1; }
+    secure_healthz "$SCHED_PORT" && echo "scheduler                 ok" || { echo "scheduler                 FAILED"; ok=1; }
     if apiserver_ready; then
         kubectl_admin get nodes -o wide || ok=1
         nodes_ready || { echo "nodes: not all Ready"; ok=1; }
@@ -567,5 +602,6 @@ case ${1:-} in
     env) cmd_env ;;
     status) cmd_status ;;
     restart-apiserver) shift; cmd_restart_apiserver "$@" ;;
+    push-image) [[ $NODE_MODE == real ]] || die "push-image: only with real nodes"; rn_push_image ;;
     *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -48,6 +48,8 @@ T_START=$(date +%s)
 
 # shellcheck source=tests/cluster/lib.sh
 source "$REPO/tests/cluster/lib.sh"
+# shellcheck source=tests/cluster/pods.sh
+source "$REPO/tests/cluster/pods.sh"
 # On failure: the listener's per-host status, and the logs of every pod that ran in $NS_OP
 # (the node agent keeps the directories of deleted pods too).
 fail_listeners() {
@@ -191,8 +193,9 @@ install_gateway_api_crds
 step "helm install the chart (image $IMAGE_REPO = the local binary through the node agent)"
 kubectl create namespace "$NS_OP" >/dev/null
 kubectl label namespace "$NS_OP" pod-security.kubernetes.io/enforce=privileged >/dev/null
+read -r -a pull_args <<<"$(pull_secret_args "$NS_OP")"
 helm install "$RELEASE" "$REPO/charts/h3-ingress" -n "$NS_OP" --set image.repository="$IMAGE_REPO" \
-    --wait --timeout 120s >"$tmp/helm.log" 2>&1 || fail "helm install: $(cat "$tmp/helm.log")"
+    "${pull_args[@]}" --wait --timeout 120s >"$tmp/helm.log" 2>&1 || fail "helm install: $(cat "$tmp/helm.log")"
 [[ $(can list httproutes.gateway.networking.k8s.io --as "$OP_USER" -A) == yes ]] || fail "the operator cannot list HTTPRoutes"
 for verb in update patch; do
     [[ $(can "$verb" httproutes.gateway.networking.k8s.io --subresource=status --as "$OP_USER" -A) == no ]] ||

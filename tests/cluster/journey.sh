@@ -46,6 +46,8 @@ T_START=$(date +%s)
 
 # shellcheck source=tests/cluster/lib.sh
 source "$REPO/tests/cluster/lib.sh"
+# shellcheck source=tests/cluster/pods.sh
+source "$REPO/tests/cluster/pods.sh"
 # On failure: the step table, every listener's columns and conditions, and the logs of the
 # pods that exist now in $NS_OP (not of those the rolls and hand-overs replaced).
 fail_listeners() {
@@ -221,8 +223,11 @@ step "helm install the chart (image $IMAGE_REPO = the local binary through the n
 kubectl create namespace "$NS_OP" >/dev/null
 # README: the data plane is hostNetwork, so its namespace must allow privileged pods.
 kubectl label namespace "$NS_OP" pod-security.kubernetes.io/enforce=privileged >/dev/null
+# The agent never pulls; real nodes pull from the cluster's registry with its credentials.
+reg_user=journey reg_password=not-a-real-one
+if pods_real; then reg_user=$H3I_REGISTRY_USER reg_password=$(cat "$H3I_REGISTRY_PASSWORD_FILE"); fi
 kubectl -n "$NS_OP" create secret docker-registry regcred --docker-server=registry.h3i.test \
-    --docker-username=journey --docker-password=not-a-real-one >/dev/null
+    --docker-username="$reg_user" --docker-password="$reg_password" >/dev/null
 t0=$(date +%s)
 helm install "$RELEASE" "$REPO/charts/h3-ingress" -n "$NS_OP" --set image.repository="$IMAGE_REPO" \
     --set 'imagePullSecrets[0].name=regcred' --wait --timeout 120s >"$tmp/helm-install.log" 2>&1 ||
@@ -243,8 +248,8 @@ IFS='|' read -r phase ready image pullsecret <<<"$(jp pod -n "$NS_OP" "$OP_POD" 
 [[ $phase == Running && $ready == True ]] || fail "operator pod $OP_POD: phase $phase Ready $ready"
 [[ $image == "$IMAGE_REPO:$app_version" ]] || fail "operator image $image, want $IMAGE_REPO:$app_version (the chart's appVersion)"
 [[ $pullsecret == regcred ]] || fail "operator pod imagePullSecrets '$pullsecret', want regcred"
-op_pid=$(cat "$H3I_POD_LOGS/$NS_OP/$OP_POD/operator.pid")
-[[ $(readlink -f "/proc/$op_pid/exe") == $(readlink -f "$H3I_BINARY") ]] || fail "operator pid $op_pid is not $H3I_BINARY"
+op_pid=$(pod_pid "$NS_OP" "$OP_POD" operator)
+[[ $(readlink -f "/proc/$op_pid/exe") == $(readlink -f "$(pod_exe)") ]] || fail "operator pid $op_pid is not $H3I_BINARY"
 ok "$OP_POD Running and Ready, image $image, imagePullSecrets regcred, pid $op_pid = $H3I_BINARY $(tr '\0' ' ' <"/proc/$op_pid/cmdline" | cut -d' ' -f2-)"
 until_ok 30 "the operator holds Lease $NS_OP/h3-ingress-operator" eval '[[ $(operator_leader_pod) == "$OP_POD" ]]'
 ok "Lease $NS_OP/h3-ingress-operator held by $(jp lease -n "$NS_OP" h3-ingress-operator -o jsonpath='{.spec.holderIdentity}')"
@@ -331,12 +336,11 @@ step "the data plane runs on both nodes with its own ServiceAccount's token"
 wait_ok 90 "DaemonSet $DP: 2 of 2 pods Ready" ds_rolled_out "$DP"
 declare -A DP_PID
 while read -r pod uid restarts node; do
-    dir=$H3I_POD_LOGS/$NS_OP/$pod
-    pid=$(cat "$dir/h3-ingress.pid")
+    pid=$(pod_pid "$NS_OP" "$pod" h3-ingress)
     DP_PID[$pod]=$pid
-    [[ $(readlink -f "/proc/$pid/exe") == $(readlink -f "$H3I_BINARY") && $(ip netns identify "$pid") == "$node" ]] ||
+    [[ $(readlink -f "/proc/$pid/exe") == $(readlink -f "$(pod_exe)") && $(ip netns identify "$pid") == "$node" ]] ||
         fail "$pod: pid $pid runs $(readlink -f "/proc/$pid/exe") in netns $(ip netns identify "$pid"), want $H3I_BINARY in $node"
-    who=$(KUBECONFIG=$dir/kubeconfig kubectl auth whoami -o jsonpath='{.status.userInfo.username} {.status.userInfo.extra.authentication\.kubernetes\.io/pod-name[0]}')
+    who=$(KUBECONFIG=$(pod_kubeconfig "$NS_OP" "$pod" "$pid" "$tmp/$pod.kubeconfig") kubectl auth whoami -o jsonpath='{.status.userInfo.username} {.status.userInfo.extra.authentication\.kubernetes\.io/pod-name[0]}')
     [[ $who == "system:serviceaccount:$NS_OP:$DP $pod" ]] || fail "$pod's token is '$who', want system:serviceaccount:$NS_OP:$DP bound to $pod"
     ok "$pod on $node: pid $pid ($(tr '\0' ' ' <"/proc/$pid/cmdline" | cut -d' ' -f2-)), token of $who"
 done < <(pods_state)
@@ -497,7 +501,7 @@ ok "helm upgrade --set operator.replicas=2 --set dataPlane.tuneImage=${TUNE_IMAG
 # The upgrade replaced the replicas: the old leader released the Lease on SIGTERM.
 wait_ok 30 "a running replica of the new ReplicaSet holds the Lease" leader_running
 leader=$(operator_leader_pod)
-pid=$(cat "$H3I_POD_LOGS/$NS_OP/$leader/operator.pid")
+pid=$(pod_pid "$NS_OP" "$leader" operator)
 info "leader $leader (pid $pid); freezing it with SIGSTOP (a hung or partitioned leader does not release the Lease)"
 kill -STOP "$pid"
 t0=$(date +%s)
@@ -656,7 +660,7 @@ ok "the operator cannot bind itself cluster-admin: $(grep -o 'forbidden: [^(]*' 
 step "delete the listener (operator stopped): the garbage collector removes everything it owned"
 unset DP_PID
 declare -A DP_PID
-while read -r pod _; do DP_PID[$pod]=$(cat "$H3I_POD_LOGS/$NS_OP/$pod/h3-ingress.pid"); done < <(pods_state)
+while read -r pod _; do DP_PID[$pod]=$(pod_pid "$NS_OP" "$pod" h3-ingress); done < <(pods_state)
 # With the operator scaled to 0 nothing but the garbage collector can remove them.
 kubectl -n "$NS_OP" scale deploy "$RELEASE-operator" --replicas=0 >/dev/null
 wait_ok 60 "operator scaled to 0 (no operator pod left)" eval '[[ -z $(kubectl -n "$NS_OP" get pods -l app.kubernetes.io/component=operator -o name) ]]'
