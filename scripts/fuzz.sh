@@ -23,7 +23,10 @@
 # fuzz/seeds/TARGET: hand-written inputs, named for what they are (committed, never minimised).
 #
 # FUZZ_SANITIZER=address|none (default none, see docs/reliability.md for the trade),
-# FUZZ_JOBS (cargo build jobs, default 2). Builds go to fuzz/target (its own workspace, ignored
+# FUZZ_JOBS (cargo build jobs, default 2), FUZZ_CODEGEN_UNITS (default 16; cargo-fuzz's own
+# default of 1 compiles the instrumented h3-ingress in one thread, and every commit repeats
+# that compile: the cold fuzz build took 1031 s here. More units fuzz a little slower, which
+# CI's 20-s runs do not notice; set 1for long local runs). Builds go to fuzz/target (its own workspace, ignored
 # by git; keep it between CI runs: a warm build only recompiles h3-ingress and the targets).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -34,6 +37,7 @@ CARGO_FUZZ_VERSION=0.13.2
 TOOLCHAIN=nightly
 SANITIZER=${FUZZ_SANITIZER:-none}
 JOBS=${FUZZ_JOBS:-2}
+CODEGEN_UNITS=${FUZZ_CODEGEN_UNITS:-16}
 TARGETS=(request_validate header_translate frame_scanner config_file)
 TRIPLE=x86_64-unknown-linux-gnu
 
@@ -73,9 +77,9 @@ need_tools() {
 }
 
 # Arguments every cargo fuzz build/run shares: a release build with debug assertions
-# (cargo-fuzz's default), overflow checks on, the chosen sanitizer.
+# (cargo-fuzz's default), overflow checks on, the chosen sanitizer and codegen units.
 fuzz_flags() {
-    echo --sanitizer "$SANITIZER"
+    echo --sanitizer "$SANITIZER" --codegen-units "$CODEGEN_UNITS"
 }
 export CARGO_BUILD_JOBS=$JOBS
 
