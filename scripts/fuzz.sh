@@ -26,8 +26,9 @@
 # FUZZ_JOBS (cargo build jobs, default 2), FUZZ_CODEGEN_UNITS (default 16; cargo-fuzz's own
 # default of 1 compiles the instrumented h3-ingress in one thread, and every commit repeats
 # that compile: the cold fuzz build took 1031 s here. More units fuzz a little slower, which
-# CI's 20-s runs do not notice; set 1for long local runs). Builds go to fuzz/target (its own workspace, ignored
-# by git; keep it between CI runs: a warm build only recompiles h3-ingress and the targets).
+# CI's 20-s runs do not notice; set 1 for long local runs). Builds go to fuzz/target (its own
+# workspace, ignored by git; scripts/test.sh keeps it in a cache outside the checkout: a warm
+# build only recompiles h3-ingress and the targets).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
