@@ -52,7 +52,8 @@ kubectl_plugin() {
           --hosts-file $OBS/fixtures/hosts.json) || return 1
     echo "$out"
     grep -q "Listener nginx-inc: UDP port 443, pods ready 3/3, hosts serving 1/2" <<<"$out" \
-        && grep -qE "^  shop.example.com +Serving +Serving +yes +981 " <<<"$out" \
+        && grep -qE "^  shop.example.com +Serving +Serving +yes +NO +981 " <<<"$out" \
+        && grep -q "shop.example.com: Chrome will not use HTTP/3" <<<"$out" \
         && grep -q "api.example.com: api.example.com is not listed under spec.tls of web/shop" <<<"$out" \
         || { echo "unexpected kubectl h3-ingress status output"; return 1; }
     # --node without a port: the listener's port, or 443 with a warning when no cluster answers.
