@@ -414,7 +414,9 @@ info "operator reconciles_total $rec0 -> $rec1, status_writes_total $wr0 -> $wr1
 (( rec1 - rec0 <= 5 && wr1 - wr0 <= 2 )) ||
     fail "under steady traffic the operator reconciled $((rec1 - rec0)) times and wrote the status $((wr1 - wr0)) times in 60 s (want <= 5 and <= 2)"
 ok "$((rec1 - rec0)) reconciles and $((wr1 - wr0)) status writes in 60 s of traffic"
-requests=$(kubectl h3-ingress status "$LISTENER" | awk -v h="$HOST" '$1 == h {print $5}')
+# By the header's name, not its position: columns come and go (PUBLIC-ROOT did).
+requests=$(kubectl h3-ingress status "$LISTENER" |
+    awk -v h="$HOST" '$1 == "HOST" { for (i = 1; i <= NF; i++) if ($i == "H3-REQUESTS") c = i } c && $1 == h { print $c }')
 [[ $requests =~ ^[0-9]+$ && $requests -gt 0 ]] || fail "kubectl h3-ingress status shows no h3 requests for $HOST: '$requests'"
 ok "h3 requests for $HOST on the pod kubectl h3-ingress status read: $requests"
 
