@@ -790,8 +790,6 @@ fn mirror_write(secret: &Secret, rv: &'static str) -> Expect {
             name: "a.example.com".into(),
             upstream: None,
             source: "Ingress shop/web".into(),
-            // The test's certificate is self-signed: Chrome would not use HTTP/3 for it.
-            private_roots: true,
         };
         assert_eq!(doc.hosts, [a]);
         assert_eq!(

@@ -51,12 +51,6 @@ pub struct MirroredHost {
     /// Where the host comes from, as people read it (`Ingress shop/web`), for logs and `/hosts`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub source: String,
-    /// The operator found that the certificate does not chain to a public web root, so
-    /// Chrome will not use HTTP/3 for the host; `/hosts` says so per host. Written only when
-    /// true: a mirror of a publicly trusted certificate stays what older operators wrote, and
-    /// is not rewritten by an upgrade.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub private_roots: bool,
 }
 
 /// The `hosts.json` of a mirror.

@@ -49,9 +49,6 @@ pub struct HostEntry {
     pub source: String,
     /// `namespace/name` of the Secret the certificate comes from, when there is one.
     pub secret: Option<Arc<str>>,
-    /// The operator's word (a mirror's `privateRoots`) that the certificate does not chain to
-    /// a public web root; false when it said nothing.
-    pub private_roots: bool,
 }
 
 impl fmt::Debug for HostEntry {
@@ -236,7 +233,6 @@ impl Certificate {
             upstream: None,
             source: String::new(),
             secret: None,
-            private_roots: false,
         }
     }
 }

@@ -300,8 +300,6 @@ pub struct ServedHost {
     pub gateway: Option<String>,
     /// The name of that Gateway's listener (section).
     pub gateway_listener: Option<String>,
-    /// Whether its certificate chains to a public web root ([`Servable::public_roots`]).
-    pub public_roots: bool,
 }
 
 /// Served hosts plus a report for every wanted host (served or not, with the reason).
@@ -543,7 +541,6 @@ pub fn resolve_wanted(
                     source: source_text(&w),
                     gateway: w.gateway.as_ref().map(|g| g.gateway.clone()),
                     gateway_listener: w.gateway.as_ref().map(|g| g.listener.clone()),
-                    public_roots: servable.public_roots,
                 });
             }
             Err((reason, message)) => reports.push(not_serving(&w, Some(sref), reason, message)),

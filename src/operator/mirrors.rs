@@ -59,7 +59,6 @@ pub fn desired(
                         name: h.name.clone(),
                         upstream: upstream(h),
                         source: h.source.clone(),
-                        private_roots: !h.public_roots,
                     })
                     .collect(),
             };
@@ -274,7 +273,6 @@ mod tests {
             source: format!("Ingress shop/{host}"),
             gateway: None,
             gateway_listener: None,
-            public_roots: true,
         }
     }
 
@@ -301,21 +299,6 @@ mod tests {
         let doc: HostsDocument = serde_json::from_slice(&ab.hosts_json).unwrap();
         let names: Vec<&str> = doc.hosts.iter().map(|h| h.name.as_str()).collect();
         assert_eq!(names, ["b.test", "c.test"]);
-        // Said only of a certificate from a private root, so other mirrors keep their bytes.
-        assert!(!String::from_utf8_lossy(&ab.hosts_json).contains("privateRoots"));
-        let private = ResolvedHosts {
-            served: vec![ServedHost {
-                public_roots: false,
-                ..served("a.test", "a")
-            }],
-            reports: vec![],
-        };
-        let p = desired("public", &private, |_| Some(pair("1")), |_| None);
-        let json = String::from_utf8_lossy(&p[0].hosts_json).into_owned();
-        assert_eq!(
-            json,
-            r#"{"hosts":[{"name":"a.test","source":"Ingress shop/a.test","privateRoots":true}]}"#
-        );
 
         // Nothing exists: everything is written.
         let p = plan(&d, &[]);

@@ -1176,7 +1176,6 @@ mod tests {
                 upstream: None,
                 source: String::new(),
                 secret: None,
-                private_roots: false,
             });
         }
         m.follow_config_hosts(&fewer, true);

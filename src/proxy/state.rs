@@ -293,8 +293,6 @@ impl Shared {
                 reason: reasons::SERVING.to_string(),
                 secret: h.secret.as_deref().map(str::to_string),
                 source: h.source.clone(),
-                // Only the operator judges roots; silence is no verdict, not a public root.
-                public_roots: h.private_roots.then_some(false),
                 ..Default::default()
             };
             if let Some(c) = self.metrics.per_host.host(&h.name) {
@@ -337,12 +335,9 @@ mod tests {
 
     #[test]
     fn status_stays_small_and_hosts_lists_every_host() {
-        let mut private = m::input("m3", "1", &["d.test"], &[]);
-        private.hosts = Some(br#"{"hosts":[{"name":"d.test","privateRoots":true}]}"#.to_vec());
         let set = m::set(vec![
             m::input("m1", "1", &["a.test"], &["a.test"]),
             m::input("m2", "1", &["b.test"], &["b.test", "c.test"]),
-            private,
         ]);
         let s = shared(mirrors::build(&m::listener(), &set, m::now()).unwrap());
         s.metrics
@@ -350,10 +345,10 @@ mod tests {
             .count_request("a.test", None, 200, crate::proxy::metrics::FAMILY_IPV4);
 
         let status = s.status_report(|_, _| None, 0);
-        assert_eq!(status.hosts_loaded, 3);
+        assert_eq!(status.hosts_loaded, 2);
         assert_eq!(status.requests_total, 1);
         let r = status.mirrors.as_ref().unwrap();
-        assert_eq!((r.count, r.failed_count), (3, 1));
+        assert_eq!((r.count, r.failed_count), (2, 1));
         assert_eq!(r.digest, mirrors::digest(&set));
 
         let hosts = s.hosts_report();
@@ -366,16 +361,12 @@ mod tests {
             [
                 ("a.test", "Serving", 1),
                 ("b.test", "Serving", 0),
-                ("d.test", "Serving", 0),
                 ("c.test", "NotServing", 0)
             ]
         );
         assert_eq!(hosts[0].secret.as_deref(), Some("shop/m1-tls"));
         assert_eq!(hosts[0].source, "Ingress shop/m1");
-        // The operator's word that d's certificate is from a private root; silence is none.
-        assert_eq!(hosts[0].public_roots, None);
-        assert_eq!(hosts[2].public_roots, Some(false));
-        assert_eq!(hosts[3].reason, reasons::CERTIFICATE_DOES_NOT_MATCH_HOST);
-        assert_eq!(hosts[3].mirror, "m2");
+        assert_eq!(hosts[2].reason, reasons::CERTIFICATE_DOES_NOT_MATCH_HOST);
+        assert_eq!(hosts[2].mirror, "m2");
     }
 }

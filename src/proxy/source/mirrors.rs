@@ -93,8 +93,6 @@ pub struct MirrorHost {
     pub name: String,
     pub source: String,
     pub upstream: Option<UpstreamAddress>,
-    /// As the operator wrote it (`api::mirror::MirroredHost::private_roots`).
-    pub private_roots: bool,
     /// Why this host cannot be served even though its mirror can.
     pub problem: Option<Problem>,
 }
@@ -196,7 +194,6 @@ fn host(i: usize, h: mirror::MirroredHost, cert: Option<&Certificate>) -> Mirror
         name,
         source: h.source,
         upstream,
-        private_roots: h.private_roots,
         problem,
     }
 }
@@ -321,7 +318,6 @@ fn resolve(mirrors: &MirrorSet, now_unix: i64) -> Resolved {
             let mut entry = cert.entry(h.name.clone());
             entry.upstream = h.upstream.clone();
             entry.source = h.source.clone();
-            entry.private_roots = h.private_roots;
             entry.secret = Some(m.source.clone()).filter(|s| !s.is_empty());
             r.table.insert(entry);
             owner.insert(&h.name, m);
@@ -386,7 +382,6 @@ pub(crate) mod tests {
                     name: h.to_string(),
                     upstream: None,
                     source: format!("Ingress shop/{name}"),
-                    private_roots: false,
                 })
                 .collect(),
         };
