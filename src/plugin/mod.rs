@@ -941,6 +941,15 @@ status:
   udp: {drops: 17, minReceiveBufferBytes: 425984, clamped: true}
 "#;
 
+    /// The PUBLIC-ROOT cell of `host`'s row in `kubectl h3-ingress status` output.
+    fn public_root_cell(out: &str, host: &str) -> String {
+        let line = out
+            .lines()
+            .find(|x| x.starts_with(&format!("  {host} ")))
+            .unwrap();
+        line.split_whitespace().nth(4).unwrap().to_string()
+    }
+
     fn listener() -> Http3Listener {
         parse_listeners(LISTENER).unwrap().remove(0)
     }
@@ -1066,13 +1075,7 @@ Listener nginx: UDP port 8443, pods ready 2/3, hosts serving 1/3, UDP drops 17, 
             .collect();
         let views: Views = [("nginx".to_string(), Ok(served))].into_iter().collect();
         let out = render_status(&[l.clone()], &views);
-        let cell = |host: &str| {
-            let line = out
-                .lines()
-                .find(|x| x.starts_with(&format!("  {host} ")))
-                .unwrap();
-            line.split_whitespace().nth(4).unwrap().to_string()
-        };
+        let cell = |host: &str| public_root_cell(&out, host);
         assert_eq!(cell("h00010.example.com"), "NO");
         assert_eq!(cell("h00011.example.com"), "?");
         let noted = out.lines().filter(|x| x.ends_with(CHROME_NOTE)).count();
@@ -1085,8 +1088,8 @@ Listener nginx: UDP port 8443, pods ready 2/3, hosts serving 1/3, UDP drops 17, 
             .collect();
         println!("{}", notes.join("\n"));
 
-        // Pods that relay the operator's word (`publicRoots: false` from the mirrors) mark
-        // every such host, and the silence about the others means a public root.
+        // A report that carries `publicRoots: false` (the operator's view of a served host)
+        // marks every such host, and the silence about the others means a public root.
         let mut relayed = views.clone();
         if let Some(Ok(hosts)) = relayed.get_mut("nginx") {
             for h in hosts
@@ -1097,13 +1100,7 @@ Listener nginx: UDP port 8443, pods ready 2/3, hosts serving 1/3, UDP drops 17, 
             }
         }
         let out = render_status(&[l], &relayed);
-        let cell = |host: &str| {
-            let line = out
-                .lines()
-                .find(|x| x.starts_with(&format!("  {host} ")))
-                .unwrap();
-            line.split_whitespace().nth(4).unwrap().to_string()
-        };
+        let cell = |host: &str| public_root_cell(&out, host);
         assert_eq!(
             (cell("h09990.example.com"), cell("h00011.example.com")),
             ("NO".to_string(), "yes".to_string())
