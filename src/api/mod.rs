@@ -83,6 +83,9 @@ pub mod reasons {
     pub const AS_EXPECTED: &str = "AsExpected";
     /// Pods still run socket settings the spec no longer has; the DaemonSet is rolling them.
     pub const ROLLOUT_PENDING: &str = "RolloutPending";
+    /// A data plane container exited in the last ten minutes (the kubelet's reason, e.g.
+    /// `OOMKilled`, is in the message).
+    pub const CONTAINER_EXITED: &str = "ContainerExited";
     // CRDCurrent
     /// The served CRD has this operator's schema revision and hash.
     pub const CRD_MATCHES: &str = "CRDMatches";

@@ -26,7 +26,7 @@ use super::events::{self, PlannedEvent, Target};
 use super::metrics::results;
 use super::reports::status_address;
 use super::status::{self, Blocker, PodReport};
-use super::{conflicts, labels, mirrors, resources, FIELD_MANAGER};
+use super::{conflicts, labels, mirrors, podstate, resources, FIELD_MANAGER};
 use crate::api::mirror::mirror_name;
 use crate::api::{host_states, reasons, HostStatus, Http3Listener, Http3ListenerStatus};
 use crate::config::gateway::gateway_upstream;
@@ -89,6 +89,10 @@ async fn pod_reports(ctx: &Context, listener: &str, metrics: SocketAddr) -> Vec<
         let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
         let ip = p.status.as_ref().and_then(|s| s.pod_ip.clone());
         let ready = pod_ready(p);
+        let trouble = p
+            .status
+            .as_ref()
+            .and_then(|s| podstate::container_trouble(s, resources::CONTAINER_NAME));
         let reports = ctx.reports.clone();
         async move {
             let report = match ip {
@@ -103,6 +107,7 @@ async fn pod_reports(ctx: &Context, listener: &str, metrics: SocketAddr) -> Vec<
                 node,
                 ready,
                 report,
+                trouble,
             }
         }
     });

@@ -14,6 +14,7 @@ pub mod events;
 pub mod leader;
 pub mod metrics;
 pub mod mirrors;
+pub mod podstate;
 pub mod render;
 pub mod reports;
 pub mod resources;

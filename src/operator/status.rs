@@ -15,6 +15,7 @@ use k8s_openapi::api::apps::v1::DaemonSetStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
+use super::podstate::ContainerTrouble;
 use crate::api::{
     conditions, host_states, reasons, HostCount, HostReport, HostStatus, Http3ListenerStatus,
     MirrorFailure, NodesStatus, StatusReport, UdpStatus, MAX_STATUS_HOSTS,
@@ -33,6 +34,8 @@ pub const MAX_HOST_MESSAGE: usize = 300;
 /// (seconds): each status write is a watch event for every operator replica and every data
 /// plane pod, and a busy listener's counters change on every reconcile.
 pub const COUNTERS_REFRESH_SECONDS: i64 = 60;
+/// How long `Degraded` says that a data plane container exited (seconds).
+pub const RECENT_EXIT_SECONDS: i64 = 600;
 
 /// What stops the listener before any pod is asked: a reason from `api::reasons` and the
 /// message, e.g. `InvalidSpec`, `PortConflict`, or an API error while applying.
@@ -51,6 +54,10 @@ pub struct PodReport {
     pub ready: bool,
     /// The report, or why it could not be read.
     pub report: Result<StatusReport, String>,
+    /// What the kubelet says about the container when it is not simply running
+    /// ([`container_trouble`](super::podstate::container_trouble)): said in `Ready` while the
+    /// pod is not ready, and in `Degraded` for [`RECENT_EXIT_SECONDS`] after it exited.
+    pub trouble: Option<ContainerTrouble>,
 }
 
 impl PodReport {
@@ -526,7 +533,17 @@ fn ready_verdict(f: &Facts) -> (bool, &'static str, String) {
         return (false, reasons::PODS_NOT_READY, msg.to_string());
     }
     if ready < desired {
-        let msg = format!("{ready} of {desired} data plane pods ready");
+        let mut msg = format!("{ready} of {desired} data plane pods ready");
+        let troubles: Vec<String> = f
+            .inp
+            .pods
+            .iter()
+            .filter(|p| !p.ready)
+            .filter_map(|p| Some(format!("{}: {}", p.label(), p.trouble.as_ref()?.describe())))
+            .collect();
+        if !troubles.is_empty() {
+            let _ = write!(msg, "; {}", list(&troubles));
+        }
         return (false, reasons::PODS_NOT_READY, msg);
     }
     if f.ok.is_empty() {
@@ -556,6 +573,7 @@ fn degraded(f: &Facts) -> Condition {
         hosts_not_serving(f),
         udp_drops_growing(f),
         rollout_pending(f),
+        recent_exits(f),
     ]
     .into_iter()
     .flatten()
@@ -599,6 +617,34 @@ fn udp_drops_growing(f: &Facts) -> Option<(&'static str, String)> {
                  the data plane too slow); smallest effective receive buffer {} bytes",
                 now.drops - before,
                 now.min_receive_buffer_bytes.unwrap_or_default()
+            ),
+        )
+    })
+}
+
+/// Data plane containers that exited (killed for memory, crashed, failed their liveness
+/// probe) in the last [`RECENT_EXIT_SECONDS`]: the kubelet restarts them within seconds, so
+/// without this the only trace would be a restart count on the pod.
+fn recent_exits(f: &Facts) -> Option<(&'static str, String)> {
+    let now = f.inp.now.as_second();
+    let exited: Vec<String> = f
+        .inp
+        .pods
+        .iter()
+        .filter_map(|p| {
+            let t = p.trouble.as_ref()?;
+            let finished = t.last_exit.as_ref()?.finished?.as_second();
+            (now - finished <= RECENT_EXIT_SECONDS)
+                .then(|| format!("{}: {}", p.label(), t.describe()))
+        })
+        .collect();
+    (!exited.is_empty()).then(|| {
+        (
+            reasons::CONTAINER_EXITED,
+            format!(
+                "data plane containers exited in the last {} minutes: {}",
+                RECENT_EXIT_SECONDS / 60,
+                list(&exited)
             ),
         )
     })
@@ -790,6 +836,7 @@ pub fn needs_write(stored: Option<&Http3ListenerStatus>, next: &Http3ListenerSta
 mod tests {
     use super::*;
     use crate::api::{MirrorReport, SocketReport};
+    use crate::operator::podstate::LastExit;
     use std::sync::LazyLock;
 
     fn t(s: i64) -> Timestamp {
@@ -872,6 +919,7 @@ mod tests {
                 udp_drops: drops,
                 ..Default::default()
             }),
+            trouble: None,
         }
     }
 
@@ -994,6 +1042,7 @@ mod tests {
             node: None,
             ready: false,
             report: Err("connection refused".into()),
+            trouble: None,
         }];
         let inp = inputs(&hosts, Some(&d), &silent, None, 1);
         assert!(!pods_up_to_date(&inp));
@@ -1126,6 +1175,55 @@ mod tests {
     }
 
     #[test]
+    fn troubled_pods_are_named_in_ready_and_recent_exits_in_degraded() {
+        let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
+        let d21 = ds(2, 1);
+        // A pod the kubelet keeps killing: its words are in the message, a ready pod's not.
+        let exit = |at: i64| LastExit {
+            reason: "OOMKilled".into(),
+            exit_code: 137,
+            finished: Some(t(at)),
+        };
+        let mut oom = pod("p2", "D", vec![], 0);
+        oom.ready = false;
+        oom.trouble = Some(ContainerTrouble {
+            waiting: None,
+            last_exit: Some(exit(0)),
+            restarts: 2,
+        });
+        let mut restarted_ready = pod("p1", "D", vec![], 0);
+        restarted_ready.trouble = Some(ContainerTrouble {
+            waiting: None,
+            last_exit: Some(exit(-RECENT_EXIT_SECONDS - 1)),
+            restarts: 1,
+        });
+        let s = agg(&inputs(
+            &hosts,
+            Some(&d21),
+            &[restarted_ready, oom],
+            None,
+            1,
+        ));
+        assert_eq!(
+            cond(&s, conditions::READY).message,
+            "1 of 2 data plane pods ready; p2 on node-p2: last exit: OOMKilled (exit code \
+             137) at 1970-01-01T00:00:00Z, 2 restarts"
+        );
+        // Degraded names the exit of the last ten minutes, not the older one.
+        let d = cond(&s, conditions::DEGRADED);
+        assert_eq!(
+            (d.status.as_str(), d.reason.as_str()),
+            ("True", reasons::CONTAINER_EXITED)
+        );
+        assert!(
+            d.message.contains("p2 on node-p2: last exit: OOMKilled"),
+            "{}",
+            d.message
+        );
+        assert!(!d.message.contains("p1"), "{}", d.message);
+    }
+
+    #[test]
     fn ready_explains_each_blocker_in_order() {
         let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
         let ok_pod = [pod("p1", "D", vec![socket("ipv4", false)], 0)];
@@ -1168,6 +1266,7 @@ mod tests {
             node: None,
             ready: false,
             report: Err("connection refused".into()),
+            trouble: None,
         }];
         let s = agg(&inputs(&hosts, Some(&d11), &unreachable, None, 1));
         let r = cond(&s, conditions::READY);
