@@ -161,6 +161,8 @@ cmd_build() {
     build_controlplane
     if [[ $NODE_MODE == real ]]; then rn_build; else build_agent; fi
     flock -u 8
+    # The registry takes the same lock itself (outside ours, or it would wait for us).
+    if [[ $NODE_MODE == real ]]; then rn_registry build >&2; fi
 }
 
 # ---- certificates -------------------------------------------------------------------------

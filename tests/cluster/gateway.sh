@@ -190,7 +190,7 @@ ok "up in $(($(date +%s) - t0))s; nodes ${NODES[*]} at ${IPS[*]}; binary $H3I_BI
 step "install the Gateway API $GATEWAY_API_VERSION standard-channel CRDs (sigs.k8s.io/gateway-api via the Go module proxy)"
 install_gateway_api_crds
 
-step "helm install the chart (image $IMAGE_REPO = the local binary through the node agent)"
+step "helm install the chart (image $IMAGE_REPO = $(image_source))"
 kubectl create namespace "$NS_OP" >/dev/null
 kubectl label namespace "$NS_OP" pod-security.kubernetes.io/enforce=privileged >/dev/null
 read -r -a pull_args <<<"$(pull_secret_args "$NS_OP")"

@@ -219,7 +219,7 @@ done
 ok "binary $H3I_BINARY ($("$H3I_BINARY" --version 2>/dev/null || echo '?')), trixie curl in $TRIXIE"
 
 # =============================================================================================
-step "helm install the chart (image $IMAGE_REPO = the local binary through the node agent, a pull secret)"
+step "helm install the chart (image $IMAGE_REPO = $(image_source), a pull secret)"
 kubectl create namespace "$NS_OP" >/dev/null
 # README: the data plane is hostNetwork, so its namespace must allow privileged pods.
 kubectl label namespace "$NS_OP" pod-security.kubernetes.io/enforce=privileged >/dev/null
@@ -570,7 +570,11 @@ svc=$(jp svc -n "$NS_OP" "$DP" -o jsonpath='{.spec.type} {.spec.externalTrafficP
 info "$svc"
 [[ $svc == "NodePort Local UDP/443->"[0-9]* && $svc != *TCP* ]] || fail "Service: '$svc', want NodePort, externalTrafficPolicy Local, UDP 443 only"
 sel=$(jp svc -n "$NS_OP" "$DP" -o jsonpath='{.spec.selector}')
-ok "NodePort Service with UDP 443 and externalTrafficPolicy Local, selector $sel (only the objects are checked: the test cluster runs no kube-proxy and no load balancer)"
+if pods_real; then
+    ok "NodePort Service with UDP 443 and externalTrafficPolicy Local, selector $sel (HTTP/3 through it via kube-proxy: tests/cluster/node-checks.sh)"
+else
+    ok "NodePort Service with UDP 443 and externalTrafficPolicy Local, selector $sel (only the objects are checked: the node agent runs no kube-proxy)"
+fi
 [[ $(cond "$LISTENER" Ready status) == True ]] || fail "h3l/$LISTENER not Ready after the change to NodePort: $(cond "$LISTENER" Ready reason)"
 kubectl patch h3l "$LISTENER" --type json -p '[{"op":"remove","path":"/spec/service"}]' >/dev/null
 wait_ok 30 "spec.service removed: Service $DP pruned" eval '! kubectl -n "$NS_OP" get svc "$DP"'

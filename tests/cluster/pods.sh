@@ -8,6 +8,11 @@
 
 pods_real() { [[ ${H3I_NODE_MODE:-agent} == real ]]; }
 
+# image_source: how the project's image reaches a pod, for step titles.
+image_source() {
+    if pods_real; then echo "the OCI image of the static binary, pulled by containerd from the authenticated registry"; else echo "the local binary through the node agent"; fi
+}
+
 # pod_exe: the executable a pod of the project's image runs.
 pod_exe() { if pods_real; then echo /h3-ingress; else echo "$H3I_BINARY"; fi; }
 
