@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# A throwaway Kubernetes control plane and two simulated Linux nodes for the tests
-# (root). Real etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
-# and helm, built from Go modules once into a cache; the nodes are network namespaces
-# whose pods tests/cluster/agent runs as local processes. See tests/cluster/README.md.
+# A throwaway Kubernetes control plane and two Linux nodes for the tests (root). Real
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and helm, built
+# from Go modules once into a cache; the nodes are network namespaces whose pods
+# tests/cluster/agent runs as local processes, or, with H3I_NODES=real, real kubelets,
+# containerd and kube-proxy (scripts/cluster-nodes.sh). See tests/cluster/README.md.
 #
 #   scripts/cluster.sh build              build (or find in the cache) all binaries
 #   scripts/cluster.sh up                 build, then start everything; a no-op health

@@ -80,14 +80,17 @@ tests/adversarial/run.sh
 step "tests/browser/run.sh (headless Chromium: Alt-Svc discovery, forced h3)"
 tests/browser/run.sh
 
-# The real Kubernetes control plane (root; tests/cluster/README.md): the control plane, helm
-# and the node agent built once per version into /var/cache/h3-ingress (cold: 15-28 min on the
-# shared 2-core machine; warm: seconds), the cluster smoke, the user's journey, Gateway API,
-# version skew, a DaemonSet roll and a helm upgrade under clients, the scale harness at 1,000
-# hosts (tests/cluster/README.md), then `scripts/cluster.sh down` whatever happened. They run
-# target/debug/h3-ingress (built by cargo test above) for the project's image. Without root it
-# prints CLUSTER TESTS SKIPPED (and fails where H3I_TESTS_REQUIRE_ROOT=1).
-step "tests/cluster/run.sh (cluster build, smoke, journey, Gateway API, skew, rollout, upgrade, scale 1000, down)"
+# The real Kubernetes control plane (root; tests/cluster/README.md): the control plane, helm,
+# the node agent, the real node components (kubelet, kube-proxy, containerd, runc, CNI) and
+# the registry built once per version into /var/cache/h3-ingress (cold: 30-45 min on the
+# shared 2-core machine; warm: seconds). On real nodes, the image of target/static/h3-ingress
+# (built by tests/observe/run.sh above) pulled from the authenticated registry: the smoke,
+# the user's journey, Gateway API and the real-node checks (Chromium through a node among
+# them). Then on the node agent, which runs target/debug/h3-ingress (built by cargo test
+# above): version skew, a DaemonSet roll and a helm upgrade under clients, the scale harness
+# at 1,000 hosts. Then `scripts/cluster.sh down` whatever happened. Without root it prints
+# CLUSTER TESTS SKIPPED (and fails where H3I_TESTS_REQUIRE_ROOT=1).
+step "tests/cluster/run.sh (build; real nodes: smoke, journey, Gateway API, node checks; agent: skew, rollout, upgrade, scale 1000; down)"
 tests/cluster/run.sh
 
 step "all checks passed"

@@ -26,7 +26,7 @@ use super::events::{self, PlannedEvent, Target};
 use super::metrics::results;
 use super::reports::status_address;
 use super::status::{self, Blocker, PodReport};
-use super::{conflicts, labels, mirrors, podstate, resources, FIELD_MANAGER};
+use super::{conflicts, labels, mirrors, podstate, resources, text, FIELD_MANAGER};
 use crate::api::mirror::mirror_name;
 use crate::api::{host_states, reasons, HostStatus, Http3Listener, Http3ListenerStatus};
 use crate::config::gateway::gateway_upstream;
@@ -128,18 +128,6 @@ fn pod_ready(p: &Pod) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-fn truncate(mut s: String) -> String {
-    if s.len() > MAX_NOTE {
-        let mut end = MAX_NOTE - 3;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-        s.push_str("...");
-    }
-    s
-}
-
 /// The reference of the cached object `key` (`namespace/name`) names, if it is still cached.
 fn cached_ref<K>(store: Option<&Store<K>>, key: &str) -> Option<ObjectReference>
 where
@@ -169,7 +157,7 @@ async fn publish(ctx: &Context, listener: &Http3Listener, planned: Vec<PlannedEv
         let event = KubeEvent {
             type_,
             reason: ev.reason.clone(),
-            note: Some(truncate(ev.note.clone())),
+            note: Some(text::cut(&ev.note, MAX_NOTE)),
             action: events::ACTION.to_string(),
             secondary: None,
         };
@@ -478,16 +466,4 @@ pub async fn reconcile(listener: Arc<Http3Listener>, ctx: Arc<Context>) -> Resul
 pub fn error_policy(listener: Arc<Http3Listener>, error: &Error, _ctx: Arc<Context>) -> Action {
     tracing::warn!(listener = %listener.name_any(), %error, "reconcile failed");
     Action::requeue(ERROR_REQUEUE)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn notes_are_cut_at_a_char_boundary() {
-        let s = truncate("é".repeat(800));
-        assert!(s.len() <= MAX_NOTE && s.ends_with("..."), "{}", s.len());
-        assert_eq!(truncate("short".into()), "short");
-    }
 }

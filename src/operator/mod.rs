@@ -21,6 +21,7 @@ pub mod resources;
 pub mod run;
 pub mod secrets;
 pub mod status;
+pub mod text;
 pub mod triggers;
 pub mod watches;
 

@@ -7,6 +7,8 @@
 use k8s_openapi::api::core::v1::{ContainerStatus, PodStatus};
 use k8s_openapi::jiff::Timestamp;
 
+use super::text;
+
 /// At most this many characters of the kubelet's waiting message (an image pull error names
 /// the registry and the reason; longer text adds nothing a status needs).
 pub const MAX_WAITING_MESSAGE: usize = 160;
@@ -98,15 +100,7 @@ fn last_exit(c: &ContainerStatus) -> Option<LastExit> {
 }
 
 fn shorten(s: &str) -> String {
-    let s = s.trim();
-    if s.len() <= MAX_WAITING_MESSAGE {
-        return s.to_string();
-    }
-    let mut end = MAX_WAITING_MESSAGE - 3;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}...", &s[..end])
+    text::cut(s.trim(), MAX_WAITING_MESSAGE)
 }
 
 #[cfg(test)]

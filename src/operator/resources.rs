@@ -372,6 +372,11 @@ const TEMPLATE_GENERATION_LABEL: &str = "pod-template-generation";
 /// How long the startup probe gives the data plane to load its configuration (all hosts
 /// and Secrets): 150 x 2 s.
 pub const STARTUP_PROBE_FAILURES: i32 = 150;
+/// The grace a data plane that failed its liveness probe gets before SIGKILL, instead of the
+/// pod's drain grace: a process that cannot answer its probe cannot drain either. On real
+/// nodes a SIGSTOPped data plane was replaced 74 s after it hung with the pod's 45 s; the
+/// probe's own grace takes that to about 30 s plus this (`tests/cluster/node-checks.sh`).
+pub const LIVENESS_KILL_GRACE_SECONDS: i64 = 5;
 
 /// `h3-ingress probe CHECK`, run in the container: the question goes to this pod's own
 /// process over a socket in its `/tmp`, never to the other pod of a rollout that shares the
@@ -529,7 +534,10 @@ fn data_plane_container(
         // Live answers from the first instant (before the configuration is loaded), so a
         // slow load is never taken for a hang; the startup probe gives the load its time.
         startup_probe: Some(probe("startup", 2, STARTUP_PROBE_FAILURES)),
-        liveness_probe: Some(probe("live", 10, 3)),
+        liveness_probe: Some(Probe {
+            termination_grace_period_seconds: Some(LIVENESS_KILL_GRACE_SECONDS),
+            ..probe("live", 10, 3)
+        }),
         readiness_probe: Some(probe("ready", 2, 2)),
         resources: Some(data_plane_resources(listener, config)),
         security_context: Some(container_security(config)),
@@ -894,6 +902,9 @@ pub(crate) mod tests {
         };
         let cmd = |check: &str| vec!["/h3-ingress".to_string(), "probe".into(), check.into()];
         assert_eq!(exec(&c.liveness_probe), (cmd("live"), 30));
+        // A hung process is killed after a short grace, not the pod's drain grace.
+        let live_grace = c.liveness_probe.as_ref().unwrap();
+        assert_eq!(live_grace.termination_grace_period_seconds, Some(5));
         assert_eq!(exec(&c.readiness_probe), (cmd("ready"), 4));
         // Five minutes to load every host before the kubelet gives up.
         assert_eq!(exec(&c.startup_probe), (cmd("startup"), 300));

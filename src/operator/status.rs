@@ -16,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use super::podstate::ContainerTrouble;
+use super::text;
 use crate::api::{
     conditions, host_states, reasons, HostCount, HostReport, HostStatus, Http3ListenerStatus,
     MirrorFailure, NodesStatus, StatusReport, UdpStatus, MAX_STATUS_HOSTS,
@@ -281,14 +282,7 @@ fn host_status(
 
 /// Status messages come from certificates and users' objects: cut so a status stays bounded.
 fn cut(s: &str) -> String {
-    if s.len() <= MAX_HOST_MESSAGE {
-        return s.to_string();
-    }
-    let mut end = MAX_HOST_MESSAGE - 3;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}...", &s[..end])
+    text::cut(s, MAX_HOST_MESSAGE)
 }
 
 /// Every wanted host's status (unbounded: the caller keeps it in memory for events, and

@@ -268,6 +268,13 @@ roll_app() {
     SLOW_SHA=$(sha256sum "$tmp/www/slow/2m.bin" | cut -d' ' -f1)
     NGINX_EXTRA="location /slow/ { limit_rate $SLOW_RATE; }"
     for node in "${NODES[@]}"; do start_nginx "$node" "$HOST"; done
+    app_objects "$name"
+}
+# app_objects NAME: namespace NS_APP with Secret NAME-tls ($tmp/pki/HOST's certificate),
+# IngressClass CLASS, the annotated Ingress NAME for HOST and the Http3Listener LISTENER
+# (upstream the node's nginx, drainTimeoutSeconds DRAIN).
+app_objects() {
+    local name=$1
     kubectl create namespace "$NS_APP" >/dev/null
     tls_secret "$NS_APP" "$name-tls" "$HOST"
     kubectl apply -f - >/dev/null <<EOF

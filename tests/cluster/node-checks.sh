@@ -145,30 +145,7 @@ SLOW_SHA=$(sha256sum "$tmp/www/slow/512k.bin" | cut -d' ' -f1)
     "$REPO/tests/browser" >"$tmp/www/index.html"
 NGINX_EXTRA="location /slow/ { limit_rate $SLOW_RATE; } location = /index.html { default_type text/html; }"
 for node in "${NODES[@]}"; do start_nginx "$node" "$HOST"; done
-kubectl create namespace "$NS_APP" >/dev/null
-tls_secret "$NS_APP" shop-tls "$HOST"
-kubectl apply -f - >/dev/null <<EOF
-apiVersion: networking.k8s.io/v1
-kind: IngressClass
-metadata: {name: $CLASS}
-spec: {controller: example.com/h3i-nodes}
----
-apiVersion: networking.k8s.io/v1
-kind: Ingress
-metadata: {name: shop, namespace: $NS_APP, annotations: {h3-ingress.dev/enabled: "true"}}
-spec:
-  ingressClassName: $CLASS
-  tls: [{hosts: [$HOST], secretName: shop-tls}]
-  rules: [{host: $HOST, http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: shop, port: {number: 80}}}}]}}]
----
-apiVersion: h3-ingress.dev/v1alpha1
-kind: Http3Listener
-metadata: {name: $LISTENER}
-spec:
-  ingressClassName: $CLASS
-  upstream: {address: "127.0.0.1:443"}
-  http: {drainTimeoutSeconds: $DRAIN}
-EOF
+app_objects shop
 wait_ok 120 "both data plane pods Ready" eval '[[ $(ready_pods) -eq 2 ]]'
 wait_ok 60 "$HOST served over HTTP/3 on ${IPS[*]}" served_everywhere
 
@@ -266,11 +243,12 @@ restarts=$(jp pod -n "$NS_OP" "$pod" -o jsonpath='{.status.containerStatuses[?(@
 t_stop=$(date +%s)
 kill -STOP "$pid"
 restarted() { [[ $(jp pod -n "$NS_OP" "$pod" -o jsonpath='{.status.containerStatuses[?(@.name=="h3-ingress")].restartCount}') -gt $restarts ]]; }
-wait_ok 90 "$pod restarted by the kubelet (restartCount > $restarts)" restarted
+wait_ok 150 "$pod restarted by the kubelet (restartCount > $restarts)" restarted
 info "$(kubectl -n "$NS_OP" get events --field-selector "involvedObject.name=$pod,reason=Unhealthy" -o jsonpath='{range .items[*]}{.count}x {.message}{"\n"}{end}' | grep -m1 -i liveness)"
-# Three failed probes 10 s apart, then the pod's grace period: a stopped process cannot act
-# on the kubelet's SIGTERM, so its SIGKILL after the grace ends it.
-info "last state: $(jp pod -n "$NS_OP" "$pod" -o jsonpath='{.status.containerStatuses[?(@.name=="h3-ingress")].lastState.terminated.reason} exit {.status.containerStatuses[?(@.name=="h3-ingress")].lastState.terminated.exitCode}'), $(($(date +%s) - t_stop)) s after SIGSTOP (3 probes 10 s apart, then the ${grace} s grace before SIGKILL)"
+# Three failed probes 10 s apart, then the probe's own grace (not the pod's drain grace): a
+# stopped process cannot act on the kubelet's SIGTERM, so its SIGKILL after the grace ends it.
+live_grace=$(jp pod -n "$NS_OP" "$pod" -o jsonpath='{.spec.containers[0].livenessProbe.terminationGracePeriodSeconds}')
+info "last state: $(jp pod -n "$NS_OP" "$pod" -o jsonpath='{.status.containerStatuses[?(@.name=="h3-ingress")].lastState.terminated.reason} exit {.status.containerStatuses[?(@.name=="h3-ingress")].lastState.terminated.exitCode}'), $(($(date +%s) - t_stop)) s after SIGSTOP (3 probes 10 s apart, then the probe's ${live_grace:-pod's $grace} s grace before SIGKILL)"
 wait_ok 60 "the restarted container is Ready and serves $HOST on $ip" eval '[[ $(ready_pods) -eq 2 ]] && h3_ok $ip'
 
 # =================================================================================================
