@@ -248,7 +248,7 @@ info "$(kubectl -n "$NS_OP" get events --field-selector "involvedObject.name=$po
 # Three failed probes 10 s apart, then the probe's own grace (not the pod's drain grace): a
 # stopped process cannot act on the kubelet's SIGTERM, so its SIGKILL after the grace ends it.
 live_grace=$(jp pod -n "$NS_OP" "$pod" -o jsonpath='{.spec.containers[0].livenessProbe.terminationGracePeriodSeconds}')
-info "last state: $(jp pod -n "$NS_OP" "$pod" -o jsonpath='{.status.containerStatuses[?(@.name=="h3-ingress")].lastState.terminated.reason} exit {.status.containerStatuses[?(@.name=="h3-ingress")].lastState.terminated.exitCode}'), $(($(date +%s) - t_stop)) s after SIGSTOP (3 probes 10 s apart, then the probe's ${live_grace:-pod's $grace} s grace before SIGKILL)"
+info "last state: $(jp pod -n "$NS_OP" "$pod" -o jsonpath='{.status.containerStatuses[?(@.name=="h3-ingress")].lastState.terminated.reason} exit {.status.containerStatuses[?(@.name=="h3-ingress")].lastState.terminated.exitCode}'), $(($(date +%s) - t_stop)) s after SIGSTOP (3 probes 10 s apart, then a ${live_grace:-$grace} s grace before SIGKILL)"
 wait_ok 60 "the restarted container is Ready and serves $HOST on $ip" eval '[[ $(ready_pods) -eq 2 ]] && h3_ok $ip'
 
 # =================================================================================================
