@@ -76,6 +76,9 @@ trap cleanup EXIT
 source "$REPO/tests/cluster/pods.sh"
 REAL=0
 pods_real && REAL=1
+# Who runs the pods, for the step titles.
+NODE_DAEMON=agent
+[[ $REAL == 0 ]] || NODE_DAEMON=kubelet
 
 step "node agent unit tests (go test, with the cluster's module and build cache)"
 if ! (cd "$REPO/tests/cluster/agent" && GOMODCACHE=$H3I_CLUSTER_CACHE/gomod GOCACHE=$H3I_CLUSTER_CACHE/gocache \
@@ -231,7 +234,7 @@ ok "kubectl auth whoami: $who"
 [[ $(KUBECONFIG=$kc kubectl auth can-i list secrets -n "$NS") == no ]] || fail "the smoke ServiceAccount may list secrets?"
 ok "and it holds no extra rights (cannot list secrets)"
 
-step "container logs: files in the state dir and kubectl logs (kubelet API of the agent)"
+step "container logs: files on the node and kubectl logs (the kubelet API, served by the $NODE_DAEMON)"
 log_file=$(pod_logs "$NS" "$pod" proxy | tail -1)
 [[ -s $log_file ]] || fail "$log_file is empty"
 lines=$(kubectl -n "$NS" logs "$pod" -c proxy | wc -l)
@@ -316,7 +319,7 @@ grep -q 'violates PodSecurity "restricted:latest"' <<<"$out" && grep -q 'hostNet
     fail "unexpected rejection: $out"
 ok "rejected: $(grep -o 'violates PodSecurity[^;]*host namespaces[^;]*' <<<"$out" | head -1)"
 
-step "kube-apiserver restart: pods keep running, the agent catches up"
+step "kube-apiserver restart: pods keep running, the $NODE_DAEMON catches up"
 "$CLUSTER" restart-apiserver 3 2>&1 | sed 's/^/    /'
 for pod in "${!POD_PID[@]}"; do
     kill -0 "${POD_PID[$pod]}" 2>/dev/null || fail "$pod's process died during the API server restart"
@@ -332,7 +335,7 @@ else
 fi
 ok "same processes (${POD_PID[*]}), nodes Ready, DaemonSet Ready"
 
-step "the agent restores node and pod status that others overwrote (as the node-lifecycle controller does after a long outage)"
+step "the $NODE_DAEMON restores node and pod status that others overwrote (as the node-lifecycle controller does after a long outage)"
 pod=$(kubectl -n "$NS" get pods -l app=smoke --field-selector spec.nodeName="${nodes[0]}" -o jsonpath='{.items[0].metadata.name}')
 kubectl patch node "${nodes[0]}" --subresource=status \
     -p '{"status":{"conditions":[{"type":"Ready","status":"Unknown","reason":"NodeStatusUnknown","message":"set by smoke.sh"}]}}' >/dev/null
@@ -344,7 +347,7 @@ until_ok 30 "${nodes[0]} Ready again" node_ready
 until_ok 30 "$pod Ready again" pod_ready
 ok "${nodes[0]} and $pod were set Unknown/False, and are Ready=True again"
 
-step "delete the DaemonSet: the garbage collector removes its pods, the agent stops the processes"
+step "delete the DaemonSet: the garbage collector removes its pods, the $NODE_DAEMON stops the processes"
 kubectl -n "$NS" delete ds smoke --wait=false >/dev/null
 pods_gone() { [[ -z $(kubectl -n "$NS" get pods -l app=smoke -o name) ]]; }
 until_ok 60 "smoke pods removed" pods_gone
