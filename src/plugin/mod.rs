@@ -37,9 +37,6 @@ use crate::operator::status::{dns_https_record, private_roots_named};
 /// What a host whose certificate does not chain to a public web root is told.
 pub const CHROME_NOTE: &str =
     "Chrome will not use HTTP/3 (certificate not from a public web root; Firefox and Safari may)";
-/// At most this many hosts get a [`CHROME_NOTE`] line of their own; the table's PUBLIC-ROOT
-/// column marks every one.
-const NOTED_HOSTS: usize = 5;
 
 /// File name kubectl looks for to run `kubectl h3-ingress`.
 pub const PLUGIN_EXECUTABLE: &str = "kubectl-h3_ingress";
@@ -629,17 +626,16 @@ fn render_listener(l: &Http3Listener, view: Option<&Result<Vec<HostReport>, Stri
             status.hosts_omitted
         );
     }
-    out.push_str(&hosts_block(&rows, &Roots::of(&status, &rows)));
+    out.push_str(&hosts_block(&rows, &Roots::of(&status)));
     out.push_str(&dns_records_block(&rows, l.spec.port));
     out
 }
 
-/// Each host's certificate verdict. A pod's `/hosts` says `publicRoots: false` of every host
-/// the operator found not to chain to a public web root (through the mirror) and nothing of
-/// the others; the listener's `PublicRoots` condition names at most five such hosts and counts
-/// the rest. So a host nobody names chains to a public root when the condition names them
-/// all, or when the pods say it of some (they relay the operator's word); else it is unknown
-/// (pods of an older version say nothing).
+/// Each served host's certificate verdict, from the listener's `PublicRoots` condition (the
+/// pods do not know it: the operator judges each Secret and keeps the verdict out of the
+/// mirrors). The condition names at most five hosts whose chain does not reach a public web
+/// root and counts the rest, so a host it does not name chains to a public root when it names
+/// them all, and is unknown otherwise.
 struct Roots<'a> {
     named: Vec<&'a str>,
     /// The PUBLIC-ROOT cell of a served host the condition does not name.
@@ -647,7 +643,7 @@ struct Roots<'a> {
 }
 
 impl<'a> Roots<'a> {
-    fn of(status: &'a Http3ListenerStatus, rows: &[HostReport]) -> Self {
+    fn of(status: &'a Http3ListenerStatus) -> Self {
         let c = status
             .conditions
             .iter()
@@ -658,10 +654,7 @@ impl<'a> Roots<'a> {
                 others: "-",
             };
         };
-        let (named, mut more) = private_roots_named(c);
-        if rows.iter().any(|h| h.public_roots == Some(false)) {
-            more = false;
-        }
+        let (named, more) = private_roots_named(c);
         let others = match c.status.as_str() {
             "True" => "yes",
             "False" if more => "?",
@@ -672,16 +665,15 @@ impl<'a> Roots<'a> {
     }
 
     /// `yes`, `NO`, `?` (one of the hosts the condition counts but does not name, or not)
-    /// or `-` (not served, or no verdict). What `/hosts` says comes first.
+    /// or `-` (not served, or no verdict).
     fn cell(&self, h: &HostReport) -> &'static str {
         if h.state != host_states::SERVING {
             return "-";
         }
-        match h.public_roots {
-            Some(true) => "yes",
-            Some(false) => "NO",
-            None if self.named.contains(&h.name.as_str()) => "NO",
-            None => self.others,
+        if self.named.contains(&h.name.as_str()) {
+            "NO"
+        } else {
+            self.others
         }
     }
 }
@@ -846,15 +838,9 @@ fn hosts_block(rows: &[HostReport], roots: &Roots) -> String {
         .filter(|h| roots.cell(h) == "NO")
         .map(|h| h.name.as_str())
         .collect();
-    for name in private.iter().take(NOTED_HOSTS) {
+    // Only hosts the condition names are NO, and it names at most five: bounded.
+    for name in private {
         let _ = writeln!(out, "  {name}: {CHROME_NOTE}");
-    }
-    if private.len() > NOTED_HOSTS {
-        let _ = writeln!(
-            out,
-            "  and {} more hosts marked NO under PUBLIC-ROOT: {CHROME_NOTE}",
-            private.len() - NOTED_HOSTS
-        );
     }
     if rows.iter().any(|h| roots.cell(h) == "?") {
         let _ = writeln!(
@@ -1074,7 +1060,7 @@ Listener nginx: UDP port 8443, pods ready 2/3, hosts serving 1/3, UDP drops 17, 
             })
             .collect();
         let views: Views = [("nginx".to_string(), Ok(served))].into_iter().collect();
-        let out = render_status(&[l.clone()], &views);
+        let out = render_status(&[l], &views);
         let cell = |host: &str| public_root_cell(&out, host);
         assert_eq!(cell("h00010.example.com"), "NO");
         assert_eq!(cell("h00011.example.com"), "?");
@@ -1087,27 +1073,6 @@ Listener nginx: UDP port 8443, pods ready 2/3, hosts serving 1/3, UDP drops 17, 
             .filter(|x| x.contains("public web root") && !x.starts_with("    "))
             .collect();
         println!("{}", notes.join("\n"));
-
-        // A report that carries `publicRoots: false` (the operator's view of a served host)
-        // marks every such host, and the silence about the others means a public root.
-        let mut relayed = views.clone();
-        if let Some(Ok(hosts)) = relayed.get_mut("nginx") {
-            for h in hosts
-                .iter_mut()
-                .filter(|h| h.name.ends_with("0.example.com"))
-            {
-                h.public_roots = Some(false);
-            }
-        }
-        let out = render_status(&[l], &relayed);
-        let cell = |host: &str| public_root_cell(&out, host);
-        assert_eq!(
-            (cell("h09990.example.com"), cell("h00011.example.com")),
-            ("NO".to_string(), "yes".to_string())
-        );
-        assert_eq!(out.lines().filter(|x| x.ends_with(CHROME_NOTE)).count(), 6);
-        assert!(out.contains("\n  and 995 more hosts marked NO under PUBLIC-ROOT: "));
-        assert!(!out.contains("PUBLIC-ROOT ?"), "{out}");
     }
 
     #[test]
