@@ -113,6 +113,9 @@ for i in 0 1; do
 done
 
 step "namespace (pod-security enforce=privileged), ServiceAccount, TLS Secret, ConfigMap"
+# A previous run deletes its namespaces without waiting; a new one cannot create objects in a
+# namespace that is still terminating.
+kubectl wait --for=delete "namespace/$NS" "namespace/$NS_RESTRICTED" --timeout=120s >/dev/null 2>&1 || true
 kubectl create namespace "$NS" --dry-run=client -o yaml |
     kubectl label --local -f - pod-security.kubernetes.io/enforce=privileged -o yaml | kubectl apply -f - >/dev/null
 kubectl -n "$NS" create serviceaccount smoke --dry-run=client -o yaml | kubectl apply -f - >/dev/null
@@ -299,9 +302,20 @@ code=$(kubectl -n "$NS" get pod crasher -o jsonpath='{.status.containerStatuses[
 if [[ $REAL == 1 ]]; then
     # CRI log lines carry a timestamp and stream prefix. The kubelet's container GC keeps one
     # dead instance (and its log file) besides the current one, and may already have removed
-    # the older ones: one run in the files, and the previous run through the kubelet's API.
-    [[ $(pod_logs "$NS" crasher crasher | xargs cat | grep -c ' run at') -ge 1 ]] || fail "crasher log files hold no run"
-    kubectl -n "$NS" logs crasher --previous | grep -q '^run at' || fail "kubectl logs --previous: no run of the previous instance"
+    # the older ones: one run in the files, and the last finished run through the kubelet's
+    # API. During the back-off this kubelet reports the finished instance as the container's
+    # current state (terminated), while lastState names the one before, which the GC may have
+    # removed ("unable to retrieve container logs"): the finished run is `kubectl logs` then,
+    # and `kubectl logs --previous` once the state is waiting or running again.
+    files_hold_run() { [[ $(pod_logs "$NS" crasher crasher | xargs cat | grep -c ' run at') -ge 1 ]]; }
+    finished_run() {
+        local state flags=(--previous)
+        state=$(kubectl -n "$NS" get pod crasher -o jsonpath='{.status.containerStatuses[0].state}')
+        [[ $state == *'"terminated"'* ]] && flags=()
+        grep -q '^run at' <<<"$(kubectl -n "$NS" logs crasher "${flags[@]}")"
+    }
+    until_ok 30 "crasher log files hold a run" files_hold_run
+    until_ok 30 "kubectl logs shows the last finished instance's run" finished_run
 else
     [[ $(grep -c '^run at' "$H3I_POD_LOGS/$NS/crasher/crasher.log") -ge 3 ]] || fail "crasher log should hold 3 runs"
 fi
