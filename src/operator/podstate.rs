@@ -22,7 +22,7 @@ pub struct ContainerTrouble {
     pub restarts: i32,
 }
 
-/// How the container's previous run ended.
+/// How the container's last finished run ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LastExit {
     /// The kubelet's reason: `OOMKilled`, `Error`, `Completed`, ...
@@ -90,8 +90,12 @@ fn waiting(c: &ContainerStatus) -> Option<String> {
     })
 }
 
+/// The run that ended last. During a restart back-off the kubelet reports that run as the
+/// current state (`terminated`) and the one before it as `lastState`; once the container
+/// waits or runs again, the run is in `lastState`.
 fn last_exit(c: &ContainerStatus) -> Option<LastExit> {
-    let t = c.last_state.as_ref()?.terminated.as_ref()?;
+    let current = c.state.as_ref().and_then(|s| s.terminated.as_ref());
+    let t = current.or_else(|| c.last_state.as_ref()?.terminated.as_ref())?;
     Some(LastExit {
         reason: t.reason.clone().unwrap_or_else(|| "Terminated".into()),
         exit_code: t.exit_code,
@@ -140,15 +144,7 @@ mod tests {
         let mut c = container("h3-ingress");
         c.restart_count = 3;
         c.state = waiting_state("CrashLoopBackOff", Some("back-off 40s restarting failed"));
-        c.last_state = Some(ContainerState {
-            terminated: Some(ContainerStateTerminated {
-                reason: Some("OOMKilled".into()),
-                exit_code: 137,
-                finished_at: Some(Time("2026-12-02T16:30:05Z".parse().unwrap())),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
+        c.last_state = terminated("OOMKilled", 137, "2026-12-02T16:30:05Z");
         let t = container_trouble(&status(c), "h3-ingress").unwrap();
         assert_eq!(
             t.describe(),
@@ -156,6 +152,33 @@ mod tests {
              last exit: OOMKilled (exit code 137) at 2026-12-02T16:30:05Z, 3 restarts"
         );
         assert_eq!(t.last_exit.unwrap().reason, "OOMKilled");
+    }
+
+    fn terminated(reason: &str, code: i32, at: &str) -> Option<ContainerState> {
+        Some(ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                reason: Some(reason.into()),
+                exit_code: code,
+                finished_at: Some(Time(at.parse().unwrap())),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
+    /// What a real kubelet (v1.37) reports for the whole back-off after an exit: the run that
+    /// just ended as the current state, the one before it as lastState.
+    #[test]
+    fn during_back_off_the_run_that_just_ended_is_the_last_exit() {
+        let mut c = container("h3-ingress");
+        c.restart_count = 2;
+        c.state = terminated("OOMKilled", 137, "2026-12-02T16:31:00Z");
+        c.last_state = terminated("Error", 1, "2026-12-02T16:30:05Z");
+        let t = container_trouble(&status(c), "h3-ingress").unwrap();
+        assert_eq!(
+            t.describe(),
+            "last exit: OOMKilled (exit code 137) at 2026-12-02T16:31:00Z, 2 restarts"
+        );
     }
 
     #[test]
