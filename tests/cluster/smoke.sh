@@ -319,7 +319,9 @@ if [[ $REAL == 1 ]]; then
 else
     [[ $(grep -c '^run at' "$H3I_POD_LOGS/$NS/crasher/crasher.log") -ge 3 ]] || fail "crasher log should hold 3 runs"
 fi
-ok "crasher: restartCount $(kubectl -n "$NS" get pod crasher -o jsonpath='{.status.containerStatuses[0].restartCount}'), lastState exit 3, $(kubectl -n "$NS" get pod crasher -o jsonpath='{.status.containerStatuses[0].state.waiting.reason}')"
+# Now: waiting CrashLoopBackOff (the agent), or terminated Error during the back-off (a kubelet).
+now=$(kubectl -n "$NS" get pod crasher -o jsonpath='{.status.containerStatuses[0].state.waiting.reason}{.status.containerStatuses[0].state.terminated.reason}')
+ok "crasher: restartCount $(kubectl -n "$NS" get pod crasher -o jsonpath='{.status.containerStatuses[0].restartCount}'), lastState exit 3, now ${now:-running}"
 kubectl -n "$NS" delete pod crasher --wait=false >/dev/null
 
 step "Pod Security admission: a hostNetwork pod in a 'restricted' namespace is rejected"
