@@ -30,5 +30,7 @@ pub mod plugin;
 pub mod probe;
 pub mod proxy;
 pub mod skew;
+#[cfg(test)]
+mod testcerts;
 pub mod version;
 pub mod watch;

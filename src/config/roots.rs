@@ -66,60 +66,22 @@ pub fn publicly_trusted(cert_pem: &[u8], host: &str, now_unix: i64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rcgen::{
-        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
-        IsCa, KeyPair, KeyUsagePurpose,
-    };
-
-    /// 2027-01-15; the test CA and its certificates are valid from ten days before.
-    const NOW: i64 = 1_800_000_000;
-    const DAY: i64 = 86_400;
-
-    fn validity(p: &mut CertificateParams, from: i64, to: i64) {
-        let epoch = rcgen::date_time_ymd(1970, 1, 1);
-        p.not_before = epoch + Duration::from_secs(from as u64);
-        p.not_after = epoch + Duration::from_secs(to as u64);
-    }
-
-    fn ca(
-        cn: &str,
-        issuer: Option<&CertifiedIssuer<'static, KeyPair>>,
-    ) -> CertifiedIssuer<'static, KeyPair> {
-        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-        p.distinguished_name.push(DnType::CommonName, cn);
-        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        p.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        validity(&mut p, NOW - 10 * DAY, NOW + 365 * DAY);
-        let key = KeyPair::generate().unwrap();
-        match issuer {
-            None => CertifiedIssuer::self_signed(p, key).unwrap(),
-            Some(i) => CertifiedIssuer::signed_by(p, key, i).unwrap(),
-        }
-    }
+    use crate::testcerts::{Ca, DAY, NOW};
 
     /// A leaf for `names` signed by `issuer`, valid from ten days before NOW for 90 days.
-    fn leaf_pem(names: &[&str], issuer: &CertifiedIssuer<'static, KeyPair>) -> String {
-        let mut p = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-            .unwrap();
-        p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        validity(&mut p, NOW - 10 * DAY, NOW + 80 * DAY);
-        p.signed_by(&KeyPair::generate().unwrap(), issuer)
-            .unwrap()
-            .pem()
+    fn leaf_pem(names: &[&str], issuer: &Ca) -> String {
+        issuer.leaf_pem(names, NOW - 10 * DAY, NOW + 80 * DAY)
     }
 
-    fn anchor(ca: &CertifiedIssuer<'static, KeyPair>) -> TrustAnchor<'static> {
-        webpki::anchor_from_trusted_cert(ca.der())
+    fn anchor(ca: &Ca) -> TrustAnchor<'static> {
+        webpki::anchor_from_trusted_cert(&ca.der())
             .unwrap()
             .to_owned()
     }
 
     #[test]
     fn a_chain_verifies_against_its_own_root_only() {
-        let root = ca("Test Root", None);
+        let root = Ca::root("Test Root");
         let leaf = leaf_pem(&["a.example.com"], &root);
         let ours = [anchor(&root)];
         assert!(chain_verifies(leaf.as_bytes(), "a.example.com", &ours, NOW));
@@ -131,7 +93,7 @@ mod tests {
             NOW
         ));
         assert!(!publicly_trusted(leaf.as_bytes(), "a.example.com", NOW));
-        let other = [anchor(&ca("Test Root", None))];
+        let other = [anchor(&Ca::root("Test Root"))];
         assert!(!chain_verifies(
             leaf.as_bytes(),
             "a.example.com",
@@ -142,8 +104,8 @@ mod tests {
 
     #[test]
     fn intermediates_come_from_the_pem_and_name_and_time_count() {
-        let root = ca("Test Root", None);
-        let middle = ca("Test Intermediate", Some(&root));
+        let root = Ca::root("Test Root");
+        let middle = Ca::intermediate("Test Intermediate", &root);
         let ours = [anchor(&root)];
         let leaf = leaf_pem(&["*.apps.example.com"], &middle);
         let chain = format!("{leaf}{}", middle.pem());

@@ -272,68 +272,9 @@ fn dns_names(cert: &x509_parser::certificate::X509Certificate<'_>) -> Vec<String
 mod tests {
     use super::*;
     use crate::config::HostEntry;
+    use crate::testcerts::{Ca, DAY, NOW};
     use prometheus::Opts;
-    use rcgen::{
-        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
-        IsCa, KeyPair, KeyUsagePurpose,
-    };
-    use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
-
-    /// Test time: 2027-01-15; certificates are valid from a day before.
-    const NOW: i64 = 1_800_000_000;
-    const DAY: i64 = 86_400;
-
-    /// Valid from `from` to `to` (Unix seconds).
-    fn validity(p: &mut CertificateParams, from: i64, to: i64) {
-        let epoch = rcgen::date_time_ymd(1970, 1, 1);
-        p.not_before = epoch + Duration::from_secs(from as u64);
-        p.not_after = epoch + Duration::from_secs(to as u64);
-    }
-
-    struct Ca(CertifiedIssuer<'static, KeyPair>);
-
-    impl Ca {
-        /// A CA named `cn` (two CAs of one name differ only in their keys).
-        fn new(cn: &str) -> Self {
-            let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-            p.distinguished_name.push(DnType::CommonName, cn);
-            p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-            p.key_usages = vec![
-                KeyUsagePurpose::KeyCertSign,
-                KeyUsagePurpose::DigitalSignature,
-            ];
-            validity(&mut p, NOW - 10 * DAY, NOW + 365 * DAY);
-            Ca(CertifiedIssuer::self_signed(p, KeyPair::generate().unwrap()).unwrap())
-        }
-
-        fn der(&self) -> CertificateDer<'static> {
-            self.0.der().clone()
-        }
-
-        /// A leaf for `names`, valid from `from` for 30 days.
-        fn leaf(&self, names: &[&str], from: i64) -> CertificateDer<'static> {
-            self.leaf_with_key(names, from, from + 30 * DAY).0
-        }
-
-        fn leaf_with_key(
-            &self,
-            names: &[&str],
-            from: i64,
-            to: i64,
-        ) -> (CertificateDer<'static>, PrivateKeyDer<'static>) {
-            let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-            let mut p = CertificateParams::new(names.clone()).unwrap();
-            p.distinguished_name = rcgen::DistinguishedName::new();
-            p.distinguished_name
-                .push(DnType::CommonName, names[0].clone());
-            p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-            validity(&mut p, from, to);
-            let key = KeyPair::generate().unwrap();
-            let cert = p.signed_by(&key, &self.0).unwrap().der().clone();
-            let key = PrivatePkcs8KeyDer::from(key.serialize_der());
-            (cert, PrivateKeyDer::Pkcs8(key))
-        }
-    }
+    use rustls::pki_types::PrivateKeyDer;
 
     fn name(host: &str) -> ServerName<'static> {
         ServerName::try_from(host.to_string()).unwrap()
@@ -345,7 +286,7 @@ mod tests {
 
     #[test]
     fn a_renewal_is_a_newer_leaf_for_the_same_names_signed_by_our_issuer() {
-        let ca = Ca::new("h3i CA");
+        let ca = Ca::root("h3i CA");
         let ours = ca.leaf(&["a.test", "www.a.test"], NOW - DAY);
         let next = ca.leaf(&["www.a.test", "a.test"], NOW - 60);
         let host = name("a.test");
@@ -402,12 +343,12 @@ mod tests {
 
     #[test]
     fn a_foreign_issuer_never_passes_even_under_our_issuers_name() {
-        let ca = Ca::new("h3i CA");
+        let ca = Ca::root("h3i CA");
         let ours = ca.leaf(&["a.test"], NOW - DAY);
         let host = name("a.test");
         // Same issuer name, another key: the forged CA's leaf does not verify with ours, and
         // the forged CA sent along does not verify our leaf, so it is never taken as issuer.
-        let forged = Ca::new("h3i CA");
+        let forged = Ca::root("h3i CA");
         let theirs = forged.leaf(&["a.test"], NOW - 60);
         let verdict = |inter: &[CertificateDer<'_>]| {
             is_renewal(&[ours.clone(), ca.der()], &theirs, inter, &host, now(NOW))
@@ -425,7 +366,7 @@ mod tests {
             Err(NotRenewal::IssuerUnknown)
         );
         // Another issuer name altogether.
-        let other = Ca::new("other CA").leaf(&["a.test"], NOW - 60);
+        let other = Ca::root("other CA").leaf(&["a.test"], NOW - 60);
         assert_eq!(
             is_renewal(&[ours, ca.der()], &other, &[], &host, now(NOW)),
             Err(NotRenewal::OtherIssuer)
@@ -434,7 +375,7 @@ mod tests {
 
     #[test]
     fn previous_and_next_leaves_pass_only_within_the_grace() {
-        let ca = Ca::new("h3i CA");
+        let ca = Ca::root("h3i CA");
         let (l1, k1) = ca.leaf_with_key(&["a.test"], NOW - DAY, NOW + 30 * DAY);
         let (l2, k2) = ca.leaf_with_key(&["a.test"], NOW - 60, NOW + 30 * DAY);
         let table = |leaf: &CertificateDer<'static>, key: PrivateKeyDer<'static>| {
