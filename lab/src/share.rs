@@ -29,8 +29,12 @@ pub struct ShareSample {
     /// `ss -ti` showed them in the window ("" when there was no such socket: an h3 row).
     pub row_tcp_cc: String,
     pub other_tcp_cc: String,
-    /// Why this run does not count (a flow ended inside the window), if it does not.
+    /// Why this run does not count (a flow ended inside the window, or had no handshake
+    /// before it), if it does not.
     pub invalid: Option<String>,
+    /// The run does not count because a handshake had not completed before the window.
+    #[serde(default)]
+    pub handshake_late: bool,
 }
 
 impl ShareSample {
@@ -201,19 +205,23 @@ pub fn measure<'a>(
             by(CLIENT2_V4).unwrap_or_default(),
         );
         let needed = Duration::from_secs_f64(w.warm_up_s + w.window_s);
-        let invalid = [
+        let flows = [
             ("the row's", &row_x, row_t),
             ("the competing", &other_x, other_t),
-        ]
-        .into_iter()
-        .find(|(_, _, t)| *t < needed)
-        .map(|(who, x, t)| {
-            format!(
-                "{who} flow ended after {:.1} s, inside the window: {}",
-                t.as_secs_f64(),
-                x.error.clone().unwrap_or_else(|| "completed".into())
-            )
-        });
+        ];
+        let ended = flows
+            .into_iter()
+            .find(|(_, _, t)| *t < needed)
+            .map(|(who, x, t)| {
+                format!(
+                    "{who} flow ended after {:.1} s, inside the window: {}",
+                    t.as_secs_f64(),
+                    x.error.clone().unwrap_or_else(|| "completed".into())
+                )
+            });
+        let late = late_handshake(&flows, w.warm_up_s);
+        let handshake_late = ended.is_none() && late.is_some();
+        let invalid = ended.or(late);
         let sample = ShareSample {
             window_s,
             row_bytes: r.tx_bytes,
@@ -223,9 +231,22 @@ pub fn measure<'a>(
             row_tcp_cc,
             other_tcp_cc,
             invalid,
+            handshake_late,
         };
         Ok((sample, row_x, other_x))
     })
+}
+
+/// A flow whose handshake had not completed when the window began did not compete in it: the
+/// run measures a handshake racing a full queue (S2's question), not the share.
+fn late_handshake(flows: &[(&str, &Sample, Duration)], warm_up_s: f64) -> Option<String> {
+    flows
+        .iter()
+        .find(|(_, x, _)| x.time_appconnect <= 0.0 || x.time_appconnect > warm_up_s)
+        .map(|(who, x, _)| match x.time_appconnect {
+            t if t > 0.0 => format!("{who} handshake completed {t:.1} s in, after the warm-up"),
+            _ => format!("{who} flow never completed its handshake"),
+        })
 }
 
 #[cfg(test)]
@@ -261,5 +282,29 @@ mod tests {
         x.invalid = Some("ended".into());
         assert_eq!(x.share(), None);
         assert_eq!(ShareSample::default().share(), None);
+    }
+
+    #[test]
+    fn a_flow_without_a_handshake_before_the_window_does_not_count() {
+        let at = |t: f64| Sample {
+            time_appconnect: t,
+            ..Sample::default()
+        };
+        let d = Duration::from_secs(13);
+        let (early, late, never) = (at(0.2), at(4.5), at(0.0));
+        assert_eq!(
+            late_handshake(&[("a", &early, d), ("b", &early, d)], 3.0),
+            None
+        );
+        let why = late_handshake(&[("the row's", &late, d), ("b", &early, d)], 3.0);
+        assert_eq!(
+            why.as_deref(),
+            Some("the row's handshake completed 4.5 s in, after the warm-up")
+        );
+        let why = late_handshake(&[("a", &early, d), ("the competing", &never, d)], 3.0);
+        assert_eq!(
+            why.as_deref(),
+            Some("the competing flow never completed its handshake")
+        );
     }
 }

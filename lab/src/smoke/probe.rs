@@ -121,6 +121,31 @@ fn udp_probe(s: &Session, size: usize, df: bool, v6: bool) -> Result<Probe, LabE
     })
 }
 
+/// Waits until the router has seen no packet for `quiet` (at most `limit`); returns how long
+/// that took, or `None` when traffic still flowed at the limit. A step whose flows end at a
+/// time limit (S6) leaves the server sending into a dead connection for a while (QUIC has no
+/// RST: it backs off until its idle timeout), and the next step's router counts must not see it.
+pub(super) fn wait_quiet(
+    s: &Session,
+    quiet: Duration,
+    limit: Duration,
+) -> Result<Option<Duration>, LabError> {
+    let start = Instant::now();
+    let packets = |c: &Counters| c.c2s.rx_packets + c.s2c.rx_packets;
+    let mut last = packets(&s.snapshot()?.counters);
+    let mut since = Instant::now();
+    while start.elapsed() < limit {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = packets(&s.snapshot()?.counters);
+        if now != last {
+            (last, since) = (now, Instant::now());
+        } else if since.elapsed() >= quiet {
+            return Ok(Some(start.elapsed()));
+        }
+    }
+    Ok(None)
+}
+
 pub(super) fn counted<T>(
     s: &Session,
     f: impl FnOnce() -> Result<T, LabError>,
