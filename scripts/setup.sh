@@ -28,6 +28,11 @@ APT_PACKAGES=(
     openssl                   # RSA key generation (ring cannot), s_client cert checks
     chromium                  # tests/browser: a real browser over Alt-Svc and forced QUIC
     libnss3-tools             # certutil: the browser test's CA in a private NSS db
+    busybox-static            # tests/cluster/nodes/oci-busybox.sh: the real nodes' busybox image
+    gcc                       # ... and its static pause.c (the CRI sandbox image)
+    libc6-dev
+    libseccomp-dev            # scripts/nodes-build.sh: runc with seccomp (cgo)
+    pkg-config
     ca-certificates
     python3
     python3-venv              # fallback when the system python is externally managed
