@@ -401,12 +401,12 @@ fn share_step(
     let s = &*s;
     let run = || share_run(s, h3, ours, window_s);
     let mut attempt = run();
-    if matches!(&attempt, Ok((x, _)) if x.handshake_late) {
-        if let Ok((x, detail)) = &attempt {
+    if let Ok((x, detail)) = &attempt {
+        if x.handshake_late {
             let why = x.invalid.as_deref().unwrap_or_default();
             println!("RERUN {id}: the run did not count ({why}): {detail}");
+            attempt = run();
         }
-        attempt = run();
     }
     share::clear_route_cc(s);
     let (x, detail) = attempt?;
