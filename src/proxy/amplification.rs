@@ -11,7 +11,13 @@
 //!
 //! Which addresses are unvalidated is what the accept loop decides: it [`Guard::pin`]s the
 //! address of a handshake it accepts without validation, and [`Guard::release`]s it once the
-//! handshake is done (or was never started). Bytes are counted from the first Initial on, so
+//! handshake is done (or was never started). An address is also validated, here as in quinn,
+//! by a Handshake packet from it (RFC 9000 section 8.1): a client that lost the datagrams
+//! acknowledging our Initial has only its small Handshake packets left to send, and would
+//! otherwise never earn the budget for our next 1200-byte datagram (quinn, which does count
+//! it as validated, keeps handing us datagrams this layer drops, until the handshake times
+//! out). We cannot decrypt it, so it counts when its destination CID is the source CID of our
+//! own first datagram to that address, which only a receiver of that datagram knows. Bytes are counted from the first Initial on, so
 //! datagrams that arrived before the decision count too. Only pinned addresses are limited;
 //! an entry that was never pinned only counts and expires.
 
@@ -26,6 +32,8 @@ use std::time::{Duration, Instant};
 
 use quinn::udp::{RecvMeta, Transmit};
 use quinn::{AsyncUdpSocket, UdpPoller};
+
+use super::header::{self, Cid, TYPE_HANDSHAKE};
 
 /// RFC 9000 section 8.1.
 pub const FACTOR: u64 = 3;
@@ -53,6 +61,8 @@ struct Entry {
     sent: u64,
     pin: Hold,
     touched: Instant,
+    /// The source CID of our first long-header datagram to this address.
+    ours: Option<Cid>,
 }
 
 impl Entry {
@@ -89,14 +99,9 @@ pub enum Admit {
     Drop,
 }
 
-/// The first byte of a long-header packet of type Initial (QUIC v1 and its drafts); the fixed
-/// bit may be greased (RFC 9287).
-pub fn is_initial(first_byte: u8) -> bool {
-    first_byte & 0xb0 == 0x80
-}
-
-pub fn is_long_header(first_byte: u8) -> bool {
-    first_byte & 0x80 != 0
+/// Whether `datagram` carries a Handshake packet addressed to `ours`.
+fn proves_address(datagram: &[u8], ours: &Cid) -> bool {
+    header::coalesced(datagram).any(|h| h.ty == TYPE_HANDSHAKE && h.dcid == ours.as_slice())
 }
 
 fn canonical(a: SocketAddr) -> SocketAddr {
@@ -140,6 +145,7 @@ impl Ledger {
             sent: 0,
             pin: Hold::No,
             touched: now,
+            ours: None,
         };
         self.entries.insert(from, entry);
         Admit::Deliver
@@ -157,6 +163,34 @@ impl Ledger {
             (false, true) => self.limited += 1,
             (true, false) => self.limited -= 1,
             _ => {}
+        }
+    }
+
+    /// Counts a datagram from `from` as [`Self::received`] does, and forgets `from` (validated)
+    /// when it carries a Handshake packet to the CID we gave it.
+    pub fn received_datagram(&mut self, from: SocketAddr, datagram: &[u8], now: Instant) -> Admit {
+        let Some(&first) = datagram.first() else {
+            return Admit::Deliver;
+        };
+        let admit = self.received(from, datagram.len(), header::is_initial(first), now);
+        let proven = self
+            .entries
+            .get(&canonical(from))
+            .and_then(|e| e.ours.as_ref())
+            .is_some_and(|ours| proves_address(datagram, ours));
+        if proven {
+            self.release(from);
+        }
+        admit
+    }
+
+    /// Remembers the source CID of our first long-header datagram to a limited `to`.
+    pub fn sending(&mut self, to: SocketAddr, datagram: &[u8]) {
+        let Some(e) = self.entries.get_mut(&canonical(to)) else {
+            return;
+        };
+        if e.ours.is_none() && e.pin != Hold::No {
+            e.ours = header::long_header(datagram).and_then(|h| Cid::new(h.scid));
         }
     }
 
@@ -267,19 +301,27 @@ impl GuardedSocket {
         Arc::new(Self { inner, guard })
     }
 
-    /// Counts the long-header datagrams of one receive batch; drops Initials the ledger refuses.
+    /// Counts the long-header datagrams of one receive batch (each of a GRO buffer's); drops
+    /// Initials the ledger refuses.
     fn account(&self, bufs: &[IoSliceMut<'_>], meta: &mut [RecvMeta]) {
         let now = Instant::now();
         for (m, buf) in meta.iter_mut().zip(bufs) {
-            let Some(&first) = buf.first().filter(|_| m.len > 0) else {
+            let Some(data) = buf.get(..m.len).filter(|d| !d.is_empty()) else {
                 continue;
             };
-            if !is_long_header(first) {
+            let datagrams = data.chunks(m.stride.max(1));
+            let long = || datagrams.clone().filter(|d| header::is_long_header(d[0]));
+            if long().next().is_none() {
                 continue;
             }
-            let admit = self
-                .guard
-                .with(|l| l.received(m.addr, m.len, is_initial(first), now));
+            let admit = self.guard.with(|l| {
+                long().fold(Admit::Deliver, |admit, d| {
+                    match l.received_datagram(m.addr, d, now) {
+                        Admit::Drop => Admit::Drop,
+                        Admit::Deliver => admit,
+                    }
+                })
+            });
             if admit == Admit::Drop {
                 // quinn skips a buffer with no bytes.
                 m.len = 0;
@@ -305,9 +347,10 @@ impl AsyncUdpSocket for GuardedSocket {
             return self.inner.try_send(transmit);
         }
         let now = Instant::now();
-        let allowed = self
-            .guard
-            .with(|l| l.allow(transmit.destination, segment_sizes(transmit), now));
+        let allowed = self.guard.with(|l| {
+            l.sending(transmit.destination, transmit.contents);
+            l.allow(transmit.destination, segment_sizes(transmit), now)
+        });
         let total = segment_sizes(transmit).count();
         match allowed {
             None => self.inner.try_send(transmit),
@@ -445,13 +488,55 @@ mod tests {
     }
 
     #[test]
-    fn header_forms() {
-        assert!(is_initial(0xc3));
-        assert!(is_initial(0x83)); // greased fixed bit
-        assert!(!is_initial(0xe0)); // Handshake
-        assert!(!is_initial(0x40)); // short header
-        assert!(is_long_header(0xe0));
-        assert!(!is_long_header(0x5f));
+    fn a_handshake_packet_to_our_cid_validates_the_address() {
+        use crate::proxy::header::tests::packet;
+        use crate::proxy::header::{TYPE_HANDSHAKE, TYPE_INITIAL};
+        let mut l = Ledger::default();
+        let t = Instant::now();
+        let a = addr("192.0.2.5:5");
+        // 27 header bytes + 1173: a 1200-byte Initial.
+        let client_initial = packet(TYPE_INITIAL, b"random-dcid", b"client", 1173);
+        assert_eq!(client_initial.len(), 1200);
+        l.received_datagram(a, &client_initial, t);
+        l.pin(a, t);
+        // Our flight: Initial + Handshake from our CID "server-9", 3600 bytes in all.
+        let ours = packet(TYPE_INITIAL, b"client", b"server-9", 1150);
+        l.sending(a, &ours);
+        assert_eq!(l.allow(a, [1200; 4].into_iter(), t), Some(3));
+        // The client's padded Initial ACK is lost; its Handshake ACKs arrive (48 bytes each),
+        // which buy no 1200-byte datagram by the 3x rule...
+        let wrong = packet(TYPE_HANDSHAKE, b"server-8", b"client", 25);
+        l.received_datagram(a, &wrong, t);
+        let initial_to_us = packet(TYPE_INITIAL, b"server-9", b"client", 25);
+        l.received_datagram(a, &initial_to_us, t);
+        assert_eq!(l.allow(a, [1200].into_iter(), t), Some(0), "not proof");
+        // ...but one addressed to our CID is proof the client got our Initial.
+        let mut ack = packet(TYPE_INITIAL, b"server-9", b"client", 1000);
+        ack.extend(packet(TYPE_HANDSHAKE, b"server-9", b"client", 25));
+        l.received_datagram(a, &ack, t);
+        assert_eq!(l.allow(a, [1200; 10].into_iter(), t), None);
+        assert_eq!((l.limited(), l.len()), (0, 0));
+    }
+
+    #[test]
+    fn the_cid_of_our_first_datagram_is_kept_and_only_for_limited_sources() {
+        use crate::proxy::header::tests::packet;
+        use crate::proxy::header::{TYPE_HANDSHAKE, TYPE_INITIAL};
+        let mut l = Ledger::default();
+        let t = Instant::now();
+        let a = addr("192.0.2.6:6");
+        l.received(a, 1200, true, t);
+        l.sending(a, &packet(TYPE_INITIAL, b"c", b"first", 10));
+        assert_eq!(l.entries[&a].ours, None, "not limited: nothing to learn");
+        l.pin(a, t);
+        l.sending(a, &[0x40, 1, 2]);
+        l.sending(a, &packet(TYPE_INITIAL, b"c", b"first", 10));
+        l.sending(a, &packet(TYPE_HANDSHAKE, b"c", b"second", 10));
+        assert_eq!(l.entries[&a].ours, Cid::new(b"first"));
+    }
+
+    #[test]
+    fn mapped_addresses_are_one_source() {
         let mapped = addr("[::ffff:192.0.2.9]:5");
         assert_eq!(canonical(mapped), addr("192.0.2.9:5"));
     }

@@ -9,6 +9,8 @@
 //! payload: pass it on, drop it, or refuse it. Pure: no I/O, so the property tests and the
 //! fuzz target drive it directly; [`super::streams`] runs it under h3.
 
+use super::header::{varint, varint_len};
+
 /// Frame types h3 understands (RFC 9114 7.2, and the HTTP/2 types it must refuse). Every
 /// other type is unknown or reserved (RFC 9114 7.2.8, 9): it has no meaning and is dropped
 /// here as it arrives instead of being buffered by h3 to be dropped there.
@@ -89,22 +91,6 @@ pub struct Scanner {
     len: usize,
     /// Complete HEADERS frames passed on (a request's header section, then trailers).
     headers_done: u32,
-}
-
-/// The length of a QUIC varint from its first byte.
-fn varint_len(first: u8) -> usize {
-    1 << (first >> 6)
-}
-
-/// Decodes a varint at the start of `b`: `(value, length)`, or `None` when incomplete.
-fn varint(b: &[u8]) -> Option<(u64, usize)> {
-    let first = *b.first()?;
-    let n = varint_len(first);
-    let bytes = b.get(..n)?;
-    let v = bytes[1..].iter().fold(u64::from(first & 0x3f), |v, byte| {
-        (v << 8) | u64::from(*byte)
-    });
-    Some((v, n))
 }
 
 impl Scanner {

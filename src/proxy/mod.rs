@@ -32,6 +32,7 @@ pub mod endpoint;
 pub mod frames;
 pub mod handler;
 pub mod handover;
+pub mod header;
 pub mod keys;
 pub mod lanes;
 pub mod logs;

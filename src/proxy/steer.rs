@@ -29,6 +29,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 use super::cid::{CID_LEN, MARKER_MASK, MAX_SLOTS};
+use super::header::{DRAFTS, QUIC_V1, TYPE_HANDSHAKE, TYPE_INITIAL, TYPE_MASK};
 
 /// `SO_ATTACH_REUSEPORT_CBPF` (Linux 4.5+), as asm-generic (x86, arm64) numbers it.
 const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
@@ -69,14 +70,6 @@ const JGE: u16 = 0x30;
 const JSET: u16 = 0x40;
 const K: u16 = 0x00;
 
-/// QUIC versions whose long-header types we know: v1 and the drafts quinn speaks (29-34),
-/// which share v1's type bits.
-const QUIC_V1: u32 = 1;
-const DRAFTS: std::ops::RangeInclusive<u32> = 0xff00_001d..=0xff00_0022;
-/// Long-header type bits of v1: Initial 0b00, 0-RTT 0b01, Handshake 0b10, Retry 0b11.
-const TYPE_MASK: u32 = 0x30;
-const TYPE_INITIAL: u32 = 0x00;
-const TYPE_HANDSHAKE: u32 = 0x20;
 /// Offsets of the destination CID: after the first byte (short header), after first byte,
 /// version and length byte (long header).
 const SHORT_DCID: u32 = 1;

@@ -428,3 +428,92 @@ impl ClosedPort {
         self.addr.port()
     }
 }
+
+/// A UDP relay between one client and a server on loopback that drops the client's datagrams
+/// a rule picks (called with each datagram and how many the client sent before it): a loss
+/// placed exactly, where the lab's random loss only sometimes hits the packet that matters.
+pub struct LossyRelay {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    dropped: Arc<AtomicUsize>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+type DropRule = dyn Fn(&[u8], usize) -> bool + Send + Sync;
+
+impl LossyRelay {
+    pub fn start(server: SocketAddr, drop_c2s: Box<DropRule>) -> Result<Self> {
+        let front = UdpSocket::bind("127.0.0.1:0").ctx(|| "LossyRelay bind".into())?;
+        let back = UdpSocket::bind("127.0.0.1:0").ctx(|| "LossyRelay bind".into())?;
+        back.connect(server).ctx(|| "LossyRelay connect".into())?;
+        let addr = front.local_addr().ctx(|| "LossyRelay local_addr".into())?;
+        for s in [&front, &back] {
+            s.set_read_timeout(Some(Duration::from_millis(50)))
+                .ctx(|| "LossyRelay timeout".into())?;
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let client: Arc<Mutex<Option<SocketAddr>>> = Arc::default();
+        let (front2, back2) = (
+            front.try_clone().ctx(|| "LossyRelay clone".into())?,
+            back.try_clone().ctx(|| "LossyRelay clone".into())?,
+        );
+        let c2s = {
+            let (stop, dropped, client) = (stop.clone(), dropped.clone(), client.clone());
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 65536];
+                let mut seen = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    let Ok((n, from)) = front.recv_from(&mut buf) else {
+                        continue;
+                    };
+                    *client.lock().unwrap() = Some(from);
+                    if drop_c2s(&buf[..n], seen) {
+                        dropped.fetch_add(1, Ordering::SeqCst);
+                    } else {
+                        let _ = back.send(&buf[..n]);
+                    }
+                    seen += 1;
+                }
+            })
+        };
+        let s2c = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 65536];
+                while !stop.load(Ordering::SeqCst) {
+                    let Ok(n) = back2.recv(&mut buf) else {
+                        continue;
+                    };
+                    if let Some(to) = *client.lock().unwrap() {
+                        let _ = front2.send_to(&buf[..n], to);
+                    }
+                }
+            })
+        };
+        Ok(LossyRelay {
+            addr,
+            stop,
+            dropped,
+            threads: vec![c2s, s2c],
+        })
+    }
+
+    /// Where the client sends.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn dropped(&self) -> usize {
+        self.dropped.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for LossyRelay {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
