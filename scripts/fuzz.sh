@@ -39,7 +39,7 @@ TOOLCHAIN=nightly
 SANITIZER=${FUZZ_SANITIZER:-none}
 JOBS=${FUZZ_JOBS:-2}
 CODEGEN_UNITS=${FUZZ_CODEGEN_UNITS:-16}
-TARGETS=(request_validate header_translate frame_scanner config_file)
+TARGETS=(request_validate header_translate frame_scanner config_file quic_header)
 TRIPLE=x86_64-unknown-linux-gnu
 
 log() { echo "fuzz: $*"; }
@@ -144,6 +144,7 @@ ci)
 run)
     [[ -n ${2:-} ]] || die "usage: scripts/fuzz.sh run TARGET [SECONDS]"
     need_tools
+    mkdir -p fuzz/work
     log "$2 for ${3:-900} s; progress in fuzz/work/$2.log"
     run_target "$2" "${3:-900}" "fuzz/work/$2" 2>"fuzz/work/$2.log" || {
         tail -n 40 "fuzz/work/$2.log" >&2

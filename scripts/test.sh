@@ -57,7 +57,7 @@ cargo test --workspace --locked
 
 # Coverage-guided fuzz targets (nightly toolchain, cargo-fuzz: installed by setup above),
 # 20 s each (FUZZ_SECONDS) from the committed corpus; any crash fails the run.
-step "scripts/fuzz.sh ci (request validation, header translation, frame scanner, config file)"
+step "scripts/fuzz.sh ci (request validation, header translation, frame scanner, config file, QUIC headers)"
 scripts/fuzz.sh ci
 
 # Manifests rendered by the operator; then chart, deploy/, rules, dashboard, Dockerfile and

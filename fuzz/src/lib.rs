@@ -1,10 +1,11 @@
 //! What the fuzz targets share: a readable input format for header sections, a model of the
-//! request h3 0.0.8 hands the proxy for a decoded field section, and an independent,
-//! whole-stream reference for the frame scanner.
+//! request h3 0.0.8 hands the proxy for a decoded field section, and independent references
+//! for the frame scanner (a whole-stream reading) and the QUIC header reader (a cursor).
 
 use std::net::SocketAddr;
 use std::str::FromStr;
 
+use h3_ingress::proxy::header::MAX_COALESCED;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Method, Request, Uri};
@@ -252,4 +253,90 @@ pub fn expected(input: &[u8], uni: bool, headers: u64, control: u64) -> Expected
         header_section,
         mid_frame: false,
     }
+}
+
+/// One long-header packet as [`expected_packets`] reads it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Packet {
+    /// The type bits of the first byte, in place (`0x00` Initial ... `0x20` Handshake).
+    pub ty: u32,
+    pub dcid: Vec<u8>,
+    pub scid: Vec<u8>,
+    /// Bytes from its first byte to its end.
+    pub len: usize,
+}
+
+struct Cursor<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl Cursor<'_> {
+    fn take(&mut self, n: u64) -> Option<&[u8]> {
+        let end = self.at.checked_add(usize::try_from(n).ok()?)?;
+        let s = self.b.get(self.at..end)?;
+        self.at = end;
+        Some(s)
+    }
+    fn byte(&mut self) -> Option<u8> {
+        self.take(1).map(|s| s[0])
+    }
+    fn varint(&mut self) -> Option<u64> {
+        let (v, n) = varint(&self.b[self.at..])?;
+        self.at += n;
+        Some(v)
+    }
+    fn cid(&mut self) -> Option<Vec<u8>> {
+        let n = self.byte()?;
+        if n > 20 {
+            return None;
+        }
+        self.take(n.into()).map(<[u8]>::to_vec)
+    }
+}
+
+fn one_packet(b: &[u8]) -> Option<Packet> {
+    let mut c = Cursor { b, at: 0 };
+    let first = c.byte()?;
+    if first & 0x80 == 0 {
+        return None;
+    }
+    let version = u32::from_be_bytes(c.take(4)?.try_into().ok()?);
+    if version != 1 && !(0xff00_001d..=0xff00_0022).contains(&version) {
+        return None;
+    }
+    let dcid = c.cid()?;
+    let scid = c.cid()?;
+    let kind = (first >> 4) & 0b11;
+    match kind {
+        0 => {
+            let token = c.varint()?;
+            c.take(token)?;
+        }
+        1 | 2 => {}
+        _ => return None,
+    }
+    let payload = c.varint()?;
+    c.take(payload)?;
+    Some(Packet {
+        ty: u32::from(kind) << 4,
+        dcid,
+        scid,
+        len: c.at,
+    })
+}
+
+/// The reference reading of the long-header packets coalesced in a datagram (RFC 9000
+/// 17.2): a cursor over the bytes, stopping at the first packet it cannot read whole.
+pub fn expected_packets(datagram: &[u8]) -> Vec<Packet> {
+    let mut out: Vec<Packet> = Vec::new();
+    let mut at = 0;
+    while out.len() < MAX_COALESCED {
+        let Some(p) = one_packet(&datagram[at..]) else {
+            break;
+        };
+        at += p.len;
+        out.push(p);
+    }
+    out
 }

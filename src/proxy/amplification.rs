@@ -190,7 +190,10 @@ impl Ledger {
             return;
         };
         if e.ours.is_none() && e.pin != Hold::No {
-            e.ours = header::long_header(datagram).and_then(|h| Cid::new(h.scid));
+            // An empty ID would be no secret (quinn's server IDs never are).
+            e.ours = header::long_header(datagram)
+                .filter(|h| !h.scid.is_empty())
+                .and_then(|h| Cid::new(h.scid));
         }
     }
 

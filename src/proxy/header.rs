@@ -18,7 +18,7 @@ pub const TYPE_HANDSHAKE: u32 = 0x20;
 pub const MAX_CID_LEN: usize = 20;
 /// Coalesced packets read from one datagram before giving up (a client coalesces at most
 /// Initial, 0-RTT or Handshake, and 1-RTT).
-const MAX_COALESCED: usize = 4;
+pub const MAX_COALESCED: usize = 4;
 
 /// The length of a QUIC varint from its first byte.
 pub fn varint_len(first: u8) -> usize {
