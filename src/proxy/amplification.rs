@@ -11,15 +11,17 @@
 //!
 //! Which addresses are unvalidated is what the accept loop decides: it [`Guard::pin`]s the
 //! address of a handshake it accepts without validation, and [`Guard::release`]s it once the
-//! handshake is done (or was never started). An address is also validated, here as in quinn,
-//! by a Handshake packet from it (RFC 9000 section 8.1): a client that lost the datagrams
-//! acknowledging our Initial has only its small Handshake packets left to send, and would
-//! otherwise never earn the budget for our next 1200-byte datagram (quinn, which does count
-//! it as validated, keeps handing us datagrams this layer drops, until the handshake times
-//! out). We cannot decrypt it, so it counts when its destination CID is the source CID of our
-//! own first datagram to that address, which only a receiver of that datagram knows. Bytes are counted from the first Initial on, so
+//! handshake is done (or was never started). Bytes are counted from the first Initial on, so
 //! datagrams that arrived before the decision count too. Only pinned addresses are limited;
 //! an entry that was never pinned only counts and expires.
+//!
+//! An address is also validated, here as in quinn, by a Handshake packet from it (RFC 9000
+//! section 8.1): a client that lost the datagrams acknowledging our Initial has only its small
+//! Handshake packets left to send, and would otherwise never earn the budget for our next
+//! 1200-byte datagram (quinn, which does count it as validated, keeps handing us datagrams
+//! this layer drops, until the handshake times out). We cannot decrypt it, so it counts when
+//! its destination CID is the source CID of our first datagram to that address, which an
+//! off-path spoofer never sees.
 
 use std::collections::HashMap;
 use std::io::{self, IoSliceMut};
