@@ -48,9 +48,11 @@ fuzz_target!(|data: &[u8]| {
     let t = Instant::now();
     ledger.received(client, 1200, true, t);
     ledger.pin(client, t);
-    ledger.sending(client, &our_initial(ours));
+    ledger.allow(client, &our_initial(ours), std::iter::empty(), t);
     ledger.received_datagram(client, datagram, t);
-    let validated = ledger.allow(client, [1200; 100].into_iter(), t).is_none();
+    let validated = ledger
+        .allow(client, &[], [1200; 100].into_iter(), t)
+        .is_none();
     // An empty ID is no secret: it never validates.
     let proof = !ours.is_empty()
         && expected

@@ -186,19 +186,6 @@ impl Ledger {
         admit
     }
 
-    /// Remembers the source CID of our first long-header datagram to a limited `to`.
-    pub fn sending(&mut self, to: SocketAddr, datagram: &[u8]) {
-        let Some(e) = self.entries.get_mut(&canonical(to)) else {
-            return;
-        };
-        if e.ours.is_none() && e.pin != Hold::No {
-            // An empty ID would be no secret (quinn's server IDs never are).
-            e.ours = header::long_header(datagram)
-                .filter(|h| !h.scid.is_empty())
-                .and_then(|h| Cid::new(h.scid));
-        }
-    }
-
     /// An unvalidated handshake with `addr` starts: limit what we send it.
     pub fn pin(&mut self, addr: SocketAddr, now: Instant) {
         self.set_pin(addr, Hold::Held, now);
@@ -218,18 +205,26 @@ impl Ledger {
         }
     }
 
-    /// How many of the `segments` (sizes in order) to `to` may go out now; counts them.
-    /// `None`: `to` is not limited. (A send that then fails with WouldBlock stays counted:
-    /// that errs on the safe side.)
+    /// How many of the `segments` (sizes in order) of `datagram` to `to` may go out now;
+    /// counts them, and keeps the source CID of our first long-header datagram to a limited
+    /// `to`. `None`: `to` is not limited. (A send that then fails with WouldBlock stays
+    /// counted: that errs on the safe side.)
     pub fn allow(
         &mut self,
         to: SocketAddr,
+        datagram: &[u8],
         segments: impl Iterator<Item = usize>,
         now: Instant,
     ) -> Option<usize> {
         let e = self.entries.get_mut(&canonical(to))?;
         if !e.limited(now) {
             return None;
+        }
+        if e.ours.is_none() {
+            // An empty ID would be no secret (quinn's server IDs never are).
+            e.ours = header::long_header(datagram)
+                .filter(|h| !h.scid.is_empty())
+                .and_then(|h| Cid::new(h.scid));
         }
         let budget = e.received * FACTOR;
         let mut n = 0;
@@ -353,8 +348,12 @@ impl AsyncUdpSocket for GuardedSocket {
         }
         let now = Instant::now();
         let allowed = self.guard.with(|l| {
-            l.sending(transmit.destination, transmit.contents);
-            l.allow(transmit.destination, segment_sizes(transmit), now)
+            l.allow(
+                transmit.destination,
+                transmit.contents,
+                segment_sizes(transmit),
+                now,
+            )
         });
         let total = segment_sizes(transmit).count();
         match allowed {
@@ -428,15 +427,15 @@ mod tests {
         l.pin(a, t);
         // The flight quinn really sent to a silent aioquic client: 1200, 222, then two
         // 1200-byte probes, the second of which would make it 3822 bytes (3.19x).
-        assert_eq!(l.allow(a, [1200].into_iter(), t), Some(1));
-        assert_eq!(l.allow(a, [222].into_iter(), t), Some(1));
-        assert_eq!(l.allow(a, [1200].into_iter(), t), Some(1));
-        assert_eq!(l.allow(a, [1200].into_iter(), t), Some(0));
+        assert_eq!(l.allow(a, &[], [1200].into_iter(), t), Some(1));
+        assert_eq!(l.allow(a, &[], [222].into_iter(), t), Some(1));
+        assert_eq!(l.allow(a, &[], [1200].into_iter(), t), Some(1));
+        assert_eq!(l.allow(a, &[], [1200].into_iter(), t), Some(0));
         // A small close still fits.
-        assert_eq!(l.allow(a, [60].into_iter(), t), Some(1));
+        assert_eq!(l.allow(a, &[], [60].into_iter(), t), Some(1));
         // More from the client raises the budget; a GSO batch is cut at a segment.
         l.received(a, 1200, false, t);
-        assert_eq!(l.allow(a, [1200; 4].into_iter(), t), Some(3));
+        assert_eq!(l.allow(a, &[], [1200; 4].into_iter(), t), Some(3));
     }
 
     #[test]
@@ -448,12 +447,12 @@ mod tests {
         l.received(a, 1200, true, t);
         l.received(b, 1200, true, t);
         // Not pinned (validated, retried or refused): not limited.
-        assert_eq!(l.allow(a, [1200; 10].into_iter(), t), None);
+        assert_eq!(l.allow(a, &[], [1200; 10].into_iter(), t), None);
         l.pin(b, t);
         assert_eq!(l.limited(), 1);
         l.release(b);
         assert_eq!((l.limited(), l.len()), (0, 1));
-        assert_eq!(l.allow(b, [1200; 10].into_iter(), t), None);
+        assert_eq!(l.allow(b, &[], [1200; 10].into_iter(), t), None);
         // A non-Initial long header from an unknown source opens nothing.
         l.received(b, 1200, false, t);
         assert_eq!(l.len(), 1);
@@ -469,9 +468,9 @@ mod tests {
         l.received(b, 1200, true, t);
         l.pin(b, t);
         l.unpin_after(b, CLOSING_TTL, t);
-        assert_eq!(l.allow(b, [3600, 1].into_iter(), t), Some(1));
+        assert_eq!(l.allow(b, &[], [3600, 1].into_iter(), t), Some(1));
         let later = t + CLOSING_TTL;
-        assert_eq!(l.allow(b, [1].into_iter(), later), None);
+        assert_eq!(l.allow(b, &[], [1].into_iter(), later), None);
         l.sweep(later);
         assert_eq!((l.len(), l.limited()), (0, 0));
     }
@@ -506,20 +505,19 @@ mod tests {
         l.pin(a, t);
         // Our flight: Initial + Handshake from our CID "server-9", 3600 bytes in all.
         let ours = packet(TYPE_INITIAL, b"client", b"server-9", 1150);
-        l.sending(a, &ours);
-        assert_eq!(l.allow(a, [1200; 4].into_iter(), t), Some(3));
+        assert_eq!(l.allow(a, &ours, [1200; 4].into_iter(), t), Some(3));
         // The client's padded Initial ACK is lost; its Handshake ACKs arrive (48 bytes each),
         // which buy no 1200-byte datagram by the 3x rule...
         let wrong = packet(TYPE_HANDSHAKE, b"server-8", b"client", 25);
         l.received_datagram(a, &wrong, t);
         let initial_to_us = packet(TYPE_INITIAL, b"server-9", b"client", 25);
         l.received_datagram(a, &initial_to_us, t);
-        assert_eq!(l.allow(a, [1200].into_iter(), t), Some(0), "not proof");
+        assert_eq!(l.allow(a, &[], [1200].into_iter(), t), Some(0), "not proof");
         // ...but one addressed to our CID is proof the client got our Initial.
         let mut ack = packet(TYPE_INITIAL, b"server-9", b"client", 1000);
         ack.extend(packet(TYPE_HANDSHAKE, b"server-9", b"client", 25));
         l.received_datagram(a, &ack, t);
-        assert_eq!(l.allow(a, [1200; 10].into_iter(), t), None);
+        assert_eq!(l.allow(a, &[], [1200; 10].into_iter(), t), None);
         assert_eq!((l.limited(), l.len()), (0, 0));
     }
 
@@ -531,12 +529,13 @@ mod tests {
         let t = Instant::now();
         let a = addr("192.0.2.6:6");
         l.received(a, 1200, true, t);
-        l.sending(a, &packet(TYPE_INITIAL, b"c", b"first", 10));
+        let none = std::iter::empty;
+        l.allow(a, &packet(TYPE_INITIAL, b"c", b"first", 10), none(), t);
         assert_eq!(l.entries[&a].ours, None, "not limited: nothing to learn");
         l.pin(a, t);
-        l.sending(a, &[0x40, 1, 2]);
-        l.sending(a, &packet(TYPE_INITIAL, b"c", b"first", 10));
-        l.sending(a, &packet(TYPE_HANDSHAKE, b"c", b"second", 10));
+        l.allow(a, &[0x40, 1, 2], none(), t);
+        l.allow(a, &packet(TYPE_INITIAL, b"c", b"first", 10), none(), t);
+        l.allow(a, &packet(TYPE_HANDSHAKE, b"c", b"second", 10), none(), t);
         assert_eq!(l.entries[&a].ours, Cid::new(b"first"));
     }
 
