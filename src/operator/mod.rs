@@ -11,6 +11,7 @@ pub mod context;
 pub mod controller;
 pub mod crd;
 pub mod events;
+pub mod hosts;
 pub mod leader;
 pub mod metrics;
 pub mod mirrors;

@@ -314,9 +314,9 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::mirrors::{self, tests as m};
     use crate::proxy::cc::CcStats;
     use crate::proxy::metrics::UpstreamMetrics;
-    use crate::proxy::source::mirrors::{self, tests as m};
 
     fn shared(config: ProxyConfig) -> Shared {
         let upstream = Upstream::new(

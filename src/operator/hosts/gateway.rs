@@ -643,8 +643,9 @@ mod tests {
     use super::*;
     use crate::api::gateway::{GatewaySpec, HTTPRouteSpec, ReferenceGrantSpec};
     use crate::api::{host_states, HostReport};
-    use crate::config::kube::tests::{listener, now, tls_secret};
-    use crate::config::kube::{referenced_secrets, resolve_hosts, ResolvedHosts, SecretMap};
+    use crate::operator::hosts::fixtures::{listener, now, tls_secret};
+    use crate::operator::hosts::resolve::{ResolvedHosts, SecretMap};
+    use crate::operator::hosts::{referenced_secrets, resolve_hosts};
     use k8s_openapi::api::networking::v1::Ingress;
     use serde_json::json;
 

@@ -1,6 +1,6 @@
 //! Watch events reduced to the ones that matter: [`ChangeFilter`] passes an object only when
-//! the part of it a consumer reads changed. Shared by the operator's triggers and the Gateway
-//! API watches (which both the operator and tools read), so neither imports the other.
+//! the part of it a consumer reads changed. Shared by the operator's triggers
+//! ([`super`]) and the Gateway API watches ([`super::gateway`]), so neither imports the other.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
@@ -21,6 +21,9 @@ fn obj_key<K: Resource>(o: &K) -> ObjKey {
         m.uid.clone(),
     )
 }
+
+/// The annotation `kubectl apply` keeps the whole last object in: never read here.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 pub fn hash_of(v: &impl Hash) -> u64 {
     let mut h = DefaultHasher::new();

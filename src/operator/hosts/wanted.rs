@@ -1,8 +1,8 @@
 //! What a listener is asked to serve, before any Secret is read: one [`WantedHost`] per host
 //! an Ingress, an HTTPRoute, a Gateway or the listener's own `spec.hosts` names, with where its
-//! certificate should come from. Both sources of hosts ([`super::kube`] for Ingresses and
-//! `spec.hosts`, [`super::gateway`] for the Gateway API) produce these; neither imports the
-//! other.
+//! certificate should come from. Both sources of hosts ([`super::ingress`] for Ingresses,
+//! [`super::gateway`] for the Gateway API) produce these, and `spec.hosts` is read where they
+//! are gathered ([`super::wanted_for_listener`]); neither source imports the other.
 
 use crate::api::SecretRef;
 

@@ -147,7 +147,7 @@ mod tests {
 
     #[test]
     fn self_signed_and_garbage_are_not_trusted() {
-        let (cert, _) = super::super::hosts::tests::self_signed(&["a.example.com"]);
+        let (cert, _) = crate::testcerts::self_signed(&["a.example.com"]);
         assert!(!publicly_trusted(cert.as_bytes(), "a.example.com", NOW));
         assert!(!publicly_trusted(b"junk", "a.example.com", NOW));
         assert!(!publicly_trusted(b"", "a.example.com", NOW));

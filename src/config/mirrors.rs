@@ -13,14 +13,14 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Secret;
 
+use super::{
+    self as config, normalize_host_name, parse_host_port, Certificate, ConfigError, HostError,
+    HostTable, ProxyConfig, Settings, UpstreamAddress,
+};
 use crate::api::mirror::{self, HostsDocument};
 use crate::api::{
     host_states, reasons, HostReport, Http3Listener, Http3ListenerSpec, MirrorFailure,
     MirrorReport, MAX_REPORTED_FAILURES,
-};
-use crate::config::{
-    self, normalize_host_name, parse_host_port, Certificate, ConfigError, HostError, HostTable,
-    ProxyConfig, Settings, UpstreamAddress,
 };
 
 /// Why a mirror, or one host of it, cannot be served.
@@ -358,7 +358,7 @@ pub(crate) mod tests {
     use k8s_openapi::ByteString;
 
     pub(crate) fn now() -> i64 {
-        crate::config::file::unix_now()
+        super::super::file::unix_now()
     }
 
     pub(crate) fn listener() -> Http3Listener {

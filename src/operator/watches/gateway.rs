@@ -1,5 +1,6 @@
-//! The watches of the Gateway API kinds h3-ingress reads (Gateway, HTTPRoute, ReferenceGrant),
-//! shared by the data plane and the operator.
+//! The operator's watches of the Gateway API kinds it reads (Gateway, HTTPRoute,
+//! ReferenceGrant), kept in caches that host resolution ([`crate::operator::hosts::gateway`])
+//! reads.
 //!
 //! The Gateway API is optional: on a cluster without its CRDs (or where RBAC does not let us
 //! read them) the kinds count as empty, so Ingresses keep working, and this is logged once per
@@ -23,9 +24,9 @@ use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
 use tracing::info;
 
+use super::filter::{ChangeFilter, LAST_APPLIED};
 use crate::api::gateway::{Gateway, HTTPRoute, ReferenceGrant};
-use crate::config::gateway::GatewayObjects;
-use crate::watch::ChangeFilter;
+use crate::operator::hosts::GatewayObjects;
 
 /// What changed, so a consumer can tell which of its listeners it concerns.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,9 +78,6 @@ pub fn route_change(r: &HTTPRoute) -> GatewayChange {
 fn grant_change(_: &ReferenceGrant) -> GatewayChange {
     GatewayChange::Grant
 }
-
-/// The annotation `kubectl apply` keeps the whole last object in: never read here.
-pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// Whether a watch error means the kind is not served to us at all: no CRD (404) or no RBAC
 /// grant (403). Anything else is a passing API server problem.
@@ -257,7 +255,7 @@ where
         let mut stream = Box::pin(stream);
         let mut filter = ChangeFilter::new(key);
         let mut unavailable = false;
-        let log = crate::watch::ErrorLog::default();
+        let log = super::filter::ErrorLog::default();
         while let Some(ev) = stream.next().await {
             match ev {
                 Ok(ev) => {

@@ -24,9 +24,12 @@ use kube::{Client, Resource, ResourceExt};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+pub mod filter;
+pub mod gateway;
+
 use super::labels;
 use crate::api::Http3Listener;
-pub use crate::watch::{changes, hash_of, ChangeFilter};
+pub use filter::{changes, hash_of, ChangeFilter};
 
 /// What a reconcile reads from a listener: its spec, and whether it is being deleted. Status,
 /// labels and annotations (and so every status write of ours) do not count.
@@ -138,7 +141,7 @@ pub fn owning_listeners(ds: DaemonSet) -> Vec<ObjectRef<Http3Listener>> {
 pub fn strip<K: Resource>(o: &mut K) {
     o.meta_mut().managed_fields = None;
     if let Some(a) = o.meta_mut().annotations.as_mut() {
-        a.remove(crate::gateway_api::LAST_APPLIED);
+        a.remove(filter::LAST_APPLIED);
     }
 }
 
@@ -149,7 +152,7 @@ pub fn ingress_changes(
     client: &Client,
     writer: reflector::store::Writer<Ingress>,
 ) -> impl Stream<Item = Ingress> + Send + 'static {
-    let log = crate::watch::ErrorLog::default();
+    let log = filter::ErrorLog::default();
     let events = watcher(
         Api::<Ingress>::all(client.clone()),
         watcher::Config::default().any_semantic(),
@@ -174,7 +177,7 @@ pub fn class_trigger(
     client: &Client,
     writer: reflector::store::Writer<IngressClass>,
 ) -> impl Stream<Item = ()> + Send + 'static {
-    let log = crate::watch::ErrorLog::default();
+    let log = filter::ErrorLog::default();
     let events = watcher(
         Api::<IngressClass>::all(client.clone()),
         watcher::Config::default(),
@@ -192,7 +195,7 @@ pub fn class_trigger(
 /// Fills the data plane pod cache (their names, nodes and IPs are all a reconcile reads).
 pub fn pod_cache(client: &Client, namespace: &str) -> (Store<Pod>, JoinHandle<()>) {
     let (store, writer) = reflector::store();
-    let log = crate::watch::ErrorLog::default();
+    let log = filter::ErrorLog::default();
     let events = watcher(
         Api::<Pod>::namespaced(client.clone(), namespace),
         watcher::Config::default().labels(&owned_selector()),
@@ -258,7 +261,7 @@ impl Drop for Tasks {
 fn drive<K>(
     api: Api<K>,
     writer: reflector::store::Writer<K>,
-    log: Arc<crate::watch::ErrorLog>,
+    log: Arc<filter::ErrorLog>,
 ) -> JoinHandle<()>
 where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
@@ -283,7 +286,7 @@ where
     })
 }
 
-fn cache<K>(api: Api<K>, log: &Arc<crate::watch::ErrorLog>) -> (Store<K>, JoinHandle<()>)
+fn cache<K>(api: Api<K>, log: &Arc<filter::ErrorLog>) -> (Store<K>, JoinHandle<()>)
 where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     K: Send + Sync + 'static,
@@ -303,7 +306,7 @@ impl OwnedStores {
         daemon_sets: &Store<DaemonSet>,
     ) -> (Self, Tasks) {
         let c = || client.clone();
-        let log = Arc::new(crate::watch::ErrorLog::default());
+        let log = Arc::new(filter::ErrorLog::default());
         let (roles, t1) = cache(Api::<PartialObjectMeta<Role>>::all(c()), &log);
         let (role_bindings, t2) = cache(Api::<PartialObjectMeta<RoleBinding>>::all(c()), &log);
         let (services, t3) = cache(Api::namespaced(c(), namespace), &log);
