@@ -220,7 +220,7 @@ async fn ensure_keys_secret(ctx: &Context, keys: &Secret) -> Result<(), ApplyErr
     if api.get_opt(&name).await.map_err(failed)?.is_some() {
         return Ok(());
     }
-    let random = crate::proxy::keys::random_secret().map_err(|e| {
+    let random = crate::proxy::quic::keys::random_secret().map_err(|e| {
         failed(kube::Error::Service(Box::new(std::io::Error::other(
             e.to_string(),
         ))))

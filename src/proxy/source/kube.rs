@@ -35,7 +35,7 @@ use super::ConfigUpdate;
 use crate::api::{mirror, Http3Listener};
 use crate::config::mirrors::{self, Fingerprint, Mirror, MirrorInput, MirrorSet};
 use crate::config::ProxyConfig;
-use crate::proxy::logs::{self, CauseLog};
+use crate::proxy::observe::logs::{self, CauseLog};
 
 /// Certificates expire without any watch event: re-evaluate this often regardless.
 pub const RECHECK: Duration = Duration::from_secs(60);

@@ -9,7 +9,7 @@
 //! program with 0, which is why every load here is preceded by a length check.
 //!
 //! [`program`] is pure: from a [`RoutingTable`] (the array index of the newest generation,
-//! and for every live slot its index and CID marker, see [`super::cid`]) it builds:
+//! and for every live slot its index and CID marker, see [`crate::proxy::quic::cid`]) it builds:
 //!
 //! - empty payload → newest;
 //! - short header: a destination CID of ours (length, marker of that slot) names a live slot
@@ -28,8 +28,8 @@
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
-use super::cid::{CID_LEN, MARKER_MASK, MAX_SLOTS};
-use super::header::{DRAFTS, QUIC_V1, TYPE_HANDSHAKE, TYPE_INITIAL, TYPE_MASK};
+use crate::proxy::quic::cid::{CID_LEN, MARKER_MASK, MAX_SLOTS};
+use crate::proxy::quic::header::{DRAFTS, QUIC_V1, TYPE_HANDSHAKE, TYPE_INITIAL, TYPE_MASK};
 
 /// `SO_ATTACH_REUSEPORT_CBPF` (Linux 4.5+), as asm-generic (x86, arm64) numbers it.
 const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;

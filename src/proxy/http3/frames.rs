@@ -9,7 +9,7 @@
 //! payload: pass it on, drop it, or refuse it. Pure: no I/O, so the property tests and the
 //! fuzz target drive it directly; [`super::streams`] runs it under h3.
 
-use super::header::{varint, varint_len};
+use crate::proxy::quic::header::{varint, varint_len};
 
 /// Frame types h3 understands (RFC 9114 7.2, and the HTTP/2 types it must refuse). Every
 /// other type is unknown or reserved (RFC 9114 7.2.8, 9): it has no meaning and is dropped

@@ -55,7 +55,7 @@ pub struct Keys {
     marker: u16,
     token: Arc<hkdf::Prk>,
     /// Kept so a process that takes over this one's port without a keys file of its own
-    /// can be the same endpoint (see [`super::handover`]).
+    /// can be the same endpoint (see [`crate::proxy::handover`]).
     secret: Vec<u8>,
     pub origin: Origin,
 }

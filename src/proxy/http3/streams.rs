@@ -42,8 +42,8 @@ use tracing::{debug, Level};
 
 use super::budget::{ConnShare, Exhausted, Reservation, StreamShare};
 use super::frames::{self, Out, Scanner, StreamKind, Violation};
-use super::logs::{limited, Reason};
-use super::metrics::{limit, rejected, Metrics};
+use crate::proxy::observe::logs::{limited, Reason};
+use crate::proxy::observe::metrics::{limit, rejected, Metrics};
 
 /// Bytes read from quinn per call; the copy into a `Bytes` of exactly what was read is what
 /// h3 and the scanner hold.

@@ -16,25 +16,9 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use prometheus::{IntCounter, IntGauge};
+use prometheus::IntGauge;
 
-/// What the lanes export: requests holding a place now, and lanes opened.
-#[derive(Clone)]
-pub struct LaneMetrics {
-    pub in_flight: IntGauge,
-    pub opened: IntCounter,
-}
-
-#[cfg(test)]
-impl LaneMetrics {
-    /// Metrics registered nowhere, for lanes nobody scrapes.
-    pub fn unregistered() -> Self {
-        Self {
-            in_flight: IntGauge::new("in_flight", "-").expect("valid gauge"),
-            opened: IntCounter::new("opened", "-").expect("valid counter"),
-        }
-    }
-}
+use crate::proxy::observe::metrics::LaneMetrics;
 
 struct Lane<T> {
     client: T,

@@ -33,7 +33,7 @@ pub enum Limit {
 
 impl Limit {
     pub fn label(self) -> &'static str {
-        use super::metrics::limit as l;
+        use crate::proxy::observe::metrics::limit as l;
         match self {
             Limit::HalfOpen => l::HALF_OPEN,
             Limit::HalfOpenPerSource => l::HALF_OPEN_PER_SOURCE,

@@ -12,12 +12,13 @@ use tracing::{error, info, warn};
 use super::amplification::{Guard, GuardedSocket};
 use super::cc::CcStats;
 use super::keys::Keys;
-use super::metrics::{Metrics, FAMILY_IPV6};
 use super::socket::{self, BoundSocket};
-use super::state::{Generation, SocketEntry};
-use super::{tls, transport, ProxyError};
+use super::tls;
+use super::transport;
 use crate::api::SocketReport;
 use crate::config::ListenConfig;
+use crate::config::ProxyConfig;
+use crate::proxy::observe::metrics::{Metrics, FAMILY_IPV6};
 
 /// One address family's endpoint.
 pub struct Family {
@@ -40,6 +41,24 @@ pub const INCOMING_BUFFER_BYTES: u64 = 64 * 1024;
 /// The same, all attempts together; quinn's default is 100 MB.
 pub const INCOMING_BUFFER_TOTAL_BYTES: u64 = 8 * 1024 * 1024;
 
+/// Why this process's endpoints could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    #[error("no UDP socket could be bound: {0}")]
+    NoSockets(String),
+    #[error("TLS server configuration: {0}")]
+    Tls(#[from] rustls::Error),
+    #[error("creating the QUIC endpoint on {addr}: {source}")]
+    Create {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// A socket as reported when it was bound (or failed to), with its inode (0 when unbound) to
+/// find its drop counter.
+pub type SocketEntry = (SocketReport, u64);
+
 /// The outcome of setting up this process's sockets.
 pub struct Bound {
     pub sockets: Vec<BoundSocket>,
@@ -48,14 +67,14 @@ pub struct Bound {
 }
 
 /// Sets up this process's own sockets (bound by it or by the process that handed the port
-/// over, see [`super::handover`]) with its own settings, and reports every configured
+/// over, see [`crate::proxy::handover`]) with its own settings, and reports every configured
 /// address: those without a socket are reported unbound, with `why` of the address.
 pub fn configure_all(
     sockets: Vec<UdpSocket>,
     listen: &ListenConfig,
     metrics: &Metrics,
     why: impl Fn(SocketAddr) -> String,
-) -> Result<Bound, ProxyError> {
+) -> Result<Bound, EndpointError> {
     let mut bound = Vec::new();
     let mut reports = Vec::new();
     for s in sockets {
@@ -73,14 +92,14 @@ pub fn configure_all(
         }
     }
     for addr in socket::addresses(listen) {
-        let family = super::metrics::family_of(&addr);
+        let family = crate::proxy::observe::metrics::family_of(&addr);
         if !reports.iter().any(|(r, _)| r.family == family) {
             reports.push(record_unbound(addr, &why(addr), metrics));
         }
     }
     if bound.is_empty() {
         let why: Vec<String> = reports.iter().map(|(r, _)| r.error.clone()).collect();
-        return Err(ProxyError::NoSockets(why.join("; ")));
+        return Err(EndpointError::NoSockets(why.join("; ")));
     }
     Ok(Bound {
         sockets: bound,
@@ -133,7 +152,7 @@ fn record_bound(b: &BoundSocket, metrics: &Metrics) {
 }
 
 fn record_unbound(addr: SocketAddr, e: &str, metrics: &Metrics) -> SocketEntry {
-    let family = super::metrics::family_of(&addr);
+    let family = crate::proxy::observe::metrics::family_of(&addr);
     error!(family, error = %e, "UDP socket not bound; this family is not served");
     metrics.socket_bound.with_label_values(&[family]).set(0);
     let report = SocketReport {
@@ -146,19 +165,19 @@ fn record_unbound(addr: SocketAddr, e: &str, metrics: &Metrics) -> SocketEntry {
     (report, 0)
 }
 
-/// The quinn server configuration of `gen` for one family: TLS for its hosts, the whole
+/// The quinn server configuration of `config` for one family: TLS for its hosts, the whole
 /// transport (flow control, path MTU, congestion controller), the Retry token key and the
 /// bounds of quinn's queue of undecided attempts.
 pub fn server_config(
-    gen: &Generation,
+    config: &ProxyConfig,
     metrics: &Arc<Metrics>,
     cc_stats: &Arc<CcStats>,
     max_udp_payload: u16,
     token_key: Arc<dyn HandshakeTokenKey>,
-) -> Result<quinn::ServerConfig, ProxyError> {
-    let crypto = tls::server_crypto(gen.config.hosts.clone(), metrics.clone())?;
+) -> Result<quinn::ServerConfig, EndpointError> {
+    let crypto = tls::server_crypto(config.hosts.clone(), metrics.clone())?;
     let transport =
-        transport::transport_config(&gen.config.transport, max_udp_payload, cc_stats.clone());
+        transport::transport_config(&config.transport, max_udp_payload, cc_stats.clone());
     let mut sc = quinn::ServerConfig::new(crypto, token_key);
     sc.transport_config(Arc::new(transport));
     sc.max_incoming(MAX_INCOMING);
@@ -177,31 +196,36 @@ pub struct Identity<'a> {
     pub guard: &'a Arc<Guard>,
 }
 
-/// A quinn endpoint on each bound socket, serving `gen`, with the identity of `id`, its sends
+/// A quinn endpoint on each bound socket, serving `config`, with the identity of `id`, its sends
 /// to unvalidated addresses held to 3x by the guard.
 pub fn endpoints(
     sockets: Vec<BoundSocket>,
-    gen: &Generation,
+    config: &ProxyConfig,
     metrics: &Arc<Metrics>,
     cc_stats: &Arc<CcStats>,
     id: Identity<'_>,
-) -> Result<Vec<Family>, ProxyError> {
+) -> Result<Vec<Family>, EndpointError> {
     let interface_mtu = transport::largest_interface_mtu();
     let mut families = Vec::new();
     for b in sockets {
         let ipv6 = b.family == FAMILY_IPV6;
-        let max_udp_payload =
-            transport::max_udp_payload(&gen.config.transport, ipv6, interface_mtu);
+        let max_udp_payload = transport::max_udp_payload(&config.transport, ipv6, interface_mtu);
         let token_key = id.keys.token_key();
-        let sc = server_config(gen, metrics, cc_stats, max_udp_payload, token_key.clone())?;
+        let sc = server_config(
+            config,
+            metrics,
+            cc_stats,
+            max_udp_payload,
+            token_key.clone(),
+        )?;
         let addr = b
             .socket
             .local_addr()
-            .map_err(|source| ProxyError::Endpoint {
+            .map_err(|source| EndpointError::Create {
                 addr: SocketAddr::from(([0, 0, 0, 0], 0)),
                 source,
             })?;
-        let endpoint_error = |source| ProxyError::Endpoint { addr, source };
+        let endpoint_error = |source| EndpointError::Create { addr, source };
         let runtime: Arc<dyn quinn::Runtime> = Arc::new(quinn::TokioRuntime);
         let socket = runtime.wrap_udp_socket(b.socket).map_err(endpoint_error)?;
         let socket = GuardedSocket::new(socket, id.guard.clone());
@@ -224,19 +248,19 @@ pub fn endpoints(
     Ok(families)
 }
 
-/// Installs `gen`'s configuration on every endpoint, or on none if one cannot be built.
+/// Installs `config` on every endpoint, or on none if one cannot be built.
 /// New handshakes use it; open connections keep the one they started with.
 pub fn reconfigure(
     families: &[Family],
-    gen: &Generation,
+    config: &ProxyConfig,
     metrics: &Arc<Metrics>,
     cc_stats: &Arc<CcStats>,
-) -> Result<(), ProxyError> {
+) -> Result<(), EndpointError> {
     let configs = families
         .iter()
         .map(|f| {
             server_config(
-                gen,
+                config,
                 metrics,
                 cc_stats,
                 f.max_udp_payload,

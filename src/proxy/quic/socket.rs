@@ -5,7 +5,7 @@
 //! therefore bind an AF_INET socket for IPv4 and an AF_INET6 socket with IPV6_V6ONLY=1 for
 //! IPv6, set DF on both, and read every option back from the kernel so tests and metrics show
 //! what is really in effect. Every socket is bound with SO_REUSEPORT, so the next generation
-//! of the data plane on the host can share the port ([`super::handover`]).
+//! of the data plane on the host can share the port ([`crate::proxy::handover`]).
 
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
@@ -152,7 +152,7 @@ fn inode_of(fd: BorrowedFd<'_>) -> u64 {
 
 /// A new UDP socket bound to `addr` in the SO_REUSEPORT group of that address: IPv6-only for
 /// IPv6 (set before the bind, the only option that must be). Every process generation sharing
-/// the port adds its sockets this way ([`super::handover`]); [`configure`] does the rest.
+/// the port adds its sockets this way ([`crate::proxy::handover`]); [`configure`] does the rest.
 pub fn group_socket(addr: SocketAddr) -> Result<UdpSocket, SocketError> {
     let domain = if addr.is_ipv6() {
         Domain::IPV6
@@ -270,9 +270,9 @@ pub fn configure(socket: UdpSocket, listen: &ListenConfig) -> Result<BoundSocket
     let clamped =
         (opts.receive_buffer as u64) < 2 * rcv_req || (opts.send_buffer as u64) < 2 * snd_req;
     let family = if ipv6 {
-        super::metrics::FAMILY_IPV6
+        crate::proxy::observe::metrics::FAMILY_IPV6
     } else {
-        super::metrics::FAMILY_IPV4
+        crate::proxy::observe::metrics::FAMILY_IPV4
     };
     let inode = inode_of(socket.as_fd());
     Ok(BoundSocket {

@@ -234,7 +234,7 @@ impl CauseLog {
 /// through [`LOG`] first.
 macro_rules! limited {
     ($level:expr, $reason:expr, $($arg:tt)+) => {
-        if $crate::proxy::logs::LOG.allow($reason) {
+        if $crate::proxy::observe::logs::LOG.allow($reason) {
             tracing::event!($level, reason = $reason.as_str(), $($arg)+);
         }
     };

@@ -37,6 +37,32 @@ pub fn family_of(addr: &std::net::SocketAddr) -> &'static str {
 pub const OTHER_HOST: &str = "other";
 
 /// Upstream error kinds (`kind` label).
+/// `leaf` of `h3_ingress_upstream_certificate_grace_total`: which other leaf than the one we
+/// serve the upstream presented and was accepted.
+pub mod renewal_leaf {
+    pub const PREVIOUS: &str = "previous";
+    pub const NEXT: &str = "next";
+    pub const ALL: [&str; 2] = [PREVIOUS, NEXT];
+}
+
+/// What the lanes export: requests holding a place now, and lanes opened.
+#[derive(Clone)]
+pub struct LaneMetrics {
+    pub in_flight: IntGauge,
+    pub opened: IntCounter,
+}
+
+#[cfg(test)]
+impl LaneMetrics {
+    /// Metrics registered nowhere, for lanes nobody scrapes.
+    pub fn unregistered() -> Self {
+        Self {
+            in_flight: IntGauge::new("in_flight", "-").expect("valid gauge"),
+            opened: IntCounter::new("opened", "-").expect("valid counter"),
+        }
+    }
+}
+
 pub mod upstream_error {
     pub const CONNECT: &str = "connect";
     pub const TLS: &str = "tls";
@@ -513,7 +539,7 @@ impl Registrar<'_> {
 /// verifier accepted with a replaced or renewed leaf.
 #[derive(Clone)]
 pub struct UpstreamMetrics {
-    pub lanes: super::lanes::LaneMetrics,
+    pub lanes: LaneMetrics,
     pub certificate_grace: prometheus::IntCounterVec,
     pub connections: IntGauge,
 }
@@ -524,7 +550,7 @@ impl UpstreamMetrics {
     pub fn unregistered() -> Self {
         let opts = prometheus::Opts::new("grace", "-");
         Self {
-            lanes: super::lanes::LaneMetrics::unregistered(),
+            lanes: LaneMetrics::unregistered(),
             certificate_grace: prometheus::IntCounterVec::new(opts, &["leaf"])
                 .expect("valid counter"),
             connections: IntGauge::new("connections", "-").expect("valid gauge"),
@@ -534,8 +560,8 @@ impl UpstreamMetrics {
 
 impl Metrics {
     /// The upstream lanes' share of these metrics.
-    pub fn lanes(&self) -> super::lanes::LaneMetrics {
-        super::lanes::LaneMetrics {
+    pub fn lanes(&self) -> LaneMetrics {
+        LaneMetrics {
             in_flight: self.upstream_requests.clone(),
             opened: self.upstream_lanes_opened.clone(),
         }
@@ -607,7 +633,7 @@ impl Metrics {
         for kind in upstream_error::ALL {
             m.upstream_errors.with_label_values(&[kind]);
         }
-        for leaf in super::renewal::leaf::ALL {
+        for leaf in renewal_leaf::ALL {
             m.upstream_certificate_grace.with_label_values(&[leaf]);
         }
         for reason in rejected::ALL {
@@ -1005,7 +1031,7 @@ impl Collector for UdpProcCollector {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proxy::procnet::parse_snmp;
+    use crate::proxy::observe::procnet::parse_snmp;
 
     #[test]
     fn live_proc_values_are_exported() {

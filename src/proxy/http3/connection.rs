@@ -1,15 +1,16 @@
 //! The accept loop of each endpoint and the task of each QUIC connection: handshake (within
 //! `transport.handshakeTimeoutSeconds`), HTTP/3 setup, one task per request stream, GOAWAY on
-//! drain or at `http.maxConnectionAgeSeconds`, transport statistics at the end.
+//! drain or at `http.maxConnectionAgeSeconds` as its [`super::lifecycle`] decides, transport
+//! statistics at the end.
 //!
-//! A process superseded by a newer generation on its host ([`super::handover`]) keeps
+//! A process superseded by a newer generation on its host ([`crate::proxy::handover`]) keeps
 //! accepting the rare connection the socket-selection program still sends it (a client's
 //! random CID that looks like one of its own): such a *stray* is served, and gets its
 //! GOAWAY after its first request (or [`STRAY_GRACE`] without one), so the client moves on
 //! to the newest process without a refused request.
 //!
 //! Every connection attempt passes through [`admit`], the one place where the proxy decides
-//! what to do with it: a Retry, a refusal at a cap ([`super::admission`]), or a handshake.
+//! what to do with it: a Retry, a refusal at a cap ([`crate::proxy::quic::admission`]), or a handshake.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -24,15 +25,16 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info_span, Instrument};
 
-use super::admission::{Attempt, Policy, Ticket, Verdict};
-use super::amplification::CLOSING_TTL;
-use super::cc;
 use super::frames;
 use super::handler::{self, ConnCtx};
-use super::metrics::{handshake, limit, Metrics};
-use super::state::Shared;
+use super::lifecycle::{Action, CloseReason, Event, Lifecycle};
+use super::serving::Serving;
 use super::streams::{self, ConnStreams, Delivered, StreamHandle, StreamLimits};
 use crate::api::HttpSettings;
+use crate::proxy::observe::metrics::{handshake, limit, Metrics};
+use crate::proxy::quic::admission::{Attempt, Policy, Ticket, Verdict};
+use crate::proxy::quic::amplification::CLOSING_TTL;
+use crate::proxy::quic::cc;
 
 /// How long a drained connection that has not sent a request yet (a stray of a superseded
 /// process, or one whose handshake crossed the drain) may stay before it gets its GOAWAY.
@@ -43,7 +45,7 @@ pub const STRAY_GRACE: Duration = Duration::from_secs(2);
 pub async fn accept_loop(
     endpoint: quinn::Endpoint,
     family: &'static str,
-    shared: Arc<Shared>,
+    serving: Arc<Serving>,
     tracker: TaskTracker,
     stop: CancellationToken,
 ) {
@@ -53,7 +55,7 @@ pub async fn accept_loop(
             _ = stop.cancelled() => break,
         };
         let Some(incoming) = incoming else { break };
-        admit(incoming, family, &shared, &tracker);
+        admit(incoming, family, &serving, &tracker);
     }
 }
 
@@ -62,10 +64,10 @@ pub async fn accept_loop(
 fn admit(
     incoming: quinn::Incoming,
     family: &'static str,
-    shared: &Arc<Shared>,
+    serving: &Arc<Serving>,
     tracker: &TaskTracker,
 ) {
-    let gen = shared.current.load();
+    let gen = serving.current.load();
     let policy = Policy {
         validation: &gen.config.address_validation,
         limits: &gen.config.limits,
@@ -76,26 +78,28 @@ fn admit(
         validated: incoming.remote_address_validated(),
         may_retry: incoming.may_retry(),
     };
-    let m = &shared.metrics;
+    let m = &serving.metrics;
     let count = |limit: &str, result: &str| {
         m.limits.with_label_values(&[limit]).inc();
         m.handshakes.with_label_values(&[result]).inc();
     };
-    match shared.admission.decide(policy, attempt) {
+    match serving.admission.decide(policy, attempt) {
         Verdict::Accept(ticket) => {
             if attempt.validated {
-                shared.guard.release(remote);
+                serving.guard.release(remote);
             } else {
-                shared.guard.pin(remote);
+                serving.guard.pin(remote);
             }
             let span = info_span!("conn", client = %remote, family);
             let drain = Drain {
                 // Its own child: a stray cancels it alone; a drain cancels them all.
-                token: shared.drain_token().child_token(),
-                close: shared.close_token(),
-                stray: shared.superseded.load(std::sync::atomic::Ordering::Relaxed),
+                token: serving.drain_token().child_token(),
+                close: serving.close_token(),
+                stray: serving
+                    .superseded
+                    .load(std::sync::atomic::Ordering::Relaxed),
             };
-            let conn = connection(incoming, ticket, family, shared.clone(), drain);
+            let conn = connection(incoming, ticket, family, serving.clone(), drain);
             tracker.spawn(conn.instrument(span));
         }
         Verdict::Retry(cap) => {
@@ -107,12 +111,12 @@ fn admit(
             if let Err(e) = incoming.retry() {
                 e.into_incoming().refuse();
             }
-            shared.guard.release(remote);
+            serving.guard.release(remote);
         }
         Verdict::Refuse(cap) => {
             count(cap.label(), handshake::REFUSED);
             incoming.refuse();
-            shared.guard.release(remote);
+            serving.guard.release(remote);
         }
     }
 }
@@ -150,11 +154,11 @@ fn handshake_failed(m: &Metrics, e: &quinn::ConnectionError) {
 async fn handshake(
     incoming: quinn::Incoming,
     timeout: Duration,
-    shared: &Shared,
+    serving: &Serving,
 ) -> Option<quinn::Connection> {
-    let m = &shared.metrics;
+    let m = &serving.metrics;
     let remote = incoming.remote_address();
-    let failed = || shared.guard.unpin_after(remote, CLOSING_TTL);
+    let failed = || serving.guard.unpin_after(remote, CLOSING_TTL);
     // quinn processes the ClientHello in `accept`, so TLS failures (unknown SNI) land here.
     let connecting = match incoming.accept() {
         Ok(c) => c,
@@ -182,14 +186,14 @@ async fn handshake(
             return None;
         }
     };
-    shared.guard.release(remote);
+    serving.guard.release(remote);
     m.handshakes.with_label_values(&[handshake::OK]).inc();
     Some(conn)
 }
 
 /// The streams of `conn` under the limits of the configuration current when it started.
-fn conn_streams(conn: &quinn::Connection, shared: &Shared) -> Arc<ConnStreams> {
-    let gen = shared.current.load();
+fn conn_streams(conn: &quinn::Connection, serving: &Serving) -> Arc<ConnStreams> {
+    let gen = serving.current.load();
     let http = &gen.config.http;
     let limits = StreamLimits {
         frames: frames::Limits {
@@ -198,15 +202,15 @@ fn conn_streams(conn: &quinn::Connection, shared: &Shared) -> Arc<ConnStreams> {
         },
         headers_timeout: Duration::from_secs(http.request_headers_timeout_seconds.into()),
     };
-    let budget = shared.budget.connection(&gen.config.limits);
-    ConnStreams::new(conn.clone(), shared.metrics.clone(), budget, limits)
+    let budget = serving.budget.connection(&gen.config.limits);
+    ConnStreams::new(conn.clone(), serving.metrics.clone(), budget, limits)
 }
 
 fn conn_ctx(
     conn: &quinn::Connection,
     remote: SocketAddr,
     family: &'static str,
-    shared: &Arc<Shared>,
+    serving: &Arc<Serving>,
 ) -> ConnCtx {
     let sni = conn
         .handshake_data()
@@ -217,13 +221,13 @@ fn conn_ctx(
         .local_ip()
         .unwrap_or_else(|| std::net::Ipv4Addr::UNSPECIFIED.into());
     ConnCtx {
-        shared: shared.clone(),
+        serving: serving.clone(),
         family,
         remote,
-        local: SocketAddr::new(local_ip, shared.port),
+        local: SocketAddr::new(local_ip, serving.port),
         sni,
         upstream_cache: Mutex::new(None),
-        streams: conn_streams(conn, shared),
+        streams: conn_streams(conn, serving),
     }
 }
 
@@ -241,24 +245,24 @@ async fn connection(
     incoming: quinn::Incoming,
     mut ticket: Ticket,
     family: &'static str,
-    shared: Arc<Shared>,
+    serving: Arc<Serving>,
     drain: Drain,
 ) {
-    let m = shared.metrics.clone();
+    let m = serving.metrics.clone();
     let remote = incoming.remote_address();
-    let gen = shared.current.load_full();
+    let gen = serving.current.load_full();
     let timeout = Duration::from_secs(gen.config.transport.handshake_timeout_seconds.into());
-    let Some(conn) = handshake(incoming, timeout, &shared).await else {
+    let Some(conn) = handshake(incoming, timeout, &serving).await else {
         return;
     };
     ticket.established();
     let gauge = m.active_connections.with_label_values(&[family]);
     gauge.inc();
     let _active = ActiveGuard(gauge);
-    let ctx = Arc::new(conn_ctx(&conn, remote, family, &shared));
+    let ctx = Arc::new(conn_ctx(&conn, remote, family, &serving));
     debug!(sni = ?ctx.sni, "connection established");
 
-    let max_field = shared
+    let max_field = serving
         .current
         .load()
         .config
@@ -329,14 +333,10 @@ async fn respond(
     delivered.await;
 }
 
-/// Runs every request of one connection. On drain, or when the connection reaches its
-/// maximum age, sends GOAWAY, lets the requests in flight finish and their responses reach
-/// the client, then closes the connection (H3_NO_ERROR) without waiting for the client,
-/// which may ignore the GOAWAY; after the maximum age they get `life.grace`, a drain
-/// deadline (`close`) ends them too. A connection drained before its first request (its
-/// handshake crossed the drain, or a stray) gets its GOAWAY after that request, or after
-/// [`STRAY_GRACE`] without one: a GOAWAY before it would refuse the request the client has
-/// most likely just sent.
+/// Runs every request of one connection under its [`Lifecycle`]: this task turns the drain
+/// and close tokens, the timers and h3's events into lifecycle events and carries out what it
+/// decides (GOAWAY, timers, closing). Once nothing more is accepted it waits for the requests
+/// still in flight, bounded by the grace after the maximum age and by a drain deadline.
 async fn serve_requests(
     mut h3conn: H3Conn,
     conn: &quinn::Connection,
@@ -349,48 +349,23 @@ async fn serve_requests(
         drain.token.cancel();
     }
     let (close, drain) = (drain.close, drain.token);
-    let mut served = false;
-    // Drained while fresh: GOAWAY after the first request, or at `fresh_over`.
-    let mut goaway_due = false;
-    let mut goaway_sent = false;
+    let mut lc = Lifecycle::new();
     // Set once the connection reached its maximum age: everything after must end by then.
     let mut deadline: Option<Instant> = None;
     let far = Instant::now() + Duration::from_secs(10 * 365 * 86_400);
     let age = tokio::time::sleep_until(life.max_age.map_or(far, |a| Instant::now() + a));
     let grace_over = tokio::time::sleep_until(far);
-    let fresh_over = tokio::time::sleep_until(far);
-    tokio::pin!(age, grace_over, fresh_over);
-    loop {
-        let goaway = tokio::select! {
-            _ = close.cancelled() => {
-                conn.close(VarInt::from_u32(H3_NO_ERROR), b"drain deadline");
-                return;
-            }
-            _ = drain.cancelled(), if !goaway_sent && !goaway_due => {
-                if served {
-                    true
-                } else {
-                    goaway_due = true;
-                    fresh_over.as_mut().reset(Instant::now() + STRAY_GRACE);
-                    false
-                }
-            }
-            _ = &mut fresh_over, if goaway_due && !goaway_sent => true,
-            _ = &mut age, if !goaway_sent => {
-                let m = &ctx.shared.metrics;
-                m.limits.with_label_values(&[limit::CONNECTION_AGE]).inc();
-                let d = Instant::now() + life.grace;
-                deadline = Some(d);
-                grace_over.as_mut().reset(d);
-                true
-            }
-            _ = &mut grace_over, if deadline.is_some() => break,
-            Some(_) = requests.join_next(), if !requests.is_empty() => {
-                if goaway_sent && requests.is_empty() {
-                    break;
-                }
-                false
-            }
+    let stray_over = tokio::time::sleep_until(far);
+    tokio::pin!(age, grace_over, stray_over);
+    while lc.accepting() {
+        let listen = lc.listening();
+        let event = tokio::select! {
+            _ = close.cancelled() => Event::CloseNow,
+            _ = drain.cancelled(), if listen.drain => Event::Drained,
+            _ = &mut stray_over, if listen.stray_grace => Event::StrayGraceOver,
+            _ = &mut age, if listen.max_age => Event::MaxAge,
+            _ = &mut grace_over, if listen.grace => Event::GraceOver,
+            Some(_) = requests.join_next(), if !requests.is_empty() => Event::Done,
             // Polled after GOAWAY too: the stream layer refuses new requests in it.
             r = h3conn.accept() => match r {
                 Ok(Some(resolver)) => {
@@ -401,36 +376,47 @@ async fn serve_requests(
                     };
                     let request = respond(resolver, handle, delivered, ctx.clone());
                     requests.spawn(request.in_current_span());
-                    served = true;
-                    goaway_due && !goaway_sent
+                    Event::Accepted
                 }
-                Ok(None) => break,
+                Ok(None) => Event::Ended,
                 Err(e) => {
                     if !e.is_h3_no_error() {
                         debug!(error = %e, "connection ended with an error");
                     }
-                    break;
+                    Event::Ended
                 }
             }
         };
-        if goaway {
-            goaway_sent = true;
-            send_goaway(&mut h3conn, &ctx.streams).await;
-            if requests.is_empty() {
-                break;
+        match lc.step(event) {
+            Action::Nothing => {}
+            Action::ArmStrayGrace => stray_over.as_mut().reset(Instant::now() + STRAY_GRACE),
+            Action::Goaway => send_goaway(&mut h3conn, &ctx.streams).await,
+            Action::GoawayAtMaxAge => {
+                let m = &ctx.serving.metrics;
+                m.limits.with_label_values(&[limit::CONNECTION_AGE]).inc();
+                let d = Instant::now() + life.grace;
+                deadline = Some(d);
+                grace_over.as_mut().reset(d);
+                send_goaway(&mut h3conn, &ctx.streams).await;
+            }
+            Action::Close(reason) => {
+                conn.close(VarInt::from_u32(H3_NO_ERROR), reason.phrase());
+                return;
             }
         }
     }
     // What is left: requests still running when h3 ended (the client's GOAWAY, a connection
-    // error), or at the end of the grace after the maximum age.
+    // error), or after GOAWAY, bounded by the grace after the maximum age.
     let finish = async { while requests.join_next().await.is_some() {} };
     tokio::select! {
         _ = finish => {}
         _ = tokio::time::sleep_until(deadline.unwrap_or(far)) => {
             debug!("maximum connection age: grace period over, closing");
-            conn.close(VarInt::from_u32(H3_NO_ERROR), b"maximum connection age");
+            conn.close(VarInt::from_u32(H3_NO_ERROR), CloseReason::MaxAge.phrase());
         }
-        _ = close.cancelled() => conn.close(VarInt::from_u32(H3_NO_ERROR), b"drain deadline"),
+        _ = close.cancelled() => {
+            conn.close(VarInt::from_u32(H3_NO_ERROR), CloseReason::DrainDeadline.phrase());
+        }
     }
     // Dropping the h3 connection closes it with H3_NO_ERROR.
 }

@@ -10,6 +10,8 @@ use std::net::{IpAddr, SocketAddr};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Uri};
 
+use crate::proxy::upstream::canonical_ip;
+
 /// Why a request is refused before it reaches the upstream. The message names the header.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Reject {
@@ -191,17 +193,6 @@ fn port_is_valid(authority: &str) -> bool {
     }
 }
 
-/// Client address as users expect to see it: IPv4 clients as plain IPv4, never `::ffff:`.
-pub fn canonical_ip(addr: SocketAddr) -> IpAddr {
-    match addr.ip() {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(v6),
-        },
-        v4 => v4,
-    }
-}
-
 /// Builds the upstream request head from a validated HTTP/3 request.
 ///
 /// `upstream_scheme` is `https` or `http`; the URI carries the request's authority so the
@@ -302,12 +293,6 @@ pub fn sanitize_response_headers(headers: &mut HeaderMap) {
     }
     headers.remove(header::TE);
     headers.remove(header::TRAILER);
-}
-
-/// `h3=":PORT"; ma=SECONDS`, the Alt-Svc value we add when the upstream did not send one.
-pub fn alt_svc_value(port: u16, max_age: u32) -> HeaderValue {
-    HeaderValue::from_str(&format!("h3=\":{port}\"; ma={max_age}"))
-        .expect("digits and ASCII are a valid header value")
 }
 
 #[cfg(test)]
@@ -456,10 +441,5 @@ mod tests {
         sanitize_response_headers(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("content-type"));
-    }
-
-    #[test]
-    fn alt_svc_format() {
-        assert_eq!(alt_svc_value(443, 86400), "h3=\":443\"; ma=86400");
     }
 }

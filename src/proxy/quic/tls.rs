@@ -11,9 +11,9 @@ use rustls::{DigitallySignedStruct, SignatureScheme};
 
 use tracing::Level;
 
-use super::logs::{limited, Reason};
-use super::metrics::{handshake, Metrics};
 use crate::config::HostTable;
+use crate::proxy::observe::logs::{limited, Reason};
+use crate::proxy::observe::metrics::{handshake, Metrics};
 
 /// Picks the certificate by SNI. An unknown or missing SNI gets no certificate, which fails
 /// the handshake: serving another host's certificate would only produce a confusing

@@ -3,7 +3,7 @@
 //! each one.
 
 use super::*;
-use crate::proxy::cid::{marker_of, SlotCids};
+use crate::proxy::quic::cid::{marker_of, SlotCids};
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};

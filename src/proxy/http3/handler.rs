@@ -14,16 +14,16 @@ use tracing::{debug, Level};
 
 use super::body::{self, Abort, AbortReason, BodyCtx, BodyError, RecvHalf, ResponseEnd, SendHalf};
 use super::budget::{Reservation, StreamShare};
-use super::logs::{limited, Reason};
-use super::metrics::{self, limit, rejected, OTHER_HOST};
 use super::request::{self, Reject, Validated};
-use super::state::{Generation, Shared};
+use super::serving::{Generation, Serving};
 use super::streams::{self, ConnStreams, StreamHandle};
-use super::upstream::{Upstream, UpstreamBody, UpstreamLease};
+use crate::proxy::observe::logs::{limited, Reason};
+use crate::proxy::observe::metrics::{self, limit, rejected, OTHER_HOST};
+use crate::proxy::upstream::{Upstream, UpstreamBody, UpstreamLease};
 
 /// Per QUIC connection facts every request on it shares.
 pub struct ConnCtx {
-    pub shared: Arc<Shared>,
+    pub serving: Arc<Serving>,
     pub family: &'static str,
     pub remote: SocketAddr,
     pub local: SocketAddr,
@@ -153,7 +153,7 @@ async fn resolve(
             } else {
                 rejected::MALFORMED
             };
-            let m = &conn.shared.metrics;
+            let m = &conn.serving.metrics;
             m.rejected_requests.with_label_values(&[reason]).inc();
             debug!(client = %conn.remote, error = %e, "request refused by the HTTP/3 layer");
             None
@@ -165,7 +165,7 @@ impl RequestCtx {
     fn new(conn: Arc<ConnCtx>, stream: Stream, handle: StreamHandle) -> Self {
         let (send, recv) = stream.split();
         RequestCtx {
-            gen: conn.shared.current.load_full(),
+            gen: conn.serving.current.load_full(),
             conn,
             started: Instant::now(),
             host: OTHER_HOST.to_string(),
@@ -181,7 +181,7 @@ impl RequestCtx {
     }
 
     fn metrics(&self) -> &metrics::Metrics {
-        &self.conn.shared.metrics
+        &self.conn.serving.metrics
     }
 
     /// Phase 2: the request must be valid and name a configured host, and one whose
@@ -249,7 +249,7 @@ impl RequestCtx {
             declared,
             idle: self.body_idle_timeout(),
             abort: self.abort.clone(),
-            metrics: self.conn.shared.metrics.clone(),
+            metrics: self.conn.serving.metrics.clone(),
             client: self.conn.remote,
         };
         match body::request_body(&mut self.recv, c).await {
@@ -314,7 +314,7 @@ impl RequestCtx {
                 m.upstream_errors
                     .with_label_values(&[e.metric_kind()])
                     .inc();
-                if matches!(e, super::upstream::UpstreamError::Timeout(_)) {
+                if matches!(e, crate::proxy::upstream::UpstreamError::Timeout(_)) {
                     m.limit(limit::RESPONSE_TIMEOUT);
                 }
                 limited!(Level::WARN, Reason::UpstreamFailed, host = %self.host, error = %e, "upstream request failed");
@@ -358,7 +358,7 @@ impl RequestCtx {
     async fn send_head(&mut self, mut parts: http::response::Parts) -> bool {
         request::sanitize_response_headers(&mut parts.headers);
         if !parts.headers.contains_key(header::ALT_SVC) {
-            let alt_svc = self.conn.shared.alt_svc_value(&self.gen);
+            let alt_svc = self.conn.serving.alt_svc_value(&self.gen);
             parts.headers.insert(header::ALT_SVC, alt_svc);
         }
         let status = parts.status;

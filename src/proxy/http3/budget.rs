@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use prometheus::IntGauge;
 
-use super::metrics::limit;
 use crate::api::LimitsSettings;
+use crate::proxy::observe::metrics::limit;
 
 /// Which share ran out; each is one value of `h3_ingress_limits_total{limit}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

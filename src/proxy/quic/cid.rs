@@ -1,7 +1,7 @@
 //! Connection IDs that say which process generation on the host owns the connection.
 //!
 //! During a rollout two or more processes share the listener's UDP port (SO_REUSEPORT), and
-//! the kernel's socket-selection program ([`super::steer`]) must send every datagram of a
+//! the kernel's socket-selection program ([`crate::proxy::handover::steer`]) must send every datagram of a
 //! connection to the process that owns it, reading nothing but the first bytes of the UDP
 //! payload. So every connection ID we issue (the handshake's source CID, every
 //! NEW_CONNECTION_ID, the Retry's source CID) has a fixed layout of [`CID_LEN`] bytes:

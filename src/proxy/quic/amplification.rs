@@ -493,8 +493,8 @@ mod tests {
 
     #[test]
     fn a_handshake_packet_to_our_cid_validates_the_address() {
-        use crate::proxy::header::tests::packet;
-        use crate::proxy::header::{TYPE_HANDSHAKE, TYPE_INITIAL};
+        use super::header::tests::packet;
+        use super::header::{TYPE_HANDSHAKE, TYPE_INITIAL};
         let mut l = Ledger::default();
         let t = Instant::now();
         let a = addr("192.0.2.5:5");
@@ -523,8 +523,8 @@ mod tests {
 
     #[test]
     fn the_cid_of_our_first_datagram_is_kept_and_only_for_limited_sources() {
-        use crate::proxy::header::tests::packet;
-        use crate::proxy::header::{TYPE_HANDSHAKE, TYPE_INITIAL};
+        use super::header::tests::packet;
+        use super::header::{TYPE_HANDSHAKE, TYPE_INITIAL};
         let mut l = Ledger::default();
         let t = Instant::now();
         let a = addr("192.0.2.6:6");

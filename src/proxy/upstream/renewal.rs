@@ -36,11 +36,7 @@ use sha2::{Digest, Sha256};
 use crate::config::HostTable;
 
 /// Values of the `leaf` label of `h3_ingress_upstream_certificate_grace_total`.
-pub mod leaf {
-    pub const PREVIOUS: &str = "previous";
-    pub const NEXT: &str = "next";
-    pub const ALL: [&str; 2] = [PREVIOUS, NEXT];
-}
+use crate::proxy::observe::metrics::renewal_leaf as leaf;
 
 /// Renewed leaves the ingress showed before this proxy loaded them, remembered at once.
 pub const NEXT_CAP: usize = 1024;

@@ -20,9 +20,9 @@ use tokio::time::{timeout, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use super::metrics::{limit, rejected, Metrics};
 use super::streams;
-use super::upstream::{BoxError, UpstreamBody};
+use crate::proxy::observe::metrics::{limit, rejected, Metrics};
+use crate::proxy::upstream::{BoxError, UpstreamBody};
 
 pub type SendHalf = RequestStream<streams::SendHalf, Bytes>;
 pub type RecvHalf = RequestStream<streams::GuardedRecv, Bytes>;
