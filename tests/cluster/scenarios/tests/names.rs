@@ -55,7 +55,6 @@ const NOT_YET_PORTED: &[&str] = &[
     "tests/cluster/rollout.sh",
     "tests/cluster/upgrade.sh",
     "tests/cluster/scale.sh",
-    "tests/cluster/journey.sh",
 ];
 
 fn files(dir: &Path, out: &mut Vec<PathBuf>) {
