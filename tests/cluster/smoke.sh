@@ -210,7 +210,7 @@ for i in 0 1; do
     dir=$H3I_POD_LOGS/$NS/$pod
     pid=$(pod_pid "$NS" "$pod" proxy)
     POD_PID[$pod]=$pid
-    [[ $(readlink -f "/proc/$pid/exe") == $(readlink -f "$exe") ]] || fail "$pod runs $(readlink -f /proc/$pid/exe), not $exe"
+    [[ $(readlink -f "/proc/$pid/exe") == $(readlink -f "$exe") ]] || fail "$pod runs $(readlink -f "/proc/$pid/exe"), not $exe"
     [[ $(ip netns identify "$pid") == "$n" ]] || fail "$pod (pid $pid) is not in netns $n"
     environ=$(tr '\0' '\n' <"/proc/$pid/environ")
     want_env=("NODE_NAME=$n" "POD_NAME=$pod" "POD_NAMESPACE=$NS" "POD_IP=${ips[$i]}" "HOST_IP=${ips[$i]}"
@@ -331,8 +331,9 @@ if out=$(kubectl -n "$NS_RESTRICTED" run hostnet --image=h3-ingress:0.1.0 \
     --overrides='{"spec":{"hostNetwork":true}}' -- demo 2>&1); then
     fail "the restricted namespace accepted a hostNetwork pod: $out"
 fi
-grep -q 'violates PodSecurity "restricted:latest"' <<<"$out" && grep -q 'hostNetwork=true' <<<"$out" ||
+if ! grep -q 'violates PodSecurity "restricted:latest"' <<<"$out" || ! grep -q 'hostNetwork=true' <<<"$out"; then
     fail "unexpected rejection: $out"
+fi
 ok "rejected: $(grep -o 'violates PodSecurity[^;]*host namespaces[^;]*' <<<"$out" | head -1)"
 
 step "kube-apiserver restart: pods keep running, the $NODE_DAEMON catches up"

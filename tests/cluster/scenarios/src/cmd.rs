@@ -1,7 +1,7 @@
 //! Commands as subprocesses: the environment's plumbing (`scripts/cluster.sh`), clients that
 //! run on a node (`ip netns exec`), and the tools that are themselves under test (helm, kubectl
 //! columns and `auth can-i`, the kubectl plugin). They inherit the environment that
-//! [`crate::Env::load`] exported (KUBECONFIG, PATH with kubectl and helm).
+//! [`crate::Env::load_sync`] exported (KUBECONFIG, PATH with kubectl and helm).
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
