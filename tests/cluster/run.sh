@@ -5,8 +5,8 @@
 # chroot with curl 8.14 (the journey's second HTTP/3 client). Then two clusters, one after the
 # other:
 #   - real nodes (H3I_NODES=real), the product's OCI image pulled from the authenticated
-#     registry: tests/cluster/smoke.sh (the cluster itself), the journey (the product on it;
-#     the Rust scenario runner, tests/cluster/scenarios: `h3i-scenarios journey`),
+#     registry: the smoke (the cluster itself) and the journey (the product on it), both from
+#     the Rust scenario runner (tests/cluster/scenarios: `h3i-scenarios smoke|journey`),
 #     gateway.sh (Gateway API), node-checks.sh (what only a real node answers, a real browser);
 #   - the node agent (pods as local processes, the fast mode): skew.sh (CRD version skew both
 #     ways, certificate renewal), rollout.sh (a DaemonSet roll under clients), upgrade.sh (helm
@@ -27,7 +27,7 @@ step() { printf '\n=== %s (%s)\n' "$*" "$(date +%H:%M:%S)"; }
 
 if [[ $(id -u) -ne 0 ]]; then
     echo "=================================================================================="
-    echo "CLUSTER TESTS SKIPPED (needs root): scripts/cluster.sh build/up, tests/cluster/smoke.sh"
+    echo "CLUSTER TESTS SKIPPED (needs root): scripts/cluster.sh build/up, h3i-scenarios smoke"
     echo "h3i-scenarios journey, gateway.sh, node-checks.sh, skew.sh, rollout.sh, upgrade.sh and scale.sh did NOT run; nothing was proven on a real API server or real nodes."
     echo "=================================================================================="
     [[ ${H3I_TESTS_REQUIRE_ROOT:-0} == 1 ]] && { echo "H3I_TESTS_REQUIRE_ROOT=1: failing" >&2; exit 1; }
@@ -79,8 +79,8 @@ SCENARIOS=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import jso
 # authenticated registry (scripts/cluster-nodes.sh).
 step "real nodes: scripts/cluster.sh up with H3I_NODES=real (kubelet, containerd, kube-proxy, registry)"
 timed up-real env H3I_NODES=real scripts/cluster.sh up
-step "tests/cluster/smoke.sh on real nodes (the cluster itself; left up for the journey)"
-timed smoke env H3I_SMOKE_KEEP=1 tests/cluster/smoke.sh
+step "h3i-scenarios smoke on real nodes (the cluster itself; left up for the journey)"
+timed smoke env H3I_SMOKE_KEEP=1 "$SCENARIOS" smoke
 step "h3i-scenarios journey on real nodes (the user's journey)"
 timed journey "$SCENARIOS" journey
 step "tests/cluster/gateway.sh on real nodes (Gateway API: HTTPRoutes, Gateways, ReferenceGrant)"

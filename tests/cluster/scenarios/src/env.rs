@@ -29,6 +29,8 @@ pub struct Env {
     pub registry_user: String,
     pub registry_password_file: PathBuf,
     pub kubeconfig: PathBuf,
+    /// Whether the cluster was up and healthy before this run's `cluster.sh up`.
+    pub was_up: bool,
 }
 
 /// Parses `export NAME=VALUE` lines (values as `printf %q`/plain words or single-quoted).
@@ -103,6 +105,7 @@ impl Env {
             registry_user: var("H3I_REGISTRY_USER"),
             registry_password_file: var("H3I_REGISTRY_PASSWORD_FILE").into(),
             kubeconfig: var("KUBECONFIG").into(),
+            was_up: false,
         }
     }
 
@@ -131,6 +134,15 @@ impl Env {
             "the local binary through the node agent"
         }
     }
+}
+
+/// Whether `scripts/cluster.sh status` says the cluster is up and healthy.
+pub fn cluster_healthy() -> bool {
+    let cluster = repo().join("scripts/cluster.sh");
+    std::process::Command::new(cluster)
+        .arg("status")
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 /// `scripts/cluster.sh up` (a health check when it is up already): what it printed. Runs

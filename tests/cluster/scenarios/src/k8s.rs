@@ -14,6 +14,10 @@ use serde_json::Value;
 
 use crate::Result;
 
+/// Kubernetes' own `Ready` condition of pods and nodes, not the listener's (that one is
+/// `h3_ingress::api::conditions::READY`).
+pub const KUBE_READY: &str = "Ready"; // kubernetes' own
+
 /// The field manager of every apply the scenarios make.
 pub const MANAGER: &str = "h3i-scenarios";
 

@@ -5,18 +5,20 @@
 //! `H3I_TESTS_REQUIRE_ROOT=1`.
 
 mod journey;
+mod smoke;
 
 use std::process::ExitCode;
 
 use h3i_scenarios::{drive, indent, is_root, ok, Env, Run, Scenario};
 
 const USAGE: &str =
-    "usage: h3i-scenarios SCENARIO\n\n  journey   the user's journey (tests/cluster/README.md)\n";
+    "usage: h3i-scenarios SCENARIO\n\n  journey   the user's journey (tests/cluster/README.md)\n  smoke     the test cluster itself, end to end\n";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("journey") => start::<journey::Journey>(),
+        Some("smoke") => start::<smoke::Smoke>(),
         _ => {
             eprint!("{USAGE}");
             ExitCode::from(2)
@@ -40,12 +42,13 @@ fn start<S: Scenario + FromEnv>() -> ExitCode {
     }
     let mut run = Run::new(S::TITLE);
     run.step("cluster up (scripts/cluster.sh up; warm: binaries cached)");
+    let was_up = h3i_scenarios::env::cluster_healthy();
     match h3i_scenarios::env::cluster_up() {
         Ok(out) => indent(out),
         Err(e) => return failed_early(&run, &e),
     }
     let env = match Env::load_sync() {
-        Ok(env) => env,
+        Ok(env) => Env { was_up, ..env },
         Err(e) => return failed_early(&run, &e),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -75,7 +78,7 @@ fn start<S: Scenario + FromEnv>() -> ExitCode {
     })
 }
 
-/// `name=Ready name=NotReady ...` of the cluster's nodes.
+/// Each node of the cluster by name, with whether it is ready.
 async fn nodes(client: &kube::Client) -> String {
     let api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
     let Ok(list) = api.list(&Default::default()).await else {
@@ -89,17 +92,21 @@ async fn nodes(client: &kube::Client) -> String {
             .unwrap_or_default();
         let ready = conds
             .iter()
-            .any(|c| c.type_ == "Ready" && c.status == "True"); // kubernetes' own node condition
+            .any(|c| c.type_ == h3i_scenarios::k8s::KUBE_READY && c.status == "True");
         if ready {
-            "Ready"
+            ""
         } else {
-            "NotReady"
-        } // kubernetes' own node condition
+            "Not"
+        }
     };
-    let names = list
-        .items
-        .iter()
-        .map(|n| format!("{}={}", kube::ResourceExt::name_any(n), state(n)));
+    let names = list.items.iter().map(|n| {
+        format!(
+            "{}={}{}",
+            kube::ResourceExt::name_any(n),
+            state(n),
+            h3i_scenarios::k8s::KUBE_READY
+        )
+    });
     names.collect::<Vec<_>>().join(" ")
 }
 

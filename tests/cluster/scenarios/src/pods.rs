@@ -87,6 +87,51 @@ pub fn args_of(pid: u32) -> String {
         .join(" ")
 }
 
+/// The process's environment, one `NAME=value` a line.
+pub fn environ_of(pid: u32) -> Vec<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    String::from_utf8_lossy(&raw)
+        .split('\0')
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+/// A container's log files: the agent keeps one file for all runs; a kubelet keeps the
+/// current and the previous instance's under its `podLogsDir`.
+pub async fn log_files(
+    env: &Env,
+    pods: &Api<Pod>,
+    ns: &str,
+    pod: &str,
+    container: &str,
+) -> Result<Vec<PathBuf>> {
+    if !env.real_nodes {
+        return Ok(vec![env
+            .pod_logs
+            .join(ns)
+            .join(pod)
+            .join(format!("{container}.log"))]);
+    }
+    let p = pods.get(pod).await?;
+    let node = p.spec.and_then(|s| s.node_name).unwrap_or_default();
+    let uid = p.metadata.uid.unwrap_or_default();
+    let dir = env
+        .node_lib
+        .join(&node)
+        .join("pods")
+        .join(format!("{ns}_{pod}_{uid}"))
+        .join(container);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .context(|| format!("read {}", dir.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
 /// The network namespace a process is in, by name (`ip netns identify`).
 pub async fn netns_of(pid: u32) -> Result<String> {
     Ok(
@@ -156,6 +201,32 @@ pub async fn whoami(kc: Kubeconfig) -> Result<UserInfo> {
         .create(&PostParams::default(), &SelfSubjectReview::default())
         .await?;
     Ok(review.status.and_then(|s| s.user_info).unwrap_or_default())
+}
+
+/// Whether the kubeconfig's credentials may `verb` `resource` in `ns`, as the API server
+/// judges (a SelfSubjectAccessReview, what `kubectl auth can-i` sends).
+pub async fn can_i(kc: Kubeconfig, verb: &str, resource: &str, ns: &str) -> Result<bool> {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    };
+    let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| Error::Command(format!("pod kubeconfig: {e}")))?;
+    let api: Api<SelfSubjectAccessReview> = Api::all(kube::Client::try_from(config)?);
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some(verb.into()),
+                resource: Some(resource.into()),
+                namespace: Some(ns.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let got = api.create(&PostParams::default(), &review).await?;
+    Ok(got.status.is_some_and(|s| s.allowed))
 }
 
 #[cfg(test)]

@@ -48,7 +48,6 @@ fn names() -> Vec<String> {
 /// Scripts still to be ported to the scenario runner: their assertions still spell names.
 /// This list only shrinks.
 const NOT_YET_PORTED: &[&str] = &[
-    "tests/cluster/smoke.sh",
     "tests/cluster/gateway.sh",
     "tests/cluster/node-checks.sh",
     "tests/cluster/skew.sh",

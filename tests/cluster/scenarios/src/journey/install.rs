@@ -237,9 +237,9 @@ impl Journey {
             .conditions
             .iter()
             .flatten()
-            .find(|c| c.type_ == "Ready")
+            .find(|c| c.type_ == h3i_scenarios::k8s::KUBE_READY)
             .map(|c| c.status.clone())
-            .unwrap_or_default(); // kubernetes' own pod condition
+            .unwrap_or_default();
         let spec = p.spec.clone().unwrap_or_default();
         let image = spec.containers[0].image.clone().unwrap_or_default();
         let pull = spec
