@@ -37,7 +37,13 @@ export GOMODCACHE=$CACHE/gomod GOCACHE=$CACHE/gocache GOFLAGS=-mod=readonly GOTO
 
 # The version of MODULE required by the go.mod in DIR (read from the file: `go list -m`
 # would load the module graph, whose replaced directories exist only in a build tree).
-req_version() { awk -v m="$2" '$1 == m && $2 ~ /^v/ {print $2; exit}' "$1/go.mod"; }
+# Both forms: `require M V` and a line `M V` of a require block.
+req_version() {
+    local v
+    v=$(awk -v m="$2" '$1 == "require" {$0 = substr($0, index($0, $2))} $1 == m && $2 ~ /^v/ {print $2; exit}' "$1/go.mod")
+    [[ -n $v ]] || die "$1/go.mod requires no $2"
+    echo "$v"
+}
 
 # ---- Traefik ---------------------------------------------------------------------------------
 TRAEFIK_SRC=$REPO/tests/cluster/traefik
