@@ -182,7 +182,7 @@ resolvConf: /etc/resolv.conf
 failSwapOn: false
 clusterDomain: cluster.local
 # CoreDNS's Service kube-dns (rn_coredns): pods get it in their resolv.conf.
-clusterDNS: [$(rn_dns_ips | tr ' ' ',')]
+clusterDNS: [$(rn_dns_ips | sed 's/^/"/; s/ /", "/g; s/$/"/')]
 # The root file system is shared by everything on this machine and often below the
 # default 10-15 % free: no evictions or DiskPressure taint from it.
 evictionHard: {memory.available: 50Mi, nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
@@ -350,10 +350,16 @@ rn_start_nodes() {
         rn_start_kubelet "$i"
         rn_start_kube_proxy "$ns"
     done
+    local t0
+    t0=$(date +%s.%N)
     rn_coredns_apply
+    log "cluster DNS: CoreDNS applied in $(rn_since "$t0") s"
     wait_for "nodes" 120 nodes_ready
+    t0=$(date +%s.%N)
     wait_for "cluster DNS (CoreDNS Ready, kube-dns endpoints)" 90 rn_coredns_ready
+    log "cluster DNS: Ready $(rn_since "$t0") s after the nodes"
 }
+rn_since() { python3 -c 'import sys, time; print(f"{time.time() - float(sys.argv[1]):.1f}")' "$1"; }
 
 # ---- cluster DNS: CoreDNS in kube-system ---------------------------------------------------
 # As kubeadm installs it (ServiceAccount, ClusterRole system:coredns with the reads of the
@@ -364,7 +370,7 @@ rn_start_nodes() {
 rn_coredns_yaml() {
     local ips ref families="[IPv4]" policy=SingleStack csv
     read -r -a ips <<<"$(rn_dns_ips)"
-    csv=$(printf '%s, ' "${ips[@]}")
+    csv=$(printf '"%s", ' "${ips[@]}")
     ref=$(cut -d' ' -f1 "$(rn_addon_image coredns).ref")
     if ((${#ips[@]} > 1)); then families="[IPv4, IPv6]" policy=RequireDualStack; fi
     cat <<EOF
@@ -470,7 +476,7 @@ metadata:
   annotations: {prometheus.io/port: "9153", prometheus.io/scrape: "true"}
 spec:
   selector: {k8s-app: kube-dns}
-  clusterIP: ${ips[0]}
+  clusterIP: "${ips[0]}"
   clusterIPs: [${csv%, }]
   ipFamilies: $families
   ipFamilyPolicy: $policy

@@ -124,14 +124,17 @@ traefik_args() {
 rbac_json() {
     kubectl create --dry-run=client -o json -f "$1/docs/content/reference/dynamic-configuration/kubernetes-crd-rbac.yml" |
         python3 -c 'import json, sys
-ns = sys.argv[1]
-doc = json.load(sys.stdin)
-for item in doc.get("items", [doc]):
+ns, text, items, at = sys.argv[1], sys.stdin.read(), [], 0
+while text[at:].strip():  # one JSON object per document of the file
+    obj, end = json.JSONDecoder().raw_decode(text[at:].lstrip())
+    at = len(text) - len(text[at:].lstrip()) + end
+    items.append(obj)
+for item in items:
     item["metadata"]["name"] = "traefik-" + ns
     if item["kind"] == "ClusterRoleBinding":
         item["roleRef"]["name"] = "traefik-" + ns
         item["subjects"] = [{"kind": "ServiceAccount", "name": "traefik", "namespace": ns}]
-print(json.dumps(doc))' "$NS"
+print(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))' "$NS"
 }
 
 manifests() {

@@ -9,7 +9,7 @@ version 2 (binary, HAProxy's proxy-protocol.txt section 2.2) by default, or vers
 
 Prints one JSON object: {"status": 200, "body": "...", "header_bytes": 28} or
 {"error": "..."}; exit 0 when an HTTP response came back, 3 when the connection or the TLS
-handshake failed (what an ingress that does not trust the sender's PROXY header does).
+handshake failed (what a TLS listener that expects no PROXY header does with one).
 """
 
 from __future__ import annotations
