@@ -18,10 +18,11 @@
 #                                         there after a version change)
 #
 # $CACHE/NAME-<key>/: bin/NAME, build-info (the build's cost), .complete, and
-# image-<key2>/NAME.oci.tar + NAME.ref (registry.h3i.test/NAME:VERSION and its digest). <key> hashes the wrapper module's files (and for
-# Traefik the files added to module copies, and the copies' versions), the Go version and
-# the flags; <key2> the binary, the CA bundle, image-rootfs.sh, oci.py and the image spec,
-# so a change to the image alone does not rebuild the binary. One flock per NAME.
+# image-<key2>/NAME.oci.tar + NAME.ref (registry.h3i.test/NAME:VERSION and its digest).
+# <key> hashes the wrapper module's files (for Traefik also the files added to module copies
+# and the copies' versions), the Go version and the flags; <key2> hashes <key>, the CA
+# bundle, image-rootfs.sh, oci.py and the image spec, so a change to the image alone does
+# not rebuild the binary. One flock per NAME.
 # Environment: H3I_CLUSTER_CACHE (default /var/cache/h3-ingress), as scripts/cluster.sh.
 set -euo pipefail
 
@@ -222,7 +223,8 @@ image() {
     version=$(sed -n 's/^version=//p' "$dir/build-info")
     revision=$(sed -n 's/^revision=//p' "$dir/build-info")
     spec=$(image_spec "$name" "$version")
-    key=$( (sha256sum "$dir/bin/$name" /etc/ssl/certs/ca-certificates.crt "$REPO/scripts/image-rootfs.sh" \
+    # The binary is named by its directory's key (a build never changes it in place).
+    key=$( (basename "$dir"; sha256sum /etc/ssl/certs/ca-certificates.crt "$REPO/scripts/image-rootfs.sh" \
         "$REPO/scripts/image/oci.py" | cut -d' ' -f1; echo "$spec") | sha256sum | cut -c1-12)
     out=$dir/image-$key
     if [[ ! -s $out/$name.oci.tar ]]; then

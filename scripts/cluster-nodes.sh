@@ -249,10 +249,17 @@ rn_import_images() {
 }
 
 # rn_addon_image NAME: the add-on's image archive without its .oci.tar (.ref beside it).
-rn_addon_image() {
+# rn_addon_image_load NAME asks scripts/addons-build.sh once per run of cluster.sh (in the
+# calling shell, not in a $(...)), for the later calls.
+declare -A RN_ADDON_IMAGE=()
+rn_addon_image_load() {
     local tar
     tar=$("$REPO/scripts/addons-build.sh" image "$1") || die "no image of $1 (scripts/addons-build.sh $1)"
-    echo "${tar%.oci.tar}"
+    RN_ADDON_IMAGE[$1]=${tar%.oci.tar}
+}
+rn_addon_image() {
+    [[ -n ${RN_ADDON_IMAGE[$1]:-} ]] || rn_addon_image_load "$1"
+    echo "${RN_ADDON_IMAGE[$1]}"
 }
 
 # rn_import_addon NODE NAME: the image of an add-on of scripts/addons-build.sh
@@ -336,6 +343,7 @@ rn_start_kube_proxy() {
 # start_agent's counterpart: everything of the real nodes, idempotent.
 rn_start_nodes() {
     local i ns
+    rn_addon_image_load coredns
     rn_registry start
     rn_push_image
     rn_image_tars

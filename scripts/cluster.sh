@@ -613,6 +613,7 @@ case ${1:-} in
     push-image) [[ $NODE_MODE == real ]] || die "push-image: only with real nodes"; rn_push_image ;;
     import-addon)
         [[ $NODE_MODE == real && -n ${2:-} ]] || die "import-addon NAME: only with real nodes"
+        rn_addon_image_load "$2"
         for ns in "${NODES[@]}"; do ref=$(rn_import_addon "$ns" "$2"); done
         echo "$ref"
         ;;
