@@ -135,3 +135,128 @@ async fn a_server_that_is_down_is_an_error_not_a_hang() {
     assert!(matches!(e, DnsError::Io { .. }), "{e:?}");
     assert!(t.elapsed() < std::time::Duration::from_secs(6));
 }
+
+mod publisher {
+    use super::*;
+    use h3_ingress::operator::advertise::dns::plan::{self, Owner};
+    use h3_ingress::operator::advertise::dns::publish::{Publisher, Target};
+    use std::collections::BTreeMap;
+
+    fn target(k: &KnotFixture, owner: &str) -> Target {
+        Target {
+            server: server(k, SECRET),
+            zones: vec![Name::parse("example.test").unwrap()],
+            owner: Owner {
+                id: owner.into(),
+                listener: "public".into(),
+            },
+        }
+    }
+
+    fn want(hosts: &[&str], port: u16) -> BTreeMap<Name, Record> {
+        hosts
+            .iter()
+            .map(|h| {
+                let n = Name::parse(h).unwrap();
+                let r = plan::record(&n, port, 60);
+                (n, r)
+            })
+            .collect()
+    }
+
+    /// 150 hosts (three batches), one of them the user's own: it is left alone and reported;
+    /// the rest are published; a second sync sends nothing; a restarted publisher adopts its
+    /// records without rewriting them; another owner's publisher touches none of them; a
+    /// withdrawn host loses its record and its registry record.
+    #[tokio::test]
+    async fn a_listeners_records_are_kept_exactly_and_never_someone_elses() {
+        let k = knot();
+        let mut names: Vec<String> = (0..149).map(|i| format!("h{i}.example.test")).collect();
+        names.push("user.example.test".into());
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let all = want(&refs, 443);
+        let mut p = Publisher::new(target(&k, "ours"));
+        let r = p.sync(&all).await.unwrap();
+        assert_eq!(r.published, 149, "{r:?}");
+        assert_eq!(
+            r.conflicts
+                .iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>(),
+            ["user.example.test"]
+        );
+        assert!(
+            r.updates <= 3 + 2 * 8 + 2,
+            "a few splits for one conflict: {}",
+            r.updates
+        );
+        assert_eq!(
+            k.query("h7.example.test", "HTTPS").unwrap(),
+            ["1 . alpn=h3,h2"]
+        );
+        assert_eq!(
+            k.query("user.example.test", "HTTPS").unwrap(),
+            ["1 . alpn=h2"]
+        );
+        assert_eq!(
+            k.query("_h3-ingress.h7.example.test", "TXT").unwrap(),
+            ["\"heritage=h3-ingress,h3-ingress/owner=ours,h3-ingress/resource=http3listener/public\""]
+        );
+
+        let again = p.sync(&all).await.unwrap();
+        assert_eq!(again.updates, 0, "at rest nothing is sent");
+        assert!(p.check().await.unwrap(), "the zone is as we left it");
+
+        let mut restarted = Publisher::new(target(&k, "ours"));
+        let adopted = restarted.sync(&all).await.unwrap();
+        assert_eq!(adopted.published, 149);
+        assert_eq!(
+            adopted.updates, 0,
+            "its own records are adopted as they are"
+        );
+
+        let mut other = Publisher::new(target(&k, "another-install"));
+        let theirs = other.sync(&want(&["h1.example.test"], 8443)).await.unwrap();
+        assert_eq!(theirs.published, 0);
+        assert_eq!(theirs.conflicts.len(), 1);
+        assert_eq!(
+            k.query("h1.example.test", "HTTPS").unwrap(),
+            ["1 . alpn=h3,h2"]
+        );
+        assert_eq!(theirs.updates, 0, "read as someone else's without writing");
+        assert!(p.check().await.unwrap(), "nobody wrote the zone");
+
+        let fewer = want(&refs[1..149], 443);
+        let r = restarted.sync(&fewer).await.unwrap();
+        assert_eq!(r.published, 148);
+        assert!(k.query("h0.example.test", "HTTPS").unwrap().is_empty());
+        assert!(k
+            .query("_h3-ingress.h0.example.test", "TXT")
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            k.query("user.example.test", "HTTPS").unwrap(),
+            ["1 . alpn=h2"]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_port_change_replaces_the_record_and_outside_hosts_are_reported() {
+        let k = knot();
+        let mut p = Publisher::new(target(&k, "ours"));
+        p.sync(&want(&["a.example.test"], 443)).await.unwrap();
+        let r = p
+            .sync(&want(&["a.example.test", "b.elsewhere.test"], 8443))
+            .await
+            .unwrap();
+        assert_eq!(r.updates, 1);
+        assert_eq!(
+            r.outside.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
+            ["b.elsewhere.test"]
+        );
+        assert_eq!(
+            k.query("a.example.test", "HTTPS").unwrap(),
+            ["1 . alpn=h3,h2 port=8443"]
+        );
+    }
+}

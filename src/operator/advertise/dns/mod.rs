@@ -3,8 +3,12 @@
 //!
 //! - [`wire`]: names, records and UPDATE messages; what is read of an answer
 //! - [`tsig`]: signing requests and checking answers
-//! - [`client`]: one signed update over TCP, and what came of it
+//! - [`plan`]: the changes that make a zone hold exactly our records, guarded by ownership
+//! - [`client`]: one signed update over TCP, and what came of it; reads over TCP
+//! - [`publish`]: a listener's records kept in its zones (the I/O around the plan)
 
 pub mod client;
+pub mod plan;
+pub mod publish;
 pub mod tsig;
 pub mod wire;

@@ -334,13 +334,16 @@ pub fn read_name(m: &[u8], at: usize) -> Result<(Name, usize), WireError> {
     }
 }
 
-/// One record as read: where it starts, its fields, and where its data is.
+/// One record as read: where it starts, its section (1: answer or prerequisites, 2: authority
+/// or updates, 3: additional), its fields, and where its data is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordAt {
     pub start: usize,
+    pub section: u8,
     pub name: Name,
     pub rtype: u16,
     pub class: u16,
+    pub ttl: u32,
     pub rdata: std::ops::Range<usize>,
 }
 
@@ -353,11 +356,13 @@ pub fn records(m: &[u8]) -> Result<Vec<RecordAt>, WireError> {
     }
     let total: usize = h.counts[1..].iter().map(|c| *c as usize).sum();
     let mut out = Vec::with_capacity(total.min(64));
-    for _ in 0..total {
+    let sections = (1u8..=3).flat_map(|s| std::iter::repeat_n(s, h.counts[s as usize] as usize));
+    for section in sections {
         let start = pos;
         let (name, after) = read_name(m, pos)?;
         let rtype = u16_at(m, after)?;
         let class = u16_at(m, after + 2)?;
+        let ttl = (u32::from(u16_at(m, after + 4)?) << 16) | u32::from(u16_at(m, after + 6)?);
         let len = u16_at(m, after + 8)? as usize;
         let data = after + 10;
         if data + len > m.len() {
@@ -365,14 +370,54 @@ pub fn records(m: &[u8]) -> Result<Vec<RecordAt>, WireError> {
         }
         out.push(RecordAt {
             start,
+            section,
             name,
             rtype,
             class,
+            ttl,
             rdata: data..data + len,
         });
         pos = data + len;
     }
     Ok(out)
+}
+
+/// A standard query (no recursion wanted: the server is authoritative) for `name TYPE`.
+pub fn query(id: u16, name: &Name, rtype: u16) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    out.extend_from_slice(&id.to_be_bytes());
+    out.extend_from_slice(&0u16.to_be_bytes());
+    out.extend_from_slice(&[0, 1, 0, 0, 0, 0, 0, 0]);
+    name.encode(&mut out);
+    out.extend_from_slice(&rtype.to_be_bytes());
+    out.extend_from_slice(&CLASS_IN.to_be_bytes());
+    out
+}
+
+/// The character-strings of a TXT record's data, joined (as one value was split to write it).
+pub fn txt_text(rdata: &[u8]) -> Result<String, WireError> {
+    let mut out = Vec::with_capacity(rdata.len());
+    let mut at = 0;
+    while at < rdata.len() {
+        let len = rdata[at] as usize;
+        let chunk = rdata
+            .get(at + 1..at + 1 + len)
+            .ok_or(WireError::Malformed("TXT string runs past its record"))?;
+        out.extend_from_slice(chunk);
+        at += 1 + len;
+    }
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// The SOA serial of a record's data (after the two names).
+pub fn soa_serial(m: &[u8], rdata: std::ops::Range<usize>) -> Result<u32, WireError> {
+    let (_, after_mname) = read_name(m, rdata.start)?;
+    let (_, after_rname) = read_name(m, after_mname)?;
+    let b = m
+        .get(after_rname..after_rname + 4)
+        .filter(|_| after_rname + 20 <= rdata.end)
+        .ok_or(WireError::Malformed("SOA record too short"))?;
+    Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
 }
 
 #[cfg(test)]
@@ -419,12 +464,15 @@ mod tests {
     }
 
     #[test]
-    fn txt_splits_into_character_strings() {
+    fn txt_splits_into_character_strings_and_reads_back_whole() {
         let n = Name::parse("t.example.com").unwrap();
-        let r = Record::txt(&n, 0, &"x".repeat(300));
+        let text = "x".repeat(300);
+        let r = Record::txt(&n, 0, &text);
         assert_eq!(r.rdata[0], 255);
         assert_eq!(r.rdata[256], 45);
         assert_eq!(r.rdata.len(), 302);
+        assert_eq!(txt_text(&r.rdata).unwrap(), text);
+        assert!(txt_text(&[5, b'a']).is_err());
     }
 
     #[test]
