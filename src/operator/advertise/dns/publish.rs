@@ -142,7 +142,7 @@ impl Publisher {
             };
             let registry = reader.txt(&registry).await?;
             let have = reader.records(&host, TYPE_HTTPS).await?;
-            if !registry.iter().any(|t| *t == text) {
+            if !registry.contains(&text) {
                 // Someone else's record (or registry): known without trying to write it.
                 if !(have.is_empty() && registry.is_empty()) && want.contains_key(&host) {
                     self.conflicts.insert(host);
