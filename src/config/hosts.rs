@@ -349,16 +349,9 @@ impl HostTable {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-
-    pub(crate) fn self_signed(names: &[&str]) -> (String, String) {
-        let ck = rcgen::generate_simple_self_signed(
-            names.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
-        )
-        .unwrap();
-        (ck.cert.pem(), ck.signing_key.serialize_pem())
-    }
+    use crate::testcerts::self_signed;
 
     fn now() -> i64 {
         std::time::SystemTime::now()

@@ -80,7 +80,7 @@ pub struct Inputs<'a> {
     /// The message of the DaemonSet's latest `FailedCreate` event, read only while it has
     /// fewer pods than nodes to run them.
     pub failed_create: Option<String>,
-    /// The operator's own view of every wanted host ([`crate::config::kube::resolve_hosts`]).
+    /// The operator's own view of every wanted host ([`super::hosts::resolve_hosts`]).
     pub hosts: &'a [HostReport],
     pub daemon_set: Option<&'a DaemonSetStatus>,
     pub pods: &'a [PodReport],
