@@ -275,7 +275,7 @@ rn_import_addon() {
     echo "$ref"
 }
 
-# The names tests/cluster/smoke.sh uses (the agent maps any image to a local binary) as
+# The names the smoke (h3i-scenarios smoke) uses (the agent maps any image to a local binary) as
 # local images, so IfNotPresent never pulls: busybox:1.36.1 is the busybox image,
 # ghcr.io/h3-ingress/h3-ingress:0.1.0 and h3-ingress:0.1.0 the product image (imported
 # as registry.h3i.test/h3-ingress:VERSION-COMMIT; the chart's :APPVERSION is not imported,

@@ -300,7 +300,8 @@ net_down() {
 # Processes still inside one of our namespaces are pod processes the agent left.
 kill_netns_pids() {
     local pids; pids=$(ip netns pids "$1" 2>/dev/null || true)
-    [[ -n $pids ]] && kill -9 $pids 2>/dev/null || true
+    # shellcheck disable=SC2086 # one pid per word
+    if [[ -n $pids ]]; then kill -9 $pids 2>/dev/null || true; fi
 }
 
 # ---- processes ----------------------------------------------------------------------------
@@ -578,10 +579,10 @@ cmd_status() {
     for c in "${COMPONENTS[@]}"; do
         if alive "$c"; then printf '%-24s running (pid %s)\n' "$c" "$(pid_of "$c")"; else printf '%-24s NOT RUNNING\n' "$c"; ok=1; fi
     done
-    etcd_healthy && echo "etcd /health              ok" || { echo "etcd /health              FAILED"; ok=1; }
-    apiserver_ready && echo "kube-apiserver /readyz    ok" || { echo "kube-apiserver /readyz    FAILED"; ok=1; }
-    secure_healthz "$CM_PORT" && echo "controller-manager        ok" || { echo "controller-manager        FAILED"; ok=1; }
-    secure_healthz "$SCHED_PORT" && echo "scheduler                 ok" || { echo "scheduler                 FAILED"; ok=1; }
+    if etcd_healthy; then echo "etcd /health              ok"; else echo "etcd /health              FAILED"; ok=1; fi
+    if apiserver_ready; then echo "kube-apiserver /readyz    ok"; else echo "kube-apiserver /readyz    FAILED"; ok=1; fi
+    if secure_healthz "$CM_PORT"; then echo "controller-manager        ok"; else echo "controller-manager        FAILED"; ok=1; fi
+    if secure_healthz "$SCHED_PORT"; then echo "scheduler                 ok"; else echo "scheduler                 FAILED"; ok=1; fi
     if apiserver_ready; then
         kubectl_admin get nodes -o wide || ok=1
         nodes_ready || { echo "nodes: not all Ready"; ok=1; }

@@ -35,6 +35,7 @@ APT_PACKAGES=(
     libc6-dev
     libseccomp-dev            # scripts/nodes-build.sh: runc with seccomp (cgo)
     pkg-config
+    shellcheck                # scripts/test.sh: every shell script left passes it
     ca-certificates
     python3
     python3-venv              # fallback when the system python is externally managed

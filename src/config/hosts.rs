@@ -295,7 +295,7 @@ pub fn covering_wildcard(host: &str) -> Option<String> {
 }
 
 /// Whether the host name `pattern` (a name or a `*.` wildcard) serves `host`, ignoring case:
-/// the same name, or the wildcard that covers it ([`covering_wildcard`]).
+/// the same name, or the wildcard that covers it (`covering_wildcard`).
 pub fn host_matches(pattern: &str, host: &str) -> bool {
     let (pattern, host) = (pattern.to_ascii_lowercase(), host.to_ascii_lowercase());
     pattern == host || covering_wildcard(&host).is_some_and(|w| w == pattern)

@@ -1,6 +1,6 @@
 //! The one validated, in-memory configuration of the data plane.
 //!
-//! It is built by pure functions, either from the standalone YAML file ([`file`]) or from the
+//! It is built by pure functions, either from the standalone YAML file ([`mod@file`]) or from the
 //! listener and the certificate mirrors the operator writes ([`mirrors`]); the data plane never
 //! knows which. Validation happens here, once, at the edge: everything downstream takes a
 //! [`ProxyConfig`] and trusts it. Which hosts a listener serves is decided before, by the

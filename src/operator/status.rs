@@ -4,8 +4,8 @@
 //! first hosts not served ([`bounded`]); `kubectl h3-ingress status` reads the pods for the
 //! per-host view.
 //!
-//! [`aggregate`] gathers the [`Facts`] once, then asks one function per condition
-//! ([`ready`], [`sockets_bound`], [`buffers_applied`], [`degraded`], [`public_roots`]) and one
+//! [`aggregate`] gathers the `Facts` once, then asks one function per condition
+//! (`ready`, `sockets_bound`, `buffers_applied`, `degraded`, `public_roots`) and one
 //! per status part.
 
 use std::collections::{BTreeMap, BTreeSet};

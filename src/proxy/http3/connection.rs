@@ -9,7 +9,7 @@
 //! GOAWAY after its first request (or [`STRAY_GRACE`] without one), so the client moves on
 //! to the newest process without a refused request.
 //!
-//! Every connection attempt passes through [`admit`], the one place where the proxy decides
+//! Every connection attempt passes through `admit`, the one place where the proxy decides
 //! what to do with it: a Retry, a refusal at a cap ([`crate::proxy::quic::admission`]), or a handshake.
 
 use std::net::SocketAddr;

@@ -1,6 +1,6 @@
 //! One HTTP/3 request, in phases: resolve the headers, route (validate and match a configured
 //! host), take the body, forward to the TCP ingress, send the response head, relay the
-//! response body. Every phase works on one [`RequestCtx`], which carries what the request
+//! response body. Every phase works on one `RequestCtx`, which carries what the request
 //! has established so far; the body pumps are in [`super::body`].
 
 use std::net::SocketAddr;

@@ -8,7 +8,7 @@
 //! next one behind the same address. With one shared secret, any process of the listener
 //! answers an old connection with a reset the client accepts, and validates any Retry token.
 //!
-//! [`derive`] is pure; [`load`] is the I/O around it (read the file, or create it).
+//! [`derive()`] is pure; [`load`] is the I/O around it (read the file, or create it).
 
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};

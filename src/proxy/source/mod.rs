@@ -1,4 +1,4 @@
-//! The proxy's inputs, side by side: a YAML file reloaded on SIGHUP ([`file`]) or one
+//! The proxy's inputs, side by side: a YAML file reloaded on SIGHUP ([`mod@file`]) or one
 //! `Http3Listener` and its certificate mirrors ([`kube`], whose pure core is
 //! [`crate::config::mirrors`]).
 //!
