@@ -10,7 +10,8 @@
 use std::sync::{Arc, OnceLock};
 
 use h3_ingress::config::{self, file};
-use h3_ingress::proxy::{cc::CcStats, metrics::Metrics, tls, transport};
+use h3_ingress::proxy::observe::metrics::Metrics;
+use h3_ingress::proxy::quic::{cc::CcStats, tls, transport};
 use libfuzzer_sys::fuzz_target;
 
 struct Fixed {

@@ -9,7 +9,8 @@
 
 use std::net::IpAddr;
 
-use h3_ingress::proxy::http3::request::{self, canonical_ip};
+use h3_ingress::proxy::http3::request;
+use h3_ingress::proxy::upstream::canonical_ip;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use libfuzzer_sys::fuzz_target;
 
