@@ -37,7 +37,7 @@ pub struct ConnCtx {
 
 impl ConnCtx {
     fn upstream(&self, gen: &Generation) -> Upstream {
-        if !gen.config.upstream.proxy_protocol {
+        if gen.config.upstream.proxy_protocol.is_none() {
             return gen.upstream.clone();
         }
         let mut cache = self.upstream_cache.lock().expect("upstream cache lock");
@@ -219,7 +219,9 @@ impl RequestCtx {
         req: &http::Request<()>,
         upstream: &Upstream,
     ) -> Result<http::request::Parts, Refusal> {
-        request::upstream_parts(req, self.validated(), self.conn.remote, upstream.scheme())
+        let forwarded_for = self.gen.config.upstream.forwarded_for;
+        let v = self.validated();
+        request::upstream_parts(req, v, self.conn.remote, forwarded_for, upstream.scheme())
             .map_err(|Reject::Malformed(msg)| Refusal::malformed(msg))
     }
 

@@ -220,12 +220,15 @@ impl tower::Service<Uri> for Connector {
                 .trim_end_matches(']')
                 .to_string();
             let deadline = tokio::time::Instant::now() + inner.connect_timeout;
-            let addr = inner.address_for(&host);
+            let (addr, own) = inner.address_for(&host);
+            // The PROXY header is for the listener's upstream; a host's own upstream (another
+            // proxy) is told the client's address by the forwarding headers alone.
+            let proxy = inner.proxy.filter(|_| !own);
             let work = async {
                 let tcp = connect_tcp(&addr).await?;
                 let _ = tcp.set_nodelay(true);
                 let mut tcp = tcp;
-                if let Some(p) = inner.proxy {
+                if let Some(p) = proxy {
                     tcp.write_all(&proxy_v2_header(p)).await.map_err(|source| {
                         ConnectError::Connect {
                             addr: addr.clone(),
@@ -264,14 +267,15 @@ impl tower::Service<Uri> for Connector {
 }
 
 impl ConnectorInner {
-    fn address_for(&self, host: &str) -> String {
+    /// Where `host`'s requests go, and whether that is the host's own upstream.
+    fn address_for(&self, host: &str) -> (String, bool) {
         let own = self
             .routes
             .as_ref()
             .and_then(|r| r.lookup(host)?.upstream.as_ref());
         match own {
-            Some(a) => a.to_string(),
-            None => self.address.clone(),
+            Some(a) => (a.to_string(), true),
+            None => (self.address.clone(), false),
         }
     }
 }

@@ -149,12 +149,12 @@ impl Upstream {
 
     /// The client to use for one QUIC connection: shared, or its own with PROXY protocol.
     pub fn for_connection(&self, client: SocketAddr, local: SocketAddr) -> Upstream {
-        if !self.config.proxy_protocol {
+        let Some(target) = &self.config.proxy_protocol else {
             return self.clone();
-        }
+        };
         let connector = Connector {
             inner: Arc::new(ConnectorInner {
-                address: self.config.address.to_string(),
+                address: target.to_string(),
                 routes: self.routes.clone(),
                 tls: self.tls.clone(),
                 connect_timeout: self.config.connect_timeout,
@@ -301,7 +301,8 @@ mod tests {
             address: crate::config::parse_host_port("127.0.0.1:9").unwrap(),
             tls: false,
             verify: UpstreamVerify::ServedCertificate,
-            proxy_protocol: false,
+            proxy_protocol: None,
+            forwarded_for: crate::api::ClientForwardedFor::Replace,
             max_streams_per_connection: 2,
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(1),
@@ -361,7 +362,8 @@ mod tests {
             address: crate::config::parse_host_port(&shared.to_string()).unwrap(),
             tls: false,
             verify: UpstreamVerify::ServedCertificate,
-            proxy_protocol: false,
+            proxy_protocol: None,
+            forwarded_for: crate::api::ClientForwardedFor::Replace,
             max_streams_per_connection: 100,
             connect_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(5),
