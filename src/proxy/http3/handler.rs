@@ -17,6 +17,7 @@ use super::budget::{Reservation, StreamShare};
 use super::request::{self, Reject, Validated};
 use super::serving::{Generation, Serving};
 use super::streams::{self, ConnStreams, StreamHandle};
+use crate::config::HostTimeouts;
 use crate::proxy::observe::logs::{limited, Reason};
 use crate::proxy::observe::metrics::{self, limit, rejected, OTHER_HOST};
 use crate::proxy::upstream::{Upstream, UpstreamBody, UpstreamLease};
@@ -89,6 +90,8 @@ struct RequestCtx {
     started: Instant,
     /// The `host` metrics label: `other` until the request is matched to a configured host.
     host: String,
+    /// The matched host's own timeouts (none until it is matched).
+    timeouts: HostTimeouts,
     /// What validation found; set by [`RequestCtx::route`].
     validated: Option<Validated>,
     send: SendHalf,
@@ -128,7 +131,12 @@ pub async fn handle(resolver: Resolver, handle: StreamHandle, conn: Arc<ConnCtx>
     };
     let (head, mut body) = resp.into_parts();
     if ctx.send_head(head).await {
-        ctx.relay(&mut body, upstream.body_idle_timeout()).await;
+        let idle = ctx.timeouts.response_body_idle;
+        ctx.relay(
+            &mut body,
+            idle.unwrap_or_else(|| upstream.body_idle_timeout()),
+        )
+        .await;
     }
 }
 
@@ -169,6 +177,7 @@ impl RequestCtx {
             conn,
             started: Instant::now(),
             host: OTHER_HOST.to_string(),
+            timeouts: HostTimeouts::default(),
             validated: None,
             send,
             recv: Some(recv),
@@ -196,7 +205,10 @@ impl RequestCtx {
         let entry = hosts.lookup(&v.host);
         let conn_entry = self.conn.sni.as_deref().and_then(|s| hosts.lookup(s));
         match (entry, conn_entry) {
-            (Some(e), Some(c)) if Arc::ptr_eq(e, c) => self.host = e.name.clone(),
+            (Some(e), Some(c)) if Arc::ptr_eq(e, c) => {
+                self.host = e.name.clone();
+                self.timeouts = e.timeouts;
+            }
             _ => {
                 return Err(Refusal::new(
                     rejected::MISDIRECTED,
@@ -275,14 +287,12 @@ impl RequestCtx {
         }
     }
 
+    /// The host's request body idle timeout, else the listener's.
     fn body_idle_timeout(&self) -> Duration {
-        Duration::from_secs(
-            self.gen
-                .config
-                .http
-                .request_body_idle_timeout_seconds
-                .into(),
-        )
+        let listener = &self.gen.config.http;
+        self.timeouts.request_body_idle.unwrap_or_else(|| {
+            Duration::from_secs(listener.request_body_idle_timeout_seconds.into())
+        })
     }
 
     /// Phase 4: the request to the TCP ingress; its failures are answered here (502, 504),
@@ -295,8 +305,9 @@ impl RequestCtx {
         sent: tokio_util::sync::CancellationToken,
     ) -> Option<http::Response<hyper::body::Incoming>> {
         let abort = self.abort.clone();
+        let limit = (self.timeouts.response).unwrap_or_else(|| upstream.response_timeout());
         let result = tokio::select! {
-            r = upstream.send(req, sent) => r,
+            r = upstream.send(req, sent, limit) => r,
             why = abort.aborted() => {
                 self.aborted_before_response(why).await;
                 return None;

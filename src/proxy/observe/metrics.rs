@@ -1202,6 +1202,7 @@ mod tests {
                 upstream: None,
                 source: String::new(),
                 secret: None,
+                timeouts: Default::default(),
             });
         }
         m.follow_config_hosts(&fewer, true);

@@ -186,15 +186,16 @@ impl Upstream {
     }
 
     /// Sends a request; the error says which status the client should get. The response
-    /// timeout runs from `body_sent` (the upstream has read the whole request body), so an
-    /// upload of any length gets its full time for the answer. Keep the lease until the
-    /// response body is done: it is the request's place on its upstream connection.
+    /// timeout (`limit`: the host's, else [`Self::response_timeout`]) runs from `body_sent`
+    /// (the upstream has read the whole request body), so an upload of any length gets its
+    /// full time for the answer. Keep the lease until the response body is done: it is the
+    /// request's place on its upstream connection.
     pub async fn send(
         &self,
         req: http::Request<UpstreamBody>,
         body_sent: CancellationToken,
+        limit: Duration,
     ) -> Result<(http::Response<hyper::body::Incoming>, UpstreamLease), UpstreamError> {
-        let limit = self.config.response_timeout;
         let deadline = async {
             body_sent.cancelled().await;
             tokio::time::sleep(limit).await;
@@ -207,7 +208,12 @@ impl Upstream {
         }
     }
 
-    /// How long the response body may make no progress.
+    /// The listener's response timeout (`upstream.responseTimeoutSeconds`).
+    pub fn response_timeout(&self) -> Duration {
+        self.config.response_timeout
+    }
+
+    /// How long the response body may make no progress (the listener's).
     pub fn body_idle_timeout(&self) -> Duration {
         self.config.response_body_idle_timeout
     }
@@ -378,7 +384,8 @@ mod tests {
                 .unwrap();
             let sent = CancellationToken::new();
             sent.cancel();
-            let (resp, _lease) = upstream.send(req, sent).await.unwrap();
+            let limit = upstream.response_timeout();
+            let (resp, _lease) = upstream.send(req, sent, limit).await.unwrap();
             let body = resp.into_body().collect().await.unwrap().to_bytes();
             assert_eq!(body, want.as_bytes(), "{host}");
         }
