@@ -241,3 +241,72 @@ fn proxy_protocol_to_a_second_port_carries_the_client_address() {
         assert_eq!(r.status, want, "direct TCP from {source}: {}", r.stderr);
     }
 }
+
+/// `accessLog.enabled`: one JSON line per request on the proxy's standard output, with the
+/// client's own address and port, what it asked, what it got and from where, and a path
+/// too long for a line cut and said so.
+#[test]
+fn the_access_log_has_a_line_per_request_with_the_client_address() {
+    let pki = Arc::new(TestPki::generate().unwrap());
+    let nginx = nginx(&pki, TRUST_PROXY_HEADERS, ALLOW_INSIDE_ONLY);
+    let mut cfg = proxy_config(&pki, nginx.port(), json!({}));
+    cfg["accessLog"] = json!({"enabled": true});
+    let proxy = ProxyProcess::start(cfg).unwrap();
+    let long = "x".repeat(5000);
+    let run = get_from(
+        &proxy,
+        &pki,
+        INSIDE,
+        &[("ok", json!([])), (&long, json!([]))],
+    );
+    assert_eq!(run.status(0), Some(200));
+    let misdirected = H3Client::new(format!("https://b.test:{}/host.txt", proxy.port))
+        .resolve(format!("b.test:{}:127.0.0.1", proxy.port))
+        .arg("--insecure")
+        .run()
+        .unwrap();
+    assert_eq!(
+        misdirected.exit_code, 3,
+        "no certificate for b.test: {:#}",
+        misdirected.json
+    );
+    let lines = |log: &str| -> Vec<Value> {
+        log.lines()
+            .filter(|l| l.starts_with("{\"time\""))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let mut entries = Vec::new();
+    for _ in 0..100 {
+        entries = lines(&proxy.log());
+        if entries.len() >= 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(entries.len(), 2, "{}", proxy.log());
+    let ok = &entries[0];
+    assert_eq!(ok["client"], INSIDE, "{ok}");
+    assert!(ok["client_port"].as_u64().unwrap() > 0, "{ok}");
+    assert_eq!(ok["sni"], "a.test");
+    assert_eq!(ok["method"], "GET");
+    assert_eq!(ok["path"], "/host.txt?id=ok");
+    assert_eq!(
+        (ok["status"].as_u64(), ok["upstream_status"].as_u64()),
+        (Some(200), Some(200))
+    );
+    assert_eq!(ok["bytes_sent"], 7, "a.test\\n: {ok}");
+    assert_eq!(ok["upstream"], format!("127.0.0.1:{}", nginx.port()));
+    let cut = &entries[1];
+    assert_eq!(cut["truncated"], json!(["path"]), "{cut}");
+    assert_eq!(cut["path"].as_str().unwrap().len(), 2048);
+    let m = proxy.metrics();
+    assert_eq!(
+        support::proxy::sample(&m, "h3_ingress_access_log_dropped_total", &[]),
+        0.0
+    );
+    assert!(
+        m.contains("h3_ingress_access_log_dropped_total 0"),
+        "exported from 0"
+    );
+}

@@ -22,9 +22,9 @@ pub use hosts::{
 
 use crate::api::bounds::{self, Bound};
 use crate::api::{
-    AddressValidationSettings, Addresses, AltSvcSettings, ClientAddressVia, ClientForwardedFor,
-    FileConfig, HostReport, Http3ListenerSpec, HttpSettings, LimitsSettings, MetricsSettings,
-    MirrorReport, SocketSettings, TransportSettings, Upstream, UpstreamVerify,
+    AccessLogSettings, AddressValidationSettings, Addresses, AltSvcSettings, ClientAddressVia,
+    ClientForwardedFor, FileConfig, HostReport, Http3ListenerSpec, HttpSettings, LimitsSettings,
+    MetricsSettings, MirrorReport, SocketSettings, TransportSettings, Upstream, UpstreamVerify,
 };
 
 /// One validation problem: the field path (`upstream.address`) and what is wrong with it.
@@ -135,6 +135,8 @@ pub struct ProxyConfig {
     pub hosts: HostTable,
     /// `metrics.hostLabel`: whether per-host metric series carry the host's name.
     pub metrics_host_label: bool,
+    /// `accessLog.enabled`: one JSON line per request on standard output.
+    pub access_log: bool,
     /// Hosts that were wanted but cannot be served, with the reason (`/hosts` lists them
     /// after the hosts of `hosts`). A report whose state is `Serving` repeats a host of
     /// `hosts` and is skipped there.
@@ -209,6 +211,7 @@ pub struct Settings<'a> {
     pub http: &'a HttpSettings,
     pub address_validation: &'a AddressValidationSettings,
     pub limits: &'a LimitsSettings,
+    pub access_log: &'a AccessLogSettings,
 }
 
 impl<'a> From<&'a FileConfig> for Settings<'a> {
@@ -224,6 +227,7 @@ impl<'a> From<&'a FileConfig> for Settings<'a> {
             http: &c.http,
             address_validation: &c.address_validation,
             limits: &c.limits,
+            access_log: &c.access_log,
         }
     }
 }
@@ -241,6 +245,7 @@ impl<'a> From<&'a Http3ListenerSpec> for Settings<'a> {
             http: &c.http,
             address_validation: &c.address_validation,
             limits: &c.limits,
+            access_log: &c.access_log,
         }
     }
 }
@@ -325,6 +330,7 @@ pub fn build(
         keys_file: None,
         alt_svc_max_age: settings.alt_svc.max_age_seconds,
         metrics_host_label: settings.metrics.host_label,
+        access_log: settings.access_log.enabled,
         host_reports: Vec::new(),
         mirrors: None,
         hosts,

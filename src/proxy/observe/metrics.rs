@@ -187,6 +187,7 @@ pub struct Metrics {
     pub upstream_lanes_opened: IntCounter,
     pub upstream_certificate_grace: IntCounterVec,
     pub upstream_resolutions: IntCounterVec,
+    pub access_log_dropped: IntCounter,
     /// Requests, certificate expiry and Alt-Svc per host.
     pub per_host: Arc<PerHost>,
     pub request_duration: Histogram,
@@ -327,6 +328,11 @@ pub mod specs {
         "h3_ingress_upstream_resolutions_total",
         "Lookups of the upstream's name (and of hosts' own upstreams) by result (ok, failed): one when a configuration is applied, then at most one per name every 30 s or after a connect to every address failed; IP literals are never looked up.",
         &["result"],
+    );
+    pub const ACCESS_LOG_DROPPED: Spec = spec(
+        "h3_ingress_access_log_dropped_total",
+        "Access-log lines dropped because the queue to the writer was full (accessLog.enabled; the request itself is never held up).",
+        &[],
     );
     pub const BODY_BYTES: Spec = spec(
         "h3_ingress_body_bytes_total",
@@ -616,6 +622,7 @@ impl Metrics {
             upstream_lanes_opened: r.counter(&UPSTREAM_LANES_OPENED),
             upstream_certificate_grace: r.counter_vec(&UPSTREAM_CERTIFICATE_GRACE),
             upstream_resolutions: r.counter_vec(&UPSTREAM_RESOLUTIONS),
+            access_log_dropped: r.counter(&ACCESS_LOG_DROPPED),
             per_host: r.per_host(),
             request_duration: r.histogram(&REQUEST_DURATION),
             upstream_errors: r.counter_vec(&UPSTREAM_ERRORS),

@@ -290,6 +290,13 @@ pub(super) struct Routes {
     targets: HashMap<String, Arc<Target>>,
 }
 
+impl Routes {
+    /// `host`'s own upstream, if it has one.
+    pub(super) fn own(&self, host: &str) -> Option<String> {
+        Some(self.hosts.lookup(host)?.upstream.as_ref()?.to_string())
+    }
+}
+
 /// The hosts to consult for a per-host upstream: `None` (no lookup per connection) when no
 /// host has one. Each distinct upstream gets its target, resolving from now on.
 pub(super) fn routes(

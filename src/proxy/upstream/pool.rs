@@ -228,6 +228,15 @@ impl Upstream {
         }
     }
 
+    /// Where `host`'s requests go (`host:port` as configured), for the access log.
+    pub fn target_name(&self, host: &str) -> String {
+        let own = self.routes.as_ref().and_then(|r| r.own(host));
+        own.unwrap_or_else(|| match &self.proxy_target {
+            Some(t) => t.name().to_string(),
+            None => self.config.address.to_string(),
+        })
+    }
+
     /// The listener's response timeout (`upstream.responseTimeoutSeconds`).
     pub fn response_timeout(&self) -> Duration {
         self.config.response_timeout
