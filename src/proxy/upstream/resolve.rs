@@ -174,8 +174,11 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
 
+    /// What the fake lookup answers; a test changes it.
+    type Answers = Arc<Mutex<io::Result<Vec<SocketAddr>>>>;
+
     /// A lookup answering from a list that a test can change, counting its calls.
-    fn fake(answers: Arc<Mutex<io::Result<Vec<SocketAddr>>>>, calls: Arc<AtomicUsize>) -> Lookup {
+    fn fake(answers: Answers, calls: Arc<AtomicUsize>) -> Lookup {
         Arc::new(move |_name| {
             calls.fetch_add(1, Ordering::SeqCst);
             let answer = match &*answers.lock().unwrap() {
@@ -197,13 +200,7 @@ mod tests {
         s.parse().unwrap()
     }
 
-    fn setup(
-        first: &str,
-    ) -> (
-        Arc<Target>,
-        Arc<Mutex<io::Result<Vec<SocketAddr>>>>,
-        Arc<AtomicUsize>,
-    ) {
+    fn setup(first: &str) -> (Arc<Target>, Answers, Arc<AtomicUsize>) {
         let answers = Arc::new(Mutex::new(Ok(vec![addr(first)])));
         let calls = Arc::new(AtomicUsize::new(0));
         let name = crate::config::parse_host_port("ingress.svc:443").unwrap();
