@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 
+use h3_ingress::api::ClientForwardedFor;
 use h3_ingress::config;
 use h3_ingress::proxy::http3::request;
 
@@ -95,7 +96,12 @@ fn random_requests_validate_and_translate_without_panicking() {
             continue;
         };
         accepted += 1;
-        if let Ok(parts) = request::upstream_parts(&req, &v, client, "https") {
+        let mode = if case % 2 == 0 {
+            ClientForwardedFor::Replace
+        } else {
+            ClientForwardedFor::Append
+        };
+        if let Ok(parts) = request::upstream_parts(&req, &v, client, mode, "https") {
             for hop in ["connection", "keep-alive", "transfer-encoding", "upgrade"] {
                 assert!(
                     !parts.headers.contains_key(hop),

@@ -1,14 +1,16 @@
 //! Header translation both ways (src/proxy/http3/request.rs): a request validation accepted
 //! becomes the upstream request head (`upstream_parts`) for the same authority and target,
-//! with the client's fields kept, the proxy's forwarding entries last and no hop-by-hop or
-//! Host field; an upstream response head loses exactly its hop-by-hop fields
-//! (`sanitize_response_headers`). Input: a request header section as text (as for
-//! request_validate; `~client: ADDR` and `~upstream: http` lines set the QUIC peer and the
-//! upstream scheme), an empty line, then the upstream's response fields.
+//! with the client's fields kept, the proxy's forwarding entries last (the only ones with
+//! Replace), X-Real-IP the client's address and no hop-by-hop or Host field; an upstream
+//! response head loses exactly its hop-by-hop fields (`sanitize_response_headers`). Input: a
+//! request header section as text (as for request_validate; `~client: ADDR`, `~upstream: http`
+//! and `~forwarded: append` lines set the QUIC peer, the upstream scheme and the mode), an
+//! empty line, then the upstream's response fields.
 #![no_main]
 
 use std::net::IpAddr;
 
+use h3_ingress::api::ClientForwardedFor;
 use h3_ingress::proxy::http3::request;
 use h3_ingress::proxy::upstream::canonical_ip;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -25,11 +27,12 @@ const HOP_BY_HOP: [&str; 7] = [
 ];
 
 /// Fields the proxy sets or rewrites; every other request field goes upstream unchanged.
-const REWRITTEN: [&str; 6] = [
+const REWRITTEN: [&str; 7] = [
     "host",
     "cookie",
     "x-forwarded-for",
     "x-forwarded-proto",
+    "x-real-ip",
     "forwarded",
     "via",
 ];
@@ -38,12 +41,13 @@ fn values<'a>(h: &'a HeaderMap, name: &str) -> Vec<&'a [u8]> {
     h.get_all(name).iter().map(HeaderValue::as_bytes).collect()
 }
 
-/// The one field `name` carries, which must end with `, item` (or be `item`).
-fn ends_with_item(h: &HeaderMap, name: &str, item: &str) {
+/// The one field `name` carries, which must end with `, item` (or be `item`; only `item`
+/// when `alone`).
+fn ends_with_item(h: &HeaderMap, name: &str, item: &str, alone: bool) {
     let v = values(h, name);
     assert_eq!(v.len(), 1, "{name}: {v:?}");
     assert!(
-        v[0] == item.as_bytes() || v[0].ends_with(format!(", {item}").as_bytes()),
+        v[0] == item.as_bytes() || !alone && v[0].ends_with(format!(", {item}").as_bytes()),
         "{name} must end with {item:?}: {:?}",
         String::from_utf8_lossy(v[0])
     );
@@ -57,7 +61,7 @@ fn check_request(data: &[u8]) {
     let Ok(v) = request::validate(&req) else {
         return;
     };
-    let p = request::upstream_parts(&req, &v, meta.client, meta.upstream_scheme)
+    let p = request::upstream_parts(&req, &v, meta.client, meta.forwarded_for, meta.upstream_scheme)
         .unwrap_or_else(|e| panic!("validated request does not translate: {e}"));
     assert_eq!(p.method, req.method());
     // Routing: the upstream sees the authority that was validated and matched, and the
@@ -78,15 +82,17 @@ fn check_request(data: &[u8]) {
         assert_eq!(values(up, "cookie"), vec![&*crumbs.join(&b"; "[..])]);
     }
     let ip = canonical_ip(meta.client);
-    ends_with_item(up, "x-forwarded-for", &ip.to_string());
+    let alone = meta.forwarded_for == ClientForwardedFor::Replace;
+    ends_with_item(up, "x-forwarded-for", &ip.to_string(), alone);
+    assert_eq!(values(up, "x-real-ip"), vec![ip.to_string().as_bytes()]);
     assert_eq!(values(up, "x-forwarded-proto"), vec![&b"https"[..]]);
     let for_ip = match ip {
         IpAddr::V4(a) => a.to_string(),
         IpAddr::V6(a) => format!("\"[{a}]\""),
     };
     let forwarded = format!("for={for_ip};proto=https;host=\"{}\"", v.authority);
-    ends_with_item(up, "forwarded", &forwarded);
-    ends_with_item(up, "via", "3 h3-ingress");
+    ends_with_item(up, "forwarded", &forwarded, alone);
+    ends_with_item(up, "via", "3 h3-ingress", false);
     for name in req.headers().keys() {
         if !REWRITTEN.contains(&name.as_str()) {
             assert_eq!(

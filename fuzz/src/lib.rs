@@ -42,10 +42,12 @@ pub fn sections(data: &[u8]) -> Vec<&[u8]> {
 }
 
 /// Settings of a request input that are not header fields: lines `~client: ADDR` (the QUIC
-/// peer, default 192.0.2.7:5000) and `~upstream: http` (the upstream scheme, default https).
+/// peer, default 192.0.2.7:5000), `~upstream: http` (the upstream scheme, default https) and
+/// `~forwarded: append` (`upstream.clientAddress.clientForwardedFor`, default Replace).
 pub struct Meta {
     pub client: SocketAddr,
     pub upstream_scheme: &'static str,
+    pub forwarded_for: h3_ingress::api::ClientForwardedFor,
 }
 
 /// Separates `~` lines (settings) from the fields.
@@ -53,6 +55,7 @@ pub fn meta<'a>(all: Vec<(&'a [u8], &'a [u8])>) -> (Meta, Vec<(&'a [u8], &'a [u8
     let mut m = Meta {
         client: SocketAddr::from(([192, 0, 2, 7], 5000)),
         upstream_scheme: "https",
+        forwarded_for: h3_ingress::api::ClientForwardedFor::Replace,
     };
     let mut rest = Vec::new();
     for (n, v) in all {
@@ -65,6 +68,11 @@ pub fn meta<'a>(all: Vec<(&'a [u8], &'a [u8])>) -> (Meta, Vec<(&'a [u8], &'a [u8
             b"~upstream" => {
                 if v == b"http" {
                     m.upstream_scheme = "http";
+                }
+            }
+            b"~forwarded" => {
+                if v == b"append" {
+                    m.forwarded_for = h3_ingress::api::ClientForwardedFor::Append;
                 }
             }
             _ => rest.push((n, v)),

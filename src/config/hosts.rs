@@ -49,6 +49,19 @@ pub struct HostEntry {
     pub source: String,
     /// `namespace/name` of the Secret the certificate comes from, when there is one.
     pub secret: Option<Arc<str>>,
+    /// The host's own upstream timeouts, where they differ from the listener's.
+    pub timeouts: HostTimeouts,
+}
+
+/// Timeouts of one host that replace the listener's (`None`: the listener's applies).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostTimeouts {
+    /// `upstream.responseTimeoutSeconds`.
+    pub response: Option<std::time::Duration>,
+    /// `http.requestBodyIdleTimeoutSeconds`.
+    pub request_body_idle: Option<std::time::Duration>,
+    /// `upstream.responseBodyIdleTimeoutSeconds`.
+    pub response_body_idle: Option<std::time::Duration>,
 }
 
 impl fmt::Debug for HostEntry {
@@ -58,6 +71,7 @@ impl fmt::Debug for HostEntry {
             .field("not_after", &self.not_after)
             .field("leaf_sha256", &self.leaf_sha256)
             .field("upstream", &self.upstream)
+            .field("timeouts", &self.timeouts)
             .finish()
     }
 }
@@ -233,6 +247,7 @@ impl Certificate {
             upstream: None,
             source: String::new(),
             secret: None,
+            timeouts: HostTimeouts::default(),
         }
     }
 }

@@ -15,8 +15,9 @@ use k8s_openapi::api::core::v1::Secret;
 
 use super::{
     self as config, normalize_host_name, parse_host_port, Certificate, ConfigError, HostError,
-    HostTable, ProxyConfig, Settings, UpstreamAddress,
+    HostTable, HostTimeouts, ProxyConfig, Settings, UpstreamAddress,
 };
+use crate::api::bounds::{self, Bound};
 use crate::api::mirror::{self, HostsDocument};
 use crate::api::{
     host_states, reasons, HostReport, Http3Listener, Http3ListenerSpec, MirrorFailure,
@@ -93,6 +94,7 @@ pub struct MirrorHost {
     pub name: String,
     pub source: String,
     pub upstream: Option<UpstreamAddress>,
+    pub timeouts: HostTimeouts,
     /// Why this host cannot be served even though its mirror can.
     pub problem: Option<Problem>,
 }
@@ -164,18 +166,55 @@ pub fn parse(input: MirrorInput) -> Mirror {
     m
 }
 
+/// A host's own timeouts, each within the range of the listener's field of the same meaning
+/// (`api::bounds`); the first one outside it is the host's problem.
+fn timeouts(i: usize, h: &mirror::MirroredHost) -> Result<HostTimeouts, Problem> {
+    let check = |value: Option<u32>, bound: Bound, name: &str| match value {
+        None => Ok(None),
+        Some(v) if bound.contains(v.into()) => Ok(Some(std::time::Duration::from_secs(v.into()))),
+        Some(v) => Err(Problem::invalid(format!(
+            "{}: hosts[{i}].{name}: {v} is outside {}..={}",
+            mirror::HOSTS_KEY,
+            bound.min,
+            bound.max
+        ))),
+    };
+    Ok(HostTimeouts {
+        response: check(
+            h.response_timeout_seconds,
+            bounds::RESPONSE_TIMEOUT_SECONDS,
+            "responseTimeoutSeconds",
+        )?,
+        request_body_idle: check(
+            h.request_body_idle_timeout_seconds,
+            bounds::REQUEST_BODY_IDLE_TIMEOUT_SECONDS,
+            "requestBodyIdleTimeoutSeconds",
+        )?,
+        response_body_idle: check(
+            h.response_body_idle_timeout_seconds,
+            bounds::RESPONSE_BODY_IDLE_TIMEOUT_SECONDS,
+            "responseBodyIdleTimeoutSeconds",
+        )?,
+    })
+}
+
 fn host(i: usize, h: mirror::MirroredHost, cert: Option<&Certificate>) -> MirrorHost {
-    let mut problem = None;
+    let (timeouts, mut problem) = match timeouts(i, &h) {
+        Ok(t) => (t, None),
+        Err(p) => (HostTimeouts::default(), Some(p)),
+    };
     let upstream = h
         .upstream
         .as_deref()
         .and_then(|u| match parse_host_port(u) {
             Ok(a) => Some(a),
             Err(why) => {
-                problem = Some(Problem::invalid(format!(
-                    "{}: hosts[{i}].upstream: {u:?} is not host:port ({why})",
-                    mirror::HOSTS_KEY
-                )));
+                problem.get_or_insert_with(|| {
+                    Problem::invalid(format!(
+                        "{}: hosts[{i}].upstream: {u:?} is not host:port ({why})",
+                        mirror::HOSTS_KEY
+                    ))
+                });
                 None
             }
         });
@@ -194,6 +233,7 @@ fn host(i: usize, h: mirror::MirroredHost, cert: Option<&Certificate>) -> Mirror
         name,
         source: h.source,
         upstream,
+        timeouts,
         problem,
     }
 }
@@ -317,6 +357,7 @@ fn resolve(mirrors: &MirrorSet, now_unix: i64) -> Resolved {
             }
             let mut entry = cert.entry(h.name.clone());
             entry.upstream = h.upstream.clone();
+            entry.timeouts = h.timeouts;
             entry.source = h.source.clone();
             entry.secret = Some(m.source.clone()).filter(|s| !s.is_empty());
             r.table.insert(entry);
@@ -382,6 +423,7 @@ pub(crate) mod tests {
                     name: h.to_string(),
                     upstream: None,
                     source: format!("Ingress shop/{name}"),
+                    ..Default::default()
                 })
                 .collect(),
         };
@@ -478,6 +520,42 @@ pub(crate) mod tests {
         let r = c.mirrors.unwrap();
         assert_eq!(r.failed[0].reason, reasons::HOST_CONFLICT);
         assert!(r.failed[0].message.contains("mirror m1"), "{r:?}");
+    }
+
+    /// A host's own timeouts reach its entry; one outside its range fails that host alone,
+    /// naming the field.
+    #[test]
+    fn per_host_timeouts_reach_the_entry_and_out_of_range_ones_fail_the_host() {
+        let mut m = input("m1", "1", &["a.test", "b.test", "c.test"], &[]);
+        m.hosts = Some(
+            br#"{"hosts":[{"name":"a.test","responseTimeoutSeconds":120,"responseBodyIdleTimeoutSeconds":600},
+                {"name":"b.test"},
+                {"name":"c.test","requestBodyIdleTimeoutSeconds":0}]}"#
+                .to_vec(),
+        );
+        let c = build(&listener(), &set(vec![m]), now()).unwrap();
+        let secs = |s: u64| Some(std::time::Duration::from_secs(s));
+        let a = c.hosts.lookup("a.test").unwrap();
+        assert_eq!(
+            a.timeouts,
+            HostTimeouts {
+                response: secs(120),
+                request_body_idle: None,
+                response_body_idle: secs(600),
+            }
+        );
+        assert_eq!(
+            c.hosts.lookup("b.test").unwrap().timeouts,
+            HostTimeouts::default()
+        );
+        assert!(c.hosts.lookup("c.test").is_none());
+        let r = c.mirrors.unwrap();
+        assert_eq!(r.failed[0].host.as_deref(), Some("c.test"));
+        assert_eq!(r.failed[0].reason, reasons::MIRROR_INVALID);
+        assert_eq!(
+            r.failed[0].message,
+            "hosts.json: hosts[2].requestBodyIdleTimeoutSeconds: 0 is outside 1..=3600"
+        );
     }
 
     #[test]

@@ -16,13 +16,15 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use hosts::{host_matches, normalize_host_name, Certificate, HostEntry, HostError, HostTable};
+pub use hosts::{
+    host_matches, normalize_host_name, Certificate, HostEntry, HostError, HostTable, HostTimeouts,
+};
 
 use crate::api::bounds::{self, Bound};
 use crate::api::{
-    AddressValidationSettings, Addresses, AltSvcSettings, FileConfig, HostReport,
-    Http3ListenerSpec, HttpSettings, LimitsSettings, MetricsSettings, MirrorReport, SocketSettings,
-    TransportSettings, Upstream, UpstreamVerify,
+    AccessLogSettings, AddressValidationSettings, Addresses, AltSvcSettings, ClientAddressVia,
+    ClientForwardedFor, FileConfig, HostReport, Http3ListenerSpec, HttpSettings, LimitsSettings,
+    MetricsSettings, MirrorReport, SocketSettings, TransportSettings, Upstream, UpstreamVerify,
 };
 
 /// One validation problem: the field path (`upstream.address`) and what is wrong with it.
@@ -99,7 +101,13 @@ pub struct UpstreamConfig {
     pub address: UpstreamAddress,
     pub tls: bool,
     pub verify: UpstreamVerify,
-    pub proxy_protocol: bool,
+    /// Where the client's connections go with a PROXY protocol v2 header naming the client:
+    /// `upstream.clientAddress.proxyProtocolAddress`, or `upstream.address` with
+    /// `upstream.proxyProtocol` (or `via: ProxyProtocol` without an address). `None`: the
+    /// forwarding headers alone tell the client's address.
+    pub proxy_protocol: Option<UpstreamAddress>,
+    /// What becomes of a client's own `X-Forwarded-For` and `Forwarded`.
+    pub forwarded_for: ClientForwardedFor,
     /// Requests per upstream connection (a lane's cap).
     pub max_streams_per_connection: u32,
     pub connect_timeout: Duration,
@@ -127,6 +135,8 @@ pub struct ProxyConfig {
     pub hosts: HostTable,
     /// `metrics.hostLabel`: whether per-host metric series carry the host's name.
     pub metrics_host_label: bool,
+    /// `accessLog.enabled`: one JSON line per request on standard output.
+    pub access_log: bool,
     /// Hosts that were wanted but cannot be served, with the reason (`/hosts` lists them
     /// after the hosts of `hosts`). A report whose state is `Serving` repeats a host of
     /// `hosts` and is skipped there.
@@ -201,6 +211,7 @@ pub struct Settings<'a> {
     pub http: &'a HttpSettings,
     pub address_validation: &'a AddressValidationSettings,
     pub limits: &'a LimitsSettings,
+    pub access_log: &'a AccessLogSettings,
 }
 
 impl<'a> From<&'a FileConfig> for Settings<'a> {
@@ -216,6 +227,7 @@ impl<'a> From<&'a FileConfig> for Settings<'a> {
             http: &c.http,
             address_validation: &c.address_validation,
             limits: &c.limits,
+            access_log: &c.access_log,
         }
     }
 }
@@ -233,6 +245,7 @@ impl<'a> From<&'a Http3ListenerSpec> for Settings<'a> {
             http: &c.http,
             address_validation: &c.address_validation,
             limits: &c.limits,
+            access_log: &c.access_log,
         }
     }
 }
@@ -317,6 +330,7 @@ pub fn build(
         keys_file: None,
         alt_svc_max_age: settings.alt_svc.max_age_seconds,
         metrics_host_label: settings.metrics.host_label,
+        access_log: settings.access_log.enabled,
         host_reports: Vec::new(),
         mirrors: None,
         hosts,
@@ -403,11 +417,13 @@ fn upstream(u: &Upstream, errs: &mut Errors) -> Option<UpstreamConfig> {
         bounds::SERVED_CERTIFICATE_GRACE_SECONDS,
         u.served_certificate_grace_seconds,
     );
+    let proxy_protocol = proxy_protocol_target(u, address.as_ref(), errs);
     Some(UpstreamConfig {
         address: address?,
         tls: u.tls,
         verify: u.verify,
-        proxy_protocol: u.proxy_protocol,
+        proxy_protocol,
+        forwarded_for: u.client_address.client_forwarded_for,
         max_streams_per_connection: u.max_streams_per_connection,
         connect_timeout: Duration::from_secs(u.connect_timeout_seconds.into()),
         response_timeout: Duration::from_secs(u.response_timeout_seconds.into()),
@@ -416,6 +432,47 @@ fn upstream(u: &Upstream, errs: &mut Errors) -> Option<UpstreamConfig> {
         ),
         served_certificate_grace: Duration::from_secs(u.served_certificate_grace_seconds.into()),
     })
+}
+
+/// `upstream.clientAddress` and `upstream.proxyProtocol`: where a PROXY protocol header goes,
+/// if anywhere.
+fn proxy_protocol_target(
+    u: &Upstream,
+    address: Option<&UpstreamAddress>,
+    errs: &mut Errors,
+) -> Option<UpstreamAddress> {
+    const FIELD: &str = "upstream.clientAddress.proxyProtocolAddress";
+    let c = &u.client_address;
+    let second = c.proxy_protocol_address.trim();
+    if second.is_empty() {
+        let on = u.proxy_protocol || c.via == ClientAddressVia::ProxyProtocol;
+        return address.filter(|_| on).cloned();
+    }
+    if c.via != ClientAddressVia::ProxyProtocol {
+        errs.push(
+            FIELD,
+            format!(
+                "{second:?} needs upstream.clientAddress.via: ProxyProtocol (it is {})",
+                c.via.as_str()
+            ),
+        );
+        return None;
+    }
+    if u.proxy_protocol {
+        errs.push(
+            "upstream.proxyProtocol",
+            format!(
+                "true sends PROXY protocol to upstream.address; with {FIELD} set, leave it false"
+            ),
+        );
+    }
+    match parse_host_port(second) {
+        Ok(a) => Some(a),
+        Err(why) => {
+            errs.push(FIELD, format!("{second:?} is not host:port ({why})"));
+            None
+        }
+    }
 }
 
 /// `transport`: QUIC windows, timeouts and limits.
@@ -616,7 +673,8 @@ mod tests {
         assert!(!c.listen.force_buffers);
         assert!(c.upstream.tls);
         assert_eq!(c.upstream.verify, UpstreamVerify::ServedCertificate);
-        assert!(!c.upstream.proxy_protocol);
+        assert_eq!(c.upstream.proxy_protocol, None);
+        assert_eq!(c.upstream.forwarded_for, ClientForwardedFor::Replace);
         assert_eq!(c.alt_svc_max_age, 86_400);
         assert_eq!(c.metrics_address.port(), 9476);
         assert!(c.transport.stream_receive_window_bytes >= 1 << 20);
@@ -734,6 +792,71 @@ mod tests {
                 assert_eq!(errors, want(b.max + 1), "{}", b.field);
             }
         }
+    }
+
+    #[test]
+    fn the_proxy_protocol_target_follows_the_client_address_settings() {
+        let target = |upstream: &str| {
+            let f = file(&format!("upstream: {upstream}"));
+            build((&f).into(), HostTable::default(), "")
+                .map(|c| c.upstream.proxy_protocol.map(|a| a.to_string()))
+        };
+        let main = "address: '127.0.0.1:443'";
+        assert_eq!(target(&format!("{{{main}}}")), Ok(None));
+        assert_eq!(
+            target(&format!("{{{main}, proxyProtocol: true}}")),
+            Ok(Some("127.0.0.1:443".into())),
+            "the legacy switch: the main address"
+        );
+        assert_eq!(
+            target(&format!(
+                "{{{main}, clientAddress: {{via: ProxyProtocol}}}}"
+            )),
+            Ok(Some("127.0.0.1:443".into()))
+        );
+        assert_eq!(
+            target(&format!(
+                "{{{main}, clientAddress: {{via: ProxyProtocol, proxyProtocolAddress: 'ingress:8443'}}}}"
+            )),
+            Ok(Some("ingress:8443".into())),
+            "a second port"
+        );
+        let f = file(&format!(
+            "upstream: {{{main}, clientAddress: {{via: ProxyProtocol, clientForwardedFor: Append}}}}"
+        ));
+        let c = build((&f).into(), HostTable::default(), "").unwrap();
+        assert_eq!(c.upstream.forwarded_for, ClientForwardedFor::Append);
+    }
+
+    #[test]
+    fn client_address_errors_name_their_field() {
+        let f = file(
+            "upstream: {address: '127.0.0.1:443', proxyProtocol: true, clientAddress: {via: ProxyProtocol, proxyProtocolAddress: 'pp:99999'}}",
+        );
+        let m = messages(build((&f).into(), HostTable::default(), "spec"));
+        assert_eq!(
+            m,
+            [
+                "spec.upstream.proxyProtocol: true sends PROXY protocol to upstream.address; with upstream.clientAddress.proxyProtocolAddress set, leave it false",
+                "spec.upstream.clientAddress.proxyProtocolAddress: \"pp:99999\" is not host:port (port is not a number 1-65535)",
+            ]
+        );
+        let f = file("upstream: {address: '127.0.0.1:443', clientAddress: {proxyProtocolAddress: 'pp:8443'}}");
+        let m = messages(build((&f).into(), HostTable::default(), ""));
+        assert_eq!(
+            m,
+            ["upstream.clientAddress.proxyProtocolAddress: \"pp:8443\" needs upstream.clientAddress.via: ProxyProtocol (it is ForwardedHeaders)"]
+        );
+        let e =
+            file::parse("upstream: {address: 'a:1', clientAddress: {via: Headers}}").unwrap_err();
+        assert_eq!(e.errors[0].path, "upstream.clientAddress.via");
+        let e =
+            file::parse("upstream: {address: 'a:1', clientAddress: {clientForwardedFor: append}}")
+                .unwrap_err();
+        assert_eq!(
+            e.errors[0].path,
+            "upstream.clientAddress.clientForwardedFor"
+        );
     }
 
     #[test]

@@ -121,7 +121,8 @@ async fn probe(shared: &Shared, gen: &Generation, name: &str, log: &mut CauseLog
     // The probe has no body: the response timeout runs from the start.
     let sent = CancellationToken::new();
     sent.cancel();
-    let (advertised, failure) = match gen.upstream.send(req, sent).await {
+    let limit = gen.upstream.response_timeout();
+    let (advertised, failure) = match gen.upstream.send(req, sent, limit).await {
         Ok((resp, _lease)) => {
             let ok = resp
                 .headers()

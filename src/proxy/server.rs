@@ -477,6 +477,7 @@ pub fn apply(
         return rejected(shared, e.into(), lines);
     }
     m.follow_config(&gen.config);
+    shared.serving.access.set_enabled(gen.config.access_log);
     shared
         .serving
         .budget

@@ -518,6 +518,10 @@ async def run(args):
     # Own socket, connected, of the target's family: IPv4 targets get a real AF_INET
     # client (not a v4-mapped dual-stack one), and ICMP errors reach us.
     sock = socket.socket(family, socket.SOCK_DGRAM)
+    if args.bind:
+        # A chosen source address: on loopback any 127.0.0.0/8 address is ours, so one
+        # machine can play clients at several addresses.
+        sock.bind((args.bind, 0))
     sock.connect(addr)
     transport, proto = await loop.create_datagram_endpoint(lambda: Client(quic), sock=sock)
     proto.t_connect = proto.now()
@@ -606,6 +610,7 @@ def main():
     )
     p.add_argument("url")
     p.add_argument("--resolve", action="append", metavar="HOST:PORT:ADDR")
+    p.add_argument("--bind", metavar="ADDR", help="source address of the client's socket")
     v = p.add_mutually_exclusive_group()
     v.add_argument("--cacert", metavar="FILE")
     v.add_argument("--insecure", action="store_true")

@@ -83,6 +83,11 @@ impl H3Client {
         self.arg("--resolve").arg(spec)
     }
 
+    /// The client's source address (any 127.0.0.0/8 address works on loopback).
+    pub fn bind(self, addr: &str) -> H3Client {
+        self.arg("--bind").arg(addr)
+    }
+
     pub fn cacert(self, path: &std::path::Path) -> H3Client {
         self.arg("--cacert").arg(path.display().to_string())
     }

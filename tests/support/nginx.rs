@@ -494,6 +494,7 @@ const LOG_FORMAT: &str = concat!(
     r#""request_length":$request_length,"body_bytes_sent":$body_bytes_sent,"#,
     r#""bytes_sent":$bytes_sent,"request_time":$request_time,"#,
     r#""x_forwarded_for":"$http_x_forwarded_for","x_forwarded_proto":"$http_x_forwarded_proto","#,
+    r#""x_real_ip":"$http_x_real_ip","#,
     r#""forwarded":"$http_forwarded","via":"$http_via","cookie":"$http_cookie","#,
     r#""user_agent":"$http_user_agent","content_length":"$http_content_length","#,
     r#""connection":$connection,"connection_requests":$connection_requests}'"#

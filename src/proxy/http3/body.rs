@@ -96,6 +96,16 @@ pub enum AbortReason {
 }
 
 impl AbortReason {
+    /// The access log's `refused` value.
+    pub fn label(&self) -> &'static str {
+        match self {
+            AbortReason::ClientReset => "client_reset",
+            AbortReason::Idle(_) => limit::REQUEST_BODY_IDLE_TIMEOUT,
+            AbortReason::LengthMismatch(_) => rejected::CONTENT_LENGTH,
+            AbortReason::UpstreamStalled(_) => "upstream_stalled",
+        }
+    }
+
     /// The code the response stream is reset with once a response has started.
     pub fn reset_code(&self) -> Code {
         match self {
@@ -134,6 +144,8 @@ pub struct BodyCtx {
     pub abort: Arc<Abort>,
     pub metrics: Arc<Metrics>,
     pub client: SocketAddr,
+    /// Body bytes received so far, for the access log.
+    pub received: Arc<std::sync::atomic::AtomicU64>,
 }
 
 fn mismatch(declared: u64, got: u64) -> String {
@@ -205,6 +217,8 @@ async fn preread(
         .body_bytes
         .with_label_values(&["upload"])
         .inc_by(declared);
+    c.received
+        .fetch_add(declared, std::sync::atomic::Ordering::Relaxed);
     Ok(complete(Some(buf.freeze()), trailers))
 }
 
@@ -284,6 +298,7 @@ impl RequestPump {
             };
             total += data.len() as u64;
             self.progress.add(data.len() as u64);
+            (self.c.received).fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
             self.c
                 .metrics
                 .body_bytes
@@ -444,6 +459,21 @@ pub enum ResponseEnd {
     UpstreamFailed(hyper::Error),
     /// Neither the upstream sent nor the client took response bytes for this long.
     Idle(Duration),
+}
+
+impl ResponseEnd {
+    /// The access log's `refused` value; empty for a complete response.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ResponseEnd::Complete => "",
+            ResponseEnd::Aborted(why) => why.label(),
+            ResponseEnd::ClientStopped => "client_stopped",
+            ResponseEnd::ClientGone(_) => "client_gone",
+            ResponseEnd::TrailersFailed(_) => "trailers_failed",
+            ResponseEnd::UpstreamFailed(_) => "upstream_reset",
+            ResponseEnd::Idle(_) => limit::RESPONSE_BODY_IDLE_TIMEOUT,
+        }
+    }
 }
 
 /// Relays the upstream response body to the client, each step within `idle`; returns how it

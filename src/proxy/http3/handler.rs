@@ -4,8 +4,9 @@
 //! has established so far; the body pumps are in [`super::body`].
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use h3::error::Code;
@@ -17,6 +18,8 @@ use super::budget::{Reservation, StreamShare};
 use super::request::{self, Reject, Validated};
 use super::serving::{Generation, Serving};
 use super::streams::{self, ConnStreams, StreamHandle};
+use crate::config::HostTimeouts;
+use crate::proxy::observe::access::{Entry, MAX_FIELD_BYTES, MAX_PATH_BYTES};
 use crate::proxy::observe::logs::{limited, Reason};
 use crate::proxy::observe::metrics::{self, limit, rejected, OTHER_HOST};
 use crate::proxy::upstream::{Upstream, UpstreamBody, UpstreamLease};
@@ -37,7 +40,7 @@ pub struct ConnCtx {
 
 impl ConnCtx {
     fn upstream(&self, gen: &Generation) -> Upstream {
-        if !gen.config.upstream.proxy_protocol {
+        if gen.config.upstream.proxy_protocol.is_none() {
             return gen.upstream.clone();
         }
         let mut cache = self.upstream_cache.lock().expect("upstream cache lock");
@@ -89,6 +92,8 @@ struct RequestCtx {
     started: Instant,
     /// The `host` metrics label: `other` until the request is matched to a configured host.
     host: String,
+    /// The matched host's own timeouts (none until it is matched).
+    timeouts: HostTimeouts,
     /// What validation found; set by [`RequestCtx::route`].
     validated: Option<Validated>,
     send: SendHalf,
@@ -103,6 +108,27 @@ struct RequestCtx {
     reserved: Option<Reservation>,
     /// The request's place on its upstream connection, held until the request ends.
     lease: Option<UpstreamLease>,
+    /// Its access-log line while `accessLog.enabled`, written when the request ends
+    /// (dropped), whichever way it ends.
+    entry: Option<Entry>,
+    received: Arc<AtomicU64>,
+}
+
+impl Drop for RequestCtx {
+    fn drop(&mut self) {
+        if let Some(mut e) = self.entry.take() {
+            e.bytes_received = self.received.load(Ordering::Relaxed);
+            e.duration_ms = self.started.elapsed().as_secs_f64() * 1000.0;
+            self.conn.serving.access.write(&e);
+        }
+    }
+}
+
+/// Notes on the request's access-log line, when there is one.
+fn note(entry: &mut Option<Entry>, f: impl FnOnce(&mut Entry)) {
+    if let Some(e) = entry.as_mut() {
+        f(e);
+    }
 }
 
 /// Handles one request stream from `resolve_request` to the last byte.
@@ -128,7 +154,12 @@ pub async fn handle(resolver: Resolver, handle: StreamHandle, conn: Arc<ConnCtx>
     };
     let (head, mut body) = resp.into_parts();
     if ctx.send_head(head).await {
-        ctx.relay(&mut body, upstream.body_idle_timeout()).await;
+        let idle = ctx.timeouts.response_body_idle;
+        ctx.relay(
+            &mut body,
+            idle.unwrap_or_else(|| upstream.body_idle_timeout()),
+        )
+        .await;
     }
 }
 
@@ -146,6 +177,7 @@ async fn resolve(
         Err(e) => {
             if let Some(why) = handle.refused.get() {
                 debug!(client = %conn.remote, %why, "request stream refused");
+                log_refused(conn, why.limit());
                 return None;
             }
             let reason = if matches!(e, h3::error::StreamError::HeaderTooBig { .. }) {
@@ -153,6 +185,7 @@ async fn resolve(
             } else {
                 rejected::MALFORMED
             };
+            log_refused(conn, reason);
             let m = &conn.serving.metrics;
             m.rejected_requests.with_label_values(&[reason]).inc();
             debug!(client = %conn.remote, error = %e, "request refused by the HTTP/3 layer");
@@ -161,14 +194,43 @@ async fn resolve(
     }
 }
 
+/// The access-log line of a request refused before its headers could be read.
+pub fn log_refused(conn: &ConnCtx, why: &'static str) {
+    let log = &conn.serving.access;
+    if log.enabled() {
+        let mut e = Entry::new(conn.remote, SystemTime::now());
+        e.sni = conn
+            .sni
+            .as_deref()
+            .and_then(|s| e.set("sni", s, MAX_FIELD_BYTES));
+        e.refused = Some(why);
+        log.write(&e);
+    }
+}
+
+/// `refused` values of the access log that no metric label names.
+const CLIENT_RESET: &str = "client_reset";
+const CLIENT_STOPPED: &str = "client_stopped";
+
 impl RequestCtx {
     fn new(conn: Arc<ConnCtx>, stream: Stream, handle: StreamHandle) -> Self {
         let (send, recv) = stream.split();
+        let entry = conn.serving.access.enabled().then(|| {
+            let mut e = Entry::new(conn.remote, SystemTime::now());
+            e.sni = conn
+                .sni
+                .as_deref()
+                .and_then(|s| e.set("sni", s, MAX_FIELD_BYTES));
+            e
+        });
         RequestCtx {
+            entry,
+            received: Arc::default(),
             gen: conn.serving.current.load_full(),
             conn,
             started: Instant::now(),
             host: OTHER_HOST.to_string(),
+            timeouts: HostTimeouts::default(),
             validated: None,
             send,
             recv: Some(recv),
@@ -188,6 +250,13 @@ impl RequestCtx {
     /// certificate is the one this connection was set up with: otherwise 421, so the client
     /// retries on a fresh connection (or drops a stale Alt-Svc entry).
     fn route(&mut self, req: &http::Request<()>) -> Result<(), Refusal> {
+        note(&mut self.entry, |e| {
+            e.method = e.set("method", req.method().as_str(), MAX_FIELD_BYTES);
+            let path = req.uri().path_and_query().map_or("", |p| p.as_str());
+            e.path = e.set("path", path, MAX_PATH_BYTES);
+            let authority = req.uri().authority().map_or("", |a| a.as_str());
+            e.authority = e.set("authority", authority, MAX_FIELD_BYTES);
+        });
         let v = request::validate(req).map_err(|Reject::Malformed(msg)| {
             debug!(client = %self.conn.remote, %msg, "malformed request");
             Refusal::malformed(msg)
@@ -196,7 +265,10 @@ impl RequestCtx {
         let entry = hosts.lookup(&v.host);
         let conn_entry = self.conn.sni.as_deref().and_then(|s| hosts.lookup(s));
         match (entry, conn_entry) {
-            (Some(e), Some(c)) if Arc::ptr_eq(e, c) => self.host = e.name.clone(),
+            (Some(e), Some(c)) if Arc::ptr_eq(e, c) => {
+                self.host = e.name.clone();
+                self.timeouts = e.timeouts;
+            }
             _ => {
                 return Err(Refusal::new(
                     rejected::MISDIRECTED,
@@ -219,7 +291,9 @@ impl RequestCtx {
         req: &http::Request<()>,
         upstream: &Upstream,
     ) -> Result<http::request::Parts, Refusal> {
-        request::upstream_parts(req, self.validated(), self.conn.remote, upstream.scheme())
+        let forwarded_for = self.gen.config.upstream.forwarded_for;
+        let v = self.validated();
+        request::upstream_parts(req, v, self.conn.remote, forwarded_for, upstream.scheme())
             .map_err(|Reject::Malformed(msg)| Refusal::malformed(msg))
     }
 
@@ -251,6 +325,7 @@ impl RequestCtx {
             abort: self.abort.clone(),
             metrics: self.conn.serving.metrics.clone(),
             client: self.conn.remote,
+            received: self.received.clone(),
         };
         match body::request_body(&mut self.recv, c).await {
             Ok(b) => Some(b),
@@ -261,26 +336,26 @@ impl RequestCtx {
             }
             Err(BodyError::Idle(idle)) => {
                 self.metrics().limit(limit::REQUEST_BODY_IDLE_TIMEOUT);
+                self.refused(limit::REQUEST_BODY_IDLE_TIMEOUT);
                 let msg = format!("the request body made no progress for {idle:?}");
                 self.stop_body(Code::H3_NO_ERROR);
                 self.finish_local(StatusCode::REQUEST_TIMEOUT, &msg).await;
                 None
             }
             Err(BodyError::Client(e)) => {
+                self.refused(CLIENT_RESET);
                 debug!(client = %self.conn.remote, error = %e, "client abandoned the request body");
                 None
             }
         }
     }
 
+    /// The host's request body idle timeout, else the listener's.
     fn body_idle_timeout(&self) -> Duration {
-        Duration::from_secs(
-            self.gen
-                .config
-                .http
-                .request_body_idle_timeout_seconds
-                .into(),
-        )
+        let listener = &self.gen.config.http;
+        self.timeouts.request_body_idle.unwrap_or_else(|| {
+            Duration::from_secs(listener.request_body_idle_timeout_seconds.into())
+        })
     }
 
     /// Phase 4: the request to the TCP ingress; its failures are answered here (502, 504),
@@ -293,13 +368,19 @@ impl RequestCtx {
         sent: tokio_util::sync::CancellationToken,
     ) -> Option<http::Response<hyper::body::Incoming>> {
         let abort = self.abort.clone();
+        let limit = (self.timeouts.response).unwrap_or_else(|| upstream.response_timeout());
+        let target = upstream.target_name(self.validated().host.as_str());
+        note(&mut self.entry, |e| {
+            e.upstream = e.set("upstream", &target, MAX_FIELD_BYTES);
+        });
         let result = tokio::select! {
-            r = upstream.send(req, sent) => r,
+            r = upstream.send(req, sent, limit) => r,
             why = abort.aborted() => {
                 self.aborted_before_response(why).await;
                 return None;
             }
             _ = self.stopped.as_mut() => {
+                self.refused(CLIENT_STOPPED);
                 debug!(client = %self.conn.remote, "client left before the response; dropping the upstream request");
                 return None;
             }
@@ -307,9 +388,17 @@ impl RequestCtx {
         match result {
             Ok((r, lease)) => {
                 self.lease = Some(lease);
+                let status = r.status().as_u16();
+                note(&mut self.entry, |e| e.upstream_status = Some(status));
                 Some(r)
             }
             Err(e) => {
+                let timeout = matches!(e, crate::proxy::upstream::UpstreamError::Timeout(_));
+                self.refused(if timeout {
+                    limit::RESPONSE_TIMEOUT
+                } else {
+                    e.metric_kind()
+                });
                 let m = self.metrics();
                 m.upstream_errors
                     .with_label_values(&[e.metric_kind()])
@@ -326,6 +415,7 @@ impl RequestCtx {
 
     /// A streamed request body failed before the upstream answered.
     async fn aborted_before_response(&mut self, why: AbortReason) {
+        self.refused(why.label());
         let status = match &why {
             AbortReason::ClientReset => {
                 debug!(client = %self.conn.remote, "client reset the request before the response");
@@ -383,6 +473,10 @@ impl RequestCtx {
             body::relay_response(&mut self.send, body, &abort, &mut self.stopped, idle).await;
         let client = self.conn.remote;
         self.downloaded(sent);
+        let why = end.label();
+        if !why.is_empty() {
+            self.refused(why);
+        }
         match end {
             ResponseEnd::Complete => {
                 let _ = self.send.finish().await;
@@ -418,14 +512,21 @@ impl RequestCtx {
         }
     }
 
-    fn downloaded(&self, bytes: u64) {
+    /// Why the request did not get the upstream's whole answer, for its access-log line.
+    fn refused(&mut self, why: &'static str) {
+        note(&mut self.entry, |e| e.refused = Some(why));
+    }
+
+    fn downloaded(&mut self, bytes: u64) {
+        note(&mut self.entry, |e| e.bytes_sent += bytes);
         self.metrics()
             .body_bytes
             .with_label_values(&["download"])
             .inc_by(bytes);
     }
 
-    fn count(&self, status: StatusCode) {
+    fn count(&mut self, status: StatusCode) {
+        note(&mut self.entry, |e| e.status = Some(status.as_u16()));
         let expiry = self.gen.config.hosts.get(&self.host).map(|e| e.not_after);
         let per_host = &self.metrics().per_host;
         per_host.count_request(&self.host, expiry, status.as_u16(), self.conn.family);
@@ -441,6 +542,7 @@ impl RequestCtx {
     /// body (RFC 9114 4.1.2 allows H3_NO_ERROR once a response is sent) and answers with the
     /// reason.
     async fn refuse(&mut self, r: Refusal) {
+        self.refused(r.reason);
         self.metrics()
             .rejected_requests
             .with_label_values(&[r.reason])

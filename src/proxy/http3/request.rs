@@ -10,6 +10,7 @@ use std::net::{IpAddr, SocketAddr};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Uri};
 
+use crate::api::ClientForwardedFor;
 use crate::proxy::upstream::canonical_ip;
 
 /// Why a request is refused before it reaches the upstream. The message names the header.
@@ -193,15 +194,33 @@ fn port_is_valid(authority: &str) -> bool {
     }
 }
 
+/// Fields that tell the TCP ingress who the client is. `X-Real-IP` is always ours (one
+/// address, nothing to append to); `X-Forwarded-For` and `Forwarded` keep the client's own
+/// entries before ours only with [`ClientForwardedFor::Append`].
+const X_REAL_IP: &str = "x-real-ip";
+const X_FORWARDED_FOR: &str = "x-forwarded-for";
+
+/// Whether the client's own field `name` goes upstream.
+fn kept(name: &HeaderName, forwarded_for: ClientForwardedFor) -> bool {
+    if name == X_REAL_IP {
+        return false;
+    }
+    forwarded_for == ClientForwardedFor::Append
+        || (name != X_FORWARDED_FOR && name != header::FORWARDED)
+}
+
 /// Builds the upstream request head from a validated HTTP/3 request.
 ///
 /// `upstream_scheme` is `https` or `http`; the URI carries the request's authority so the
-/// connection pool keys by host and TLS uses it as SNI. Forwarding headers are appended, never
-/// replaced, so a chain of proxies stays visible.
+/// connection pool keys by host and TLS uses it as SNI. The client's address goes into
+/// `X-Forwarded-For`, `Forwarded` and `X-Real-IP`: with `Replace` it is all they say, with
+/// `Append` it ends the lists the client sent, so a chain of proxies stays visible to an
+/// ingress that trusts exactly this proxy.
 pub fn upstream_parts(
     req: &Request<()>,
     v: &Validated,
     client: SocketAddr,
+    forwarded_for: ClientForwardedFor,
     upstream_scheme: &str,
 ) -> Result<http::request::Parts, Reject> {
     let path = req
@@ -220,7 +239,7 @@ pub fn upstream_parts(
             cookies.push(value.as_bytes());
             continue;
         }
-        if name == header::HOST {
+        if name == header::HOST || !kept(name, forwarded_for) {
             continue;
         }
         headers.append(name.clone(), value.clone());
@@ -237,10 +256,15 @@ pub fn upstream_parts(
     // host header") on h2.
 
     let ip = canonical_ip(client);
+    let ip_text = ip.to_string();
     append_list(
         &mut headers,
-        HeaderName::from_static("x-forwarded-for"),
-        &ip.to_string(),
+        HeaderName::from_static(X_FORWARDED_FOR),
+        &ip_text,
+    );
+    headers.insert(
+        HeaderName::from_static(X_REAL_IP),
+        HeaderValue::from_str(&ip_text).expect("an IP address is a valid header value"),
     );
     headers.insert(
         HeaderName::from_static("x-forwarded-proto"),
@@ -407,7 +431,7 @@ mod tests {
         });
         let v = validate(&r).unwrap();
         let client: SocketAddr = "[::ffff:192.0.2.1]:5555".parse().unwrap();
-        let p = upstream_parts(&r, &v, client, "https").unwrap();
+        let p = upstream_parts(&r, &v, client, ClientForwardedFor::Append, "https").unwrap();
         assert_eq!(p.uri.to_string(), "https://a.test/path?q=1");
         assert!(p.headers.get("host").is_none());
         assert_eq!(p.uri.authority().unwrap().as_str(), "a.test");
@@ -422,12 +446,68 @@ mod tests {
         assert_eq!(p.headers["user-agent"], "t");
 
         let v6: SocketAddr = "[2001:db8::1]:5555".parse().unwrap();
-        let p = upstream_parts(&r, &v, v6, "http").unwrap();
+        let p = upstream_parts(&r, &v, v6, ClientForwardedFor::Append, "http").unwrap();
         assert!(p.headers["forwarded"]
             .to_str()
             .unwrap()
             .starts_with("for=\"[2001:db8::1]\""));
         assert!(p.uri.to_string().starts_with("http://a.test/"));
+    }
+
+    /// What a client writes about itself never reaches the ingress as its address: with
+    /// Replace the lists name only the client, with Append the client is their last entry,
+    /// and X-Real-IP is ours either way.
+    #[test]
+    fn a_client_cannot_choose_the_address_the_ingress_sees() {
+        let r = req(|b| {
+            b.header("x-forwarded-for", "10.0.0.1")
+                .header("x-forwarded-for", "10.0.0.2")
+                .header("forwarded", "for=10.0.0.1")
+                .header("x-real-ip", "10.0.0.1")
+                .header("X-Forwarded-Proto", "http")
+        });
+        let v = validate(&r).unwrap();
+        let client: SocketAddr = "198.18.0.2:4433".parse().unwrap();
+        let p = upstream_parts(&r, &v, client, ClientForwardedFor::Replace, "https").unwrap();
+        let all = |name: &str| -> Vec<&str> {
+            p.headers
+                .get_all(name)
+                .iter()
+                .map(|v| v.to_str().unwrap())
+                .collect()
+        };
+        assert_eq!(all("x-forwarded-for"), ["198.18.0.2"]);
+        assert_eq!(all("x-real-ip"), ["198.18.0.2"]);
+        assert_eq!(
+            all("forwarded"),
+            ["for=198.18.0.2;proto=https;host=\"a.test\""]
+        );
+        assert_eq!(all("x-forwarded-proto"), ["https"]);
+
+        let p = upstream_parts(&r, &v, client, ClientForwardedFor::Append, "https").unwrap();
+        let all = |name: &str| -> Vec<String> {
+            p.headers
+                .get_all(name)
+                .iter()
+                .map(|v| v.to_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(all("x-forwarded-for"), ["10.0.0.1, 10.0.0.2, 198.18.0.2"]);
+        assert_eq!(all("x-real-ip"), ["198.18.0.2"]);
+        assert_eq!(
+            all("forwarded"),
+            ["for=10.0.0.1, for=198.18.0.2;proto=https;host=\"a.test\""]
+        );
+
+        // RFC 7239 6: an IPv6 node is bracketed and quoted.
+        let v6: SocketAddr = "[2001:db8::7]:4433".parse().unwrap();
+        let p = upstream_parts(&r, &v, v6, ClientForwardedFor::Replace, "https").unwrap();
+        assert_eq!(p.headers["x-forwarded-for"], "2001:db8::7");
+        assert_eq!(p.headers["x-real-ip"], "2001:db8::7");
+        assert_eq!(
+            p.headers["forwarded"],
+            "for=\"[2001:db8::7]\";proto=https;host=\"a.test\""
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::budget::Budget;
 use crate::config::ProxyConfig;
+use crate::proxy::observe::access::AccessLog;
 use crate::proxy::observe::metrics::{limit, Metrics};
 use crate::proxy::quic::admission::Admission;
 use crate::proxy::quic::amplification::Guard;
@@ -43,6 +44,8 @@ pub struct Serving {
     pub admission: Arc<Admission>,
     /// Bytes to and from unvalidated addresses, shared by the sockets of both families.
     pub guard: Arc<Guard>,
+    /// The access log (`accessLog.enabled`), following the applied configuration.
+    pub access: Arc<AccessLog>,
 }
 
 impl Serving {
@@ -55,7 +58,10 @@ impl Serving {
             first.config.limits.buffered_request_bytes,
             metrics.buffered_request_bytes.clone(),
         );
+        let access = Arc::new(AccessLog::start(metrics.access_log_dropped.clone()));
+        access.set_enabled(first.config.access_log);
         Self {
+            access,
             current: ArcSwap::from_pointee(first),
             metrics,
             budget,

@@ -31,6 +31,8 @@ pub enum Reason {
     UpstreamMidResponse,
     /// The upstream presented another certificate than the one we serve.
     UpstreamCertificate,
+    /// The upstream's name did not resolve.
+    UpstreamResolve,
     /// The upstream presented the previous or next certificate within the renewal grace:
     /// accepted, and its own reason so these lines never use up the allowance of a refusal.
     UpstreamRenewal,
@@ -48,11 +50,12 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Reason; 10] = [
+    pub const ALL: [Reason; 11] = [
         Reason::UnknownSni,
         Reason::UpstreamFailed,
         Reason::UpstreamMidResponse,
         Reason::UpstreamCertificate,
+        Reason::UpstreamResolve,
         Reason::UpstreamRenewal,
         Reason::RequestBudget,
         Reason::Handover,
@@ -67,6 +70,7 @@ impl Reason {
             Reason::UpstreamFailed => "upstream_failed",
             Reason::UpstreamMidResponse => "upstream_mid_response",
             Reason::UpstreamCertificate => "upstream_certificate",
+            Reason::UpstreamResolve => "upstream_resolve",
             Reason::UpstreamRenewal => "upstream_renewal",
             Reason::RequestBudget => "request_budget",
             Reason::Handover => "handover",

@@ -73,6 +73,14 @@ pub mod upstream_error {
     pub const ALL: [&str; 5] = [CONNECT, TLS, TIMEOUT, RESET, PROTOCOL];
 }
 
+/// How a lookup of the upstream's name ended (`result` label of
+/// `h3_ingress_upstream_resolutions_total`).
+pub mod resolution {
+    pub const OK: &str = "ok";
+    pub const FAILED: &str = "failed";
+    pub const ALL: [&str; 2] = [OK, FAILED];
+}
+
 /// Handshake results (`result` label): how each connection attempt ended. `refused` and
 /// `retry` never started a handshake.
 pub mod handshake {
@@ -178,6 +186,8 @@ pub struct Metrics {
     pub upstream_connections: IntGauge,
     pub upstream_lanes_opened: IntCounter,
     pub upstream_certificate_grace: IntCounterVec,
+    pub upstream_resolutions: IntCounterVec,
+    pub access_log_dropped: IntCounter,
     /// Requests, certificate expiry and Alt-Svc per host.
     pub per_host: Arc<PerHost>,
     pub request_duration: Histogram,
@@ -313,6 +323,16 @@ pub mod specs {
         "h3_ingress_upstream_certificate_grace_total",
         "TLS handshakes with the TCP ingress accepted under upstream.verify: servedCertificate with another leaf than the one served, while a certificate renewal reaches both sides: the leaf this proxy served before its switch (previous) or the renewal it has not loaded yet (next).",
         &["leaf"],
+    );
+    pub const UPSTREAM_RESOLUTIONS: Spec = spec(
+        "h3_ingress_upstream_resolutions_total",
+        "Lookups of the upstream's name (and of hosts' own upstreams) by result (ok, failed): one when a configuration is applied, then at most one per name every 30 s or after a connect to every address failed; IP literals are never looked up.",
+        &["result"],
+    );
+    pub const ACCESS_LOG_DROPPED: Spec = spec(
+        "h3_ingress_access_log_dropped_total",
+        "Access-log lines dropped because the queue to the writer was full (accessLog.enabled; the request itself is never held up).",
+        &[],
     );
     pub const BODY_BYTES: Spec = spec(
         "h3_ingress_body_bytes_total",
@@ -542,6 +562,7 @@ pub struct UpstreamMetrics {
     pub lanes: LaneMetrics,
     pub certificate_grace: prometheus::IntCounterVec,
     pub connections: IntGauge,
+    pub resolutions: IntCounterVec,
 }
 
 #[cfg(test)]
@@ -554,6 +575,8 @@ impl UpstreamMetrics {
             certificate_grace: prometheus::IntCounterVec::new(opts, &["leaf"])
                 .expect("valid counter"),
             connections: IntGauge::new("connections", "-").expect("valid gauge"),
+            resolutions: IntCounterVec::new(prometheus::Opts::new("resolutions", "-"), &["result"])
+                .expect("valid counter"),
         }
     }
 }
@@ -573,6 +596,7 @@ impl Metrics {
             lanes: self.lanes(),
             certificate_grace: self.upstream_certificate_grace.clone(),
             connections: self.upstream_connections.clone(),
+            resolutions: self.upstream_resolutions.clone(),
         }
     }
 
@@ -597,6 +621,8 @@ impl Metrics {
             upstream_connections: r.gauge(&UPSTREAM_CONNECTIONS),
             upstream_lanes_opened: r.counter(&UPSTREAM_LANES_OPENED),
             upstream_certificate_grace: r.counter_vec(&UPSTREAM_CERTIFICATE_GRACE),
+            upstream_resolutions: r.counter_vec(&UPSTREAM_RESOLUTIONS),
+            access_log_dropped: r.counter(&ACCESS_LOG_DROPPED),
             per_host: r.per_host(),
             request_duration: r.histogram(&REQUEST_DURATION),
             upstream_errors: r.counter_vec(&UPSTREAM_ERRORS),
@@ -635,6 +661,9 @@ impl Metrics {
         }
         for leaf in renewal_leaf::ALL {
             m.upstream_certificate_grace.with_label_values(&[leaf]);
+        }
+        for result in resolution::ALL {
+            m.upstream_resolutions.with_label_values(&[result]);
         }
         for reason in rejected::ALL {
             m.rejected_requests.with_label_values(&[reason]);
@@ -1202,6 +1231,7 @@ mod tests {
                 upstream: None,
                 source: String::new(),
                 secret: None,
+                timeouts: Default::default(),
             });
         }
         m.follow_config_hosts(&fewer, true);

@@ -7,6 +7,7 @@
 //!
 //! The lowest layer: it imports nothing else of the data plane.
 
+pub mod access;
 pub mod logs;
 pub mod metrics;
 pub mod procnet;

@@ -2,6 +2,7 @@
 //! PROXY protocol v2 header naming the client, then TLS with the request's host as SNI; each
 //! open connection counted while it lives.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -18,6 +19,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
+use super::resolve::{Lookup, Target};
 use crate::config::HostTable;
 
 /// Client address as users expect to see it: IPv4 clients as plain IPv4, never `::ffff:`.
@@ -185,9 +187,10 @@ pub fn proxy_v2_header(a: ProxyAddrs) -> Vec<u8> {
 }
 
 pub(super) struct ConnectorInner {
-    pub(super) address: String,
-    /// The hosts, when some have their own upstream (`HostEntry::upstream`).
-    pub(super) routes: Option<Arc<HostTable>>,
+    /// The listener's upstream (with PROXY protocol, where the PROXY connections go).
+    pub(super) target: Arc<Target>,
+    /// The hosts with their own upstream, when some have one (`HostEntry::upstream`).
+    pub(super) routes: Option<Arc<Routes>>,
     pub(super) tls: Option<Arc<rustls::ClientConfig>>,
     pub(super) connect_timeout: Duration,
     pub(super) proxy: Option<ProxyAddrs>,
@@ -220,12 +223,16 @@ impl tower::Service<Uri> for Connector {
                 .trim_end_matches(']')
                 .to_string();
             let deadline = tokio::time::Instant::now() + inner.connect_timeout;
-            let addr = inner.address_for(&host);
+            let (target, own) = inner.target_for(&host);
+            let addr = target.name().to_string();
+            // The PROXY header is for the listener's upstream; a host's own upstream (another
+            // proxy) is told the client's address by the forwarding headers alone.
+            let proxy = inner.proxy.filter(|_| !own);
             let work = async {
-                let tcp = connect_tcp(&addr).await?;
+                let tcp = connect_tcp(target).await?;
                 let _ = tcp.set_nodelay(true);
                 let mut tcp = tcp;
-                if let Some(p) = inner.proxy {
+                if let Some(p) = proxy {
                     tcp.write_all(&proxy_v2_header(p)).await.map_err(|source| {
                         ConnectError::Connect {
                             addr: addr.clone(),
@@ -264,35 +271,79 @@ impl tower::Service<Uri> for Connector {
 }
 
 impl ConnectorInner {
-    fn address_for(&self, host: &str) -> String {
-        let own = self
-            .routes
-            .as_ref()
-            .and_then(|r| r.lookup(host)?.upstream.as_ref());
+    /// Where `host`'s requests go, and whether that is the host's own upstream.
+    fn target_for(&self, host: &str) -> (Arc<Target>, bool) {
+        let own = self.routes.as_ref().and_then(|r| {
+            let a = r.hosts.lookup(host)?.upstream.as_ref()?;
+            r.targets.get(&a.to_string())
+        });
         match own {
-            Some(a) => a.to_string(),
-            None => self.address.clone(),
+            Some(t) => (t.clone(), true),
+            None => (self.target.clone(), false),
         }
     }
 }
 
-/// The hosts to consult for a per-host upstream: `None` (no lookup per connection) when no
-/// host has one.
-pub(super) fn routes(hosts: &HostTable) -> Option<Arc<HostTable>> {
-    hosts
-        .iter()
-        .any(|h| h.upstream.is_some())
-        .then(|| Arc::new(hosts.clone()))
+/// The hosts that have their own upstream, and one [`Target`] per distinct such upstream.
+pub(super) struct Routes {
+    hosts: HostTable,
+    targets: HashMap<String, Arc<Target>>,
 }
 
-async fn connect_tcp(addr: &str) -> Result<TcpStream, ConnectError> {
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(addr)
-        .await
-        .map_err(|source| ConnectError::Resolve {
-            addr: addr.to_string(),
-            source,
-        })?
-        .collect();
+impl Routes {
+    /// `host`'s own upstream, if it has one.
+    pub(super) fn own(&self, host: &str) -> Option<String> {
+        Some(self.hosts.lookup(host)?.upstream.as_ref()?.to_string())
+    }
+}
+
+/// The hosts to consult for a per-host upstream: `None` (no lookup per connection) when no
+/// host has one. Each distinct upstream gets its target, resolving from now on.
+pub(super) fn routes(
+    hosts: &HostTable,
+    lookup: &Lookup,
+    resolutions: &prometheus::IntCounterVec,
+) -> Option<Arc<Routes>> {
+    let mut targets = HashMap::new();
+    for a in hosts.iter().filter_map(|h| h.upstream.as_ref()) {
+        targets.entry(a.to_string()).or_insert_with(|| {
+            let t = Arc::new(Target::new(a, lookup.clone(), resolutions.clone()));
+            t.prefetch();
+            t
+        });
+    }
+    (!targets.is_empty()).then(|| {
+        Arc::new(Routes {
+            hosts: hosts.clone(),
+            targets,
+        })
+    })
+}
+
+/// A connection to the first of the target's addresses that answers; when none does, the
+/// name is resolved again (it may have moved) and new addresses, if any, are tried.
+async fn connect_tcp(target: Arc<Target>) -> Result<TcpStream, ConnectError> {
+    let resolve_error = |source| ConnectError::Resolve {
+        addr: target.name().to_string(),
+        source,
+    };
+    let addrs = target.addrs().await.map_err(resolve_error)?;
+    let last = match first_answering(&addrs).await {
+        Ok(s) => return Ok(s),
+        Err(e) => e,
+    };
+    if let Some(moved) = target.refresh(&addrs).await {
+        if let Ok(s) = first_answering(&moved).await {
+            return Ok(s);
+        }
+    }
+    Err(ConnectError::Connect {
+        addr: target.name().to_string(),
+        source: last,
+    })
+}
+
+async fn first_answering(addrs: &[SocketAddr]) -> io::Result<TcpStream> {
     let mut last = io::Error::new(io::ErrorKind::NotFound, "no addresses");
     for a in addrs {
         match TcpStream::connect(a).await {
@@ -300,10 +351,7 @@ async fn connect_tcp(addr: &str) -> Result<TcpStream, ConnectError> {
             Err(e) => last = e,
         }
     }
-    Err(ConnectError::Connect {
-        addr: addr.to_string(),
-        source: last,
-    })
+    Err(last)
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 //! client).
 //!
 //! - [`connect`]: TCP, the PROXY header and TLS to the ingress
+//! - [`resolve`]: the upstream's name, resolved once per configuration (and when it moved)
 //! - [`verify`]: the upstream's certificate (`upstream.verify`), with [`renewal`]'s grace
 //! - [`pool`]: the client of one configuration generation, in [`lanes`]
 
@@ -14,6 +15,7 @@ pub mod connect;
 pub mod lanes;
 pub mod pool;
 pub mod renewal;
+pub mod resolve;
 pub mod verify;
 
 use bytes::Bytes;

@@ -12,12 +12,13 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::pki_types::UnixTime;
 use tokio_util::sync::CancellationToken;
 
-use super::connect::{ConnectError, Connector, ConnectorInner, ProxyAddrs};
+use super::connect::{ConnectError, Connector, ConnectorInner, ProxyAddrs, Routes};
 use super::lanes::{Lanes, Lease};
 use super::renewal::Renewals;
+use super::resolve::{system_lookup, Target};
 use super::verify::{client_tls, UpstreamSetupError};
 use super::UpstreamBody;
-use crate::config::{HostTable, UpstreamConfig};
+use crate::config::{HostTable, UpstreamAddress, UpstreamConfig};
 use crate::proxy::observe::metrics::LaneMetrics;
 use crate::proxy::observe::metrics::UpstreamMetrics;
 
@@ -45,7 +46,9 @@ pub type UpstreamLease = Lease<PooledClient>;
 pub struct Upstream {
     lanes: Arc<Lanes<PooledClient>>,
     config: Arc<UpstreamConfig>,
-    routes: Option<Arc<HostTable>>,
+    routes: Option<Arc<Routes>>,
+    /// Where a client's PROXY protocol connections go (`UpstreamConfig::proxy_protocol`).
+    proxy_target: Option<Arc<Target>>,
     tls: Option<Arc<rustls::ClientConfig>>,
     /// The hosts this generation serves, to tell the next one which leaves changed.
     hosts: HostTable,
@@ -121,10 +124,25 @@ impl Upstream {
         } else {
             None
         };
-        let routes = super::connect::routes(hosts);
+        let lookup = system_lookup();
+        let resolutions = &metrics.resolutions;
+        let target = |a: &UpstreamAddress| {
+            let t = Arc::new(Target::new(a, lookup.clone(), resolutions.clone()));
+            t.prefetch();
+            t
+        };
+        let main = target(&config.address);
+        let proxy_target = config
+            .proxy_protocol
+            .as_ref()
+            .map(|a| match *a == config.address {
+                true => main.clone(),
+                false => target(a),
+            });
+        let routes = super::connect::routes(hosts, &lookup, resolutions);
         let connector = Connector {
             inner: Arc::new(ConnectorInner {
-                address: config.address.to_string(),
+                target: main,
                 routes: routes.clone(),
                 tls: tls.clone(),
                 connect_timeout: config.connect_timeout,
@@ -140,6 +158,7 @@ impl Upstream {
             ),
             config: Arc::new(config.clone()),
             routes,
+            proxy_target,
             tls,
             hosts: hosts.clone(),
             renewals,
@@ -149,12 +168,12 @@ impl Upstream {
 
     /// The client to use for one QUIC connection: shared, or its own with PROXY protocol.
     pub fn for_connection(&self, client: SocketAddr, local: SocketAddr) -> Upstream {
-        if !self.config.proxy_protocol {
+        let Some(target) = &self.proxy_target else {
             return self.clone();
-        }
+        };
         let connector = Connector {
             inner: Arc::new(ConnectorInner {
-                address: self.config.address.to_string(),
+                target: target.clone(),
                 routes: self.routes.clone(),
                 tls: self.tls.clone(),
                 connect_timeout: self.config.connect_timeout,
@@ -170,6 +189,7 @@ impl Upstream {
             ),
             config: self.config.clone(),
             routes: self.routes.clone(),
+            proxy_target: self.proxy_target.clone(),
             tls: self.tls.clone(),
             hosts: self.hosts.clone(),
             renewals: self.renewals.clone(),
@@ -186,15 +206,16 @@ impl Upstream {
     }
 
     /// Sends a request; the error says which status the client should get. The response
-    /// timeout runs from `body_sent` (the upstream has read the whole request body), so an
-    /// upload of any length gets its full time for the answer. Keep the lease until the
-    /// response body is done: it is the request's place on its upstream connection.
+    /// timeout (`limit`: the host's, else [`Self::response_timeout`]) runs from `body_sent`
+    /// (the upstream has read the whole request body), so an upload of any length gets its
+    /// full time for the answer. Keep the lease until the response body is done: it is the
+    /// request's place on its upstream connection.
     pub async fn send(
         &self,
         req: http::Request<UpstreamBody>,
         body_sent: CancellationToken,
+        limit: Duration,
     ) -> Result<(http::Response<hyper::body::Incoming>, UpstreamLease), UpstreamError> {
-        let limit = self.config.response_timeout;
         let deadline = async {
             body_sent.cancelled().await;
             tokio::time::sleep(limit).await;
@@ -207,7 +228,21 @@ impl Upstream {
         }
     }
 
-    /// How long the response body may make no progress.
+    /// Where `host`'s requests go (`host:port` as configured), for the access log.
+    pub fn target_name(&self, host: &str) -> String {
+        let own = self.routes.as_ref().and_then(|r| r.own(host));
+        own.unwrap_or_else(|| match &self.proxy_target {
+            Some(t) => t.name().to_string(),
+            None => self.config.address.to_string(),
+        })
+    }
+
+    /// The listener's response timeout (`upstream.responseTimeoutSeconds`).
+    pub fn response_timeout(&self) -> Duration {
+        self.config.response_timeout
+    }
+
+    /// How long the response body may make no progress (the listener's).
     pub fn body_idle_timeout(&self) -> Duration {
         self.config.response_body_idle_timeout
     }
@@ -301,7 +336,8 @@ mod tests {
             address: crate::config::parse_host_port("127.0.0.1:9").unwrap(),
             tls: false,
             verify: UpstreamVerify::ServedCertificate,
-            proxy_protocol: false,
+            proxy_protocol: None,
+            forwarded_for: crate::api::ClientForwardedFor::Replace,
             max_streams_per_connection: 2,
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(1),
@@ -361,7 +397,8 @@ mod tests {
             address: crate::config::parse_host_port(&shared.to_string()).unwrap(),
             tls: false,
             verify: UpstreamVerify::ServedCertificate,
-            proxy_protocol: false,
+            proxy_protocol: None,
+            forwarded_for: crate::api::ClientForwardedFor::Replace,
             max_streams_per_connection: 100,
             connect_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(5),
@@ -376,7 +413,8 @@ mod tests {
                 .unwrap();
             let sent = CancellationToken::new();
             sent.cancel();
-            let (resp, _lease) = upstream.send(req, sent).await.unwrap();
+            let limit = upstream.response_timeout();
+            let (resp, _lease) = upstream.send(req, sent, limit).await.unwrap();
             let body = resp.into_body().collect().await.unwrap().to_bytes();
             assert_eq!(body, want.as_bytes(), "{host}");
         }
@@ -389,7 +427,49 @@ mod tests {
         }
         assert_eq!(metrics.connections.get(), 0, "closed with the pool");
         // Without any host of its own, no table is kept for the connector.
-        assert!(super::super::connect::routes(&HostTable::default()).is_none());
+        let lookup = super::super::resolve::system_lookup();
+        let none =
+            super::super::connect::routes(&HostTable::default(), &lookup, &metrics.resolutions);
+        assert!(none.is_none());
+    }
+
+    /// An upstream named by a DNS name (`localhost`, from /etc/hosts) is looked up once for
+    /// the generation, not per connection: 1,000 requests for 1,000 hosts open 1,000 upstream
+    /// connections (one pool per host) and make one lookup.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_thousand_connections_make_one_lookup() {
+        use http_body_util::{BodyExt, Empty};
+        let port = answering("ok").await.port();
+        let config = UpstreamConfig {
+            address: crate::config::parse_host_port(&format!("localhost:{port}")).unwrap(),
+            tls: false,
+            verify: UpstreamVerify::ServedCertificate,
+            proxy_protocol: None,
+            forwarded_for: crate::api::ClientForwardedFor::Replace,
+            max_streams_per_connection: 100,
+            connect_timeout: Duration::from_secs(5),
+            response_timeout: Duration::from_secs(5),
+            response_body_idle_timeout: Duration::from_secs(5),
+            served_certificate_grace: Duration::ZERO,
+        };
+        let metrics = UpstreamMetrics::unregistered();
+        let upstream = Upstream::new(&config, &HostTable::default(), metrics.clone()).unwrap();
+        for i in 0..1000 {
+            let req = http::Request::get(format!("http://h{i}.test/"))
+                .body(Empty::new().map_err(|never| match never {}).boxed())
+                .unwrap();
+            let sent = CancellationToken::new();
+            sent.cancel();
+            let (resp, _lease) = upstream
+                .send(req, sent, Duration::from_secs(5))
+                .await
+                .unwrap();
+            assert_eq!(resp.into_body().collect().await.unwrap().to_bytes(), "ok");
+        }
+        assert_eq!(metrics.connections.get(), 1000, "one connection per host");
+        let ok = metrics.resolutions.with_label_values(&["ok"]).get();
+        let failed = metrics.resolutions.with_label_values(&["failed"]).get();
+        assert_eq!((ok, failed), (1, 0));
     }
 
     #[test]
