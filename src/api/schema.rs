@@ -40,6 +40,8 @@ pub const SCHEMA_HASHES: &[&str] = &[
     "sha256:04b3cadde5623ff1",
     // 4: metrics.hostLabel.
     "sha256:ace7e773dce49f47",
+    // 5: controllerName (which operator runs the listener), and its printer column.
+    "sha256:a627cec5a67e4d25",
 ];
 
 /// This binary's schema revision.
