@@ -32,7 +32,8 @@ HOST=shop.h3i.test
 HOST2=shop2.h3i.test
 LISTENER=journey
 DP=h3-ingress-$LISTENER          # DaemonSet and ServiceAccount of the listener
-DP_RBAC=h3-ingress-data-plane-$LISTENER
+DP_RBAC=h3-ingress-data-plane-$LISTENER # its Role(Binding) in the hosts namespace
+DP_CLUSTER_RBAC=$NS_OP.$DP_RBAC  # its ClusterRole(Binding): named after the operator's namespace too
 OP_SA=h3-ingress                 # the chart's operator ServiceAccount (release name)
 DP_USER=system:serviceaccount:$NS_OP:$DP
 OP_USER=system:serviceaccount:$NS_OP:$OP_SA
@@ -291,21 +292,21 @@ step "the DaemonSet, ServiceAccount, least-privilege RBAC and the certificate mi
 until_ok 30 "Role/RoleBinding $DP_RBAC in $NS_HOSTS" kubectl -n "$NS_HOSTS" get rolebinding "$DP_RBAC"
 owned_by_listener ds "$DP" "$NS_OP"
 owned_by_listener sa "$DP" "$NS_OP"
-owned_by_listener clusterrole "$DP_RBAC"
-owned_by_listener clusterrolebinding "$DP_RBAC"
+owned_by_listener clusterrole "$DP_CLUSTER_RBAC"
+owned_by_listener clusterrolebinding "$DP_CLUSTER_RBAC"
 owned_by_listener role "$DP_RBAC" "$NS_HOSTS"
 owned_by_listener rolebinding "$DP_RBAC" "$NS_HOSTS"
-ok "ds/$DP, sa/$DP (ns $NS_OP), clusterrole+binding/$DP_RBAC, role+rolebinding/$DP_RBAC (ns $NS_HOSTS): controller owner Http3Listener/$LISTENER"
+ok "ds/$DP, sa/$DP (ns $NS_OP), clusterrole+binding/$DP_CLUSTER_RBAC, role+rolebinding/$DP_RBAC (ns $NS_HOSTS): controller owner Http3Listener/$LISTENER"
 role_rules=$(jp role -n "$NS_HOSTS" "$DP_RBAC" -o jsonpath='{range .rules[*]}{.resources}:{.resourceNames}:{.verbs}{"\n"}{end}')
 [[ $role_rules == '["secrets"]::["get","list","watch"]' ]] ||
     fail "Role $NS_HOSTS/$DP_RBAC should grant only reading Secrets there: $role_rules"
 ok "Role in $NS_HOSTS: $role_rules"
 [[ -z $(kubectl get role,rolebinding -n "$NS_APP" -l "app.kubernetes.io/instance=$LISTENER" -o name) ]] ||
     fail "the data plane got RBAC in the application namespace $NS_APP"
-cr_rules=$(jp clusterrole "$DP_RBAC" -o jsonpath='{range .rules[*]}{.apiGroups}{.resources}{.resourceNames}{.verbs}{"\n"}{end}')
+cr_rules=$(jp clusterrole "$DP_CLUSTER_RBAC" -o jsonpath='{range .rules[*]}{.apiGroups}{.resources}{.resourceNames}{.verbs}{"\n"}{end}')
 indent <<<"$cr_rules"
 [[ $cr_rules == '["h3-ingress.dev"]["http3listeners"]["'"$LISTENER"'"]["get","list","watch"]' ]] ||
-    fail "ClusterRole $DP_RBAC should grant only reading its listener: $cr_rules"
+    fail "ClusterRole $DP_CLUSTER_RBAC should grant only reading its listener: $cr_rules"
 mirror_of() { # SECRET: the mirror's name, type, source and hosts
     kubectl -n "$NS_HOSTS" get secrets -l "h3-ingress.dev/listener=$LISTENER" -o json |
         python3 -c 'import json,sys,base64
@@ -676,7 +677,7 @@ owned_gone() {
     local o
     for o in "ds/$DP" "sa/$DP" "svc/$DP"; do kubectl -n "$NS_OP" get "$o" >/dev/null 2>&1 && return 1; done
     for o in "role/$DP_RBAC" "rolebinding/$DP_RBAC"; do kubectl -n "$NS_HOSTS" get "$o" >/dev/null 2>&1 && return 1; done
-    for o in "clusterrole/$DP_RBAC" "clusterrolebinding/$DP_RBAC"; do kubectl get "$o" >/dev/null 2>&1 && return 1; done
+    for o in "clusterrole/$DP_CLUSTER_RBAC" "clusterrolebinding/$DP_CLUSTER_RBAC"; do kubectl get "$o" >/dev/null 2>&1 && return 1; done
     [[ -z $(kubectl get ds,sa,svc,pods -n "$NS_OP" -l "app.kubernetes.io/instance=$LISTENER" -o name) &&
         -z $(kubectl get role,rolebinding,secrets -n "$NS_HOSTS" -l "app.kubernetes.io/instance=$LISTENER" -o name) &&
         -z $(kubectl get clusterrole,clusterrolebinding -l "app.kubernetes.io/instance=$LISTENER" -o name) ]]

@@ -6,7 +6,8 @@
 # other:
 #   - real nodes (H3I_NODES=real), the product's OCI image pulled from the authenticated
 #     registry: tests/cluster/smoke.sh (the cluster itself), journey.sh (the product on it),
-#     gateway.sh (Gateway API), node-checks.sh (what only a real node answers, a real browser);
+#     gateway.sh (Gateway API), node-checks.sh (what only a real node answers, a real browser),
+#     coexist.sh (two releases side by side, a forceBuffers roll, one uninstalled);
 #   - the node agent (pods as local processes, the fast mode): skew.sh (CRD version skew both
 #     ways, certificate renewal), rollout.sh (a DaemonSet roll under clients), upgrade.sh (helm
 #     upgrade from the pinned previous release and back, under clients; its binary built once
@@ -27,7 +28,7 @@ step() { printf '\n=== %s (%s)\n' "$*" "$(date +%H:%M:%S)"; }
 if [[ $(id -u) -ne 0 ]]; then
     echo "=================================================================================="
     echo "CLUSTER TESTS SKIPPED (needs root): scripts/cluster.sh build/up, tests/cluster/smoke.sh"
-    echo "tests/cluster/journey.sh, gateway.sh, node-checks.sh, skew.sh, rollout.sh, upgrade.sh and scale.sh did NOT run; nothing was proven on a real API server or real nodes."
+    echo "tests/cluster/journey.sh, gateway.sh, node-checks.sh, coexist.sh, skew.sh, rollout.sh, upgrade.sh and scale.sh did NOT run; nothing was proven on a real API server or real nodes."
     echo "=================================================================================="
     [[ ${H3I_TESTS_REQUIRE_ROOT:-0} == 1 ]] && { echo "H3I_TESTS_REQUIRE_ROOT=1: failing" >&2; exit 1; }
     exit 0
@@ -80,6 +81,8 @@ step "tests/cluster/gateway.sh on real nodes (Gateway API: HTTPRoutes, Gateways,
 timed gateway tests/cluster/gateway.sh
 step "tests/cluster/node-checks.sh (what only a real node answers: image, capabilities, NodePort, Chromium, grace, probes, OOM)"
 timed node-checks tests/cluster/node-checks.sh
+step "tests/cluster/coexist.sh (two releases side by side for 5 minutes, a forceBuffers roll on UDP 8443, helm uninstall of one)"
+timed coexist tests/cluster/coexist.sh
 step "real nodes: down"
 timed down-real scripts/cluster.sh down
 
