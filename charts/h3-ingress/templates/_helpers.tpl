@@ -39,7 +39,8 @@ the operators then say it themselves.
 {{- range (($crs | default dict).items | default list) -}}
 {{- $labels := .metadata.labels | default dict -}}
 {{- $ann := .metadata.annotations | default dict -}}
-{{- if and (eq (get $labels "app.kubernetes.io/name") "h3-ingress") (eq (get $labels "app.kubernetes.io/component") "operator") (ne (get $ann "meta.helm.sh/release-namespace") $.Release.Namespace) -}}
+{{- $mine := or (eq (get $ann "meta.helm.sh/release-namespace") $.Release.Namespace) (eq .metadata.name (printf "%s-operator" (include "h3-ingress.clusterName" $))) -}}
+{{- if and (eq (get $labels "app.kubernetes.io/name") "h3-ingress") (eq (get $labels "app.kubernetes.io/component") "operator") (not $mine) -}}
 {{- $theirs := get $ann "h3-ingress.dev/controller-name" | default "h3-ingress.dev/operator" -}}
 {{- if eq $theirs $.Values.controllerName -}}
 {{- fail (printf "controllerName %q is already the controller name of release %s in namespace %s (ClusterRole %s): give this release its own, e.g. --set controllerName=example.com/%s, and set spec.controllerName on its listeners" $.Values.controllerName (get $ann "meta.helm.sh/release-name") (get $ann "meta.helm.sh/release-namespace") .metadata.name $.Release.Namespace) -}}
