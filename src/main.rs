@@ -37,6 +37,8 @@ enum Command {
     Crd,
     /// Run the Kubernetes operator (Http3Listener controller).
     Operator(h3_ingress::operator::cli::OperatorArgs),
+    /// The chart's pre-delete hook: stop the operator and remove every data plane it made.
+    Uninstall(h3_ingress::operator::uninstall::UninstallArgs),
     /// Write every object the operator creates for two example listeners as YAML.
     Render {
         #[arg(long, default_value = "target/rendered/operator")]
@@ -92,6 +94,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Operator(a) => {
             logging::init(logging::SERVER);
             h3_ingress::operator::run::run(a.options()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Uninstall(a) => {
+            logging::init(logging::SERVER);
+            h3_ingress::operator::uninstall::run(&a).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Render {

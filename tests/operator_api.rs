@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::{
     Ingress, IngressClass, IngressRule, IngressSpec, IngressTLS,
@@ -56,6 +57,10 @@ type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 const NS: &str = "h3-ingress";
 const HOSTS: &str = "h3-ingress-hosts";
 const RBAC: &str = "/apis/rbac.authorization.k8s.io/v1";
+/// The listener's ClusterRole(Binding): named after the operator's namespace too.
+const CLUSTER_RBAC: &str = "h3-ingress.h3-ingress-data-plane-public";
+/// What versions before release-scoped names called them (and the hosts-namespace Role still).
+const LEGACY_RBAC: &str = "h3-ingress-data-plane-public";
 const STATUS: &str = "/apis/h3-ingress.dev/v1alpha1/http3listeners/public/status";
 const DAEMON_SET: &str = "/apis/apps/v1/namespaces/h3-ingress/daemonsets/h3-ingress-public";
 const NS_SERVICE: &str = "/api/v1/namespaces/h3-ingress/services/h3-ingress-public";
@@ -481,8 +486,16 @@ struct World {
     /// Roles and RoleBindings of the listeners, as the owned caches list them.
     roles: Vec<PartialObjectMeta<Role>>,
     role_bindings: Vec<PartialObjectMeta<RoleBinding>>,
+    cluster_roles: Vec<PartialObjectMeta<ClusterRole>>,
+    cluster_role_bindings: Vec<PartialObjectMeta<ClusterRoleBinding>>,
+    service_accounts: Vec<PartialObjectMeta<ServiceAccount>>,
+    daemon_sets: Vec<DaemonSet>,
     /// Mirrors in the hosts namespace.
     mirrors: Vec<PartialObjectMeta<Secret>>,
+    /// The operators' Leases (which operators run, with which controller name).
+    leases: Vec<Lease>,
+    /// This operator's controller name.
+    controller_name: &'static str,
     /// Whether the listener's Service exists.
     service: bool,
     /// Whether its pod runs.
@@ -499,7 +512,13 @@ fn world() -> World {
         classes: vec![],
         roles: vec![],
         role_bindings: vec![],
+        cluster_roles: vec![],
+        cluster_role_bindings: vec![],
+        service_accounts: vec![],
+        daemon_sets: vec![],
         mirrors: vec![],
+        leases: vec![],
+        controller_name: h3_ingress::api::DEFAULT_CONTROLLER_NAME,
         service: false,
         pod: true,
         report: pod_report(&digest_at(MIRROR_RV)),
@@ -535,12 +554,13 @@ fn harness_in(is_leader: bool, ingresses: Vec<Ingress>, w: World) -> Harness {
         false => vec![],
     };
     let (services, sv) = filled(services);
-    let (service_accounts, sa) = filled(vec![]);
-    let (cluster_roles, cr) = filled(vec![]);
-    let (cluster_role_bindings, crb) = filled(vec![]);
+    let (service_accounts, sa) = filled(w.service_accounts);
+    let (cluster_roles, cr) = filled(w.cluster_roles);
+    let (cluster_role_bindings, crb) = filled(w.cluster_role_bindings);
     let (keys, k) = filled(vec![]);
     let (mirrors, m) = filled(w.mirrors);
-    let (daemon_sets, d) = filled(vec![]);
+    let (daemon_sets, d) = filled(w.daemon_sets);
+    let (leases, _) = filled(w.leases);
     let (_tx, rx) = watch::channel(is_leader);
     let metrics = OperatorMetrics::new();
     let fetcher = Fetcher::default();
@@ -564,6 +584,7 @@ fn harness_in(is_leader: bool, ingresses: Vec<Ingress>, w: World) -> Harness {
         gateway_api: None,
         pods,
         secrets: SourceSecrets::with_store(secret_meta),
+        leases,
     };
     let params = Params {
         namespace: NS.into(),
@@ -582,7 +603,8 @@ fn harness_in(is_leader: bool, ingresses: Vec<Ingress>, w: World) -> Harness {
         Arc::new(fetcher.clone()),
         reporter,
         metrics.clone(),
-    );
+    )
+    .with_controller_name(w.controller_name);
     // As `run` does once every cache listed.
     ctx.caches_ready.store(true, Ordering::Release);
     let w = Writers {
@@ -713,6 +735,18 @@ impl Harness {
         let w = &mut self.w;
         match resource {
             "roles" => delete(&mut w.roles, meta.into_request_partial()),
+            "clusterroles" => delete(&mut w.cluster_roles, meta.into_request_partial()),
+            "clusterrolebindings" => {
+                delete(&mut w.cluster_role_bindings, meta.into_request_partial())
+            }
+            "serviceaccounts" => delete(&mut w.service_accounts, meta.into_request_partial()),
+            "daemonsets" => delete(
+                &mut w.daemon_sets,
+                DaemonSet {
+                    metadata: meta,
+                    ..Default::default()
+                },
+            ),
             "rolebindings" => delete(&mut w.role_bindings, meta.into_request_partial()),
             "services" => delete(&mut w.services, meta.into_request_partial()),
             "secrets" => delete(&mut w.mirrors, meta.into_request_partial()),
@@ -850,12 +884,9 @@ fn rbac_applies() -> Vec<Expect> {
             format!("/api/v1/namespaces/{NS}/serviceaccounts/h3-ingress-public"),
             "ServiceAccount",
         ),
+        ssa(format!("{RBAC}/clusterroles/{CLUSTER_RBAC}"), "ClusterRole"),
         ssa(
-            format!("{RBAC}/clusterroles/h3-ingress-data-plane-public"),
-            "ClusterRole",
-        ),
-        ssa(
-            format!("{RBAC}/clusterrolebindings/h3-ingress-data-plane-public"),
+            format!("{RBAC}/clusterrolebindings/{CLUSTER_RBAC}"),
             "ClusterRoleBinding",
         ),
         expect(
@@ -1202,23 +1233,72 @@ async fn a_renewed_certificate_keeps_its_host_serving_while_the_pods_load_it() {
     assert_eq!(action, Action::requeue(REQUEUE));
 }
 
+/// Metadata of a cluster-scoped object made for `listener`, labelled with the namespace of the
+/// operator that made it (none: a version before release-scoped names).
+fn cluster_meta<K>(name: &str, listener: &str, operator: Option<&str>) -> PartialObjectMeta<K>
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    let mut labels = BTreeMap::from([(
+        "app.kubernetes.io/instance".to_string(),
+        listener.to_string(),
+    )]);
+    if let Some(ns) = operator {
+        labels.insert("h3-ingress.dev/operator-namespace".into(), ns.into());
+    }
+    ObjectMeta {
+        name: Some(name.into()),
+        resource_version: Some("50".into()),
+        labels: Some(labels),
+        ..Default::default()
+    }
+    .into_request_partial()
+}
+
+/// The legacy ClusterRoleBinding as the API server has it, binding the data plane
+/// ServiceAccount of namespace `ns`.
+fn legacy_binding(ns: &'static str) -> Expect {
+    expect(
+        "GET",
+        format!("{RBAC}/clusterrolebindings/{LEGACY_RBAC}"),
+        move |_, _| {
+            (
+                200,
+                json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                    "metadata": {"name": LEGACY_RBAC, "resourceVersion": "50",
+                        "labels": {"app.kubernetes.io/instance": "public"}},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": LEGACY_RBAC},
+                    "subjects": [{"kind": "ServiceAccount", "name": "h3-ingress-public",
+                        "namespace": ns}]}),
+            )
+        },
+    )
+}
+
+fn deleted(path: String) -> Expect {
+    expect("DELETE", path, |_, body| {
+        assert_eq!(body["propagationPolicy"], "Background");
+        success()
+    })
+}
+
 /// What the listener no longer needs goes: the mirror of a Secret no host uses now, and the
-/// per-namespace Role and RoleBinding an earlier version made next to a user's Secret. Other
-/// listeners' objects stay.
+/// ClusterRole(Binding) a version before release-scoped names made, once the binding is seen
+/// to bind this operator's ServiceAccount. Other listeners' objects stay.
 #[tokio::test]
-async fn obsolete_mirrors_and_legacy_per_namespace_rbac_are_deleted() {
-    let rbac = "h3-ingress-data-plane-public";
+async fn obsolete_mirrors_and_cluster_rbac_named_before_release_scoping_are_deleted() {
     let old = mirror_of("old-tls");
     let w = World {
         mirrors: vec![
             owned_meta(HOSTS, &old, "public"),
             owned_meta(HOSTS, "other-0123456789abcdef", "other"),
         ],
-        roles: vec![
-            owned_meta("shop", rbac, "public"),
-            owned_meta("shop", "h3-ingress-data-plane-other", "other"),
+        cluster_roles: vec![
+            cluster_meta(LEGACY_RBAC, "public", None),
+            cluster_meta("h3-ingress-data-plane-other", "other", None),
         ],
-        role_bindings: vec![owned_meta("shop", rbac, "public")],
+        cluster_role_bindings: vec![cluster_meta(LEGACY_RBAC, "public", None)],
         ..world()
     };
     let mut h = harness_in(true, vec![ingress()], w);
@@ -1231,13 +1311,9 @@ async fn obsolete_mirrors_and_legacy_per_namespace_rbac_are_deleted() {
     script.extend(keys_secret(false));
     script.extend(rbac_applies());
     script.push(daemon_set());
-    for kind in ["roles", "rolebindings"] {
-        let path = format!("{RBAC}/namespaces/shop/{kind}/{rbac}");
-        script.push(expect("DELETE", path, |_, body| {
-            assert_eq!(body["propagationPolicy"], "Background");
-            success()
-        }));
-    }
+    script.push(legacy_binding(NS));
+    script.push(deleted(format!("{RBAC}/clusterrolebindings/{LEGACY_RBAC}")));
+    script.push(deleted(format!("{RBAC}/clusterroles/{LEGACY_RBAC}")));
     script.extend(first_status(Arc::default()));
     let (_, answered) = h.run(script).await;
     assert_eq!(h.metrics.mirror_deletes.get(), 1);
@@ -1245,6 +1321,189 @@ async fn obsolete_mirrors_and_legacy_per_namespace_rbac_are_deleted() {
     h.feed(&answered);
     let (_, answered) = h.run(vec![]).await;
     assert!(answered.is_empty(), "{:?}", lines(&answered));
+}
+
+/// Two installations of a version before release-scoped names each applied the one
+/// ClusterRoleBinding of a listener in turn; the one that binds the other installation's
+/// ServiceAccount is that installation's to remove.
+#[tokio::test]
+async fn a_legacy_binding_of_another_installation_is_left_alone() {
+    let w = World {
+        cluster_roles: vec![cluster_meta(LEGACY_RBAC, "public", None)],
+        cluster_role_bindings: vec![cluster_meta(LEGACY_RBAC, "public", None)],
+        ..world()
+    };
+    let mut h = harness_in(true, vec![ingress()], w);
+    let mut script = first_script(&tls_secret(SECRET_RV));
+    script.push(legacy_binding("staging"));
+    script.extend(first_status(Arc::default()));
+    h.run(script).await;
+}
+
+/// A running operator's Lease: in namespace `ns`, with controller name `name`.
+fn lease(ns: &str, name: &str) -> Lease {
+    serde_json::from_value(json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "h3-ingress-operator", "namespace": ns,
+            "labels": {"app.kubernetes.io/name": "h3-ingress",
+                "app.kubernetes.io/component": "operator"},
+            "annotations": {"h3-ingress.dev/controller-name": name}},
+        "spec": {"holderIdentity": "x", "leaseDurationSeconds": 15,
+            "renewTime": k8s_openapi::jiff::Timestamp::now().to_string()}
+    }))
+    .unwrap()
+}
+
+/// The listener named `controller` in spec.controllerName.
+fn run_by(mut l: Http3Listener, controller: &str) -> Http3Listener {
+    l.spec.controller_name = controller.into();
+    l
+}
+
+/// A listener another running operator runs costs nothing; a data plane this operator still
+/// has for it (a hand-over, or two installations of earlier versions both running it) stays
+/// until the new owner's pods are ready on every node, then goes, every object of it and none
+/// of the other operator's.
+#[tokio::test]
+async fn a_listener_of_another_operator_is_left_to_it_and_our_data_plane_goes_once_it_serves() {
+    let mut h = harness_in(
+        true,
+        vec![ingress()],
+        World {
+            leases: vec![lease("prod", "example.com/prod")],
+            ..world()
+        },
+    );
+    h.listener = run_by(listener(), "example.com/prod");
+    let (action, answered) = h.run(vec![]).await;
+    assert!(answered.is_empty(), "{:?}", lines(&answered));
+    assert_eq!(action, Action::requeue(REQUEUE));
+
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": "h3-ingress-public", "namespace": NS,
+            "labels": {"app.kubernetes.io/instance": "public"}}}))
+    .unwrap();
+    let w = World {
+        leases: vec![lease("prod", "example.com/prod")],
+        daemon_sets: vec![ds],
+        service_accounts: vec![owned_meta(NS, "h3-ingress-public", "public")],
+        roles: vec![owned_meta(HOSTS, LEGACY_RBAC, "public")],
+        role_bindings: vec![owned_meta(HOSTS, LEGACY_RBAC, "public")],
+        mirrors: vec![owned_meta(HOSTS, &mirror_of("web-tls"), "public")],
+        cluster_roles: vec![
+            cluster_meta(CLUSTER_RBAC, "public", Some(NS)),
+            cluster_meta("prod.h3-ingress-data-plane-public", "public", Some("prod")),
+        ],
+        cluster_role_bindings: vec![
+            cluster_meta(CLUSTER_RBAC, "public", Some(NS)),
+            cluster_meta("prod.h3-ingress-data-plane-public", "public", Some("prod")),
+        ],
+        ..world()
+    };
+    let mut h = harness_in(true, vec![ingress()], w);
+    h.listener = run_by(listener(), "example.com/prod");
+    // The new owner has not written a status of this generation with every pod ready.
+    let serving = |ready: i32| -> Option<Http3ListenerStatus> {
+        serde_json::from_value(json!({"observedGeneration": 2,
+            "nodes": {"desired": 2, "ready": ready, "summary": format!("{ready}/2")}}))
+        .unwrap()
+    };
+    h.listener.status = serving(1);
+    let (action, answered) = h.run(vec![]).await;
+    assert!(answered.is_empty(), "{:?}", lines(&answered));
+    assert_eq!(
+        action,
+        Action::requeue(h3_ingress::operator::controller::HAND_OVER_WAIT)
+    );
+    h.listener.status = serving(2);
+    let script = vec![
+        deleted(DAEMON_SET.into()),
+        deleted(format!(
+            "/api/v1/namespaces/{NS}/serviceaccounts/h3-ingress-public"
+        )),
+        deleted(format!("{RBAC}/namespaces/{HOSTS}/roles/{LEGACY_RBAC}")),
+        deleted(format!(
+            "{RBAC}/namespaces/{HOSTS}/rolebindings/{LEGACY_RBAC}"
+        )),
+        deleted(format!("{RBAC}/clusterrolebindings/{CLUSTER_RBAC}")),
+        deleted(format!("{RBAC}/clusterroles/{CLUSTER_RBAC}")),
+        mirror_delete(mirror_of("web-tls")),
+    ];
+    let (_, answered) = h.run(script).await;
+    h.feed(&answered);
+    let (_, answered) = h.run(vec![]).await;
+    assert!(answered.is_empty(), "{:?}", lines(&answered));
+    assert_eq!(h.metrics.applies.get(), 0);
+}
+
+/// Two running operators with one controller name: neither applies anything; the one in the
+/// first namespace says so in the status, the other stays silent.
+#[tokio::test]
+async fn a_listener_two_operators_claim_is_refused_and_said_once() {
+    let default = h3_ingress::api::DEFAULT_CONTROLLER_NAME;
+    let mut h = harness_in(
+        true,
+        vec![ingress()],
+        World {
+            leases: vec![lease("aaa-first", default)],
+            ..world()
+        },
+    );
+    let (_, answered) = h.run(vec![]).await;
+    assert!(
+        answered.is_empty(),
+        "the second in order writes nothing: {:?}",
+        lines(&answered)
+    );
+
+    let mut h = harness_in(
+        true,
+        vec![ingress()],
+        World {
+            leases: vec![lease("zzz-second", default)],
+            ..world()
+        },
+    );
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let script = vec![
+        status_patch(log.clone()),
+        warning("ControllerConflict", "Ready is False"),
+    ];
+    h.run(script).await;
+    let s = status_of(&log.lock().unwrap()[0]);
+    assert_eq!(
+        condition(&s, "Ready"),
+        ("False", reasons::CONTROLLER_CONFLICT)
+    );
+    assert!(
+        ready_message(&s).contains("namespaces h3-ingress, zzz-second"),
+        "{}",
+        ready_message(&s)
+    );
+    assert_eq!(s.conditions.len(), 1, "nothing but the refusal: {s:?}");
+    assert_eq!(h.metrics.applies.get() + h.metrics.mirror_writes.get(), 0);
+}
+
+/// A controller name no running operator has: the first running operator says so.
+#[tokio::test]
+async fn a_listener_nobody_runs_is_refused_with_no_controller() {
+    let mut h = harness(true, vec![ingress()]);
+    h.listener = run_by(listener(), "example.com/gone");
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let script = vec![
+        status_patch(log.clone()),
+        warning("NoController", "Ready is False"),
+    ];
+    h.run(script).await;
+    let s = status_of(&log.lock().unwrap()[0]);
+    assert_eq!(condition(&s, "Ready"), ("False", reasons::NO_CONTROLLER));
+    assert!(
+        ready_message(&s).contains(r#""example.com/gone""#)
+            && ready_message(&s).contains(r#""h3-ingress.dev/operator" in namespace h3-ingress"#),
+        "{}",
+        ready_message(&s)
+    );
+    assert_eq!(h.metrics.applies.get(), 0);
 }
 
 /// Pods that have not loaded the mirrors as written (they report another digest) do not
@@ -1730,7 +1989,12 @@ async fn a_port_conflict_applies_nothing_and_names_the_older_listener() {
 async fn lease_is_created_renewed_respected_and_raced_safely() {
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let api = kube::Api::namespaced(Client::new(svc, "default"), NS);
-    let cfg = LeaseConfig::new(NS, "h3-ingress-operator", "operator-0_abc");
+    let cfg = LeaseConfig::new(
+        NS,
+        "h3-ingress-operator",
+        "operator-0_abc",
+        h3_ingress::api::DEFAULT_CONTROLLER_NAME,
+    );
     let path = format!("/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/h3-ingress-operator");
     let collection = format!("/apis/coordination.k8s.io/v1/namespaces/{NS}/leases");
     let now = k8s_openapi::jiff::Timestamp::now();

@@ -41,6 +41,8 @@ const DAEMON_SETS: &str = "/apis/apps/v1/daemonsets";
 const SECRETS: &str = "/api/v1/secrets";
 const WEB_TLS: &str = "/api/v1/namespaces/shop/secrets/web-tls";
 const CRDS: &str = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+/// Every operator's Lease, cluster-wide (the operator's own is answered apart, `lease`).
+const LEASES: &str = "/apis/coordination.k8s.io/v1/leases";
 const CRD_NAME: &str = "http3listeners.h3-ingress.dev";
 /// The label selector of every watch of what the operator makes (`watches::owned_selector`).
 const OWNED: &str =
@@ -341,8 +343,9 @@ impl World {
 }
 
 /// The resources the operator lists and watches (`Target::all`).
-const LISTED: [&str; 13] = [
+const LISTED: [&str; 14] = [
     LISTENERS,
+    LEASES,
     CRDS,
     "/apis/networking.k8s.io/v1/ingresses",
     "/apis/networking.k8s.io/v1/ingressclasses",
@@ -771,6 +774,14 @@ fn assert_watches(w: &World) {
         assert!(!got.is_empty(), "no watch of {owned}");
         assert!(got.iter().all(|(sel, _)| *sel == OWNED), "{owned}: {got:?}");
     }
+    // The other operators' Leases, cluster-wide, by label.
+    assert_eq!(
+        watched(LEASES),
+        [(
+            "app.kubernetes.io/name=h3-ingress,app.kubernetes.io/component=operator",
+            false
+        )]
+    );
     // The keys Secrets (operator's namespace) and the mirrors (hosts namespace): by label,
     // metadata only, each in its namespace.
     let namespaced: Vec<_> = w.watches.iter().filter(|x| x.all == SECRETS).collect();
@@ -825,6 +836,7 @@ async fn the_operator_elects_itself_reconciles_writes_status_and_releases_the_le
         hosts_namespace: HOSTS.into(),
         admin_address: admin_addr,
         crd_upgrade: true,
+        controller_name: h3_ingress::api::DEFAULT_CONTROLLER_NAME.into(),
         // What the operator's --image-pull-secrets, --tune-image and
         // --data-plane-priority-class give every data plane pod.
         pod_defaults: h3_ingress::operator::resources::PodDefaults {
@@ -929,6 +941,11 @@ fn finally_consistent(w: &World) {
     assert_eq!(pod["imagePullSecrets"], json!([{"name": "regcred"}]));
     assert_eq!(pod["nodeSelector"], json!({"kubernetes.io/os": "linux"}));
     assert_eq!(pod["priorityClassName"], "h3-ingress-data-plane");
+    // The Lease told the other operators this one's controller name.
+    assert_eq!(
+        w.lease_writes[0]["metadata"]["annotations"]["h3-ingress.dev/controller-name"],
+        h3_ingress::api::DEFAULT_CONTROLLER_NAME
+    );
     // Two mirror writes: the first, and the renewed certificate's.
     let mirrors = w
         .applied
@@ -1007,6 +1024,7 @@ async fn first_status(world: &Arc<Mutex<World>>, crd_upgrade: bool) -> String {
         admin_address: admin_addr,
         pod_defaults: Default::default(),
         crd_upgrade,
+        controller_name: h3_ingress::api::DEFAULT_CONTROLLER_NAME.into(),
     };
     let fetcher = Fetcher {
         world: world.clone(),

@@ -20,6 +20,10 @@ use super::settings::{
 use super::unknown::{collect_unknown_fields, UnknownFields};
 use super::{bounds, Addresses};
 
+fn default_controller_name() -> String {
+    super::DEFAULT_CONTROLLER_NAME.to_string()
+}
+
 fn default_port() -> u16 {
     super::settings::DEFAULT_PORT
 }
@@ -63,6 +67,13 @@ fn default_port() -> u16 {
         description = "why Ready is what it is"
     ),
     printcolumn(
+        name = "Controller",
+        type_ = "string",
+        json_path = ".spec.controllerName",
+        priority = "1",
+        description = "the operator that runs it (spec.controllerName)"
+    ),
+    printcolumn(
         name = "UDP-Drops",
         type_ = "integer",
         json_path = ".status.udp.drops",
@@ -83,6 +94,15 @@ fn default_port() -> u16 {
     "message": "addressValidation.halfOpenThreshold must be below limits.halfOpenConnections"
 }]))]
 pub struct Http3ListenerSpec {
+    /// The operator that runs this listener: the one started with this `--controller-name`
+    /// (the chart's `controllerName`), as an IngressClass names its controller. An operator
+    /// reconciles only its own listeners; a name no running operator has, or one that two
+    /// operators have, is refused in the status (`Ready=False`, `NoController` or
+    /// `ControllerConflict`). Changing it hands the listener over: the new operator starts its
+    /// data plane, and the old one removes its own once the new one's pods are ready.
+    #[serde(default = "default_controller_name")]
+    #[schemars(regex(pattern = super::CONTROLLER_NAME_PATTERN), length(min = 3, max = 253))]
+    pub controller_name: String,
     /// Ingresses of this class (with annotation `h3-ingress.dev/enabled: "true"`) are served.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ingress_class_name: Option<String>,

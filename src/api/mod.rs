@@ -23,6 +23,49 @@ pub use settings::*;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
+/// The controller name of an operator started without `--controller-name`, and of a listener
+/// without `spec.controllerName` (the CRD fills it in): one operator per cluster needs nothing
+/// set. A second operator gets its own name, as a second ingress-nginx gets its own
+/// `--controller-class`.
+pub const DEFAULT_CONTROLLER_NAME: &str = "h3-ingress.dev/operator";
+/// What a controller name looks like: a lower-case DNS name, `/`, a path (IngressClass and
+/// GatewayClass controller names have this form). The CRD checks it; [`controller_name_error`]
+/// is the same rule for the operator's flag.
+pub const CONTROLLER_NAME_PATTERN: &str =
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9._~/-]+$";
+/// Longest controller name (a DNS subdomain's length).
+pub const MAX_CONTROLLER_NAME: usize = 253;
+
+/// Why `name` is not a controller name ([`CONTROLLER_NAME_PATTERN`]), if it is not one.
+pub fn controller_name_error(name: &str) -> Option<String> {
+    let why = |m: &str| {
+        Some(format!(
+            "controller name {name:?} {m} (e.g. {DEFAULT_CONTROLLER_NAME})"
+        ))
+    };
+    if name.len() < 3 || name.len() > MAX_CONTROLLER_NAME {
+        return why(&format!("must have 3 to {MAX_CONTROLLER_NAME} characters"));
+    }
+    let Some((domain, path)) = name.split_once('/') else {
+        return why("has no '/': it is a DNS name, '/', and a path");
+    };
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if !domain.split('.').all(label_ok) {
+        return why("does not start with a lower-case DNS name");
+    }
+    let path_ok = |b: u8| b.is_ascii_alphanumeric() || b"._~/-".contains(&b);
+    if path.is_empty() || !path.bytes().all(path_ok) {
+        return why("has a path that is empty or not letters, digits and ._~/-");
+    }
+    None
+}
+
 /// Annotations on an Ingress, an HTTPRoute or a Gateway that switch HTTP/3 on per host.
 pub mod annotations {
     /// `"true"` turns HTTP/3 on for the Ingress's TLS hosts. Off by default.
@@ -31,6 +74,9 @@ pub mod annotations {
     pub const LISTENER: &str = "h3-ingress.dev/listener";
     /// Comma-separated subset of the object's hosts to serve.
     pub const HOSTS: &str = "h3-ingress.dev/hosts";
+    /// On an operator's Lease and on the chart's operator ClusterRole: the operator's
+    /// controller name (operators find each other, and the chart a second release, by it).
+    pub const CONTROLLER_NAME: &str = "h3-ingress.dev/controller-name";
 }
 
 /// Condition types on `Http3Listener.status.conditions` (no phase, per API conventions).
@@ -71,6 +117,13 @@ pub mod reasons {
     /// The DaemonSet cannot create its pods (e.g. Pod Security on the namespace); the
     /// message is the DaemonSet's `FailedCreate` event.
     pub const PODS_NOT_CREATED: &str = "PodsNotCreated";
+    /// No running operator has the listener's `spec.controllerName` (never installed, or
+    /// uninstalled): nothing runs or updates its data plane. The message names the operators
+    /// that do run and their controller names.
+    pub const NO_CONTROLLER: &str = "NoController";
+    /// Two running operators (in the namespaces the message names) have the listener's
+    /// `spec.controllerName`: neither touches it until one gets another `--controller-name`.
+    pub const CONTROLLER_CONFLICT: &str = "ControllerConflict";
     // SocketsBound
     pub const BOUND: &str = "Bound";
     pub const BIND_FAILED: &str = "BindFailed";
@@ -198,6 +251,7 @@ mod tests {
                 "Pods",
                 "Ready",
                 "Reason",
+                "Controller",
                 "UDP-Drops",
                 "Age"
             ]
@@ -337,6 +391,53 @@ mod tests {
         assert_eq!(identity.hash.as_deref(), Some(hash.as_str()));
         assert_eq!(crd.metadata.name.as_deref(), Some(schema::CRD_NAME));
         assert!(schema::schema_of(&crd).is_some());
+    }
+
+    /// One rule for controller names: the CRD's and the chart's pattern are this one, and the
+    /// operator's flag check agrees with it on names either side of it.
+    #[test]
+    fn controller_names_follow_one_rule() {
+        let v = serde_json::to_value(crd()).unwrap();
+        let field = &v["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["controllerName"];
+        assert_eq!(field["pattern"], CONTROLLER_NAME_PATTERN);
+        assert_eq!(field["default"], DEFAULT_CONTROLLER_NAME);
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/charts/h3-ingress/values.schema.json"
+        );
+        let schema: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        assert_eq!(
+            schema["properties"]["controllerName"]["pattern"],
+            CONTROLLER_NAME_PATTERN
+        );
+        for good in [
+            DEFAULT_CONTROLLER_NAME,
+            "example.com/staging",
+            "a/b",
+            "team-a.example.com/h3/edge_1~x",
+        ] {
+            assert_eq!(controller_name_error(good), None, "{good}");
+        }
+        for bad in [
+            "",
+            "ab",
+            "staging",
+            "Example.com/x",
+            "example.com/",
+            "/x",
+            "-a.b/c",
+            "a-.b/c",
+            "a..b/c",
+            "a.b/c d",
+            "a.b/c%d",
+            "a_b.com/c",
+        ] {
+            assert!(controller_name_error(bad).is_some(), "{bad:?} accepted");
+        }
+        let long = format!("a.b/{}", "x".repeat(MAX_CONTROLLER_NAME));
+        assert!(controller_name_error(&long).unwrap().contains("253"));
     }
 
     #[test]

@@ -43,6 +43,8 @@ pub const SCHEMA_HASHES: &[&str] = &[
     // 5: upstream.clientAddress (via, proxyProtocolAddress, trusted, clientForwardedFor) and
     // accessLog.enabled.
     "sha256:ead722d1432b3ec7",
+    // 6: controllerName (which operator runs the listener), and its printer column.
+    "sha256:25c20e19158e372a",
 ];
 
 /// This binary's schema revision.

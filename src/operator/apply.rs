@@ -17,10 +17,11 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::context::{Applied, Context};
+use super::ownership::{legacy_binding_here, made_here};
 use super::resources::{self, Desired};
 use super::status::Blocker;
 use super::watches::owned_by;
-use super::FIELD_MANAGER;
+use super::{labels, FIELD_MANAGER};
 use crate::api::reasons;
 
 /// An API call for one object that failed.
@@ -269,35 +270,146 @@ where
     }
 }
 
-/// Deletes what the listener no longer needs: Roles and RoleBindings outside the hosts
-/// namespace (earlier versions made one per namespace of a referenced Secret), and the Service
-/// when `spec.service` was removed. Reads
-/// the owned-object caches, so it costs an API call only when something is deleted.
-/// (Everything else has a fixed name and is replaced in place by the apply.)
+async fn delete_cluster<K>(ctx: &Context, name: &str) -> Result<bool, ApplyError>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>,
+    K: Clone + DeserializeOwned + Debug,
+{
+    let r = Api::<K>::all(ctx.client.clone())
+        .delete(name, &DeleteParams::background())
+        .await;
+    match r {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(source) => Err(ApplyError {
+            action: "deleting",
+            kind: K::kind(&()).into_owned(),
+            object: name.to_string(),
+            source,
+        }),
+    }
+}
+
+/// Deletes what the listener no longer needs: Roles and RoleBindings in the hosts namespace of
+/// another name, the Service when `spec.service` was removed, and the ClusterRole(Binding)
+/// earlier versions named after the listener alone. Reads the owned-object caches, which hold
+/// this operator's namespaces only, so it costs an API call only when something is deleted and
+/// never touches another installation's objects.
 pub async fn prune(ctx: &Context, listener: &str, d: &Desired) -> Result<(), ApplyError> {
+    let o = &ctx.caches.owned;
     let keep: BTreeSet<&str> = d
         .roles
         .iter()
-        .filter_map(|r| r.metadata.namespace.as_deref())
+        .filter_map(|r| r.metadata.name.as_deref())
+        .chain(
+            d.role_bindings
+                .iter()
+                .filter_map(|b| b.metadata.name.as_deref()),
+        )
         .collect();
-    for (ns, name) in owned_by(&ctx.caches.owned.roles, listener) {
-        if !keep.contains(ns.as_str()) {
-            tracing::info!(%listener, namespace = %ns, "removing the data plane's Secret access");
+    for (ns, name) in owned_by(&o.roles, listener) {
+        if !keep.contains(name.as_str()) {
+            tracing::info!(%listener, namespace = %ns, role = %name, "removing a Role no longer wanted");
             delete::<Role>(ctx, &ns, &name).await?;
         }
     }
-    for (ns, name) in owned_by(&ctx.caches.owned.role_bindings, listener) {
-        if !keep.contains(ns.as_str()) {
+    for (ns, name) in owned_by(&o.role_bindings, listener) {
+        if !keep.contains(name.as_str()) {
             delete::<RoleBinding>(ctx, &ns, &name).await?;
         }
     }
     if d.service.is_none() {
-        for (ns, name) in owned_by(&ctx.caches.owned.services, listener) {
+        for (ns, name) in owned_by(&o.services, listener) {
             tracing::info!(%listener, service = %name, "removing the Service spec.service no longer asks for");
             delete::<Service>(ctx, &ns, &name).await?;
         }
     }
+    remove_legacy_cluster_rbac(ctx, listener).await?;
     Ok(())
+}
+
+/// Removes the ClusterRole(Binding) that versions before release-scoped names called
+/// `resources::rbac_name(listener)`, once this operator's own replace it, and only when the
+/// binding names this operator's ServiceAccounts alone (another installation of those versions
+/// may still run a data plane on it). Costs a GET only while such a binding is cached.
+async fn remove_legacy_cluster_rbac(ctx: &Context, listener: &str) -> Result<usize, ApplyError> {
+    let o = &ctx.caches.owned;
+    let legacy = resources::rbac_name(listener);
+    let binding_cached = o
+        .cluster_role_bindings
+        .get(&ObjectRef::new(&legacy))
+        .is_some();
+    let role_cached = o.cluster_roles.get(&ObjectRef::new(&legacy)).is_some();
+    if !binding_cached && !role_cached {
+        return Ok(0);
+    }
+    if binding_cached {
+        let found = Api::<ClusterRoleBinding>::all(ctx.client.clone())
+            .get_opt(&legacy)
+            .await
+            .map_err(|source| ApplyError {
+                action: "reading",
+                kind: "ClusterRoleBinding".into(),
+                object: legacy.clone(),
+                source,
+            })?;
+        if found.is_some_and(|b| !legacy_binding_here(&b, &ctx.params.namespace)) {
+            return Ok(0);
+        }
+    }
+    tracing::info!(%listener, name = %legacy, "removing the ClusterRole(Binding) named before release-scoped names");
+    let mut n = usize::from(delete_cluster::<ClusterRoleBinding>(ctx, &legacy).await?);
+    n += usize::from(delete_cluster::<ClusterRole>(ctx, &legacy).await?);
+    Ok(n)
+}
+
+/// Deletes this operator's data plane of a listener it no longer runs (another operator does
+/// now): its DaemonSet, ServiceAccount, Service and RBAC (the certificate mirrors are
+/// `mirrors::sync`'s). The keys Secret stays (the listener's owner reference removes it; the
+/// operator may not delete Secrets in its namespace). Returns how many objects were deleted;
+/// 0 costs no API call.
+pub async fn remove_data_plane(ctx: &Context, listener: &str) -> Result<usize, ApplyError> {
+    let o = &ctx.caches.owned;
+    let ns = ctx.params.namespace.as_str();
+    let mut n = 0;
+    let ds = resources::data_plane_name(listener);
+    if o.daemon_sets.get(&ObjectRef::new(&ds).within(ns)).is_some() {
+        delete::<DaemonSet>(ctx, ns, &ds).await?;
+        n += 1;
+    }
+    for (ns, name) in owned_by(&o.service_accounts, listener) {
+        delete::<ServiceAccount>(ctx, &ns, &name).await?;
+        n += 1;
+    }
+    for (ns, name) in owned_by(&o.services, listener) {
+        delete::<Service>(ctx, &ns, &name).await?;
+        n += 1;
+    }
+    for (ns, name) in owned_by(&o.roles, listener) {
+        delete::<Role>(ctx, &ns, &name).await?;
+        n += 1;
+    }
+    for (ns, name) in owned_by(&o.role_bindings, listener) {
+        delete::<RoleBinding>(ctx, &ns, &name).await?;
+        n += 1;
+    }
+    let here = |m: &kube::api::ObjectMeta| m.labels.as_ref().is_some_and(|l| made_here(l, ns));
+    for b in o.cluster_role_bindings.state() {
+        if b.labels().get(labels::INSTANCE).map(String::as_str) == Some(listener)
+            && here(&b.metadata)
+        {
+            n += usize::from(delete_cluster::<ClusterRoleBinding>(ctx, &b.name_any()).await?);
+        }
+    }
+    for r in o.cluster_roles.state() {
+        if r.labels().get(labels::INSTANCE).map(String::as_str) == Some(listener)
+            && here(&r.metadata)
+        {
+            n += usize::from(delete_cluster::<ClusterRole>(ctx, &r.name_any()).await?);
+        }
+    }
+    n += remove_legacy_cluster_rbac(ctx, listener).await?;
+    Ok(n)
 }
 
 /// Whether the DaemonSet has fewer pods than nodes to run them: then its `FailedCreate` events

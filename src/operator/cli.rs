@@ -53,10 +53,26 @@ pub struct OperatorArgs {
     /// priorityClassName of every data plane pod (the chart's `dataPlane.priorityClassName`).
     #[arg(long, env = "H3_INGRESS_DATA_PLANE_PRIORITY_CLASS")]
     pub data_plane_priority_class: Option<String>,
+    /// The listeners this operator runs: those whose spec.controllerName is this name (a DNS
+    /// name, '/', a path). Give each operator of a cluster its own (the chart's controllerName).
+    #[arg(
+        long,
+        env = "H3_INGRESS_CONTROLLER_NAME",
+        default_value = crate::api::DEFAULT_CONTROLLER_NAME,
+        value_parser = parse_controller_name
+    )]
+    pub controller_name: String,
     /// Serves /healthz, /readyz and /metrics. `[::]` answers on IPv4 and IPv6, and falls back
     /// to 0.0.0.0 on a host without IPv6.
     #[arg(long, default_value_t = crate::config::bind::any_address(ADMIN_PORT))]
     pub admin_address: SocketAddr,
+}
+
+fn parse_controller_name(s: &str) -> Result<String, String> {
+    match crate::api::controller_name_error(s) {
+        None => Ok(s.to_string()),
+        Some(e) => Err(e),
+    }
 }
 
 impl OperatorArgs {
@@ -95,6 +111,7 @@ impl OperatorArgs {
             admin_address: self.admin_address,
             pod_defaults: self.pod_defaults(),
             crd_upgrade: !self.no_crd_upgrade,
+            controller_name: self.controller_name.clone(),
         }
     }
 }
@@ -126,6 +143,7 @@ mod tests {
             "H3_INGRESS_TUNE_IMAGE",
             "H3_INGRESS_HOSTS_NAMESPACE",
             "H3_INGRESS_DATA_PLANE_PRIORITY_CLASS",
+            "H3_INGRESS_CONTROLLER_NAME",
         ] {
             assert!(
                 std::env::var_os(var).is_none(),
@@ -143,6 +161,26 @@ mod tests {
             "upgrading an older CRD is the default"
         );
         assert!(!parse(&["--no-crd-upgrade"]).options().crd_upgrade);
+        assert_eq!(
+            a.options().controller_name,
+            crate::api::DEFAULT_CONTROLLER_NAME
+        );
+        let named = parse(&["--controller-name", "example.com/staging"]);
+        assert_eq!(named.options().controller_name, "example.com/staging");
+        for bad in [
+            "staging",
+            "Example.com/x",
+            "example.com/",
+            "-a.b/c",
+            "a..b/c",
+            "a.b/c d",
+        ] {
+            let flag = format!("--controller-name={bad}");
+            let e = Cli::try_parse_from(["operator", flag.as_str()])
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} accepted"));
+            assert!(e.to_string().contains("controller name"), "{bad}: {e}");
+        }
         assert!(
             parse(&["--no-crd-upgrade", "--crd-upgrade"])
                 .options()

@@ -5,8 +5,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use kube::Client;
@@ -15,7 +17,8 @@ use tokio::sync::watch;
 use super::hosts::ingress::{default_class, with_default_class};
 use super::hosts::GatewayObjects;
 use super::metrics::OperatorMetrics;
-use super::reports::ReportFetcher;
+use super::ownership::{self, Me, Ownership};
+use super::reports::{Gate, ReportFetcher, STATUS_FAN_OUT};
 use super::resources::{Params, PodDefaults};
 use super::secrets::SourceSecrets;
 use super::watches::gateway::GatewayApiWatch;
@@ -39,6 +42,8 @@ pub struct Caches {
     pub pods: Store<Pod>,
     /// The Secrets hosts are served with.
     pub secrets: SourceSecrets,
+    /// Every operator's Lease: which operators run, with which controller name.
+    pub leases: Store<Lease>,
 }
 
 /// What the operator remembers of a listener between reconciles. Lost on restart (then the
@@ -85,6 +90,10 @@ pub struct Context {
     pub caches_ready: Arc<AtomicBool>,
     /// Version skew: the served CRD against this binary's schema (`operator::crd`).
     pub crd: Arc<super::crd::CrdCheck>,
+    /// This operator's namespace and controller name: which listeners are its own.
+    pub me: Me,
+    /// The bound on `/status` fetches, shared by every reconcile.
+    pub status_gate: Gate,
 }
 
 impl Context {
@@ -100,7 +109,6 @@ impl Context {
         Self {
             recorder: Recorder::new(client.clone(), reporter),
             client,
-            params,
             pod_defaults: PodDefaults::default(),
             caches,
             leader,
@@ -109,7 +117,40 @@ impl Context {
             memory: Mutex::new(BTreeMap::new()),
             caches_ready: Arc::new(AtomicBool::new(false)),
             crd: super::crd::CrdCheck::disabled(),
+            me: Me {
+                namespace: params.namespace.clone(),
+                controller_name: crate::api::DEFAULT_CONTROLLER_NAME.to_string(),
+            },
+            params,
+            status_gate: Gate::new(STATUS_FAN_OUT),
         }
+    }
+
+    /// This operator's controller name (the default unless set).
+    pub fn with_controller_name(mut self, name: &str) -> Self {
+        self.me.controller_name = name.to_string();
+        self
+    }
+
+    /// The operators running now, from their Leases (`operator::ownership`).
+    pub fn running_operators(&self) -> std::collections::BTreeMap<String, String> {
+        let regs: Vec<_> = self
+            .caches
+            .leases
+            .state()
+            .iter()
+            .map(|l| ownership::registration(l))
+            .collect();
+        ownership::running(&regs, Timestamp::now())
+    }
+
+    /// Who runs `listener`, as this operator sees it now.
+    pub fn ownership(&self, listener: &Http3Listener) -> Ownership {
+        ownership::decide(
+            ownership::wanted(listener),
+            &self.me,
+            &self.running_operators(),
+        )
     }
 
     /// The check of the served CRD whose verdict the status carries as `CRDCurrent`.
@@ -156,6 +197,7 @@ impl Context {
             ("Http3Listener", listed(&self.caches.listeners)),
             ("Pod", listed(&self.caches.pods)),
             ("Secret", self.caches.secrets.listed()),
+            ("Lease", listed(&self.caches.leases)),
         ]
         .iter()
         .filter(|(_, ok)| !ok)

@@ -28,8 +28,10 @@ use super::hosts::resolve::resolve_wanted;
 use super::hosts::{wanted_for_listener, ServedHost};
 use super::hosts::{CertSource, WantedHost};
 use super::metrics::results;
+use super::ownership::{self, Ownership};
 use super::reports::status_address;
 use super::status::{self, Blocker, PodReport};
+use super::watches::owned_by;
 use super::{conflicts, labels, mirrors, podstate, resources, text, FIELD_MANAGER};
 use crate::api::mirror::mirror_name;
 use crate::api::{host_states, reasons, HostStatus, Http3Listener, Http3ListenerStatus};
@@ -74,7 +76,8 @@ pub enum Error {
 }
 
 /// Reads `/status` from every data plane pod of the listener (from the pod cache: no API
-/// call), all at once.
+/// call), through the operator's gate (`reports::STATUS_FAN_OUT`: so many at once, each
+/// within its timeout).
 async fn pod_reports(ctx: &Context, listener: &str, metrics: SocketAddr) -> Vec<PodReport> {
     let mut pods: Vec<Arc<Pod>> = ctx
         .caches
@@ -94,12 +97,11 @@ async fn pod_reports(ctx: &Context, listener: &str, metrics: SocketAddr) -> Vec<
             .status
             .as_ref()
             .and_then(|s| podstate::container_trouble(s, resources::CONTAINER_NAME));
-        let reports = ctx.reports.clone();
         async move {
             let report = match ip {
                 None => Err("pod has no IP yet".to_string()),
                 Some(ip) => match status_address(&ip, metrics) {
-                    Ok(addr) => reports.fetch(addr).await,
+                    Ok(addr) => ctx.status_gate.fetch(ctx.reports.as_ref(), addr).await,
                     Err(e) => Err(e),
                 },
             };
@@ -270,14 +272,13 @@ async fn observe_data_plane(
     })
 }
 
-/// Whether some pod of the listener holds its port alone (from before hand-overs): then a
-/// roll must not surge ([`resources::without_surge`]).
+/// Whether some pod of the listener cannot share its port with a new one (it holds the port
+/// alone, or runs under another uid): then a roll must not surge
+/// ([`resources::without_surge`]).
 fn solo_pods(ctx: &Context, listener: &str) -> bool {
     ctx.caches.pods.state().iter().any(|p| {
-        let labels = p.labels();
-        labels.get(labels::INSTANCE).map(String::as_str) == Some(listener)
-            && labels.get(resources::HANDOVER_LABEL).is_none()
-            && p.metadata.deletion_timestamp.is_none()
+        p.labels().get(labels::INSTANCE).map(String::as_str) == Some(listener)
+            && resources::cannot_share_port(p)
     })
 }
 
@@ -315,6 +316,11 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         // Its first lists are on the way; the sync itself triggers every listener again.
         // (Likewise the first verdict on the served CRD, operator::crd.)
         return Ok(Action::requeue(Duration::from_secs(5)));
+    }
+    match ctx.ownership(listener) {
+        Ownership::Mine => {}
+        Ownership::Other { namespace } => return hand_over(listener, &namespace, ctx).await,
+        refused => return refuse(listener, &refused, ctx).await,
     }
     let (wanted, seen) = gather(listener, ctx);
     let refs = seen.secrets.clone();
@@ -388,6 +394,68 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         Some(e) => Err(e.into()),
         None => Ok(Action::requeue(next_look(ctx, &name, !up_to_date))),
     }
+}
+
+/// How often a listener another operator took over is looked at while its new pods start.
+pub const HAND_OVER_WAIT: Duration = Duration::from_secs(5);
+
+/// Whether this operator still has a data plane for `listener` (its DaemonSet, ServiceAccount,
+/// hosts-namespace Role or mirrors), from the caches.
+fn holds_data_plane(ctx: &Context, listener: &str) -> bool {
+    let o = &ctx.caches.owned;
+    let ds = resources::data_plane_name(listener);
+    o.daemon_sets
+        .get(&ObjectRef::new(&ds).within(&ctx.params.namespace))
+        .is_some()
+        || !owned_by(&o.service_accounts, listener).is_empty()
+        || !owned_by(&o.roles, listener).is_empty()
+        || !mirrors::existing(&o.mirrors.state(), listener).is_empty()
+}
+
+/// A listener another running operator runs: this one forgets it and, once the new owner's
+/// pods are ready on every node it selects, removes the data plane it still has for it (a
+/// listener handed over, or one two installations of earlier versions both ran), so no node is
+/// left without a pod in between and no pod stays holding the port with nothing to serve.
+async fn hand_over(listener: &Http3Listener, owner: &str, ctx: &Context) -> Result<Action, Error> {
+    let name = listener.name_any();
+    ctx.forget(&name);
+    if !holds_data_plane(ctx, &name) {
+        return Ok(Action::requeue(REQUEUE));
+    }
+    if !ownership::new_owner_serving(listener) {
+        tracing::debug!(listener = %name, %owner, "run by another operator: waiting for its pods before removing ours");
+        return Ok(Action::requeue(HAND_OVER_WAIT));
+    }
+    let mut removed = apply::remove_data_plane(ctx, &name).await?;
+    let mirrors = mirrors::sync(ctx, listener, Vec::new()).await?;
+    ctx.metrics.mirror_deletes.inc_by(mirrors.deleted as u64);
+    removed += mirrors.deleted;
+    tracing::info!(listener = %name, %owner, objects = removed, "the listener is run by the operator in namespace {owner}, whose pods are ready: removed this operator's data plane of it");
+    Ok(Action::requeue(REQUEUE))
+}
+
+/// A listener this operator does not run and no single running operator does: its data plane,
+/// if it has one, is left as it is (never taken down over a name), and the one operator the
+/// ownership rules pick writes why to the status.
+async fn refuse(
+    listener: &Http3Listener,
+    ownership: &Ownership,
+    ctx: &Context,
+) -> Result<Action, Error> {
+    let name = listener.name_any();
+    ctx.forget(&name);
+    let Some((reason, message)) = ownership.refusal(ownership::wanted(listener)) else {
+        return Ok(Action::requeue(REQUEUE));
+    };
+    let next = status::refused(
+        listener.status.as_ref(),
+        listener.metadata.generation,
+        reason,
+        message,
+        Timestamp::now(),
+    );
+    write_status(ctx, listener, next, None, &[]).await?;
+    Ok(Action::requeue(REQUEUE))
 }
 
 /// When to look at a listener again: promptly while its pods load new mirrors, up to

@@ -2,6 +2,10 @@
 //! only the holder of the Lease writes anything. The decision is a pure function; the loop
 //! around it reads and writes the Lease with optimistic concurrency (resourceVersion), so two
 //! candidates can never both win the same term.
+//!
+//! The Lease also tells other operators that this one runs and with which controller name
+//! ([`super::ownership`]), so it is kept renewed even without election (`--no-leader-election`:
+//! leadership is then unconditional and the Lease only a registration).
 
 use std::time::Duration;
 
@@ -13,6 +17,7 @@ use kube::Client;
 use tokio::sync::watch;
 
 use super::labels;
+use crate::api::annotations;
 
 /// Timing as in client-go's defaults: a leader that cannot renew for `renew_deadline` steps
 /// down before anyone else may take over at `lease_duration`.
@@ -22,17 +27,20 @@ pub struct LeaseConfig {
     pub name: String,
     /// Unique per replica (pod name plus a random suffix).
     pub identity: String,
+    /// The operator's controller name, annotated on the Lease for the other operators.
+    pub controller_name: String,
     pub lease_duration: Duration,
     pub renew_deadline: Duration,
     pub retry_period: Duration,
 }
 
 impl LeaseConfig {
-    pub fn new(namespace: &str, name: &str, identity: &str) -> Self {
+    pub fn new(namespace: &str, name: &str, identity: &str, controller_name: &str) -> Self {
         Self {
             namespace: namespace.to_string(),
             name: name.to_string(),
             identity: identity.to_string(),
+            controller_name: controller_name.to_string(),
             lease_duration: Duration::from_secs(15),
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
@@ -102,6 +110,14 @@ pub fn next_lease(
                 ]
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ),
+            annotations: Some(
+                [(
+                    annotations::CONTROLLER_NAME.to_string(),
+                    cfg.controller_name.clone(),
+                )]
+                .into_iter()
                 .collect(),
             ),
             ..Default::default()
@@ -181,47 +197,58 @@ pub fn publish(tx: &watch::Sender<bool>, leader: bool) {
 
 /// Runs the election until `shutdown` resolves, publishing leadership on `tx`. A leader that
 /// fails to renew for `renew_deadline` steps down (sends `false`) before its lease can expire.
+/// Without `elect` the Lease is only kept renewed (a registration) and nothing is published.
 pub async fn run(
     client: Client,
     cfg: LeaseConfig,
+    elect: bool,
     tx: watch::Sender<bool>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
+    // Whether this replica holds the Lease (leadership when electing).
+    let mut held = false;
     let mut last_renewed: Option<tokio::time::Instant> = None;
     tokio::pin!(shutdown);
     loop {
         match try_acquire_or_renew(&api, &cfg).await {
             Ok(true) => {
-                if !*tx.borrow() {
+                if !held && elect {
                     tracing::info!(identity = %cfg.identity, lease = %cfg.name, "became leader");
                 }
+                held = true;
                 last_renewed = Some(tokio::time::Instant::now());
-                publish(&tx, true);
             }
             Ok(false) => {
-                if *tx.borrow() {
+                if held && elect {
                     tracing::warn!(identity = %cfg.identity, "lost the lease to another replica");
                 }
+                held = false;
                 last_renewed = None;
-                publish(&tx, false);
             }
             Err(e) => {
                 tracing::warn!(error = %e, "leader election: cannot read or write the Lease");
                 if last_renewed.is_some_and(|t| t.elapsed() >= cfg.renew_deadline) {
-                    tracing::warn!("could not renew the lease in time: stepping down");
+                    if elect {
+                        tracing::warn!("could not renew the lease in time: stepping down");
+                    }
+                    held = false;
                     last_renewed = None;
-                    publish(&tx, false);
                 }
             }
+        }
+        if elect {
+            publish(&tx, held);
         }
         tokio::select! {
             _ = &mut shutdown => break,
             _ = tokio::time::sleep(cfg.retry_period) => {}
         }
     }
-    if *tx.borrow() {
+    if elect {
         publish(&tx, false);
+    }
+    if held {
         if let Err(e) = release(&api, &cfg).await {
             tracing::warn!(error = %e, "could not release the lease");
         }
@@ -275,7 +302,7 @@ mod tests {
 
     #[test]
     fn next_lease_counts_takeovers_and_keeps_the_resource_version() {
-        let cfg = LeaseConfig::new("h3", "h3-ingress-operator", "me");
+        let cfg = LeaseConfig::new("h3", "h3-ingress-operator", "me", "x.dev/op");
         let current = Lease {
             metadata: ObjectMeta {
                 resource_version: Some("42".into()),
@@ -285,6 +312,18 @@ mod tests {
         };
         let l = next_lease(Some(&current), &cfg, &Decision::Acquire, t(100));
         assert_eq!(l.metadata.resource_version.as_deref(), Some("42"));
+        // What the other operators read: this one runs, with this controller name.
+        let ann = l.metadata.annotations.clone().unwrap();
+        assert_eq!(ann[annotations::CONTROLLER_NAME], "x.dev/op");
+        let reg = super::super::ownership::registration(&l);
+        assert_eq!(
+            (
+                reg.namespace.as_str(),
+                reg.controller_name.as_str(),
+                reg.renewed
+            ),
+            ("h3", "x.dev/op", Some(t(100)))
+        );
         let s = l.spec.unwrap();
         assert_eq!(s.holder_identity.as_deref(), Some("me"));
         assert_eq!(s.lease_transitions, Some(5));

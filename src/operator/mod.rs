@@ -16,6 +16,7 @@ pub mod hosts;
 pub mod leader;
 pub mod metrics;
 pub mod mirrors;
+pub mod ownership;
 pub mod podstate;
 pub mod render;
 pub mod reports;
@@ -25,6 +26,7 @@ pub mod secrets;
 pub mod status;
 pub mod text;
 pub mod triggers;
+pub mod uninstall;
 pub mod watches;
 
 /// Labels on everything the operator makes: the Kubernetes recommended labels. The chart's
@@ -39,6 +41,9 @@ pub mod labels {
     pub const INSTANCE: &str = "app.kubernetes.io/instance";
     pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
     pub const MANAGED_BY_VALUE: &str = "h3-ingress-operator";
+    /// The namespace of the operator that made an object: an operator prunes and removes only
+    /// objects with its own (`operator::apply`), never another installation's.
+    pub const OPERATOR_NAMESPACE: &str = "h3-ingress.dev/operator-namespace";
 }
 
 /// The one server-side-apply field manager of the operator.

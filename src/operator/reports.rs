@@ -1,20 +1,75 @@
-//! Reads `GET http://POD_IP:METRICS_PORT/status` from the data plane pods.
+//! Reads `GET http://POD_IP:METRICS_PORT/status` from the data plane pods, at most
+//! [`STATUS_FAN_OUT`]`.max_in_flight` at once in the whole operator, each given up after its
+//! `timeout`: a listener on a thousand nodes, or many listeners reconciled together, cost a
+//! bounded number of connections, and a node that does not answer a bounded wait.
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
+use tokio::sync::Semaphore;
 
 use crate::api::StatusReport;
 
 /// A `/status` document larger than this is not a status document.
 pub const MAX_REPORT_BYTES: usize = 1 << 20;
-pub const FETCH_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How the operator reads its pods' reports: the one source of both bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FanOut {
+    /// Fetches in flight at once, over every reconcile of the operator.
+    pub max_in_flight: usize,
+    /// Each fetch, from its connect to its last byte, once it has its turn.
+    pub timeout: Duration,
+}
+
+/// A reconcile of a listener on N nodes whose pods all hang waits at most
+/// ceil(N / 32) x 3 s for their reports (a thousand nodes: 96 s; answering pods take
+/// milliseconds each); a pod answers in well under a second on a loaded node.
+pub const STATUS_FAN_OUT: FanOut = FanOut {
+    max_in_flight: 32,
+    timeout: Duration::from_secs(3),
+};
+/// [`STATUS_FAN_OUT`]'s timeout, which the HTTP fetcher applies to its connect as well.
+pub const FETCH_TIMEOUT: Duration = STATUS_FAN_OUT.timeout;
+
+/// The operator-wide gate of [`FanOut`]: every fetch waits for a turn, then gets `timeout`.
+#[derive(Clone)]
+pub struct Gate {
+    turns: Arc<Semaphore>,
+    timeout: Duration,
+}
+
+impl Gate {
+    pub fn new(f: FanOut) -> Self {
+        Self {
+            turns: Arc::new(Semaphore::new(f.max_in_flight)),
+            timeout: f.timeout,
+        }
+    }
+
+    /// `fetcher.fetch(address)` in its turn, within the timeout.
+    pub async fn fetch(
+        &self,
+        fetcher: &dyn ReportFetcher,
+        address: SocketAddr,
+    ) -> Result<StatusReport, String> {
+        let _turn = self
+            .turns
+            .acquire()
+            .await
+            .expect("the gate is never closed");
+        tokio::time::timeout(self.timeout, fetcher.fetch(address))
+            .await
+            .unwrap_or_else(|_| Err(format!("GET /status: no answer within {:?}", self.timeout)))
+    }
+}
 
 pub type ReportFuture = Pin<Box<dyn Future<Output = Result<StatusReport, String>> + Send>>;
 
@@ -118,6 +173,101 @@ mod tests {
             s.write_all(response.as_bytes()).await.unwrap();
         });
         addr
+    }
+
+    /// Answers after `delay` (never, without one), counting the fetches in flight.
+    #[derive(Default)]
+    struct Counting {
+        delay: Option<Duration>,
+        now: std::sync::atomic::AtomicUsize,
+        peak: std::sync::atomic::AtomicUsize,
+        started: std::sync::atomic::AtomicUsize,
+    }
+
+    impl ReportFetcher for Arc<Counting> {
+        fn fetch(&self, _: SocketAddr) -> ReportFuture {
+            use std::sync::atomic::Ordering::SeqCst;
+            let me = self.clone();
+            Box::pin(async move {
+                me.started.fetch_add(1, SeqCst);
+                let n = me.now.fetch_add(1, SeqCst) + 1;
+                me.peak.fetch_max(n, SeqCst);
+                // Decremented on drop, so a fetch the gate gave up on counts out too.
+                struct Out(Arc<Counting>);
+                impl Drop for Out {
+                    fn drop(&mut self) {
+                        self.0.now.fetch_sub(1, SeqCst);
+                    }
+                }
+                let _out = Out(me.clone());
+                match me.delay {
+                    Some(d) => tokio::time::sleep(d).await,
+                    None => std::future::pending::<()>().await,
+                }
+                Ok(StatusReport::default())
+            })
+        }
+    }
+
+    /// `pods` fetches through one gate, as reconciles of `listeners` listeners at once would
+    /// issue them: the peak in flight, the wall time (tokio's paused clock) and the errors.
+    async fn fan_out(
+        pods: usize,
+        listeners: usize,
+        delay: Option<Duration>,
+    ) -> (usize, Duration, usize) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let gate = Gate::new(STATUS_FAN_OUT);
+        let fetcher = Arc::new(Counting {
+            delay,
+            ..Default::default()
+        });
+        let addr: SocketAddr = "10.0.0.1:9476".parse().unwrap();
+        let start = tokio::time::Instant::now();
+        let per = pods / listeners;
+        let reconciles = (0..listeners).map(|_| {
+            let (gate, fetcher) = (gate.clone(), fetcher.clone());
+            async move {
+                let all = (0..per).map(|_| gate.fetch(&fetcher, addr));
+                futures_util::future::join_all(all).await
+            }
+        });
+        let out = futures_util::future::join_all(reconciles).await;
+        let errors = out.iter().flatten().filter(|r| r.is_err()).count();
+        assert_eq!(fetcher.started.load(SeqCst), pods, "every pod was asked");
+        assert_eq!(fetcher.now.load(SeqCst), 0);
+        (fetcher.peak.load(SeqCst), start.elapsed(), errors)
+    }
+
+    /// The fan-out against many pods: the peak in flight is the bound, and hanging pods cost
+    /// the timeout per turn, not a wait without end. The figures are printed
+    /// (`cargo test --lib fan_out -- --nocapture`).
+    #[tokio::test(start_paused = true)]
+    async fn the_status_fan_out_is_bounded_in_flight_and_in_time() {
+        let FanOut {
+            max_in_flight,
+            timeout,
+        } = STATUS_FAN_OUT;
+        let rounds = |pods: usize| pods.div_ceil(max_in_flight) as u32;
+        let answer = Duration::from_millis(20);
+        for (pods, listeners) in [(10, 1), (1000, 1), (5000, 10)] {
+            let (peak, took, errors) = fan_out(pods, listeners, Some(answer)).await;
+            println!(
+                "status fan-out: {pods} pods answering in {answer:?} over {listeners} listener(s): \
+                 peak {peak} in flight (bound {max_in_flight}), {took:?}, {errors} errors"
+            );
+            assert_eq!(peak, pods.min(max_in_flight));
+            assert_eq!(errors, 0);
+            assert_eq!(took, answer * rounds(pods));
+        }
+        let (peak, took, errors) = fan_out(1000, 1, None).await;
+        println!(
+            "status fan-out: 1000 pods that never answer: peak {peak} in flight, all given up \
+             after {took:?} ({} turns of {timeout:?}), {errors} errors",
+            rounds(1000)
+        );
+        assert_eq!((peak, errors), (max_in_flight, 1000));
+        assert_eq!(took, timeout * rounds(1000));
     }
 
     #[tokio::test]

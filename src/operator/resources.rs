@@ -19,9 +19,9 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction,
-    LocalObjectReference, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Service,
-    ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
+    LocalObjectReference, ObjectFieldSelector, Pod, PodSecurityContext, PodSpec, PodTemplateSpec,
+    Probe, ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource, SecurityContext,
+    Service, ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
@@ -58,7 +58,8 @@ pub const OS_LINUX: &str = "linux";
 /// Name of the data plane container (also used by `kubectl logs -c`).
 pub const CONTAINER_NAME: &str = "h3-ingress";
 pub const TUNE_CONTAINER_NAME: &str = "tune-node-buffers";
-/// Non-root user of the data plane when the port allows (65532, "nonroot" in the image).
+/// The image's non-root user ("nonroot"): the group the keys Secret is readable by (the data
+/// plane itself runs as [`DATA_PLANE_UID`]).
 pub const NON_ROOT_UID: i64 = 65532;
 /// Where the keys Secret is mounted in the data plane container, and its one data key.
 pub const KEYS_MOUNT_PATH: &str = "/etc/h3-ingress/keys";
@@ -166,7 +167,7 @@ pub fn keys_secret(
 ) -> Result<Secret, BuildError> {
     let name = keys_secret_name(&listener.name_any());
     Ok(Secret {
-        metadata: meta(listener, name, Some(&params.namespace))?,
+        metadata: meta(listener, params, name, Some(&params.namespace))?,
         type_: Some("Opaque".into()),
         immutable: Some(true),
         data: Some(
@@ -178,9 +179,18 @@ pub fn keys_secret(
     })
 }
 
-/// Name of the ClusterRole(Binding) and of the per-namespace Role(Binding)s of a listener.
+/// Name of the Role(Binding) of a listener in the hosts namespace, and the name earlier
+/// versions gave its ClusterRole(Binding) ([`cluster_rbac_name`] replaced it).
 pub fn rbac_name(listener: &str) -> String {
     format!("h3-ingress-data-plane-{listener}")
+}
+
+/// Name of the ClusterRole(Binding) of a listener run by the operator in `namespace`: scoped
+/// to that operator, so two operators' objects never share a name (a listener handed from one
+/// to the other has both for a while). The namespace comes first and has no dot, so the name
+/// reads back unambiguously (`h3-ingress.h3-ingress-data-plane-public`).
+pub fn cluster_rbac_name(listener: &str, namespace: &str) -> String {
+    format!("{namespace}.{}", rbac_name(listener))
 }
 
 /// Labels on every data-plane object of a listener (and the DaemonSet's selector).
@@ -227,6 +237,25 @@ pub fn without_surge(ds: &mut DaemonSet, listener: &Http3Listener) {
     });
 }
 
+/// Whether a running data plane pod cannot share its port with a pod of the current template,
+/// so that a roll must replace it without surging ([`without_surge`]): it holds the port alone
+/// (no [`HANDOVER_LABEL`]: 0.1.0), or it runs under another uid than [`DATA_PLANE_UID`] (the
+/// kernel keeps a SO_REUSEPORT group to one uid; releases before it chose the uid by port and
+/// `forceBuffers`). A pod being deleted no longer counts.
+pub fn cannot_share_port(pod: &Pod) -> bool {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return false;
+    }
+    let alone = !pod.labels().contains_key(HANDOVER_LABEL);
+    let uid = pod
+        .spec
+        .iter()
+        .flat_map(|s| &s.containers)
+        .find(|c| c.name == CONTAINER_NAME)
+        .and_then(|c| c.security_context.as_ref()?.run_as_user);
+    alone || uid.is_some_and(|u| u != DATA_PLANE_UID)
+}
+
 /// Label selector (`k=v,...`) matching every object made for a listener.
 pub fn label_selector(listener: &str) -> String {
     selector_labels(listener)
@@ -250,15 +279,21 @@ pub fn owner_reference(listener: &Http3Listener) -> Result<OwnerReference, Build
     })
 }
 
+/// Metadata of an object made for `listener`: its labels, the operator's namespace as the
+/// label that tells operators' objects apart ([`labels::OPERATOR_NAMESPACE`]), the owner
+/// reference.
 fn meta(
     listener: &Http3Listener,
+    params: &Params,
     name: String,
     namespace: Option<&str>,
 ) -> Result<ObjectMeta, BuildError> {
+    let mut labels_ = object_labels(&listener.name_any());
+    labels_.insert(labels::OPERATOR_NAMESPACE.into(), params.namespace.clone());
     Ok(ObjectMeta {
         name: Some(name),
         namespace: namespace.map(str::to_string),
-        labels: Some(object_labels(&listener.name_any())),
+        labels: Some(labels_),
         owner_references: Some(vec![owner_reference(listener)?]),
         ..Default::default()
     })
@@ -320,29 +355,39 @@ pub fn socket_hash(c: &ProxyConfig) -> String {
     hex::encode(&sha2::Sha256::digest(text.as_bytes())[..8])
 }
 
-/// Whether the data plane must start as root: ports below 1024 and SO_RCVBUFFORCE need
-/// capabilities, and Kubernetes adds capabilities only to root's effective set (it sets no
-/// ambient capabilities for other users).
-pub fn needs_root(c: &ProxyConfig) -> bool {
-    c.listen.port < 1024 || c.metrics_address.port() < 1024 || c.listen.force_buffers
-}
+/// The data plane's uid and gid, whatever the listener says: root. Ports below 1024 and
+/// SO_RCVBUFFORCE need capabilities, and Kubernetes adds capabilities only to root's effective
+/// set (it sets no ambient capabilities for other users); and the kernel lets a socket join a
+/// SO_REUSEPORT group only with the uid of the sockets in it, so a roll whose new pods ran
+/// under another uid than the old ones (as `socket.forceBuffers` once chose on ports from
+/// 1024) could never hand the port over. Root here holds no capability but those below.
+pub const DATA_PLANE_UID: i64 = 0;
 
-fn container_security(c: &ProxyConfig) -> SecurityContext {
-    let mut add = vec!["NET_BIND_SERVICE".to_string()];
+/// The capabilities the data plane's sockets need: `NET_BIND_SERVICE` for a port below 1024
+/// (UDP or metrics), `NET_ADMIN` for `socket.forceBuffers` (SO_RCVBUFFORCE/SO_SNDBUFFORCE).
+pub fn capabilities(c: &ProxyConfig) -> Vec<String> {
+    let mut add = Vec::new();
+    if c.listen.port < 1024 || c.metrics_address.port() < 1024 {
+        add.push("NET_BIND_SERVICE".to_string());
+    }
     if c.listen.force_buffers {
         add.push("NET_ADMIN".to_string());
     }
-    let root = needs_root(c);
+    add
+}
+
+fn container_security(c: &ProxyConfig) -> SecurityContext {
+    let add = capabilities(c);
     SecurityContext {
         allow_privilege_escalation: Some(false),
         privileged: Some(false),
         read_only_root_filesystem: Some(true),
-        run_as_non_root: Some(!root),
-        run_as_user: Some(if root { 0 } else { NON_ROOT_UID }),
-        run_as_group: Some(if root { 0 } else { NON_ROOT_UID }),
+        run_as_non_root: Some(false),
+        run_as_user: Some(DATA_PLANE_UID),
+        run_as_group: Some(DATA_PLANE_UID),
         capabilities: Some(Capabilities {
             drop: Some(vec!["ALL".to_string()]),
-            add: Some(add),
+            add: (!add.is_empty()).then_some(add),
         }),
         ..Default::default()
     }
@@ -655,7 +700,12 @@ pub fn daemon_set(
             .into_iter()
             .collect();
     Ok(DaemonSet {
-        metadata: meta(listener, data_plane_name(&name), Some(&params.namespace))?,
+        metadata: meta(
+            listener,
+            params,
+            data_plane_name(&name),
+            Some(&params.namespace),
+        )?,
         spec: DaemonSetSpec {
             selector: LabelSelector {
                 match_labels: Some(selector_labels(&name)),
@@ -736,7 +786,12 @@ pub fn service(listener: &Http3Listener, params: &Params) -> Result<Option<Servi
             ..Default::default()
         });
     }
-    let mut metadata = meta(listener, data_plane_name(&name), Some(&params.namespace))?;
+    let mut metadata = meta(
+        listener,
+        params,
+        data_plane_name(&name),
+        Some(&params.namespace),
+    )?;
     metadata.annotations = (!svc.annotations.is_empty()).then(|| svc.annotations.clone());
     Ok(Some(Service {
         metadata,
@@ -765,13 +820,23 @@ pub fn desired(
     let name = listener.name_any();
 
     let service_account = ServiceAccount {
-        metadata: meta(listener, data_plane_name(&name), Some(&params.namespace))?,
+        metadata: meta(
+            listener,
+            params,
+            data_plane_name(&name),
+            Some(&params.namespace),
+        )?,
         automount_service_account_token: Some(true),
         image_pull_secrets: pod.pull_secrets(),
         ..Default::default()
     };
     let cluster_role = ClusterRole {
-        metadata: meta(listener, rbac_name(&name), None)?,
+        metadata: meta(
+            listener,
+            params,
+            cluster_rbac_name(&name, &params.namespace),
+            None,
+        )?,
         // list/watch with resourceNames are authorised for `metadata.name=` field selectors,
         // which is how the data plane watches its one listener.
         rules: Some(vec![rule(
@@ -782,11 +847,16 @@ pub fn desired(
         aggregation_rule: None,
     };
     let cluster_role_binding = ClusterRoleBinding {
-        metadata: meta(listener, rbac_name(&name), None)?,
+        metadata: meta(
+            listener,
+            params,
+            cluster_rbac_name(&name, &params.namespace),
+            None,
+        )?,
         role_ref: RoleRef {
             api_group: Some("rbac.authorization.k8s.io".into()),
             kind: "ClusterRole".into(),
-            name: rbac_name(&name),
+            name: cluster_rbac_name(&name, &params.namespace),
         },
         subjects: Some(vec![subject(&name, params)]),
     };
@@ -794,11 +864,11 @@ pub fn desired(
     // a data plane may read other listeners' mirrors there; it reads nothing else.
     let ns = params.hosts_namespace.as_str();
     let roles = vec![Role {
-        metadata: meta(listener, rbac_name(&name), Some(ns))?,
+        metadata: meta(listener, params, rbac_name(&name), Some(ns))?,
         rules: Some(vec![rule("", "secrets", None)]),
     }];
     let role_bindings = vec![RoleBinding {
-        metadata: meta(listener, rbac_name(&name), Some(ns))?,
+        metadata: meta(listener, params, rbac_name(&name), Some(ns))?,
         role_ref: RoleRef {
             api_group: Some("rbac.authorization.k8s.io".into()),
             kind: "Role".into(),
@@ -891,7 +961,7 @@ pub(crate) mod tests {
         assert_eq!(caps.drop.as_ref().unwrap(), &["ALL"]);
         assert_eq!(caps.add.as_ref().unwrap(), &["NET_BIND_SERVICE"]);
         // Port 443 needs NET_BIND_SERVICE in the effective set, which only root gets.
-        assert_eq!(sc.run_as_user, Some(0));
+        assert_eq!(sc.run_as_user, Some(DATA_PLANE_UID));
         assert_eq!(sc.run_as_non_root, Some(false));
         let exec = |p: &Option<Probe>| {
             let p = p.as_ref().unwrap();
@@ -945,33 +1015,40 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn high_port_runs_as_non_root_and_force_buffers_adds_net_admin_as_root() {
+    fn one_uid_whatever_the_port_and_force_buffers_with_only_the_capabilities_needed() {
+        let security = |spec: &serde_json::Value| {
+            let d = desired(
+                &listener("alt", spec.clone()),
+                &params(),
+                &PodDefaults::default(),
+            );
+            pod(&d.unwrap().daemon_set).containers[0]
+                .security_context
+                .clone()
+                .unwrap()
+        };
+        let caps = |sc: &SecurityContext| sc.capabilities.clone().unwrap().add.unwrap_or_default();
         let mut spec = base();
         spec["port"] = 8443.into();
-        let d = desired(
-            &listener("alt", spec.clone()),
-            &params(),
-            &PodDefaults::default(),
-        )
-        .unwrap();
-        let sc = pod(&d.daemon_set).containers[0]
-            .security_context
-            .clone()
-            .unwrap();
-        assert_eq!(sc.run_as_non_root, Some(true));
-        assert_eq!(sc.run_as_user, Some(NON_ROOT_UID));
-
+        let plain = security(&spec);
         spec["socket"] = serde_json::json!({"forceBuffers": true});
-        let d = desired(&listener("alt", spec), &params(), &PodDefaults::default()).unwrap();
-        let sc = pod(&d.daemon_set).containers[0]
-            .security_context
-            .clone()
-            .unwrap();
-        assert_eq!(sc.run_as_user, Some(0));
-        assert_eq!(
-            sc.capabilities.unwrap().add.unwrap(),
-            ["NET_BIND_SERVICE", "NET_ADMIN"]
-        );
+        let forced = security(&spec);
+        // The roll between the two hands the port over within one SO_REUSEPORT group, which
+        // the kernel allows only under one uid.
+        for sc in [&plain, &forced] {
+            assert_eq!((sc.run_as_user, sc.run_as_group), (Some(0), Some(0)));
+            assert_eq!(sc.run_as_non_root, Some(false));
+            assert_eq!(sc.capabilities.clone().unwrap().drop.unwrap(), ["ALL"]);
+            assert_eq!(sc.allow_privilege_escalation, Some(false));
+        }
+        assert!(caps(&plain).is_empty(), "{:?}", caps(&plain));
+        assert_eq!(caps(&forced), ["NET_ADMIN"]);
+        spec["port"] = 443.into();
+        assert_eq!(caps(&security(&spec)), ["NET_BIND_SERVICE", "NET_ADMIN"]);
+        spec["port"] = 8443.into();
+        spec["socket"] = serde_json::json!({});
+        spec["metrics"] = serde_json::json!({"address": "0.0.0.0:947"});
+        assert_eq!(caps(&security(&spec)), ["NET_BIND_SERVICE"]);
     }
 
     #[test]
@@ -999,7 +1076,7 @@ pub(crate) mod tests {
         assert_eq!(volume.name, mount.name);
         assert_eq!(secret.secret_name.as_deref(), Some("h3-ingress-keys-k"));
         assert_eq!(secret.default_mode, Some(0o440));
-        // Group-readable for the non-root user's group, which fsGroup gives the files.
+        // Group-readable for the image's non-root group, which fsGroup gives the files.
         let fs_group = p.security_context.as_ref().unwrap().fs_group;
         assert_eq!(fs_group, Some(NON_ROOT_UID));
     }
@@ -1185,9 +1262,25 @@ pub(crate) mod tests {
             (sub.name.as_str(), sub.namespace.as_deref()),
             ("h3-ingress-public", Some("h3-system"))
         );
+        // Cluster-scoped: named after the operator's namespace too, as two installations of
+        // the operator may both have made one for the listener (a hand-over).
         assert_eq!(
             d.cluster_role_binding.role_ref.name,
-            "h3-ingress-data-plane-public"
+            "h3-system.h3-ingress-data-plane-public"
+        );
+        assert_eq!(
+            (
+                d.cluster_role.metadata.name.as_deref(),
+                d.cluster_role_binding.metadata.name.as_deref()
+            ),
+            (
+                Some("h3-system.h3-ingress-data-plane-public"),
+                Some("h3-system.h3-ingress-data-plane-public")
+            )
+        );
+        assert_eq!(
+            role.metadata.name.as_deref(),
+            Some("h3-ingress-data-plane-public")
         );
         let args = pod(&d.daemon_set).containers[0].args.clone().unwrap();
         let at = args.iter().position(|a| a == "--hosts-namespace").unwrap();
@@ -1225,6 +1318,8 @@ pub(crate) mod tests {
                 labels["app.kubernetes.io/managed-by"],
                 "h3-ingress-operator"
             );
+            // Which operator made it: the one whose namespace this is prunes it, no other.
+            assert_eq!(labels["h3-ingress.dev/operator-namespace"], "h3-system");
         }
         assert_eq!(
             label_selector("public"),
@@ -1375,6 +1470,44 @@ pub(crate) mod tests {
             d.daemon_set.spec.template, template,
             "the template is the same"
         );
+    }
+
+    #[test]
+    fn pods_of_another_uid_or_without_hand_over_are_replaced_without_surge() {
+        let running = |uid: Option<i64>, handover: bool, deleted: bool| {
+            let mut p = Pod::default();
+            if handover {
+                p.metadata.labels = Some(
+                    [(HANDOVER_LABEL.to_string(), HANDOVER_VERSION.to_string())]
+                        .into_iter()
+                        .collect(),
+                );
+            }
+            if deleted {
+                p.metadata.deletion_timestamp =
+                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                    ));
+            }
+            p.spec = Some(PodSpec {
+                containers: vec![Container {
+                    name: CONTAINER_NAME.into(),
+                    security_context: Some(SecurityContext {
+                        run_as_user: uid,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            });
+            p
+        };
+        assert!(!cannot_share_port(&running(Some(0), true, false)));
+        assert!(!cannot_share_port(&running(None, true, false)));
+        // A high port without forceBuffers ran as 65532 before one uid.
+        assert!(cannot_share_port(&running(Some(NON_ROOT_UID), true, false)));
+        assert!(cannot_share_port(&running(Some(0), false, false)));
+        assert!(!cannot_share_port(&running(Some(NON_ROOT_UID), true, true)));
     }
 
     #[test]

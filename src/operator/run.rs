@@ -49,6 +49,8 @@ pub struct Options {
     pub pod_defaults: PodDefaults,
     /// Version skew: apply this operator's CRD over an older served one (`operator::crd`).
     pub crd_upgrade: bool,
+    /// The listeners this operator runs are those with this `spec.controllerName`.
+    pub controller_name: String,
 }
 
 fn identity() -> String {
@@ -122,7 +124,9 @@ pub async fn run_with(
             let _ = gateway_tx.send(change);
         }),
     ));
+    let (leases, lease_task) = watches::operator_leases(&client);
     let caches = Caches {
+        leases,
         ingresses: w.ingress_store.clone(),
         listeners: w.listener_store.clone(),
         classes: w.class_store.clone(),
@@ -149,7 +153,8 @@ pub async fn run_with(
             metrics,
         )
         .with_pod_defaults(opts.pod_defaults.clone())
-        .with_crd_check(crd),
+        .with_crd_check(crd)
+        .with_controller_name(&opts.controller_name),
     );
     tokio::spawn(ready_once_filled(ctx.clone(), ready));
     // The first lists and Secret reads of a large cluster are a burst the allocator keeps.
@@ -158,6 +163,7 @@ pub async fn run_with(
         namespace = %opts.namespace,
         hosts_namespace = %opts.hosts_namespace,
         leader_election = opts.leader_election,
+        controller_name = %opts.controller_name,
         identity = %id,
         "operator starting"
     );
@@ -177,9 +183,8 @@ pub async fn run_with(
         })
         .await;
     shutdown.cancel();
-    if let Some(h) = election {
-        let _ = h.await;
-    }
+    lease_task.abort();
+    let _ = election.await;
     Ok(())
 }
 
@@ -252,7 +257,8 @@ struct Triggers {
 /// The Controller with every trigger: a listener's own changes; its DaemonSet's; Ingress,
 /// Secret and Gateway API changes mapped to the listeners they concern; IngressClass changes
 /// (the default class), any listener's spec change (ports may change hands), a new verdict on
-/// the served CRD and becoming leader reconcile every listener.
+/// the served CRD, a change of the running operators and becoming leader reconcile every
+/// listener.
 fn controller(
     client: &Client,
     opts: &Options,
@@ -317,11 +323,41 @@ fn controller(
     .reconcile_all_on(watches::class_trigger(client, w.class_writer))
     .reconcile_all_on(stream_from_channel(any_listener_rx))
     .reconcile_all_on(stream_from_channel(crd_rx))
+    .reconcile_all_on(registry_changes(ctx.clone()))
     .reconcile_all_on(
         tokio_stream_from_watch(leader_rx)
             .filter_map(|is_leader| future::ready(is_leader.then_some(()))),
     )
     .with_config(kube::runtime::controller::Config::default().debounce(DEBOUNCE))
+}
+
+/// How often the running operators are looked at: an operator's Lease that expires sends no
+/// event of its own.
+const REGISTRY_POLL: Duration = Duration::from_secs(5);
+
+/// Fires when the running operators or their controller names change (one started, stopped or
+/// was renamed): every listener may have changed hands (`operator::ownership`).
+fn registry_changes(ctx: Arc<Context>) -> impl futures_util::Stream<Item = ()> + Send {
+    stream::unfold((ctx, None), |(ctx, mut last)| async move {
+        loop {
+            tokio::time::sleep(REGISTRY_POLL).await;
+            if !watches::listed(&ctx.caches.leases) {
+                continue;
+            }
+            let now = ctx.running_operators();
+            if last.as_ref() == Some(&now) {
+                continue;
+            }
+            let changed = last.is_some();
+            if changed {
+                tracing::info!(operators = ?now, "the running operators changed");
+            }
+            last = Some(now);
+            if changed {
+                return Some(((), (ctx, last)));
+            }
+        }
+    })
 }
 
 /// How often readiness looks at the caches, and how often it names those still empty.
@@ -335,24 +371,27 @@ fn stream_from_channel<T: Send + 'static>(
     futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|v| (v, rx)) })
 }
 
-/// Leadership as a watch flag: from the Lease election when it is on (the task is returned so
-/// shutdown can wait for it to release the Lease), else always the leader.
+/// Leadership as a watch flag: from the Lease election when it is on, else always the leader.
+/// The Lease is kept either way (it registers this operator, `operator::ownership`); the task
+/// is returned so shutdown can wait for it to release the Lease.
 fn start_election(
     client: &Client,
     opts: &Options,
     id: &str,
     shutdown: &CancellationToken,
-) -> (watch::Receiver<bool>, Option<JoinHandle<()>>) {
+) -> (watch::Receiver<bool>, JoinHandle<()>) {
     let (leader_tx, leader_rx) = watch::channel(!opts.leader_election);
-    if !opts.leader_election {
-        return (leader_rx, None);
-    }
-    let cfg = leader::LeaseConfig::new(&opts.namespace, &opts.lease_name, id);
+    let cfg =
+        leader::LeaseConfig::new(&opts.namespace, &opts.lease_name, id, &opts.controller_name);
     let token = shutdown.clone();
-    let election = tokio::spawn(leader::run(client.clone(), cfg, leader_tx, async move {
-        token.cancelled().await
-    }));
-    (leader_rx, Some(election))
+    let election = tokio::spawn(leader::run(
+        client.clone(),
+        cfg,
+        opts.leader_election,
+        leader_tx,
+        async move { token.cancelled().await },
+    ));
+    (leader_rx, election)
 }
 
 /// Keeps the leader gauge equal to the leadership flag.

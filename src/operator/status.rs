@@ -773,6 +773,33 @@ pub fn aggregate(inp: &Inputs, hosts: &[HostStatus]) -> Http3ListenerStatus {
     status
 }
 
+/// The status of a listener that no operator runs, or that two claim (`operator::ownership`),
+/// written by exactly one operator: `Ready=False` with the reason and nothing else (nobody
+/// reads its pods). Applied under the one field manager, it replaces every field the previous
+/// owner wrote, so no stale pod or host count stays beside the reason.
+pub fn refused(
+    previous: Option<&Http3ListenerStatus>,
+    generation: Option<i64>,
+    reason: &str,
+    message: String,
+    now: Timestamp,
+) -> Http3ListenerStatus {
+    let mut status = Http3ListenerStatus {
+        observed_generation: generation,
+        conditions: vec![Condition {
+            type_: conditions::READY.to_string(),
+            status: "False".to_string(),
+            reason: reason.to_string(),
+            message,
+            observed_generation: generation,
+            last_transition_time: Time(now),
+        }],
+        ..Default::default()
+    };
+    carry_transition_times(previous, &mut status);
+    status
+}
+
 /// Keeps `lastTransitionTime` of conditions whose status is unchanged (API conventions: it
 /// moves only when the status does).
 pub fn carry_transition_times(
@@ -1215,6 +1242,43 @@ mod tests {
             d.message
         );
         assert!(!d.message.contains("p1"), "{}", d.message);
+    }
+
+    #[test]
+    fn a_refused_listener_says_only_why_and_keeps_its_transition_time() {
+        let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
+        let d = ds(2, 2);
+        let mut i = inputs(&hosts, Some(&d), &[], None, 1000);
+        i.generation = Some(4);
+        let running = agg(&i);
+        assert!(running.nodes.is_some() && running.hosts_summary.is_some());
+        let first = refused(
+            Some(&running),
+            Some(4),
+            reasons::NO_CONTROLLER,
+            "nobody".into(),
+            Timestamp::from_second(2000).unwrap(),
+        );
+        assert_eq!(first.conditions.len(), 1);
+        let c = &first.conditions[0];
+        assert_eq!(
+            (c.type_.as_str(), c.status.as_str(), c.reason.as_str()),
+            ("Ready", "False", "NoController")
+        );
+        assert_eq!(
+            (first.observed_generation, c.observed_generation),
+            (Some(4), Some(4))
+        );
+        assert!(first.nodes.is_none() && first.hosts_summary.is_none() && first.udp.is_none());
+        let again = refused(
+            Some(&first),
+            Some(4),
+            reasons::NO_CONTROLLER,
+            "nobody".into(),
+            Timestamp::from_second(3000).unwrap(),
+        );
+        assert_eq!(again, first, "nothing moved: no write");
+        assert!(!needs_write(Some(&first), &again));
     }
 
     #[test]

@@ -9,7 +9,8 @@
 #     registry: the smoke (the cluster itself) and the journey (the product on it), both from
 #     the Rust scenario runner (tests/cluster/scenarios: `h3i-scenarios smoke|journey`),
 #     gateway.sh (Gateway API), node-checks.sh (what only a real node answers, a real browser),
-#     dns-check.sh (the cluster DNS, CoreDNS) and traefik-check.sh (Traefik as the TCP ingress);
+#     dns-check.sh (the cluster DNS, CoreDNS), traefik-check.sh (Traefik as the TCP ingress) and
+#     coexist.sh (two releases side by side, a forceBuffers roll, one uninstalled);
 #   - the node agent (pods as local processes, the fast mode): skew.sh (CRD version skew both
 #     ways, certificate renewal), rollout.sh (a DaemonSet roll under clients), upgrade.sh (helm
 #     upgrade from the pinned previous release and back, under clients; its binary built once
@@ -30,7 +31,7 @@ step() { printf '\n=== %s (%s)\n' "$*" "$(date +%H:%M:%S)"; }
 if [[ $(id -u) -ne 0 ]]; then
     echo "=================================================================================="
     echo "CLUSTER TESTS SKIPPED (needs root): scripts/cluster.sh build/up, h3i-scenarios smoke"
-    echo "h3i-scenarios journey, gateway.sh, node-checks.sh, dns-check.sh, traefik-check.sh, skew.sh, rollout.sh, upgrade.sh and scale.sh did NOT run; nothing was proven on a real API server or real nodes."
+    echo "h3i-scenarios journey, gateway.sh, node-checks.sh, dns-check.sh, traefik-check.sh, coexist.sh, skew.sh, rollout.sh, upgrade.sh and scale.sh did NOT run; nothing was proven on a real API server or real nodes."
     echo "=================================================================================="
     [[ ${H3I_TESTS_REQUIRE_ROOT:-0} == 1 ]] && { echo "H3I_TESTS_REQUIRE_ROOT=1: failing" >&2; exit 1; }
     exit 0
@@ -93,6 +94,8 @@ step "tests/cluster/dns-check.sh (CoreDNS: pod network, hostNetwork with Cluster
 timed dns-check tests/cluster/dns-check.sh
 step "tests/cluster/traefik-check.sh (Traefik as the TCP ingress: routing, ipAllowList, forwarded headers, PROXY protocol v2)"
 timed traefik-check tests/cluster/traefik-check.sh
+step "tests/cluster/coexist.sh (two releases side by side for 5 minutes, a forceBuffers roll on UDP 8443, helm uninstall of one)"
+timed coexist tests/cluster/coexist.sh
 step "real nodes: down"
 timed down-real scripts/cluster.sh down
 

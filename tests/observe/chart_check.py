@@ -51,8 +51,11 @@ CONTRACT = rules(
     ("", ["secrets"], ["get", "list", "watch"]),
     ("", ["events"], ["create", "patch"]),
     ("events.k8s.io", ["events"], ["create", "patch"]),
-    ("rbac.authorization.k8s.io", ["clusterroles", "clusterrolebindings"], ["get", "list", "watch", "create", "patch"]),
-    ("rbac.authorization.k8s.io", ["roles", "rolebindings"], ["get", "list", "watch", "create", "patch", "delete"]),
+    # The data plane's read access to its listener (deleted when another operator runs it, and by
+    # the uninstall hook).
+    ("rbac.authorization.k8s.io", ["clusterroles", "clusterrolebindings"], ["get", "list", "watch", "create", "patch", "delete"]),
+    # The other operators' Leases: whose a listener is (controller names).
+    ("coordination.k8s.io", ["leases"], ["get", "list", "watch"]),
     # The one CRD by name: read it (CRDCurrent), and with crd.upgrade (default) apply it.
     ("apiextensions.k8s.io", ["customresourcedefinitions[http3listeners.h3-ingress.dev]"],
      ["get", "list", "watch", "patch"]),
@@ -62,17 +65,21 @@ CONTRACT_NO_CRD_UPGRADE = CONTRACT - {
     ("apiextensions.k8s.io", "customresourcedefinitions[http3listeners.h3-ingress.dev]", "patch")}
 # The same, in the release namespace only: the data plane objects it runs there.
 NAMESPACED = rules(
-    ("apps", ["daemonsets"], ["get", "list", "watch", "create", "patch"]),
-    ("", ["serviceaccounts"], ["get", "list", "watch", "create", "patch"]),
+    ("apps", ["daemonsets"], ["get", "list", "watch", "create", "patch", "delete"]),
+    # Its own Deployment by name: the uninstall hook scales it to 0 first.
+    ("apps", ["deployments[h3-ingress-operator]", "deployments/scale[h3-ingress-operator]"], ["get", "patch"]),
+    ("", ["serviceaccounts"], ["get", "list", "watch", "create", "patch", "delete"]),
     ("", ["services"], ["get", "list", "watch", "create", "patch", "delete"]),
     ("", ["pods"], ["get", "list", "watch"]),
     ("", ["events"], ["list"]),
     # The listeners' QUIC keys Secrets (created once, never changed).
     ("", ["secrets"], ["create"]),
 )
-# In the hosts namespace only: the certificate mirrors.
-HOSTS = rules(("", ["secrets"], ["get", "list", "watch", "create", "patch", "delete"]))
-LEASES = {("coordination.k8s.io", "leases", v) for v in ["get", "list", "watch", "create", "update", "patch"]}
+# In the hosts namespace only: the certificate mirrors, and the data plane's Role there.
+HOSTS = rules(("", ["secrets"], ["get", "list", "watch", "create", "patch", "delete"]),
+              ("rbac.authorization.k8s.io", ["roles", "rolebindings"], ["get", "list", "watch", "create", "patch", "delete"]))
+# The operator's own Lease (election and registration; the uninstall hook deletes it).
+LEASES = {("coordination.k8s.io", "leases", v) for v in ["get", "list", "watch", "create", "update", "patch", "delete"]}
 
 
 def grants(role: dict) -> set[tuple[str, str, str]]:
@@ -139,6 +146,23 @@ def properties(name: str, objs, notes: str, monitoring: bool, all_on: bool) -> N
         check(labels.get("app.kubernetes.io/name") == "h3-ingress", f"{name}: {o['kind']} lacks app.kubernetes.io/name")
 
     (cr,) = k["ClusterRole"]
+    for o in k["ClusterRole"] + k["ClusterRoleBinding"] + k.get("PriorityClass", []):
+        check(o["metadata"]["name"].startswith("h3-ingress.h3-ingress-"),
+              f"{name}: cluster-scoped {o['kind']} {o['metadata']['name']} not named after the release namespace")
+    check(cr["metadata"].get("annotations", {}).get("h3-ingress.dev/controller-name") == "h3-ingress.dev/operator",
+          f"{name}: the operator ClusterRole does not carry the controller name")
+    check(env.get("H3_INGRESS_CONTROLLER_NAME", {}).get("value") == "h3-ingress.dev/operator",
+          f"{name}: the controller name is not passed to the operator")
+    (job,) = k["Job"]
+    hook = job["metadata"].get("annotations", {})
+    jc = job["spec"]["template"]["spec"]["containers"][0]
+    check(hook.get("helm.sh/hook") == "pre-delete" and "hook-succeeded" in hook.get("helm.sh/hook-delete-policy", ""),
+          f"{name}: the uninstall Job is not a pre-delete hook: {hook}")
+    check(jc["args"][0] == "uninstall" and "--operator-deployment=h3-ingress-operator" in jc["args"],
+          f"{name}: uninstall hook args {jc['args']}")
+    check(job["spec"]["template"]["spec"]["serviceAccountName"] == pod["serviceAccountName"],
+          f"{name}: the uninstall hook does not run as the operator's ServiceAccount")
+    check(jc["securityContext"] == c["securityContext"], f"{name}: the uninstall hook's container is not locked down")
     cluster = grants(cr)
     check(cluster == CONTRACT, f"{name}: ClusterRole differs from the expected rules: extra {sorted(cluster - CONTRACT)}, "
                                f"missing {sorted(CONTRACT - cluster)}")
@@ -185,6 +209,8 @@ def properties(name: str, objs, notes: str, monitoring: bool, all_on: bool) -> N
         check(dep["spec"]["replicas"] == 2 and "PodDisruptionBudget" in k, f"{name}: 2 replicas + PDB")
         (listener,) = k["Http3Listener"]
         check(listener["spec"]["upstream"]["address"].endswith(":443"), f"{name}: listener spec")
+        check(listener["spec"].get("controllerName") == "h3-ingress.dev/operator",
+              f"{name}: the chart's listener does not name the release's operator")
     cms = [o for o in k.get("ConfigMap", []) if o["metadata"]["name"].endswith("-dashboard")]
     check(len(cms) == 1, f"{name}: dashboard ConfigMap missing")
     if cms:
@@ -207,6 +233,9 @@ def negative_cases() -> None:
         {"image": {"digest": "latest"}},
         {"operator": {"replicas": 3}},
         {"listener": {"name": "Default"}},
+        {"controllerName": "staging"},
+        {"controllerName": "Example.com/staging"},
+        {"uninstall": {"waitSecond": 10}},
     ]
     rejected = 0
     for v in typos:
@@ -268,6 +297,30 @@ def crd_upgrade_and_pull_policy() -> None:
     print(f"crd.upgrade=false: no CRD patch rule, --no-crd-upgrade; pull policy right in {len(cases)} image cases")
 
 
+def release_scope() -> None:
+    """Two releases named alike in two namespaces render no cluster-scoped name twice; the
+    chart's listener takes the release's controllerName unless its spec names one."""
+    def cluster_names(namespace, values):
+        objs = helmlib.objects(helmlib.render(values, namespace=namespace))
+        return {(o["kind"], o["metadata"]["name"]) for _, o in objs if "namespace" not in o["metadata"]
+                and o["kind"] not in ("Namespace", "Http3Listener")}, objs
+    a, _ = cluster_names("prod", None)
+    b, objs = cluster_names("staging", {"controllerName": "example.com/staging",
+                                        "listener": {"enabled": True, "spec": {"upstream": {"address": "x:443"}}}})
+    check(a and b and not a & b, f"cluster-scoped names shared by two releases: {sorted(a & b)}")
+    (listener,) = [o for _, o in objs if o["kind"] == "Http3Listener"]
+    check(listener["spec"]["controllerName"] == "example.com/staging", f"listener {listener['spec']}")
+    (dep,) = [o for _, o in objs if o["kind"] == "Deployment"]
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    check(env["H3_INGRESS_CONTROLLER_NAME"] == "example.com/staging", f"operator env {env}")
+    _, objs = cluster_names("staging", {"controllerName": "example.com/staging", "listener": {
+        "enabled": True, "spec": {"controllerName": "example.com/other", "upstream": {"address": "x:443"}}}})
+    (listener,) = [o for _, o in objs if o["kind"] == "Http3Listener"]
+    check(listener["spec"]["controllerName"] == "example.com/other", "a listener's own controllerName was overridden")
+    print(f"release scope: {len(a)} cluster-scoped objects per release, none shared between namespaces "
+          f"prod and staging: {sorted(n for _, n in b)}")
+
+
 def values_documented() -> None:
     """Every leaf key of values.yaml has a `# --` comment (helm-docs style) right above it."""
     lines = (CHART / "values.yaml").read_text().splitlines()
@@ -314,6 +367,16 @@ def operator_flags(binary: Path, objs) -> None:
         check(f"env: {env}" in p.stdout, f"`h3-ingress operator` does not read ${env}")
     print(f"operator flags the chart passes {flags}, env {', '.join(envs)}: "
           f"{'all accepted' if not missing else 'MISSING ' + str(missing)} by {binary.name} operator")
+    # The uninstall hook's command line too.
+    (job,) = [o for _, o in objs if o["kind"] == "Job"]
+    jc = job["spec"]["template"]["spec"]["containers"][0]
+    u = subprocess.run([str(binary), jc["args"][0], "--help"], capture_output=True, text=True)
+    jflags = [a.split("=")[0] for a in jc["args"][1:] if a.startswith("--")]
+    jmissing = [f for f in jflags if u.returncode != 0 or not re.search(rf"(^|\s){re.escape(f)}[\s=,]", u.stdout)]
+    jmissing += [e["name"] for e in jc["env"] if e["name"].startswith(("POD_NAMESPACE", "H3_INGRESS_"))
+                 and f"env: {e['name']}" not in u.stdout]
+    check(not jmissing, f"`h3-ingress {jc['args'][0]}` does not accept {jmissing}")
+    print(f"uninstall hook flags {jflags}: {'all accepted' if not jmissing else 'MISSING ' + str(jmissing)}")
 
 
 def operator_holds_what_it_grants(binary: Path, objs) -> None:
@@ -387,6 +450,7 @@ def main() -> int:
             check(not serious and report["total_charts_linted"] == 1, f"helm lint [{label}] kube {kv}: {msgs}")
     negative_cases()
     crd_upgrade_and_pull_policy()
+    release_scope()
     values_documented()
     print(f"validated {total} rendered objects (CRD included) in {len(cases)} renders")
     if failures:

@@ -17,6 +17,38 @@
 {{- end -}}
 {{- end -}}
 
+{{/*
+Prefix of the names of cluster-scoped objects (ClusterRole, ClusterRoleBinding, PriorityClass):
+the release namespace, a dot, the full name. Release names are unique per namespace only, so
+two releases called h3-ingress in two namespaces get two sets of cluster-scoped objects instead
+of fighting over one. A namespace has no dot, so the name reads back unambiguously.
+*/}}
+{{- define "h3-ingress.clusterName" -}}
+{{- printf "%s.%s" (.Release.Namespace | default "default") (include "h3-ingress.fullname" .) -}}
+{{- end -}}
+
+{{/*
+Refuses a controllerName another release already has: two operators with one name would both
+refuse every listener of that name (ControllerConflict). Each release's operator ClusterRole
+carries its controller name (one of an earlier chart carries none, and its operator runs every
+listener: the default name). Skipped where `lookup` sees no cluster (helm template, dry runs):
+the operators then say it themselves.
+*/}}
+{{- define "h3-ingress.uniqueControllerName" -}}
+{{- $crs := lookup "rbac.authorization.k8s.io/v1" "ClusterRole" "" "" -}}
+{{- range (($crs | default dict).items | default list) -}}
+{{- $labels := .metadata.labels | default dict -}}
+{{- $ann := .metadata.annotations | default dict -}}
+{{- $mine := or (eq (get $ann "meta.helm.sh/release-namespace") $.Release.Namespace) (eq .metadata.name (printf "%s-operator" (include "h3-ingress.clusterName" $))) -}}
+{{- if and (eq (get $labels "app.kubernetes.io/name") "h3-ingress") (eq (get $labels "app.kubernetes.io/component") "operator") (not $mine) -}}
+{{- $theirs := get $ann "h3-ingress.dev/controller-name" | default "h3-ingress.dev/operator" -}}
+{{- if eq $theirs $.Values.controllerName -}}
+{{- fail (printf "controllerName %q is already the controller name of release %s in namespace %s (ClusterRole %s): give this release its own, e.g. --set controllerName=example.com/%s, and set spec.controllerName on its listeners" $.Values.controllerName (get $ann "meta.helm.sh/release-name") (get $ann "meta.helm.sh/release-namespace") .metadata.name $.Release.Namespace) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "h3-ingress.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
@@ -65,7 +97,7 @@ app.kubernetes.io/component: operator
 {{- if .Values.dataPlane.priorityClassName -}}
 {{- .Values.dataPlane.priorityClassName -}}
 {{- else if .Values.dataPlane.priorityClass.create -}}
-{{- include "h3-ingress.fullname" . }}-data-plane
+{{- include "h3-ingress.clusterName" . }}-data-plane
 {{- end -}}
 {{- end -}}
 

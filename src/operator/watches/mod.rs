@@ -14,7 +14,10 @@ use std::sync::Arc;
 
 use futures_util::{future, FutureExt, Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Pod, PodSpec, Secret, Service, ServiceAccount};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{
+    Container, Pod, PodSpec, Secret, SecurityContext, Service, ServiceAccount,
+};
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, PartialObjectMeta};
@@ -27,7 +30,7 @@ use tokio::task::JoinHandle;
 pub mod filter;
 pub mod gateway;
 
-use super::labels;
+use super::{labels, resources};
 use crate::api::Http3Listener;
 pub use filter::{changes, hash_of, ChangeFilter};
 
@@ -192,7 +195,42 @@ pub fn class_trigger(
     })
 }
 
-/// Fills the data plane pod cache (their names, nodes and IPs are all a reconcile reads).
+/// Label selector of the operators' Leases (`leader::next_lease` labels them).
+pub fn operator_lease_selector() -> String {
+    format!(
+        "{}={},{}={}",
+        labels::NAME,
+        labels::NAME_VALUE,
+        labels::COMPONENT,
+        labels::COMPONENT_OPERATOR
+    )
+}
+
+/// Every operator's Lease, cluster-wide: which operators run and with which controller name
+/// (`operator::ownership`). A few small objects, one per installation.
+pub fn operator_leases(client: &Client) -> (Store<Lease>, JoinHandle<()>) {
+    let (store, writer) = reflector::store();
+    let log = filter::ErrorLog::default();
+    let events = watcher(
+        Api::<Lease>::all(client.clone()),
+        watcher::Config::default().labels(&operator_lease_selector()),
+    )
+    .map_ok(|ev| ev.modify(strip))
+    .default_backoff()
+    .reflect(writer);
+    let task = tokio::spawn(async move {
+        let mut events = Box::pin(events);
+        while let Some(ev) = events.next().await {
+            if let Err(e) = ev {
+                log.warn("Lease", &e);
+            }
+        }
+    });
+    (store, task)
+}
+
+/// Fills the data plane pod cache (their names, nodes, IPs and the data plane's uid are all a
+/// reconcile reads).
 pub fn pod_cache(client: &Client, namespace: &str) -> (Store<Pod>, JoinHandle<()>) {
     let (store, writer) = reflector::store();
     let log = filter::ErrorLog::default();
@@ -205,8 +243,22 @@ pub fn pod_cache(client: &Client, namespace: &str) -> (Store<Pod>, JoinHandle<()
             strip(p);
             if let Some(spec) = p.spec.as_mut() {
                 let node = spec.node_name.take();
+                // The data plane container's uid (`resources::cannot_share_port`).
+                let uid = spec
+                    .containers
+                    .iter()
+                    .find(|c| c.name == resources::CONTAINER_NAME)
+                    .and_then(|c| c.security_context.as_ref()?.run_as_user);
                 *spec = PodSpec {
                     node_name: node,
+                    containers: vec![Container {
+                        name: resources::CONTAINER_NAME.into(),
+                        security_context: uid.map(|u| SecurityContext {
+                            run_as_user: Some(u),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }],
                     ..Default::default()
                 };
             }
@@ -227,9 +279,11 @@ pub fn pod_cache(client: &Client, namespace: &str) -> (Store<Pod>, JoinHandle<()
 
 /// The objects the operator makes, cached by label-selected watches so a reconcile reads them
 /// instead of asking: metadata only (what pruning and the applied-hash check need), except the
-/// DaemonSets, whose status the listener's status reports. Roles and RoleBindings are watched
-/// cluster-wide because earlier versions made one per namespace of a referenced Secret, which
-/// pruning removes.
+/// DaemonSets, whose status the listener's status reports. Namespaced kinds are watched in this
+/// operator's namespaces only (its own and the hosts namespace), so nothing another
+/// installation made is ever pruned; the cluster-scoped ClusterRoles and ClusterRoleBindings
+/// are told apart by [`labels::OPERATOR_NAMESPACE`] (and, from earlier versions, by name and
+/// subject: `operator::apply`).
 #[derive(Clone)]
 pub struct OwnedStores {
     pub roles: Store<PartialObjectMeta<Role>>,
@@ -307,8 +361,11 @@ impl OwnedStores {
     ) -> (Self, Tasks) {
         let c = || client.clone();
         let log = Arc::new(filter::ErrorLog::default());
-        let (roles, t1) = cache(Api::<PartialObjectMeta<Role>>::all(c()), &log);
-        let (role_bindings, t2) = cache(Api::<PartialObjectMeta<RoleBinding>>::all(c()), &log);
+        let (roles, t1) = cache(Api::<PartialObjectMeta<Role>>::namespaced(c(), hosts), &log);
+        let (role_bindings, t2) = cache(
+            Api::<PartialObjectMeta<RoleBinding>>::namespaced(c(), hosts),
+            &log,
+        );
         let (services, t3) = cache(Api::namespaced(c(), namespace), &log);
         let (service_accounts, t4) = cache(Api::namespaced(c(), namespace), &log);
         let (cluster_roles, t5) = cache(Api::all(c()), &log);

@@ -594,8 +594,8 @@ impl Journey {
             || k8s::exists(&self.ns::<Service>(NS_OP), &dp).await?
             || k8s::exists(&self.ns::<Role>(NS_HOSTS), &rbac).await?
             || k8s::exists(&self.ns::<RoleBinding>(NS_HOSTS), &rbac).await?
-            || k8s::exists(&self.all::<ClusterRole>(), &rbac).await?
-            || k8s::exists(&self.all::<ClusterRoleBinding>(), &rbac).await?;
+            || k8s::exists(&self.all::<ClusterRole>(), &self.dp_cluster_rbac()).await?
+            || k8s::exists(&self.all::<ClusterRoleBinding>(), &self.dp_cluster_rbac()).await?;
         let sel = format!("{}={LISTENER}", h3_ingress::operator::labels::INSTANCE);
         let labelled = k8s::names(&self.ns::<DaemonSet>(NS_OP), &sel).await?.len()
             + k8s::names(&self.ns::<ServiceAccount>(NS_OP), &sel)

@@ -417,15 +417,19 @@ impl Journey {
         .await?;
         self.owned_by_listener("ds", &dss.get(&dp).await?)?;
         self.owned_by_listener("sa", &self.ns::<ServiceAccount>(NS_OP).get(&dp).await?)?;
-        self.owned_by_listener("clusterrole", &self.all::<ClusterRole>().get(&rbac).await?)?;
+        let cluster_rbac = self.dp_cluster_rbac();
+        self.owned_by_listener(
+            "clusterrole",
+            &self.all::<ClusterRole>().get(&cluster_rbac).await?,
+        )?;
         self.owned_by_listener(
             "clusterrolebinding",
-            &self.all::<ClusterRoleBinding>().get(&rbac).await?,
+            &self.all::<ClusterRoleBinding>().get(&cluster_rbac).await?,
         )?;
         let role = self.ns::<Role>(NS_HOSTS).get(&rbac).await?;
         self.owned_by_listener("role", &role)?;
         self.owned_by_listener("rolebinding", &rb.get(&rbac).await?)?;
-        ok(format!("ds/{dp}, sa/{dp} (ns {NS_OP}), clusterrole+binding/{rbac}, role+rolebinding/{rbac} (ns {NS_HOSTS}): controller owner Http3Listener/{LISTENER}"));
+        ok(format!("ds/{dp}, sa/{dp} (ns {NS_OP}), clusterrole+binding/{cluster_rbac}, role+rolebinding/{rbac} (ns {NS_HOSTS}): controller owner Http3Listener/{LISTENER}"));
         self.least_privilege(&role).await?;
         self.mirror().await?;
         self.pod_template().await
@@ -458,14 +462,17 @@ impl Journey {
             in_app == 0,
             "the data plane got RBAC in the application namespace {NS_APP}"
         );
-        let cr = self.all::<ClusterRole>().get(&self.dp_rbac()).await?;
+        let cr = self
+            .all::<ClusterRole>()
+            .get(&self.dp_cluster_rbac())
+            .await?;
         let got: Vec<String> = cr.rules.iter().flatten().map(rules).collect();
         indent(got.join("\n"));
         let want = format!("[\"h3-ingress.dev\"][\"http3listeners\"][\"{LISTENER}\"][\"get\", \"list\", \"watch\"]");
         ensure!(
             got == [want],
             "ClusterRole {} should grant only reading its listener: {got:?}",
-            self.dp_rbac()
+            self.dp_cluster_rbac()
         );
         Ok(())
     }

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use h3_ingress::api::{conditions, Http3Listener};
 use h3_ingress::operator::labels;
-use h3_ingress::operator::resources::{data_plane_name, rbac_name};
+use h3_ingress::operator::resources::{cluster_rbac_name, data_plane_name, rbac_name};
 use h3i_scenarios::h3::{self, Expect, Refusal, Target};
 use h3i_scenarios::k8s::{self, controller_of};
 use h3i_scenarios::{fail, indent, Env, Nginx, Result, Run, Scenario};
@@ -156,8 +156,15 @@ impl Journey {
         data_plane_name(LISTENER)
     }
 
+    /// The data plane's Role(Binding) in the hosts namespace.
     fn dp_rbac(&self) -> String {
         rbac_name(LISTENER)
+    }
+
+    /// Its ClusterRole(Binding): named after the operator's namespace too, so a second
+    /// installation's listener of the same name never shares it.
+    fn dp_cluster_rbac(&self) -> String {
+        cluster_rbac_name(LISTENER, NS_OP)
     }
 
     fn dp_user(&self) -> String {
