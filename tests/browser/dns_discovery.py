@@ -305,7 +305,9 @@ def run(args, d: Path) -> int:
         print_findings("run 1 (control, no HTTPS record): net log", f1)
         p1 = check_control(f1) + [x for x in [page_ok(res1)] if x]
         # The discovery criteria must reject the control's log, or they prove nothing.
-        if not check_discovery(f1):
+        rejected = check_discovery(f1)
+        print(f"  discovery criteria on this log: {'rejected: ' + rejected[0] if rejected else 'ACCEPTED'}")
+        if not rejected:
             p1.append("the discovery criteria accept the control's log")
 
         knot.add_https()
