@@ -81,8 +81,10 @@ tests/adversarial/run.sh
 
 # Debian's Chromium, headless, against nginx (Alt-Svc) and target/debug/h3-ingress on 443 in a
 # private network namespace (root): Alt-Svc discovery in the net log, then page and 1 MiB fetch
-# over h3 with QUIC forced (tests/README.md). About 10 s.
-step "tests/browser/run.sh (headless Chromium: Alt-Svc discovery, forced h3)"
+# over h3 with QUIC forced; then a first visit that finds HTTP/3 from a DNS HTTPS record alone
+# (Knot DNS, no Alt-Svc, no --host-resolver-rules) against a control without the record
+# (tests/README.md). About 35 s.
+step "tests/browser/run.sh (headless Chromium: Alt-Svc discovery, forced h3, DNS HTTPS discovery)"
 tests/browser/run.sh
 
 # The real Kubernetes control plane (root; tests/cluster/README.md): the control plane, helm,

@@ -167,7 +167,7 @@ http {{
         ssl_certificate {cert};
         ssl_certificate_key {key};
         root {d}/www;
-        add_header Alt-Svc 'h3=":443"; ma=86400' always;
+        {alt_svc}
         add_header Cache-Control 'no-store' always;
         location / {{ index index.html; }}
     }}
@@ -175,13 +175,17 @@ http {{
 """
 
 
-class Local:
-    """Debian nginx (TCP 443, Alt-Svc) and the proxy (UDP 443) on `addr`; we run inside a
-    network namespace of our own, so 443 is ours."""
+ALT_SVC_LINE = """add_header Alt-Svc 'h3=":443"; ma=86400' always;"""
 
-    def __init__(self, d: Path, binary: Path, addr: str, cert: Path, key: Path):
+
+class Local:
+    """Debian nginx (TCP 443, Alt-Svc unless `alt_svc` is false) and the proxy (UDP 443) on
+    `addr`; we run inside a network namespace of our own, so 443 is ours."""
+
+    def __init__(self, d: Path, binary: Path, addr: str, cert: Path, key: Path, alt_svc: bool = True):
         self.procs: list[subprocess.Popen] = []
         self.addr = addr
+        self.alt_svc = ALT_SVC_LINE if alt_svc else "# no Alt-Svc"
         try:
             self._start(d, binary, addr, cert, key)
         except BaseException:
@@ -194,7 +198,8 @@ class Local:
         (ng / "tmp").mkdir()
         (ng / "www" / "index.html").write_text(PAGE.format(fetch_path=FETCH_PATH))
         (ng / "www" / FETCH_PATH.lstrip("/")).write_bytes(os.urandom(FETCH_BYTES))
-        (ng / "nginx.conf").write_text(NGINX_CONF.format(d=ng, addr=addr, host=HOST, cert=cert, key=key))
+        (ng / "nginx.conf").write_text(NGINX_CONF.format(d=ng, addr=addr, host=HOST, cert=cert, key=key,
+                                                            alt_svc=self.alt_svc))
         self.nginx_dir = ng
         nginx = os.environ.get("H3I_NGINX", "/usr/sbin/nginx")
         # master_process off: one process, running as us (root), so it reads our 0700 temp dir.
@@ -321,9 +326,10 @@ def chromium_version(binary: str) -> str:
 
 class Browser:
     """Headless Chromium with its own profile and HOME, a net log, and a DevTools page
-    session (websockets, synchronous)."""
+    session (websockets, synchronous). `resolver_rules` None: Chromium resolves names itself
+    (the namespace's resolv.conf), as a user's browser does."""
 
-    def __init__(self, d: Path, home: Path, netlog: Path, resolver_rules: str, extra: list[str]):
+    def __init__(self, d: Path, home: Path, netlog: Path, resolver_rules: str | None, extra: list[str]):
         self.profile = d / "profile"
         self.profile.mkdir(parents=True)
         self.netlog = netlog
@@ -337,7 +343,7 @@ class Browser:
             f"--user-data-dir={self.profile}",
             "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
             f"--log-net-log={netlog}", "--net-log-capture-mode=Default",
-            f"--host-resolver-rules={resolver_rules}",
+            *([f"--host-resolver-rules={resolver_rules}"] if resolver_rules else []),
             *extra,
             "about:blank",
         ]
