@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use super::service::{ListenerService, Rollout};
 use super::settings::{
-    AddressValidationSettings, AltSvcSettings, HttpSettings, LimitsSettings, MetricsSettings,
-    SocketSettings, TransportSettings, Upstream,
+    AccessLogSettings, AddressValidationSettings, AltSvcSettings, HttpSettings, LimitsSettings,
+    MetricsSettings, SocketSettings, TransportSettings, Upstream,
 };
 use super::unknown::{collect_unknown_fields, UnknownFields};
 use super::{bounds, Addresses};
@@ -111,6 +111,8 @@ pub struct Http3ListenerSpec {
     pub address_validation: AddressValidationSettings,
     #[serde(default)]
     pub limits: LimitsSettings,
+    #[serde(default)]
+    pub access_log: AccessLogSettings,
     /// Hosts not defined by an Ingress, each with its TLS Secret.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<ListenerHost>,

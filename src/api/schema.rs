@@ -40,6 +40,9 @@ pub const SCHEMA_HASHES: &[&str] = &[
     "sha256:04b3cadde5623ff1",
     // 4: metrics.hostLabel.
     "sha256:ace7e773dce49f47",
+    // 5: upstream.clientAddress (via, proxyProtocolAddress, trusted, clientForwardedFor) and
+    // accessLog.enabled.
+    "sha256:ead722d1432b3ec7",
 ];
 
 /// This binary's schema revision.

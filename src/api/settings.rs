@@ -108,13 +108,88 @@ fn default_served_certificate_grace() -> u32 {
     DEFAULT_SERVED_CERTIFICATE_GRACE_SECONDS
 }
 
+/// How the TCP ingress is told the client's address.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ClientAddressVia {
+    /// `X-Forwarded-For`, `Forwarded` and `X-Real-IP` on every request (the TCP ingress must
+    /// trust them from this proxy's address: nginx `set_real_ip_from` + `real_ip_header`,
+    /// ingress-nginx `use-forwarded-headers`, Traefik `forwardedHeaders.trustedIPs`).
+    #[default]
+    ForwardedHeaders,
+    /// A PROXY protocol v2 header opening each upstream connection (one set of upstream
+    /// connections per client connection), to `proxyProtocolAddress`.
+    ProxyProtocol,
+}
+
+impl ClientAddressVia {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientAddressVia::ForwardedHeaders => "ForwardedHeaders",
+            ClientAddressVia::ProxyProtocol => "ProxyProtocol",
+        }
+    }
+}
+
+/// What becomes of an `X-Forwarded-For` (and `Forwarded`) the client sent itself.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ClientForwardedFor {
+    /// Ours only: the client's address alone. The default, because an ingress that trusts
+    /// every hop (ingress-nginx's `proxy-real-ip-cidr` is `0.0.0.0/0` by default, with
+    /// `real_ip_recursive on`) would otherwise take an address the client wrote itself.
+    #[default]
+    Replace,
+    /// The client's list with its address appended: safe only where the ingress trusts
+    /// exactly this proxy's addresses (or takes the rightmost entry).
+    Append,
+}
+
+impl ClientForwardedFor {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientForwardedFor::Replace => "Replace",
+            ClientForwardedFor::Append => "Append",
+        }
+    }
+}
+
+/// How the client's address reaches the TCP ingress, and whether the ingress trusts it.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "self.via == 'ProxyProtocol' || self.proxyProtocolAddress == ''",
+    "message": "upstream.clientAddress.proxyProtocolAddress needs via: ProxyProtocol"
+}]))]
+pub struct ClientAddress {
+    /// `ForwardedHeaders` (default) or `ProxyProtocol`.
+    #[serde(default)]
+    pub via: ClientAddressVia,
+    /// With `ProxyProtocol`: `host:port` of a second port of the TCP ingress that only this
+    /// proxy uses and that expects PROXY protocol (an nginx `listen ... proxy_protocol`, a
+    /// Traefik entryPoint with `proxyProtocol.trustedIPs`), so direct TCP clients are
+    /// untouched. Empty: `upstream.address`.
+    #[serde(default)]
+    pub proxy_protocol_address: String,
+    /// The TCP ingress takes the client's address from what this proxy sends (it trusts
+    /// this proxy's addresses for it). A declaration the operator relies on: hosts whose
+    /// TCP-side rules depend on the client's address are served over HTTP/3 only when it is
+    /// true or `via` is `ProxyProtocol`.
+    #[serde(default)]
+    pub trusted: bool,
+    /// `Replace` (default) or `Append`: what happens to a client's own `X-Forwarded-For`.
+    #[serde(default)]
+    pub client_forwarded_for: ClientForwardedFor,
+}
+
 /// The existing TCP ingress every request is forwarded to.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
-// The API server checks this after defaulting, as `config::build` does for the file.
+// The API server checks these after defaulting, as `config::build` does for the file.
 #[schemars(extend("x-kubernetes-validations" = [{
     "rule": "self.tls || self.verify == 'servedCertificate'",
     "message": "upstream.verify needs upstream.tls: true"
+}, {
+    "rule": "!self.proxyProtocol || !has(self.clientAddress) || self.clientAddress.proxyProtocolAddress == ''",
+    "message": "upstream.proxyProtocol sends PROXY to upstream.address; with upstream.clientAddress.proxyProtocolAddress leave it false"
 }]))]
 pub struct Upstream {
     /// `host:port` of the TCP ingress, for example `127.0.0.1:443`.
@@ -125,9 +200,15 @@ pub struct Upstream {
     /// How the upstream's certificate is verified.
     #[serde(default)]
     pub verify: UpstreamVerify,
-    /// Send a PROXY protocol v2 header on a per-client upstream connection.
+    /// Send a PROXY protocol v2 header on a per-client upstream connection to `address`:
+    /// the same as `clientAddress.via: ProxyProtocol` without a `proxyProtocolAddress`.
+    /// Discouraged for nginx-based ingresses, which switch PROXY protocol on for every
+    /// client of the port; give them a second port with `clientAddress` instead.
     #[serde(default)]
     pub proxy_protocol: bool,
+    /// How the TCP ingress learns the client's address.
+    #[serde(default)]
+    pub client_address: ClientAddress,
     /// Requests one connection to the upstream carries at once; further requests open
     /// another connection. At most the upstream's HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS, or
     /// requests past it wait for other requests to end.
@@ -337,6 +418,15 @@ impl Default for AltSvcSettings {
             max_age_seconds: DEFAULT_ALT_SVC_MAX_AGE,
         }
     }
+}
+
+/// The access log of the HTTP/3 side.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AccessLogSettings {
+    /// One JSON line per request on standard output. Off by default.
+    #[serde(default)]
+    pub enabled: bool,
 }
 
 /// Prometheus metrics, `/healthz`, `/readyz` and `/status`.
@@ -659,6 +749,8 @@ pub struct FileConfig {
     pub limits: LimitsSettings,
     #[serde(default)]
     pub keys: KeysSettings,
+    #[serde(default)]
+    pub access_log: AccessLogSettings,
     #[serde(default)]
     pub hosts: Vec<FileHost>,
 }
