@@ -790,6 +790,7 @@ fn mirror_write(secret: &Secret, rv: &'static str) -> Expect {
             name: "a.example.com".into(),
             upstream: None,
             source: "Ingress shop/web".into(),
+            ..Default::default()
         };
         assert_eq!(doc.hosts, [a]);
         assert_eq!(

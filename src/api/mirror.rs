@@ -51,6 +51,20 @@ pub struct MirroredHost {
     /// Where the host comes from, as people read it (`Ingress shop/web`), for logs and `/hosts`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub source: String,
+    // The host's own upstream timeouts, resolved from what its TCP side is given (an
+    // Ingress's annotations, an HTTPRoute's timeouts), present only where they differ from
+    // the listener's: a mirror of a host without its own policy keeps its bytes across an
+    // upgrade, so its pods do not all reload at once. Ranges: `super::bounds`, as the
+    // listener's fields of the same name.
+    /// Replaces `upstream.responseTimeoutSeconds` for this host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_timeout_seconds: Option<u32>,
+    /// Replaces `http.requestBodyIdleTimeoutSeconds` for this host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_body_idle_timeout_seconds: Option<u32>,
+    /// Replaces `upstream.responseBodyIdleTimeoutSeconds` for this host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_body_idle_timeout_seconds: Option<u32>,
 }
 
 /// The `hosts.json` of a mirror.
@@ -161,5 +175,24 @@ mod tests {
         assert_eq!(d.hosts[0].upstream, None);
         let empty: HostsDocument = serde_json::from_str("{}").unwrap();
         assert!(empty.hosts.is_empty());
+    }
+
+    /// A host without timeouts of its own is written as before they existed, byte for byte.
+    #[test]
+    fn per_host_timeouts_are_written_only_when_present() {
+        let plain = MirroredHost {
+            name: "a.test".into(),
+            ..Default::default()
+        };
+        let json = serde_json::to_string(&plain).unwrap();
+        assert_eq!(json, r#"{"name":"a.test"}"#);
+        let slow = MirroredHost {
+            response_timeout_seconds: Some(600),
+            ..plain
+        };
+        let json = serde_json::to_string(&slow).unwrap();
+        assert_eq!(json, r#"{"name":"a.test","responseTimeoutSeconds":600}"#);
+        let back: MirroredHost = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, slow);
     }
 }

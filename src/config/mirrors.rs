@@ -382,6 +382,7 @@ pub(crate) mod tests {
                     name: h.to_string(),
                     upstream: None,
                     source: format!("Ingress shop/{name}"),
+                    ..Default::default()
                 })
                 .collect(),
         };

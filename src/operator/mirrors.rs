@@ -60,6 +60,7 @@ pub fn desired(
                         name: h.name.clone(),
                         upstream: upstream(h),
                         source: h.source.clone(),
+                        ..Default::default()
                     })
                     .collect(),
             };
