@@ -26,6 +26,7 @@ use tokio::task::JoinHandle;
 
 pub mod filter;
 pub mod gateway;
+pub mod optional;
 
 use super::labels;
 use crate::api::Http3Listener;
