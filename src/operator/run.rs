@@ -27,6 +27,7 @@ use super::reports::{HttpReportFetcher, ReportFetcher};
 use super::resources::{Params, PodDefaults};
 use super::secrets::SourceSecrets;
 use super::watches::gateway::{GatewayApiWatch, GatewayChange};
+use super::watches::traefik::{TraefikChange, TraefikWatch};
 use super::watches::{self, OwnedStores};
 use super::{leader, triggers, FIELD_MANAGER};
 use crate::api::gateway::Gateway;
@@ -122,12 +123,20 @@ pub async fn run_with(
             let _ = gateway_tx.send(change);
         }),
     ));
+    let (traefik_tx, traefik_rx) = mpsc::unbounded_channel();
+    let traefik = Arc::new(TraefikWatch::start(
+        &client,
+        Arc::new(move |change| {
+            let _ = traefik_tx.send(change);
+        }),
+    ));
     let caches = Caches {
         ingresses: w.ingress_store.clone(),
         listeners: w.listener_store.clone(),
         classes: w.class_store.clone(),
         owned: w.owned.clone(),
         gateway_api: Some(gateway_api),
+        traefik: Some(traefik),
         pods: w.pods.clone(),
         secrets: w.secrets.clone(),
     };
@@ -163,6 +172,7 @@ pub async fn run_with(
     );
     let triggers = Triggers {
         gateway_rx,
+        traefik_rx,
         crd_rx,
         leader_rx,
     };
@@ -244,6 +254,7 @@ impl Wiring {
 /// The channels the Controller's triggers read besides the watches.
 struct Triggers {
     gateway_rx: mpsc::UnboundedReceiver<GatewayChange>,
+    traefik_rx: mpsc::UnboundedReceiver<TraefikChange>,
     /// The served CRD's verdict changed.
     crd_rx: mpsc::UnboundedReceiver<()>,
     leader_rx: watch::Receiver<bool>,
@@ -262,6 +273,7 @@ fn controller(
 ) -> Controller<Http3Listener> {
     let Triggers {
         gateway_rx,
+        traefik_rx,
         crd_rx,
         leader_rx,
     } = t;
@@ -303,6 +315,12 @@ fn controller(
             &change, class_of, &listeners, &memory,
         ))
     });
+    let c = ctx.clone();
+    let traefik = stream_from_channel(traefik_rx).flat_map(move |change| {
+        c.metrics.set_traefik_objects(&c.traefik_objects());
+        let memory = c.memory.lock().expect("not poisoned");
+        refs(triggers::traefik_listeners(&change, &memory))
+    });
     Controller::for_stream(
         watches::listener_changes(client, w.listener_writer, any_listener_tx),
         w.listener_store,
@@ -314,6 +332,7 @@ fn controller(
     .reconcile_on(ingresses)
     .reconcile_on(secrets)
     .reconcile_on(gateways)
+    .reconcile_on(traefik)
     .reconcile_all_on(watches::class_trigger(client, w.class_writer))
     .reconcile_all_on(stream_from_channel(any_listener_rx))
     .reconcile_all_on(stream_from_channel(crd_rx))

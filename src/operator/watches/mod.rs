@@ -27,6 +27,7 @@ use tokio::task::JoinHandle;
 pub mod filter;
 pub mod gateway;
 pub mod optional;
+pub mod traefik;
 
 use super::labels;
 use crate::api::Http3Listener;
