@@ -48,6 +48,7 @@ CONTRACT = rules(
     ("h3-ingress.dev", ["http3listeners/finalizers"], ["update"]),
     ("networking.k8s.io", ["ingresses", "ingressclasses"], ["get", "list", "watch"]),
     ("gateway.networking.k8s.io", ["gateways", "httproutes", "referencegrants"], ["get", "list", "watch"]),
+    ("traefik.io", ["middlewares", "tlsoptions"], ["get", "list", "watch"]),
     ("", ["secrets"], ["get", "list", "watch"]),
     ("", ["events"], ["create", "patch"]),
     ("events.k8s.io", ["events"], ["create", "patch"]),
@@ -207,6 +208,9 @@ def negative_cases() -> None:
         {"image": {"digest": "latest"}},
         {"operator": {"replicas": 3}},
         {"listener": {"name": "Default"}},
+        {"listener": {"spec": {"upstream": {"clientAddress": {"trusted": "yes"}}}}},
+        {"listener": {"spec": {"upstream": {"clientAddress": {"trust": True}}}}},
+        {"listener": {"spec": {"upstream": {"clientAddress": {"via": "proxyProtocol"}}}}},
     ]
     rejected = 0
     for v in typos:
