@@ -16,6 +16,9 @@
 #   scripts/cluster.sh down               stop everything, remove namespaces and state
 #   scripts/cluster.sh push-image         real nodes only: rebuild the product image and
 #                                         push it to the instance's registry
+#   scripts/cluster.sh import-addon NAME  real nodes only: import the image of NAME
+#                                         (scripts/addons-build.sh: traefik, coredns) on
+#                                         every node; prints its reference
 #
 # Environment: H3I_BINARY (the project binary run for the project's image; default
 # target/debug/h3-ingress of this checkout), H3I_TAG_BINARIES (TAG=PATH,TAG=PATH: the
@@ -490,6 +493,8 @@ export H3I_NODES="${NODES[*]}"
 export H3I_NODE_NETNS="${NODES[*]}"
 export H3I_NODE_IPS="${ips4% }"
 export H3I_NODE_IPS6="${ips6% }"
+export H3I_HOST_IP=$HOST4
+export H3I_HOST_IP6=$HOST6
 export H3I_POD_LOGS=$STATE/pods
 export H3I_BINARY=$BINARY
 export H3I_TAG_BINARIES=$TAG_BINARIES
@@ -606,5 +611,11 @@ case ${1:-} in
     status) cmd_status ;;
     restart-apiserver) shift; cmd_restart_apiserver "$@" ;;
     push-image) [[ $NODE_MODE == real ]] || die "push-image: only with real nodes"; rn_push_image ;;
-    *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+    import-addon)
+        [[ $NODE_MODE == real && -n ${2:-} ]] || die "import-addon NAME: only with real nodes"
+        rn_addon_image_load "$2"
+        for ns in "${NODES[@]}"; do ref=$(rn_import_addon "$ns" "$2"); done
+        echo "$ref"
+        ;;
+    *) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

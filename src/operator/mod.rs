@@ -4,6 +4,7 @@
 //! Pure builders ([`resources`], [`status`], [`events`]) are kept apart from the thin I/O
 //! shells that talk to the API server.
 
+pub mod advertise;
 pub mod apply;
 pub mod cli;
 pub mod conflicts;

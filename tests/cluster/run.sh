@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The cluster part of scripts/test.sh, runnable alone. Builds (cached per version in
 # /var/cache/h3-ingress, outside the repo) the control plane, helm, the node agent, the real
-# node components (kubelet, kube-proxy, containerd, runc, CNI) and the registry, the trixie
+# node components (kubelet, kube-proxy, containerd, runc, CNI, CoreDNS), Traefik
+# (scripts/addons-build.sh) and the registry, the trixie
 # chroot with curl 8.14 (the journey's second HTTP/3 client). Then two clusters, one after the
 # other:
 #   - real nodes (H3I_NODES=real), the product's OCI image pulled from the authenticated
 #     registry: tests/cluster/smoke.sh (the cluster itself), journey.sh (the product on it),
-#     gateway.sh (Gateway API), node-checks.sh (what only a real node answers, a real browser);
+#     gateway.sh (Gateway API), node-checks.sh (what only a real node answers, a real browser),
+#     dns-check.sh (the cluster DNS, CoreDNS) and traefik-check.sh (Traefik as the TCP ingress);
 #   - the node agent (pods as local processes, the fast mode): skew.sh (CRD version skew both
 #     ways, certificate renewal), rollout.sh (a DaemonSet roll under clients), upgrade.sh (helm
 #     upgrade from the pinned previous release and back, under clients; its binary built once
@@ -27,7 +29,7 @@ step() { printf '\n=== %s (%s)\n' "$*" "$(date +%H:%M:%S)"; }
 if [[ $(id -u) -ne 0 ]]; then
     echo "=================================================================================="
     echo "CLUSTER TESTS SKIPPED (needs root): scripts/cluster.sh build/up, tests/cluster/smoke.sh"
-    echo "tests/cluster/journey.sh, gateway.sh, node-checks.sh, skew.sh, rollout.sh, upgrade.sh and scale.sh did NOT run; nothing was proven on a real API server or real nodes."
+    echo "tests/cluster/journey.sh, gateway.sh, node-checks.sh, dns-check.sh, traefik-check.sh, skew.sh, rollout.sh, upgrade.sh and scale.sh did NOT run; nothing was proven on a real API server or real nodes."
     echo "=================================================================================="
     [[ ${H3I_TESTS_REQUIRE_ROOT:-0} == 1 ]] && { echo "H3I_TESTS_REQUIRE_ROOT=1: failing" >&2; exit 1; }
     exit 0
@@ -58,8 +60,8 @@ trap finish EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-step "cluster: build the control plane, helm, the node agent, the real nodes and the registry (cached per version)"
-timed build bash -c 'scripts/cluster.sh build && H3I_NODES=real scripts/cluster.sh build'
+step "cluster: build the control plane, helm, the node agent, the real nodes (CoreDNS with them), the registry and Traefik (cached per version)"
+timed build bash -c 'scripts/cluster.sh build && H3I_NODES=real scripts/cluster.sh build && scripts/addons-build.sh traefik >/dev/null'
 step "the previous release's binary for tests/cluster/upgrade.sh (cached per commit)"
 timed release-build tests/cluster/upgrade.sh build
 step "trixie chroot with curl 8.14 (HTTP/3), the journey's second HTTP/3 client"
@@ -80,6 +82,10 @@ step "tests/cluster/gateway.sh on real nodes (Gateway API: HTTPRoutes, Gateways,
 timed gateway tests/cluster/gateway.sh
 step "tests/cluster/node-checks.sh (what only a real node answers: image, capabilities, NodePort, Chromium, grace, probes, OOM)"
 timed node-checks tests/cluster/node-checks.sh
+step "tests/cluster/dns-check.sh (CoreDNS: pod network, hostNetwork with ClusterFirstWithHostNet and without)"
+timed dns-check tests/cluster/dns-check.sh
+step "tests/cluster/traefik-check.sh (Traefik as the TCP ingress: routing, ipAllowList, forwarded headers, PROXY protocol v2)"
+timed traefik-check tests/cluster/traefik-check.sh
 step "real nodes: down"
 timed down-real scripts/cluster.sh down
 

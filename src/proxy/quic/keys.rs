@@ -21,12 +21,7 @@ use ring::{hkdf, hmac};
 
 use super::cid::{self, SlotCids};
 
-/// At least 256 bits of secret material.
-pub const MIN_SECRET_BYTES: usize = 32;
-/// A secret file is small; anything bigger is the wrong file.
-pub const MAX_SECRET_BYTES: usize = 4096;
-/// What a generated secret file holds.
-pub const GENERATED_SECRET_BYTES: usize = 64;
+pub use crate::api::keys::{GENERATED_SECRET_BYTES, MAX_SECRET_BYTES, MIN_SECRET_BYTES};
 
 /// Versioned, so a future change of the derivation cannot silently reuse old keys.
 const SALT: &[u8] = b"h3-ingress quic endpoint keys v2";
