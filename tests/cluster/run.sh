@@ -6,7 +6,8 @@
 # chroot with curl 8.14 (the journey's second HTTP/3 client). Then two clusters, one after the
 # other:
 #   - real nodes (H3I_NODES=real), the product's OCI image pulled from the authenticated
-#     registry: tests/cluster/smoke.sh (the cluster itself), journey.sh (the product on it),
+#     registry: tests/cluster/smoke.sh (the cluster itself), the journey (the product on it;
+#     the Rust scenario runner, tests/cluster/scenarios: `h3i-scenarios journey`),
 #     gateway.sh (Gateway API), node-checks.sh (what only a real node answers, a real browser),
 #     dns-check.sh (the cluster DNS, CoreDNS) and traefik-check.sh (Traefik as the TCP ingress);
 #   - the node agent (pods as local processes, the fast mode): skew.sh (CRD version skew both
@@ -29,7 +30,7 @@ step() { printf '\n=== %s (%s)\n' "$*" "$(date +%H:%M:%S)"; }
 if [[ $(id -u) -ne 0 ]]; then
     echo "=================================================================================="
     echo "CLUSTER TESTS SKIPPED (needs root): scripts/cluster.sh build/up, tests/cluster/smoke.sh"
-    echo "tests/cluster/journey.sh, gateway.sh, node-checks.sh, dns-check.sh, traefik-check.sh, skew.sh, rollout.sh, upgrade.sh and scale.sh did NOT run; nothing was proven on a real API server or real nodes."
+    echo "h3i-scenarios journey, gateway.sh, node-checks.sh, dns-check.sh, traefik-check.sh, skew.sh, rollout.sh, upgrade.sh and scale.sh did NOT run; nothing was proven on a real API server or real nodes."
     echo "=================================================================================="
     [[ ${H3I_TESTS_REQUIRE_ROOT:-0} == 1 ]] && { echo "H3I_TESTS_REQUIRE_ROOT=1: failing" >&2; exit 1; }
     exit 0
@@ -65,7 +66,13 @@ timed build bash -c 'scripts/cluster.sh build && H3I_NODES=real scripts/cluster.
 step "the previous release's binary for tests/cluster/upgrade.sh (cached per commit)"
 timed release-build tests/cluster/upgrade.sh build
 step "trixie chroot with curl 8.14 (HTTP/3), the journey's second HTTP/3 client"
+# shellcheck disable=SC2016 # the inner bash expands it
 timed trixie bash -c 'set -o pipefail; scripts/trixie-chroot.sh "${H3I_TRIXIE_ROOT:-/work/trixie-root}" | tail -n 3'
+# The scenario runner (debug, like the tests: `cargo test --workspace` built it already in
+# scripts/test.sh, so this only checks it is current).
+step "the scenario runner: cargo build -p h3i-scenarios"
+timed scenarios nice -n 10 cargo build --locked -p h3i-scenarios
+SCENARIOS=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug/h3i-scenarios
 # The image the real nodes pull: the static binary (tests/observe/run.sh builds it in
 # scripts/test.sh; built here when missing).
 [[ -x target/static/h3-ingress ]] || timed static scripts/build-static.sh
@@ -76,8 +83,8 @@ step "real nodes: scripts/cluster.sh up with H3I_NODES=real (kubelet, containerd
 timed up-real env H3I_NODES=real scripts/cluster.sh up
 step "tests/cluster/smoke.sh on real nodes (the cluster itself; left up for the journey)"
 timed smoke env H3I_SMOKE_KEEP=1 tests/cluster/smoke.sh
-step "tests/cluster/journey.sh on real nodes (the user's journey)"
-timed journey tests/cluster/journey.sh
+step "h3i-scenarios journey on real nodes (the user's journey)"
+timed journey "$SCENARIOS" journey
 step "tests/cluster/gateway.sh on real nodes (Gateway API: HTTPRoutes, Gateways, ReferenceGrant)"
 timed gateway tests/cluster/gateway.sh
 step "tests/cluster/node-checks.sh (what only a real node answers: image, capabilities, NodePort, Chromium, grace, probes, OOM)"
