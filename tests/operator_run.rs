@@ -521,8 +521,11 @@ async fn api_server(mut handle: Handle, world: Arc<Mutex<World>>) {
         }
         let (code, mut answer) = if path.starts_with(&leases) {
             lease(&mut w, &method, body)
-        } else if path.starts_with("/apis/gateway.networking.k8s.io/") {
-            // A cluster without the Gateway API's CRDs: the operator works without it.
+        } else if path.starts_with("/apis/gateway.networking.k8s.io/")
+            || path.starts_with("/apis/traefik.io/")
+        {
+            // A cluster without the Gateway API's or Traefik's CRDs: the operator works
+            // without them.
             not_found()
         } else {
             w.requests.push(format!("{method} {path}"));

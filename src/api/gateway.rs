@@ -1,6 +1,6 @@
 //! The few Gateway API types (`gateway.networking.k8s.io`) h3-ingress reads: Gateway and
 //! HTTPRoute (v1) and ReferenceGrant (v1beta1), with only the fields the host resolution
-//! uses. Serde ignores every other field, so newer Gateway API releases still parse.
+//! and the per-host policy use. Serde ignores every other field, so newer Gateway API releases still parse.
 //!
 //! Why not the community `gateway-api` crate: its current release (0.22) is built on kube 4
 //! and k8s-openapi 0.28, while this project is on kube 5 and k8s-openapi 0.29. Two
@@ -141,6 +141,52 @@ pub struct HTTPRouteSpec {
     pub parent_refs: Vec<ParentReference>,
     #[serde(default)]
     pub hostnames: Vec<String>,
+    /// Only each rule's timeouts and filters are read (the per-host policy).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<HTTPRouteRule>,
+}
+
+/// One `spec.rules[]` entry of an HTTPRoute, as far as h3-ingress reads it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HTTPRouteRule {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeouts: Option<HTTPRouteTimeouts>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub filters: Vec<HTTPRouteFilter>,
+}
+
+/// `timeouts` of a rule: Gateway API durations (`10s`, `1m30s`, `500ms`; `0s` disables).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HTTPRouteTimeouts {
+    /// From the gateway receiving the request to the end of the response.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
+    /// One request from the gateway to a backend, until its response.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_request: Option<String>,
+}
+
+/// A rule's filter; only `ExtensionRef` ones are read (a Traefik Middleware, say).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HTTPRouteFilter {
+    #[serde(default, rename = "type")]
+    pub type_: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extension_ref: Option<LocalObjectReference>,
+}
+
+/// A reference to an object in the route's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LocalObjectReference {
+    #[serde(default)]
+    pub group: String,
+    #[serde(default)]
+    pub kind: String,
+    pub name: String,
 }
 
 /// `spec.parentRefs[]` and `status.parents[].parentRef`: group and kind default to a
@@ -245,7 +291,11 @@ mod tests {
             "spec": {
                 "parentRefs": [{"name": "gw", "sectionName": "https"}],
                 "hostnames": ["a.example.com"],
-                "rules": [{"backendRefs": [{"name": "web", "port": 80}]}]
+                "rules": [{"backendRefs": [{"name": "web", "port": 80}],
+                           "timeouts": {"request": "10m"},
+                           "filters": [{"type": "ExtensionRef", "extensionRef":
+                               {"group": "traefik.io", "kind": "Middleware", "name": "allow"}},
+                               {"type": "RequestHeaderModifier", "requestHeaderModifier": {}}]}]
             },
             "status": {"parents": [{
                 "parentRef": {"name": "gw"},
@@ -256,6 +306,16 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(r.spec.parent_refs[0].section_name.as_deref(), Some("https"));
+        let rule = &r.spec.rules[0];
+        assert_eq!(
+            rule.timeouts.as_ref().unwrap().request.as_deref(),
+            Some("10m")
+        );
+        assert_eq!(
+            rule.filters[0].extension_ref.as_ref().unwrap().name,
+            "allow"
+        );
+        assert_eq!(rule.filters[1].type_, "RequestHeaderModifier");
         assert_eq!(r.status.unwrap().parents[0].conditions[0].type_, "Accepted");
         let g: Gateway = serde_json::from_value(serde_json::json!({
             "apiVersion": "gateway.networking.k8s.io/v1",

@@ -13,6 +13,7 @@ mod report;
 pub mod schema;
 mod service;
 mod settings;
+pub mod traefik;
 pub mod unknown;
 
 pub use listener::*;
@@ -92,6 +93,11 @@ pub mod conditions {
     /// HTTP/3 only then (Firefox and Safari may with a private CA). A note: never part of
     /// Ready or Degraded.
     pub const PUBLIC_ROOTS: &str = "PublicRoots";
+    /// Whether the TCP ingress gets each HTTP/3 client's address (`spec.upstream
+    /// .clientAddress`): True when it comes in a PROXY header or in forwarded headers the
+    /// ingress is declared to trust, False when the ingress sees the node's address. A note,
+    /// never part of Ready or Degraded; its message counts the hosts held back for it.
+    pub const CLIENT_ADDRESS: &str = "ClientAddress";
 }
 
 /// Reasons for conditions and per-host states. CamelCase, stable: users alert on them.
@@ -159,6 +165,17 @@ pub mod reasons {
     pub const PRIVATE_ROOTS: &str = "PrivateRoots";
     /// No served host's certificate has been judged (none served yet).
     pub const NO_CERTIFICATES: &str = "NoCertificates";
+    // ClientAddress
+    /// In a PROXY protocol header: the TCP ingress sees the client as its peer.
+    pub const PROXY_PROTOCOL: &str = "ProxyProtocol";
+    /// In forwarded headers the TCP ingress is declared to trust (`clientAddress.trusted`).
+    pub const TRUSTED_FORWARDED_HEADERS: &str = "TrustedForwardedHeaders";
+    /// In forwarded headers nobody declared trusted: the TCP ingress sees the node.
+    pub const UNTRUSTED_FORWARDED_HEADERS: &str = "UntrustedForwardedHeaders";
+    // Degraded
+    /// Served hosts whose TCP-side policy has a value h3-ingress could not carry (not
+    /// readable, or beyond its bounds): the message names the annotation or field.
+    pub const POLICY_VALUE_IGNORED: &str = "PolicyValueIgnored";
     // Per host
     pub const SERVING: &str = "Serving";
     pub const NO_TLS: &str = "NoTLS";
@@ -180,6 +197,19 @@ pub mod reasons {
     /// A data plane pod cannot read a certificate mirror (`api::mirror`): a data key is
     /// missing, `hosts.json` does not parse, or a host's `upstream` is not `host:port`.
     pub const MIRROR_INVALID: &str = "MirrorInvalid";
+    /// The host's TCP-side policy judges the client's address (an allowlist, a per-client
+    /// limit) and the listener's `upstream.clientAddress` does not get that address to the
+    /// TCP ingress in the form the policy reads: not served over HTTP/3, which would
+    /// otherwise be judged by the node's address. The message names the annotation or
+    /// Middleware and what to set.
+    pub const CLIENT_ADDRESS_POLICY: &str = "ClientAddressPolicy";
+    /// The TCP ingress asks for a client certificate for the host (ingress-nginx
+    /// `auth-tls-*`, a Traefik TLSOption with `clientAuth`): h3-ingress cannot ask the
+    /// browser for it and pass it on.
+    pub const CLIENT_CERTIFICATE_REQUIRED: &str = "ClientCertificateRequired";
+    /// The TCP ingress passes the host's TLS through to the backend (`ssl-passthrough`):
+    /// there is no certificate h3-ingress could terminate it with.
+    pub const TLS_PASSTHROUGH: &str = "TLSPassthrough";
 }
 
 /// Per-host states in `status.hosts[].state`.

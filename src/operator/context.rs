@@ -15,13 +15,15 @@ use kube::Client;
 use tokio::sync::watch;
 
 use super::hosts::ingress::{default_class, with_default_class};
-use super::hosts::GatewayObjects;
+use super::hosts::policy::keys::TRAEFIK_CONTROLLER;
+use super::hosts::{GatewayObjects, TraefikObjects};
 use super::metrics::OperatorMetrics;
 use super::ownership::{self, Me, Ownership};
 use super::reports::{Gate, ReportFetcher, STATUS_FAN_OUT};
 use super::resources::{Params, PodDefaults};
 use super::secrets::SourceSecrets;
 use super::watches::gateway::GatewayApiWatch;
+use super::watches::traefik::TraefikWatch;
 use super::watches::{listed, OwnedStores};
 use crate::api::{HostStatus, Http3Listener, SecretRef};
 
@@ -38,6 +40,8 @@ pub struct Caches {
     pub owned: OwnedStores,
     /// Gateways, HTTPRoutes and ReferenceGrants; `None` leaves the Gateway API out entirely.
     pub gateway_api: Option<Arc<GatewayApiWatch>>,
+    /// Traefik's Middlewares and TLSOptions; `None` judges every named one unreadable.
+    pub traefik: Option<Arc<TraefikWatch>>,
     /// The data plane pods (their IPs, for `/status`).
     pub pods: Store<Pod>,
     /// The Secrets hosts are served with.
@@ -56,6 +60,9 @@ pub struct Memory {
     pub ingresses: BTreeSet<String>,
     pub gateways: BTreeSet<String>,
     pub routes: BTreeSet<String>,
+    /// The Traefik Middleware and TLSOption names and keys its hosts' policies looked up
+    /// (`hosts::traefik::Demands::looked_up`).
+    pub traefik: BTreeSet<String>,
     /// The mirrors every answering pod had applied when all of them last were up to date.
     pub last_synced: BTreeMap<String, String>,
     /// Every wanted host's status as last published (for per-host events).
@@ -186,6 +193,34 @@ impl Context {
     /// that every route's host would look unwanted.
     pub fn gateway_api_synced(&self) -> bool {
         self.caches.gateway_api.as_ref().is_none_or(|g| g.synced())
+    }
+
+    /// The Traefik objects seen so far (none, unreadable, without the watch).
+    pub fn traefik_objects(&self) -> TraefikObjects {
+        self.caches
+            .traefik
+            .as_ref()
+            .map(|t| t.objects())
+            .unwrap_or_default()
+    }
+
+    /// Whether Traefik's kinds have been listed (or found not served) once; before that every
+    /// Middleware would look missing and its hosts held back.
+    pub fn traefik_synced(&self) -> bool {
+        self.caches.traefik.as_ref().is_none_or(|t| t.synced())
+    }
+
+    /// The IngressClasses Traefik's controller serves.
+    pub fn traefik_classes(&self) -> BTreeSet<String> {
+        self.caches
+            .classes
+            .state()
+            .iter()
+            .filter(|c| {
+                c.spec.as_ref().and_then(|s| s.controller.as_deref()) == Some(TRAEFIK_CONTROLLER)
+            })
+            .filter_map(|c| c.metadata.name.clone())
+            .collect()
     }
 
     /// The caches that have not listed yet (empty once every one has): readiness waits for

@@ -25,7 +25,7 @@ pub use super::context::{Caches, Context, Memory};
 use super::events::{self, PlannedEvent, Target};
 use super::hosts::gateway::gateway_upstream;
 use super::hosts::resolve::resolve_wanted;
-use super::hosts::{wanted_for_listener, ServedHost};
+use super::hosts::{policies_for_listener, wanted_for_listener, PolicyScan, ServedHost};
 use super::hosts::{CertSource, WantedHost};
 use super::metrics::results;
 use super::ownership::{self, Ownership};
@@ -282,12 +282,24 @@ fn solo_pods(ctx: &Context, listener: &str) -> bool {
     })
 }
 
-/// The hosts a listener wants, and what its triggers must watch for it.
-fn gather(listener: &Http3Listener, ctx: &Context) -> (Vec<WantedHost>, Memory) {
+/// The hosts a listener wants, their policies, and what its triggers must watch for it.
+fn gather(listener: &Http3Listener, ctx: &Context) -> (Vec<WantedHost>, PolicyScan, Memory) {
     let ingresses = ctx.ingresses();
     let gateway_api = ctx.gateway_objects();
     let wanted = wanted_for_listener(listener, ingresses.iter().map(|i| i.as_ref()), &gateway_api);
-    let mut seen = Memory::default();
+    let scan = policies_for_listener(
+        listener,
+        &wanted,
+        ingresses.iter().map(|i| i.as_ref()),
+        &gateway_api,
+        &ctx.traefik_objects(),
+        &ctx.traefik_classes(),
+    );
+    let mut seen = Memory {
+        ingresses: scan.ingresses.clone(),
+        traefik: scan.traefik.clone(),
+        ..Default::default()
+    };
     for w in &wanted {
         if let CertSource::Secret(s) = &w.cert {
             seen.secrets.insert(s.clone());
@@ -300,7 +312,7 @@ fn gather(listener: &Http3Listener, ctx: &Context) -> (Vec<WantedHost>, Memory) 
             seen.routes.extend(g.http_route.clone());
         }
     }
-    (wanted, seen)
+    (wanted, scan, seen)
 }
 
 /// The leader's reconciliation: resolve the hosts, write the mirrors and apply the data plane,
@@ -312,7 +324,7 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         // data plane serves would be deleted.
         return Ok(Action::requeue(CACHE_WAIT));
     }
-    if !ctx.gateway_api_synced() || ctx.crd.pending() {
+    if !ctx.gateway_api_synced() || !ctx.traefik_synced() || ctx.crd.pending() {
         // Its first lists are on the way; the sync itself triggers every listener again.
         // (Likewise the first verdict on the served CRD, operator::crd.)
         return Ok(Action::requeue(Duration::from_secs(5)));
@@ -322,13 +334,14 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         Ownership::Other { namespace } => return hand_over(listener, &namespace, ctx).await,
         refused => return refuse(listener, &refused, ctx).await,
     }
-    let (wanted, seen) = gather(listener, ctx);
+    let (wanted, scan, seen) = gather(listener, ctx);
     let refs = seen.secrets.clone();
     ctx.remember(&name, |m| {
         m.secrets = seen.secrets;
         m.ingresses = seen.ingresses;
         m.gateways = seen.gateways;
         m.routes = seen.routes;
+        m.traefik = seen.traefik;
     });
     let read = ctx
         .caches
@@ -337,7 +350,7 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         .await;
     ctx.metrics.secret_reads.inc_by(read as u64);
     let now = Timestamp::now();
-    let resolved = resolve_wanted(wanted, &ctx.caches.secrets, now.as_second());
+    let resolved = resolve_wanted(wanted, &scan.policies, &ctx.caches.secrets, now.as_second());
     let gateways = ctx.gateway_objects().gateways;
     let upstream = |h: &ServedHost| {
         let (gw, section) = (h.gateway.as_deref()?, h.gateway_listener.as_deref()?);
@@ -372,6 +385,7 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         pods: &observed.pods,
         previous: listener.status.as_ref(),
         mirrors: view,
+        client_address: status::ClientAddressView::of(&listener.spec.upstream),
         now,
     };
     let hosts = status::host_statuses(&inputs);

@@ -144,6 +144,11 @@ fn host_events(old: &[HostStatus], new: &[HostStatus]) -> Vec<PlannedEvent> {
                     format!("HTTP/3 enabled for {}", h.name),
                 );
             }
+            // A value of its policy not carried: said once per change of it.
+            if !h.message.is_empty() && prev.is_none_or(|p| p.message != h.message) {
+                let note = format!("HTTP/3 serves {} without: {}", h.name, h.message);
+                event(&mut out, h, true, reasons::POLICY_VALUE_IGNORED, note);
+            }
         } else if h.reason != reasons::CONFIG_PENDING && prev.is_none_or(|p| p.reason != h.reason) {
             let note = if h.message.is_empty() {
                 format!("HTTP/3 not served for {}: {}", h.name, h.reason)
@@ -188,9 +193,12 @@ fn condition_events(
     for c in &new.conditions {
         let prev = old.and_then(|o| o.conditions.iter().find(|p| p.type_ == c.type_));
         let changed = prev.is_none_or(|p| p.status != c.status || p.reason != c.reason);
-        // PublicRoots says what the certificates a user chose are, not something that went
-        // wrong: the status and `kubectl h3-ingress status` carry it, no event.
-        if !changed || c.type_ == conditions::PUBLIC_ROOTS {
+        // PublicRoots says what the certificates a user chose are, ClientAddress how the
+        // listener was set up, not something that went wrong: the status and `kubectl
+        // h3-ingress status` carry them, no event (the hosts held back get their own).
+        if !changed
+            || [conditions::PUBLIC_ROOTS, conditions::CLIENT_ADDRESS].contains(&c.type_.as_str())
+        {
             continue;
         }
         // Degraded=True and the other conditions False are the bad states; Unknown (no
@@ -370,6 +378,53 @@ mod tests {
         );
         // Nothing changed, nothing said.
         assert!(p(Some(&new), &new).is_empty());
+    }
+
+    #[test]
+    fn a_policy_value_not_carried_is_said_once_per_change() {
+        let note = "proxy-read-timeout: \"ten\" on Ingress default/web is not a whole number";
+        let served = |msg: &str| {
+            status(
+                vec![host(
+                    "a.example.com",
+                    Some("default/web"),
+                    "Serving",
+                    reasons::SERVING,
+                    msg,
+                )],
+                vec![],
+            )
+        };
+        let before = served("");
+        let after = served(note);
+        assert_eq!(
+            summary(&p(Some(&before), &after)),
+            [
+                format!(
+                    "listener W PolicyValueIgnored: HTTP/3 serves a.example.com without: {note}"
+                ),
+                format!(
+                    "default/web W PolicyValueIgnored: HTTP/3 serves a.example.com without: {note}"
+                ),
+            ]
+        );
+        assert!(p(Some(&after), &after).is_empty());
+        // A held-back host is announced with its reason, once.
+        let held = status(
+            vec![host(
+                "a.example.com",
+                Some("default/web"),
+                "NotServing",
+                reasons::CLIENT_ADDRESS_POLICY,
+                "nginx.ingress.kubernetes.io/whitelist-source-range: ...",
+            )],
+            vec![],
+        );
+        let events = summary(&p(Some(&before), &held));
+        assert_eq!(events.len(), 2);
+        assert!(events[0]
+            .starts_with("listener W ClientAddressPolicy: HTTP/3 not served for a.example.com"));
+        assert!(p(Some(&held), &held).is_empty());
     }
 
     #[test]

@@ -46,6 +46,14 @@ pub struct OperatorMetrics {
     /// operator (`of="operator"`).
     pub crd_revision: IntGaugeVec,
     pub crd_upgrades: IntCounterVec,
+    /// Traefik objects in the operator's cache, by kind (`Middleware`, `TLSOption`).
+    pub traefik_objects: IntGaugeVec,
+}
+
+/// The kinds of `h3_ingress_operator_traefik_objects`.
+pub mod traefik_kinds {
+    pub const MIDDLEWARE: &str = "Middleware";
+    pub const TLS_OPTION: &str = "TLSOption";
 }
 
 impl OperatorMetrics {
@@ -113,8 +121,10 @@ impl OperatorMetrics {
         )
         .expect("metric");
         let (build_info, crd_revision, crd_upgrades) = crd_metrics();
+        let traefik_objects = traefik_metric();
         for c in [
-            Box::new(applies.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(traefik_objects.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(applies.clone()),
             Box::new(mirror_writes.clone()),
             Box::new(mirror_deletes.clone()),
             Box::new(secret_reads.clone()),
@@ -155,7 +165,19 @@ impl OperatorMetrics {
             hosts,
             crd_revision,
             crd_upgrades,
+            traefik_objects,
         })
+    }
+
+    /// Counts the cached Traefik objects.
+    pub fn set_traefik_objects(&self, o: &crate::operator::hosts::TraefikObjects) {
+        let set = |kind: &str, n: usize| {
+            self.traefik_objects
+                .with_label_values(&[kind])
+                .set(i64::try_from(n).unwrap_or(i64::MAX))
+        };
+        set(traefik_kinds::MIDDLEWARE, o.middlewares.len());
+        set(traefik_kinds::TLS_OPTION, o.tls_options.len());
     }
 
     pub fn render(&self) -> String {
@@ -165,6 +187,22 @@ impl OperatorMetrics {
             .expect("text encoding cannot fail");
         String::from_utf8(buf).expect("prometheus text is UTF-8")
     }
+}
+
+/// `h3_ingress_operator_traefik_objects{kind}`, every kind exported from 0.
+fn traefik_metric() -> IntGaugeVec {
+    let g = IntGaugeVec::new(
+        Opts::new(
+            "h3_ingress_operator_traefik_objects",
+            "Traefik Middlewares and TLSOptions in the operator's cache (names and the fields the per-host policy reads), by kind",
+        ),
+        &["kind"],
+    )
+    .expect("metric");
+    for k in [traefik_kinds::MIDDLEWARE, traefik_kinds::TLS_OPTION] {
+        g.with_label_values(&[k]);
+    }
+    g
 }
 
 /// The build and CRD metrics: `h3_ingress_operator_build_info{version,commit}`, the schema

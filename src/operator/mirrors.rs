@@ -60,7 +60,9 @@ pub fn desired(
                         name: h.name.clone(),
                         upstream: upstream(h),
                         source: h.source.clone(),
-                        ..Default::default()
+                        response_timeout_seconds: h.timeouts.response,
+                        request_body_idle_timeout_seconds: h.timeouts.request_body_idle,
+                        response_body_idle_timeout_seconds: h.timeouts.response_body_idle,
                     })
                     .collect(),
             };
@@ -275,6 +277,7 @@ mod tests {
             source: format!("Ingress shop/{host}"),
             gateway: None,
             gateway_listener: None,
+            timeouts: Default::default(),
         }
     }
 
@@ -332,6 +335,14 @@ mod tests {
         let p = plan(&d2, &existing);
         assert_eq!(p.write.len(), 1);
         assert_eq!(p.write[0].source, sref("a"));
+        // A host's own timeouts change its mirror's content, and only its.
+        let mut slow = resolved.clone();
+        slow.served[0].timeouts.response = Some(600);
+        let d4 = desired("public", &slow, |_| Some(pair("1")), |_| None);
+        let a4 = d4.iter().find(|m| m.source == sref("a")).unwrap();
+        let doc: HostsDocument = serde_json::from_slice(&a4.hosts_json).unwrap();
+        assert_eq!(doc.hosts[0].response_timeout_seconds, Some(600));
+        assert_eq!(plan(&d4, &existing).write.len(), 1);
         // A Secret not read yet gets no mirror.
         let d3 = desired(
             "public",

@@ -27,6 +27,7 @@ use super::reports::{HttpReportFetcher, ReportFetcher};
 use super::resources::{Params, PodDefaults};
 use super::secrets::SourceSecrets;
 use super::watches::gateway::{GatewayApiWatch, GatewayChange};
+use super::watches::traefik::{TraefikChange, TraefikWatch};
 use super::watches::{self, OwnedStores};
 use super::{leader, triggers, FIELD_MANAGER};
 use crate::api::gateway::Gateway;
@@ -125,6 +126,13 @@ pub async fn run_with(
         }),
     ));
     let (leases, lease_task) = watches::operator_leases(&client);
+    let (traefik_tx, traefik_rx) = mpsc::unbounded_channel();
+    let traefik = Arc::new(TraefikWatch::start(
+        &client,
+        Arc::new(move |change| {
+            let _ = traefik_tx.send(change);
+        }),
+    ));
     let caches = Caches {
         leases,
         ingresses: w.ingress_store.clone(),
@@ -132,6 +140,7 @@ pub async fn run_with(
         classes: w.class_store.clone(),
         owned: w.owned.clone(),
         gateway_api: Some(gateway_api),
+        traefik: Some(traefik),
         pods: w.pods.clone(),
         secrets: w.secrets.clone(),
     };
@@ -169,6 +178,7 @@ pub async fn run_with(
     );
     let triggers = Triggers {
         gateway_rx,
+        traefik_rx,
         crd_rx,
         leader_rx,
     };
@@ -249,6 +259,7 @@ impl Wiring {
 /// The channels the Controller's triggers read besides the watches.
 struct Triggers {
     gateway_rx: mpsc::UnboundedReceiver<GatewayChange>,
+    traefik_rx: mpsc::UnboundedReceiver<TraefikChange>,
     /// The served CRD's verdict changed.
     crd_rx: mpsc::UnboundedReceiver<()>,
     leader_rx: watch::Receiver<bool>,
@@ -268,6 +279,7 @@ fn controller(
 ) -> Controller<Http3Listener> {
     let Triggers {
         gateway_rx,
+        traefik_rx,
         crd_rx,
         leader_rx,
     } = t;
@@ -309,6 +321,12 @@ fn controller(
             &change, class_of, &listeners, &memory,
         ))
     });
+    let c = ctx.clone();
+    let traefik = stream_from_channel(traefik_rx).flat_map(move |change| {
+        c.metrics.set_traefik_objects(&c.traefik_objects());
+        let memory = c.memory.lock().expect("not poisoned");
+        refs(triggers::traefik_listeners(&change, &memory))
+    });
     Controller::for_stream(
         watches::listener_changes(client, w.listener_writer, any_listener_tx),
         w.listener_store,
@@ -320,6 +338,7 @@ fn controller(
     .reconcile_on(ingresses)
     .reconcile_on(secrets)
     .reconcile_on(gateways)
+    .reconcile_on(traefik)
     .reconcile_all_on(watches::class_trigger(client, w.class_writer))
     .reconcile_all_on(stream_from_channel(any_listener_rx))
     .reconcile_all_on(stream_from_channel(crd_rx))

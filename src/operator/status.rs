@@ -15,11 +15,12 @@ use k8s_openapi::api::apps::v1::DaemonSetStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
+use super::hosts::policy::{passing, Passing};
 use super::podstate::ContainerTrouble;
 use super::text;
 use crate::api::{
     conditions, host_states, reasons, HostCount, HostReport, HostStatus, Http3ListenerStatus,
-    MirrorFailure, NodesStatus, StatusReport, UdpStatus, MAX_STATUS_HOSTS,
+    MirrorFailure, NodesStatus, StatusReport, UdpStatus, Upstream, MAX_STATUS_HOSTS,
     RECOMMENDED_SYSCTL_BUFFER_MAX,
 };
 
@@ -88,7 +89,31 @@ pub struct Inputs<'a> {
     pub previous: Option<&'a Http3ListenerStatus>,
     /// The mirrors as written; `None` when they could not be (the blocker says why).
     pub mirrors: Option<MirrorView<'a>>,
+    /// How the clients' addresses reach the TCP ingress (`ClientAddress`).
+    pub client_address: ClientAddressView,
     pub now: Timestamp,
+}
+
+/// What the `ClientAddress` condition says: the listener's way, and where the PROXY header
+/// goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientAddressView {
+    pub passing: Passing,
+    pub proxy_to: String,
+}
+
+impl ClientAddressView {
+    pub fn of(u: &Upstream) -> Self {
+        let own = &u.client_address.proxy_protocol_address;
+        Self {
+            passing: passing(u),
+            proxy_to: if own.is_empty() {
+                u.address.clone()
+            } else {
+                own.clone()
+            },
+        }
+    }
 }
 
 /// The DNS HTTPS record (RFC 9460) that lets a first visit use HTTP/3 without Alt-Svc.
@@ -276,7 +301,8 @@ fn host_status(
     }
     h.state = host_states::SERVING.to_string();
     h.reason = reasons::SERVING.to_string();
-    h.message = String::new();
+    // What of the host's policy is not carried (the operator's note), else nothing.
+    h.message = cut(&wanted.message);
     h
 }
 
@@ -302,6 +328,10 @@ struct Facts<'a> {
     serving: BTreeSet<&'a str>,
     /// `name (reason)` of every host entry not served.
     not_serving: Vec<String>,
+    /// `name: note` of every served host whose policy has a value not carried.
+    policy_notes: Vec<String>,
+    /// Hosts not served for their client-address policy.
+    address_held: BTreeSet<&'a str>,
     /// `pod: family address: error` of every socket that did not bind.
     bind_failures: Vec<String>,
     nodes: NodesStatus,
@@ -328,6 +358,16 @@ impl<'a> Facts<'a> {
                 .iter()
                 .filter(|h| h.state != host_states::SERVING)
                 .map(|h| format!("{} ({})", h.name, h.reason))
+                .collect(),
+            policy_notes: hosts
+                .iter()
+                .filter(|h| h.state == host_states::SERVING && !h.message.is_empty())
+                .map(|h| format!("{}: {}", h.name, h.message))
+                .collect(),
+            address_held: hosts
+                .iter()
+                .filter(|h| h.reason == reasons::CLIENT_ADDRESS_POLICY)
+                .map(|h| h.name.as_str())
                 .collect(),
             bind_failures: bind_failures(&ok),
             nodes: nodes(inp.daemon_set, inp.pods),
@@ -565,6 +605,7 @@ fn ready_verdict(f: &Facts) -> (bool, &'static str, String) {
 fn degraded(f: &Facts) -> Condition {
     let problems: Vec<(&str, String)> = [
         hosts_not_serving(f),
+        policy_values_ignored(f),
         udp_drops_growing(f),
         rollout_pending(f),
         recent_exits(f),
@@ -596,6 +637,56 @@ fn hosts_not_serving(f: &Facts) -> Option<(&'static str, String)> {
             format!("not served: {}", list(&f.not_serving)),
         )
     })
+}
+
+/// Served hosts whose TCP-side policy has a value h3-ingress could not carry.
+fn policy_values_ignored(f: &Facts) -> Option<(&'static str, String)> {
+    (!f.policy_notes.is_empty()).then(|| {
+        (
+            reasons::POLICY_VALUE_IGNORED,
+            format!(
+                "served without part of their TCP-side policy: {}",
+                list(&f.policy_notes)
+            ),
+        )
+    })
+}
+
+/// `ClientAddress`: whether the TCP ingress gets each client's address, how, and how many
+/// hosts are held back because it does not (or not in the form their rules read).
+fn client_address(f: &Facts) -> Condition {
+    let inp = f.inp;
+    let held = match f.address_held.len() {
+        0 => String::new(),
+        n => format!(
+            "; {n} hosts not served for a client-address rule it would misjudge              ({}, see status.hosts)",
+            reasons::CLIENT_ADDRESS_POLICY
+        ),
+    };
+    let (ok, reason, message) = match inp.client_address.passing {
+        Passing::ProxyProtocol => (
+            true,
+            reasons::PROXY_PROTOCOL,
+            format!(
+                "in a PROXY protocol v2 header to {}",
+                inp.client_address.proxy_to
+            ),
+        ),
+        Passing::TrustedHeaders => (
+            true,
+            reasons::TRUSTED_FORWARDED_HEADERS,
+            "in X-Forwarded-For, Forwarded and X-Real-IP, which the TCP ingress is declared to              trust (clientAddress.trusted)"
+                .to_string(),
+        ),
+        Passing::UntrustedHeaders => (
+            false,
+            reasons::UNTRUSTED_FORWARDED_HEADERS,
+            "the TCP ingress sees the node's address for HTTP/3 requests (in its allowlists,              limits and logs): set spec.upstream.clientAddress (docs/kubernetes-networking.md)"
+                .to_string(),
+        ),
+    };
+    let message = format!("{message}{held}");
+    condition(conditions::CLIENT_ADDRESS, Some(ok), reason, message, inp)
 }
 
 /// Drops that grew since the stored status. Pods count drops since they started, so a
@@ -752,6 +843,7 @@ pub fn aggregate(inp: &Inputs, hosts: &[HostStatus]) -> Http3ListenerStatus {
         buffers_applied(&f),
         degraded(&f),
         public_roots(&f),
+        client_address(&f),
     ];
     let hosts_summary = Some(format!("{}/{}", f.serving.len(), f.wanted.len()));
     let Facts { nodes, udp, .. } = f;
@@ -973,6 +1065,10 @@ mod tests {
             pods,
             previous,
             mirrors: Some(view(&NOTHING)),
+            client_address: ClientAddressView {
+                passing: Passing::UntrustedHeaders,
+                proxy_to: "127.0.0.1:443".into(),
+            },
             now: t(now),
         }
     }
@@ -1635,6 +1731,77 @@ mod tests {
         assert_eq!(
             cond(&agg(&i), conditions::READY).reason,
             reasons::PODS_NOT_READY
+        );
+    }
+
+    #[test]
+    fn client_address_says_how_the_address_travels_and_counts_the_hosts_held_back() {
+        let held = HostReport {
+            message: "nginx.ingress.kubernetes.io/whitelist-source-range: ...".into(),
+            ..want(
+                "b.example.com",
+                host_states::NOT_SERVING,
+                reasons::CLIENT_ADDRESS_POLICY,
+            )
+        };
+        let hosts = [want("a.example.com", "Serving", reasons::SERVING), held];
+        let pods = [pod("p1", "D", vec![socket("ipv4", false)], 0)];
+        let d = ds(1, 1);
+        let mut i = inputs(&hosts, Some(&d), &pods, None, 1000);
+        let s = agg(&i);
+        let c = cond(&s, conditions::CLIENT_ADDRESS);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", reasons::UNTRUSTED_FORWARDED_HEADERS)
+        );
+        assert!(c.message.contains("; 1 hosts not served"), "{}", c.message);
+        // A note: Ready still counts the other host as served.
+        assert_eq!(cond(&s, conditions::READY).status, "True");
+        i.client_address = ClientAddressView {
+            passing: Passing::ProxyProtocol,
+            proxy_to: "127.0.0.1:8443".into(),
+        };
+        let c = cond(&agg(&i), conditions::CLIENT_ADDRESS).clone();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", reasons::PROXY_PROTOCOL)
+        );
+        assert!(c
+            .message
+            .starts_with("in a PROXY protocol v2 header to 127.0.0.1:8443"));
+        let view = ClientAddressView::of(
+            &serde_json::from_value(serde_json::json!({
+            "address": "127.0.0.1:443", "proxyProtocol": true}))
+            .unwrap(),
+        );
+        assert_eq!(view.proxy_to, "127.0.0.1:443");
+    }
+
+    #[test]
+    fn a_served_host_with_a_policy_value_not_carried_degrades_the_listener() {
+        let noted = HostReport {
+            message: "nginx.ingress.kubernetes.io/proxy-read-timeout: \"ten\" ...".into(),
+            ..want("a.example.com", "Serving", reasons::SERVING)
+        };
+        let hosts = [noted];
+        let pods = [pod("p1", "D", vec![socket("ipv4", false)], 0)];
+        let d = ds(1, 1);
+        let i = inputs(&hosts, Some(&d), &pods, None, 1000);
+        let statuses = host_statuses(&i);
+        assert_eq!(statuses[0].state, host_states::SERVING);
+        assert!(statuses[0].message.contains("proxy-read-timeout"));
+        let s = aggregate(&i, &statuses);
+        let c = cond(&s, conditions::DEGRADED);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", reasons::POLICY_VALUE_IGNORED)
+        );
+        assert!(c
+            .message
+            .contains("a.example.com: nginx.ingress.kubernetes.io/proxy-read-timeout"));
+        assert!(
+            s.hosts.is_empty(),
+            "served hosts stay out of the bounded list"
         );
     }
 }

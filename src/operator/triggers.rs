@@ -1,8 +1,11 @@
 //! Which listeners a change concerns, so a change reconciles only them: an Ingress change
-//! concerns the listeners it targets now and those it gave hosts to at their last reconcile
-//! (so removing the annotation is noticed); a Secret change, the listeners serving hosts with
-//! it; a Gateway API change, the listeners of its class and those it gave hosts to. With many
-//! listeners, one object's edit no longer re-resolves every listener's hosts. Pure.
+//! concerns the listeners it targets now and those it gave hosts or policy to at their last
+//! reconcile (so removing an annotation is noticed), and, when it carries policy annotations,
+//! the listeners of its class (it may now hold back a host they serve); a Secret change, the
+//! listeners serving hosts with it; a Gateway API change, the listeners of its class and those
+//! it gave hosts to; a Traefik Middleware or TLSOption change, the listeners whose hosts'
+//! policy looked it up by one of its names. With many listeners, one object's edit no longer
+//! re-resolves every listener's hosts. Pure.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,8 +13,10 @@ use std::sync::Arc;
 use k8s_openapi::api::networking::v1::Ingress;
 
 use super::context::Memory;
-use super::hosts::ingress::{ingress_key, targets_listener, with_default_class};
+use super::hosts::ingress::{ingress_class, ingress_key, targets_listener, with_default_class};
+use super::hosts::sources::has_policy_annotations;
 use super::watches::gateway::GatewayChange;
+use super::watches::traefik::TraefikChange;
 use crate::api::{Http3Listener, SecretRef};
 
 fn name(l: &Http3Listener) -> String {
@@ -35,11 +40,14 @@ pub fn ingress_listeners(
     let ing = with_default_class(&[Arc::new(ing.clone())], default_class)
         .pop()
         .expect("one in, one out");
+    let policy = has_policy_annotations(&ing);
     let now = listeners
         .iter()
         .filter(|l| {
+            let class = l.spec.ingress_class_name.as_deref();
             ing.metadata.deletion_timestamp.is_none()
-                && targets_listener(&ing, &name(l), l.spec.ingress_class_name.as_deref())
+                && (targets_listener(&ing, &name(l), class)
+                    || (policy && class.is_some() && ingress_class(&ing) == class))
         })
         .map(|l| name(l));
     let before = memory
@@ -47,6 +55,20 @@ pub fn ingress_listeners(
         .filter(|(_, m)| m.ingresses.contains(&key))
         .map(|(l, _)| l.clone());
     sorted(now.chain(before).collect())
+}
+
+/// The listeners a Traefik change concerns: those whose policy looked up one of the names
+/// the object answers to (found or not: a new Middleware may be one a host waits for), and,
+/// when a kind's availability changed, every listener that looked anything up.
+pub fn traefik_listeners(change: &TraefikChange, memory: &BTreeMap<String, Memory>) -> Vec<String> {
+    memory
+        .iter()
+        .filter(|(_, m)| match change {
+            TraefikChange::Object { names } => names.iter().any(|n| m.traefik.contains(n)),
+            TraefikChange::Synced => !m.traefik.is_empty(),
+        })
+        .map(|(l, _)| l.clone())
+        .collect()
 }
 
 /// The listeners serving hosts with a Secret.
@@ -174,6 +196,74 @@ mod tests {
         assert_eq!(
             ingress_listeners(&ingress(None, true), Some("other"), &ls, &BTreeMap::new()),
             ["b"]
+        );
+    }
+
+    #[test]
+    fn an_ingress_with_policy_concerns_the_listeners_of_its_class_even_when_not_switched_on() {
+        let ls = [
+            listener("a", Some("nginx"), None),
+            listener("b", Some("other"), None),
+        ];
+        let mut guarded = ingress(Some("nginx"), false);
+        guarded.metadata.annotations = Some(
+            [(
+                "nginx.ingress.kubernetes.io/whitelist-source-range".to_string(),
+                "10.0.0.0/8".to_string(),
+            )]
+            .into_iter()
+            .collect(),
+        );
+        assert_eq!(
+            ingress_listeners(&guarded, None, &ls, &BTreeMap::new()),
+            ["a"]
+        );
+        // Without policy annotations an Ingress not switched on concerns nobody.
+        assert!(
+            ingress_listeners(&ingress(Some("nginx"), false), None, &ls, &BTreeMap::new())
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_traefik_change_concerns_the_listeners_that_looked_one_of_its_names_up() {
+        let memory: BTreeMap<String, Memory> = [
+            (
+                "a".to_string(),
+                Memory {
+                    traefik: ["id shop-allow".to_string()].into_iter().collect(),
+                    ..Default::default()
+                },
+            ),
+            (
+                "b".to_string(),
+                Memory {
+                    traefik: ["tls default".to_string()].into_iter().collect(),
+                    ..Default::default()
+                },
+            ),
+            ("c".to_string(), Memory::default()),
+        ]
+        .into_iter()
+        .collect();
+        let changed = |names: &[&str]| TraefikChange::Object {
+            names: names.iter().map(|n| n.to_string()).collect(),
+        };
+        assert_eq!(
+            traefik_listeners(
+                &changed(&["shop/allow", "id shop-allow", "id shop_allow"]),
+                &memory
+            ),
+            ["a"]
+        );
+        assert_eq!(
+            traefik_listeners(&changed(&["tls default"]), &memory),
+            ["b"]
+        );
+        assert!(traefik_listeners(&changed(&["shop/other"]), &memory).is_empty());
+        assert_eq!(
+            traefik_listeners(&TraefikChange::Synced, &memory),
+            ["a", "b"]
         );
     }
 

@@ -29,10 +29,19 @@ use serde::Deserialize;
 
 pub mod pods;
 
-use crate::api::{conditions, host_states, HostReport, Http3Listener, Http3ListenerStatus};
+use crate::api::{
+    conditions, host_states, reasons, HostReport, Http3Listener, Http3ListenerStatus,
+};
 use crate::config::host_matches;
 use crate::operator::resources::label_selector;
 use crate::operator::status::{dns_https_record, private_roots_named};
+
+/// The reasons of hosts not served because of the TCP ingress's own policy for them.
+const HELD_BACK: [&str; 3] = [
+    reasons::CLIENT_ADDRESS_POLICY,
+    reasons::CLIENT_CERTIFICATE_REQUIRED,
+    reasons::TLS_PASSTHROUGH,
+];
 
 /// What a host whose certificate does not chain to a public web root is told.
 pub const CHROME_NOTE: &str =
@@ -833,6 +842,17 @@ fn hosts_block(rows: &[HostReport], roots: &Roots) -> String {
             let _ = writeln!(out, "  {}: {msg}", h.name);
         }
     }
+    let held = rows
+        .iter()
+        .filter(|h| HELD_BACK.contains(&h.reason.as_str()))
+        .count();
+    if held > 0 {
+        let _ = writeln!(
+            out,
+            "  {held} hosts held back on purpose: the TCP ingress's policy for them (named above) \
+             cannot be kept over HTTP/3 as the listener is set up; they stay on TCP"
+        );
+    }
     let private: Vec<&str> = rows
         .iter()
         .filter(|h| roots.cell(h) == "NO")
@@ -1034,6 +1054,50 @@ Listener nginx: UDP port 8443, pods ready 2/3, hosts serving 1/3, UDP drops 17, 
         let out = render_status(&[listener()], &unreadable);
         assert!(out.contains("Served hosts not shown: the data plane's /hosts could not be read (no ready data plane pod)."), "{out}");
         assert!(!out.contains("shop.example.com "), "{out}");
+    }
+
+    #[test]
+    fn held_back_hosts_show_their_reason_and_what_holds_them_back() {
+        let mut l = listener();
+        let status = l.status.as_mut().unwrap();
+        status.hosts.push(crate::api::HostStatus {
+            name: "admin.example.com".into(),
+            ingress: Some("web/admin".into()),
+            secret: Some("web/admin-tls".into()),
+            state: host_states::NOT_SERVING.into(),
+            reason: reasons::CLIENT_ADDRESS_POLICY.into(),
+            message: "nginx.ingress.kubernetes.io/whitelist-source-range: \"10.0.0.0/8\" on \
+                      Ingress web/admin: the TCP ingress would judge the node's address"
+                .into(),
+            ..Default::default()
+        });
+        status
+            .conditions
+            .push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: conditions::CLIENT_ADDRESS.into(),
+                status: "False".into(),
+                reason: reasons::UNTRUSTED_FORWARDED_HEADERS.into(),
+                message: "the TCP ingress sees the node's address for HTTP/3 requests".into(),
+                observed_generation: None,
+                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ),
+            });
+        let out = render_status(&[l], &views());
+        let row = out
+            .lines()
+            .find(|x| x.starts_with("  admin.example.com "))
+            .unwrap();
+        assert!(row.contains("NotServing   ClientAddressPolicy"), "{row}");
+        assert!(row.ends_with("Ingress web/admin"), "{row}");
+        assert!(out.contains(
+            "  admin.example.com: nginx.ingress.kubernetes.io/whitelist-source-range: \"10.0.0.0/8\""
+        ));
+        assert!(
+            out.contains("  ClientAddress: the TCP ingress sees the node's address"),
+            "{out}"
+        );
+        assert!(out.contains("  1 hosts held back on purpose"), "{out}");
     }
 
     #[test]

@@ -48,6 +48,7 @@ CONTRACT = rules(
     ("h3-ingress.dev", ["http3listeners/finalizers"], ["update"]),
     ("networking.k8s.io", ["ingresses", "ingressclasses"], ["get", "list", "watch"]),
     ("gateway.networking.k8s.io", ["gateways", "httproutes", "referencegrants"], ["get", "list", "watch"]),
+    ("traefik.io", ["middlewares", "tlsoptions"], ["get", "list", "watch"]),
     ("", ["secrets"], ["get", "list", "watch"]),
     ("", ["events"], ["create", "patch"]),
     ("events.k8s.io", ["events"], ["create", "patch"]),
@@ -236,6 +237,9 @@ def negative_cases() -> None:
         {"controllerName": "staging"},
         {"controllerName": "Example.com/staging"},
         {"uninstall": {"waitSecond": 10}},
+        {"listener": {"spec": {"upstream": {"clientAddress": {"trusted": "yes"}}}}},
+        {"listener": {"spec": {"upstream": {"clientAddress": {"trust": True}}}}},
+        {"listener": {"spec": {"upstream": {"clientAddress": {"via": "proxyProtocol"}}}}},
     ]
     rejected = 0
     for v in typos:

@@ -29,6 +29,7 @@ pub(crate) fn listener(name: &str, class: Option<&str>) -> Http3Listener {
     l
 }
 
+#[derive(Clone)]
 pub(crate) struct Ing {
     pub ns: &'static str,
     pub name: &'static str,

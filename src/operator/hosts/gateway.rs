@@ -39,6 +39,11 @@ pub struct GatewayObjects {
     pub grants: Vec<Arc<ReferenceGrant>>,
 }
 
+/// `namespace/name` of a Gateway API object.
+pub fn object_key(meta: &ObjectMeta) -> String {
+    key(meta)
+}
+
 fn key(meta: &ObjectMeta) -> String {
     format!(
         "{}/{}",
@@ -765,6 +770,7 @@ mod tests {
                 spec: HTTPRouteSpec {
                     parent_refs: serde_json::from_value(self.parents).unwrap(),
                     hostnames: self.hostnames.iter().map(|h| h.to_string()).collect(),
+                    rules: Vec::new(),
                 },
                 status: Some(serde_json::from_value(json!({ "parents": parents })).unwrap()),
             })

@@ -139,7 +139,7 @@ pub fn wanted_hosts(ing: &Ingress) -> Vec<WantedHost> {
 
 /// Every host the Ingress names (rules, then `spec.tls`), in first-seen order, once
 /// (case-insensitively).
-fn own_hosts(ing: &Ingress) -> Vec<String> {
+pub fn own_hosts(ing: &Ingress) -> Vec<String> {
     let spec = ing.spec.as_ref();
     let rule_hosts = spec
         .and_then(|s| s.rules.as_deref())

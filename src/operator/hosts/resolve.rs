@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Secret;
 
+use super::policy::{Carried, Policies};
 use super::wanted::{CertSource, WantedHost};
 use crate::api::{host_states, reasons, HostReport, SecretRef};
 use crate::config::{normalize_host_name, HostEntry, HostError};
@@ -31,6 +32,8 @@ pub struct ServedHost {
     pub gateway: Option<String>,
     /// The name of that Gateway's listener (section).
     pub gateway_listener: Option<String>,
+    /// Its own upstream timeouts, where they differ from the listener's.
+    pub timeouts: Carried,
 }
 
 /// Served hosts plus a report for every wanted host (served or not, with the reason).
@@ -170,7 +173,8 @@ fn report_of(w: &WantedHost) -> HostReport {
     }
 }
 
-fn normalized(name: &str) -> String {
+/// A host name as served and as policies are keyed: lowercase, no trailing dot.
+pub fn normalized(name: &str) -> String {
     name.trim_end_matches('.').to_ascii_lowercase()
 }
 
@@ -187,10 +191,13 @@ fn source_text(w: &WantedHost) -> String {
     }
 }
 
-/// Resolves wanted hosts against the Secrets' certificates, in the order given (the first to
-/// ask for a name keeps it).
+/// Resolves wanted hosts against their policies and the Secrets' certificates, in the order
+/// given (the first to ask for a name keeps it). A host its policy holds back is not served
+/// from any source: the TCP ingress merges the sources of one name, so one held-back source
+/// covers paths every other one would open.
 pub fn resolve_wanted(
     wanted: Vec<WantedHost>,
+    policies: &Policies,
     certificates: &dyn Certificates,
     now_unix: i64,
 ) -> ResolvedHosts {
@@ -242,11 +249,18 @@ pub fn resolve_wanted(
             reports.push(not_serving(&w, Some(sref), e.reason(), e.to_string()));
             continue;
         }
+        if let Some((reason, message)) = policies.hold_back(&lower) {
+            reports.push(not_serving(&w, Some(sref), reason, message));
+            continue;
+        }
         match certificates.check(sref, &lower, now_unix) {
             Ok(servable) => {
+                let (timeouts, notes) = policies.timeouts(&lower);
                 reports.push(HostReport {
                     state: host_states::SERVING.to_string(),
                     reason: reasons::SERVING.to_string(),
+                    // What of its policy is not carried, for Degraded and an event.
+                    message: notes.join("; "),
                     secret: Some(secret_key(sref)),
                     public_roots: Some(servable.public_roots),
                     ..report_of(&w)
@@ -257,6 +271,7 @@ pub fn resolve_wanted(
                     source: source_text(&w),
                     gateway: w.gateway.as_ref().map(|g| g.gateway.clone()),
                     gateway_listener: w.gateway.as_ref().map(|g| g.listener.clone()),
+                    timeouts,
                 });
             }
             Err((reason, message)) => reports.push(not_serving(&w, Some(sref), reason, message)),

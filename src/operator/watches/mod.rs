@@ -29,6 +29,8 @@ use tokio::task::JoinHandle;
 
 pub mod filter;
 pub mod gateway;
+pub mod optional;
+pub mod traefik;
 
 use super::{labels, resources};
 use crate::api::Http3Listener;
