@@ -110,6 +110,10 @@ pub mod reasons {
     pub const SERVING: &str = "Serving";
     pub const NO_TLS: &str = "NoTLS";
     pub const SECRET_NOT_FOUND: &str = "SecretNotFound";
+    /// Reading the host's Secret failed (an error or a timeout, not a 404). With state
+    /// `Serving` the host keeps the last good certificate read from it; with `NotServing`
+    /// nothing was read from it yet. Also `Degraded`'s reason while hosts are served so.
+    pub const SECRET_UNREADABLE: &str = "SecretUnreadable";
     pub const CERTIFICATE_INVALID: &str = "CertificateInvalid";
     pub const CERTIFICATE_DOES_NOT_MATCH_HOST: &str = "CertificateDoesNotMatchHost";
     pub const HOST_CONFLICT: &str = "HostConflict";

@@ -47,6 +47,9 @@ pub const SETTLE_REQUEUE: Duration = Duration::from_secs(3);
 /// Prompt looks in a row per listener, so a pod that never loads a host does not keep the
 /// operator busy (it then shows what the pods say, and looks every [`REQUEUE`]).
 pub const SETTLE_ATTEMPTS: u32 = 20;
+/// How soon a listener is looked at again while one of its Secrets cannot be read (its
+/// hosts keep the last good certificate meanwhile).
+pub const UNREADABLE_REQUEUE: Duration = Duration::from_secs(10);
 /// How often a reconcile that came before the caches were filled looks again.
 pub const CACHE_WAIT: Duration = Duration::from_secs(2);
 /// Kubernetes limits an event note to 1 kB.
@@ -218,6 +221,7 @@ impl Observed {
 async fn observe_data_plane(
     listener: &Http3Listener,
     wanted: Vec<mirrors::DesiredMirror>,
+    held: &BTreeSet<String>,
     ctx: &Context,
 ) -> Result<Observed, Error> {
     let name = listener.name_any();
@@ -239,7 +243,7 @@ async fn observe_data_plane(
         resources::without_surge(&mut d.daemon_set, listener);
     }
     // Mirrors first: a new pod that starts with the DaemonSet finds its hosts.
-    let synced = match mirrors::sync(ctx, listener, wanted).await {
+    let synced = match mirrors::sync(ctx, listener, wanted, held).await {
         Ok(s) => s,
         Err(e) => return Observed::failed(e, None).map_err(|e| Error::Apply(*e)),
     };
@@ -324,12 +328,19 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         m.gateways = seen.gateways;
         m.routes = seen.routes;
     });
-    let read = ctx
-        .caches
-        .secrets
+    let secrets = &ctx.caches.secrets;
+    let read = secrets
         .refresh(&ctx.client, &refs, &ctx.all_secrets())
         .await;
-    ctx.metrics.secret_reads.inc_by(read as u64);
+    ctx.metrics.secret_reads.inc_by(read.read as u64);
+    ctx.metrics.secret_read_errors.inc_by(read.failed as u64);
+    // A Secret never read since the operator started, whose read fails: its mirror is the
+    // only copy of its last good content, so it stays (mirrors::plan).
+    let held: BTreeSet<String> = (refs.iter())
+        .filter(|r| secrets.never_read(r))
+        .map(|r| mirror_name(&name, r))
+        .collect();
+    let unreadable = refs.iter().any(|r| secrets.unreadable(r));
     let now = Timestamp::now();
     let resolved = resolve_wanted(wanted, &ctx.caches.secrets, now.as_second());
     let gateways = ctx.gateway_objects().gateways;
@@ -343,7 +354,7 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         .iter()
         .map(|h| (h.name.clone(), mirror_name(&name, &h.secret)))
         .collect();
-    let observed = observe_data_plane(listener, desired, ctx).await?;
+    let observed = observe_data_plane(listener, desired, &held, ctx).await?;
     let memory = ctx.memory_of(&name);
     let served_before: BTreeSet<String> = (memory.hosts.iter().flatten())
         .filter(|h| h.state == host_states::SERVING)
@@ -386,7 +397,14 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
     match observed.failure {
         // Said in the status; retried on the error policy's schedule.
         Some(e) => Err(e.into()),
-        None => Ok(Action::requeue(next_look(ctx, &name, !up_to_date))),
+        None => {
+            let mut next = next_look(ctx, &name, !up_to_date);
+            if unreadable {
+                // Read again soon: the new content (a renewal) waits for it.
+                next = next.min(UNREADABLE_REQUEUE);
+            }
+            Ok(Action::requeue(next))
+        }
     }
 }
 

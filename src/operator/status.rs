@@ -274,9 +274,9 @@ fn host_status(
         );
         return h;
     }
+    // Served: with the operator's reason (`Serving`, or `SecretUnreadable` for the last
+    // good certificate of a Secret that cannot be read now) and its message.
     h.state = host_states::SERVING.to_string();
-    h.reason = reasons::SERVING.to_string();
-    h.message = String::new();
     h
 }
 
@@ -302,6 +302,9 @@ struct Facts<'a> {
     serving: BTreeSet<&'a str>,
     /// `name (reason)` of every host entry not served.
     not_serving: Vec<String>,
+    /// Hosts served with the last good certificate of a Secret that cannot be read now, and
+    /// the message of the first.
+    last_good: (Vec<String>, Option<&'a str>),
     /// `pod: family address: error` of every socket that did not bind.
     bind_failures: Vec<String>,
     nodes: NodesStatus,
@@ -329,6 +332,7 @@ impl<'a> Facts<'a> {
                 .filter(|h| h.state != host_states::SERVING)
                 .map(|h| format!("{} ({})", h.name, h.reason))
                 .collect(),
+            last_good: last_good(hosts),
             bind_failures: bind_failures(&ok),
             nodes: nodes(inp.daemon_set, inp.pods),
             udp: udp(&ok),
@@ -338,6 +342,15 @@ impl<'a> Facts<'a> {
             inp,
         }
     }
+}
+
+fn last_good(hosts: &[HostStatus]) -> (Vec<String>, Option<&str>) {
+    let stale: Vec<&HostStatus> = hosts
+        .iter()
+        .filter(|h| h.state == host_states::SERVING && h.reason == reasons::SECRET_UNREADABLE)
+        .collect();
+    let first = stale.first().map(|h| h.message.as_str());
+    (stale.iter().map(|h| h.name.clone()).collect(), first)
 }
 
 /// Servable hosts whose certificate verdict is known and passes `keep`.
@@ -565,6 +578,7 @@ fn ready_verdict(f: &Facts) -> (bool, &'static str, String) {
 fn degraded(f: &Facts) -> Condition {
     let problems: Vec<(&str, String)> = [
         hosts_not_serving(f),
+        last_good_certificates(f),
         udp_drops_growing(f),
         rollout_pending(f),
         recent_exits(f),
@@ -596,6 +610,20 @@ fn hosts_not_serving(f: &Facts) -> Option<(&'static str, String)> {
             format!("not served: {}", list(&f.not_serving)),
         )
     })
+}
+
+/// Hosts served with the last good certificate of a Secret that cannot be read: they stay
+/// up, but a renewal or a revocation in that Secret does not reach them until it can.
+fn last_good_certificates(f: &Facts) -> Option<(&'static str, String)> {
+    let (names, first) = (&f.last_good.0, f.last_good.1?);
+    Some((
+        reasons::SECRET_UNREADABLE,
+        format!(
+            "{} hosts keep the last good certificate of a Secret that cannot be read ({}); {first}",
+            names.len(),
+            list(names)
+        ),
+    ))
 }
 
 /// Drops that grew since the stored status. Pods count drops since they started, so a

@@ -59,11 +59,14 @@ impl ResolvedHosts {
 }
 
 /// What resolving learns of a certificate that can serve a host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Servable {
     /// Whether its chain verifies against the public web roots ([`super::roots`]): Chrome
     /// uses HTTP/3 only then.
     pub public_roots: bool,
+    /// Set when the certificate is the last good one of a Secret that cannot be read now:
+    /// the host's message, saying why.
+    pub stale: Option<String>,
 }
 
 /// Whether a Secret's certificate can serve a host: what resolving needs from Secrets.
@@ -94,6 +97,7 @@ impl Certificates for SecretMap {
         check_pem(sref, host, cert, key, now_unix)?;
         Ok(Servable {
             public_roots: super::roots::publicly_trusted(cert, host, now_unix),
+            stale: None,
         })
     }
 }
@@ -244,9 +248,14 @@ pub fn resolve_wanted(
         }
         match certificates.check(sref, &lower, now_unix) {
             Ok(servable) => {
+                let (reason, message) = match servable.stale {
+                    Some(why) => (reasons::SECRET_UNREADABLE, why),
+                    None => (reasons::SERVING, String::new()),
+                };
                 reports.push(HostReport {
                     state: host_states::SERVING.to_string(),
-                    reason: reasons::SERVING.to_string(),
+                    reason: reason.to_string(),
+                    message,
                     secret: Some(secret_key(sref)),
                     public_roots: Some(servable.public_roots),
                     ..report_of(&w)
