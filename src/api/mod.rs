@@ -106,6 +106,9 @@ pub mod reasons {
     pub const PRIVATE_ROOTS: &str = "PrivateRoots";
     /// No served host's certificate has been judged (none served yet).
     pub const NO_CERTIFICATES: &str = "NoCertificates";
+    /// No host is known to be private, but some Secrets hold the leaf without the
+    /// intermediate that issued it: whether those chain to a public web root is unknown.
+    pub const INCOMPLETE_CHAIN: &str = "IncompleteChain";
     // Per host
     pub const SERVING: &str = "Serving";
     pub const NO_TLS: &str = "NoTLS";

@@ -31,6 +31,7 @@ use kube::{Client, ResourceExt};
 use super::hosts::resolve::{
     host_error, missing_keys, secret_not_found, tls_pair, Certificates, Servable,
 };
+use super::hosts::roots::Roots;
 use crate::api::{reasons, SecretRef};
 
 /// Secret GETs in flight at once while a restarted operator (or a burst of new hosts) reads
@@ -58,7 +59,7 @@ struct Kept {
     /// Whether the chain verifies against the public web roots, judged with the first host
     /// that passed: the chain's verdict does not depend on which of its names is asked (name
     /// constraints bind every name the leaf carries), and the names are checked per host.
-    public_roots: OnceLock<bool>,
+    public_roots: OnceLock<Roots>,
 }
 
 /// Why a referenced Secret could not be read (other than not existing).
@@ -316,7 +317,7 @@ impl Certificates for SourceSecrets {
         let servable = || Servable {
             public_roots: *kept
                 .public_roots
-                .get_or_init(|| super::hosts::roots::publicly_trusted(&pair.cert, host, now_unix)),
+                .get_or_init(|| super::hosts::roots::public_roots(&pair.cert, host, now_unix)),
             stale: failed.as_ref().map(|Unreadable(why)| {
                 format!("serving the last good certificate: {}", read_failed(why))
             }),
@@ -385,13 +386,13 @@ mod tests {
         assert_eq!(
             s.check(&sref("a"), "a.test", now),
             Ok(Servable {
-                public_roots: false,
+                public_roots: Roots::Private,
                 stale: None,
             })
         );
         assert_eq!(
             s.kept.lock().unwrap()[&sref("a")].public_roots.get(),
-            Some(&false)
+            Some(&Roots::Private)
         );
         assert_eq!(
             s.kept.lock().unwrap()[&sref("a")]

@@ -315,6 +315,9 @@ struct Facts<'a> {
     /// pods': the verdict is the certificate's, and must not flap while pods load it.
     judged: BTreeSet<&'a str>,
     private_roots: BTreeSet<&'a str>,
+    /// Servable hosts whose Secret's chain lacks the leaf's issuer: no verdict
+    /// (`roots::Roots::Incomplete`, the only servable host without one).
+    incomplete_chains: BTreeSet<&'a str>,
 }
 
 impl<'a> Facts<'a> {
@@ -338,6 +341,10 @@ impl<'a> Facts<'a> {
             udp: udp(&ok),
             judged: judged_hosts(inp.hosts, |_| true),
             private_roots: judged_hosts(inp.hosts, |public| !public),
+            incomplete_chains: (inp.hosts.iter())
+                .filter(|h| h.state == host_states::SERVING && h.public_roots.is_none())
+                .map(|h| h.name.as_str())
+                .collect(),
             ok,
             inp,
         }
@@ -695,20 +702,52 @@ const NAMED: &str = "; e.g. ";
 /// How the [`public_roots`] message counts the hosts it does not name.
 const MORE: &str = " and ";
 
+/// What the [`public_roots`] message says of hosts whose Secret lacks the intermediate;
+/// [`incomplete_chains_counted`] looks for it.
+const INCOMPLETE: &str = "hold an incomplete chain";
+
+/// `{NAMED}a, b, c{MORE}N more`: the first [`MESSAGE_ITEMS`] of `names` and how many others.
+fn named(names: &[&str]) -> String {
+    let mut out = format!(
+        "{NAMED}{}",
+        names[..names.len().min(MESSAGE_ITEMS)].join(", ")
+    );
+    if names.len() > MESSAGE_ITEMS {
+        let _ = write!(out, "{MORE}{} more", names.len() - MESSAGE_ITEMS);
+    }
+    out
+}
+
 /// `PublicRoots`: every servable host's certificate chains to a public web root. Chrome uses
 /// QUIC only then; with a private CA it stays on HTTP/2 even where that CA is trusted, while
-/// Firefox and Safari may use HTTP/3. A note for people: Ready and Degraded ignore it.
+/// Firefox and Safari may use HTTP/3. A Secret holding the leaf without its intermediate is
+/// unknown, not private: browsers that have or fetch the intermediate may accept it. A note
+/// for people: Ready and Degraded ignore it.
 fn public_roots(f: &Facts) -> Condition {
     let (inp, type_) = (f.inp, conditions::PUBLIC_ROOTS);
-    let judged = f.judged.len();
-    if judged == 0 {
+    let (judged, incomplete) = (f.judged.len(), f.incomplete_chains.len());
+    if judged + incomplete == 0 {
         let msg = "no served host's certificate has been judged yet".to_string();
         return condition(type_, None, reasons::NO_CERTIFICATES, msg, inp);
     }
+    let incomplete_note = |of: &str| {
+        format!(
+            "the Secrets of {incomplete}{of} hosts {INCOMPLETE} (the leaf without the \
+             intermediate that issued it), so whether they reach a public web root is unknown: \
+             browsers that have or fetch the intermediate may accept them, and h3-ingress sends \
+             what the Secret holds, so a client without it fails over HTTP/3 as over TCP"
+        )
+    };
     let private: Vec<&str> = f.private_roots.iter().copied().collect();
-    if private.is_empty() {
+    if private.is_empty() && incomplete == 0 {
         let msg = format!("all {judged} hosts have certificates that chain to a public web root");
         return condition(type_, Some(true), reasons::ALL_PUBLICLY_TRUSTED, msg, inp);
+    }
+    if private.is_empty() {
+        let names: Vec<&str> = f.incomplete_chains.iter().copied().collect();
+        let of = format!(" of {}", judged + incomplete);
+        let msg = format!("{}{}", incomplete_note(&of), named(&names));
+        return condition(type_, None, reasons::INCOMPLETE_CHAIN, msg, inp);
     }
     let (what, them) = if private.len() == 1 {
         ("has a certificate that does", "it")
@@ -717,14 +756,20 @@ fn public_roots(f: &Facts) -> Condition {
     };
     let mut msg = format!(
         "{} of {judged} hosts {what} not chain to a public web root: Chrome will not use HTTP/3 for \
-         {them} (Firefox and Safari may){NAMED}{}",
+         {them} (Firefox and Safari may)",
         private.len(),
-        private[..private.len().min(MESSAGE_ITEMS)].join(", ")
     );
-    if private.len() > MESSAGE_ITEMS {
-        let _ = write!(msg, "{MORE}{} more", private.len() - MESSAGE_ITEMS);
+    if incomplete > 0 {
+        let _ = write!(msg, "; {}", incomplete_note(" other"));
     }
+    msg.push_str(&named(&private));
     condition(type_, Some(false), reasons::PRIVATE_ROOTS, msg, inp)
+}
+
+/// Whether a `PublicRoots` condition counts hosts whose Secret's chain is incomplete (their
+/// verdict unknown; it names them only when no host is private).
+pub fn incomplete_chains_counted(c: &Condition) -> bool {
+    c.type_ == conditions::PUBLIC_ROOTS && c.message.contains(INCOMPLETE)
 }
 
 /// The hosts a `PublicRoots` condition names as not chaining to a public web root, and
@@ -1423,12 +1468,56 @@ mod tests {
         )];
         let c = agg(&inputs(&none, Some(&d), &pods, None, 1));
         assert_eq!(cond(&c, conditions::PUBLIC_ROOTS).status, "Unknown");
-        let unjudged = [want("a.example.com", "Serving", reasons::SERVING)];
-        let c = agg(&inputs(&unjudged, Some(&d), &pods, None, 1));
         assert_eq!(
             cond(&c, conditions::PUBLIC_ROOTS).reason,
             reasons::NO_CERTIFICATES
         );
+    }
+
+    /// A served host without a verdict is one whose Secret lacks the leaf's intermediate
+    /// (`roots::Roots::Incomplete`): unknown, never counted as private.
+    #[test]
+    fn public_roots_says_an_incomplete_chain_is_unknown_not_private() {
+        let d = ds(1, 1);
+        let pods = [pod("p1", "D", vec![socket("ipv4", false)], 0)];
+        let leaf_only = want("l.example.com", "Serving", reasons::SERVING);
+        let hosts = [judged("a.example.com", true), leaf_only.clone()];
+        let s = agg(&inputs(&hosts, Some(&d), &pods, None, 1));
+        let c = cond(&s, conditions::PUBLIC_ROOTS);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+            (
+                "Unknown",
+                reasons::INCOMPLETE_CHAIN,
+                "the Secrets of 1 of 2 hosts hold an incomplete chain (the leaf without the \
+                 intermediate that issued it), so whether they reach a public web root is \
+                 unknown: browsers that have or fetch the intermediate may accept them, and \
+                 h3-ingress sends what the Secret holds, so a client without it fails over \
+                 HTTP/3 as over TCP; e.g. l.example.com"
+            )
+        );
+        assert!(incomplete_chains_counted(c));
+        assert_eq!(private_roots_named(c), (vec![], false));
+        // Beside a private host: False for the private one, which alone is named; the
+        // incomplete one is counted.
+        let hosts = [judged("p.example.com", false), leaf_only];
+        let s = agg(&inputs(&hosts, Some(&d), &pods, None, 1));
+        let c = cond(&s, conditions::PUBLIC_ROOTS);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", reasons::PRIVATE_ROOTS)
+        );
+        assert!(
+            c.message.starts_with(
+                "1 of 1 hosts has a certificate that does not chain to a public web root: \
+                 Chrome will not use HTTP/3 for it (Firefox and Safari may); the Secrets of 1 \
+                 other hosts hold an incomplete chain"
+            ),
+            "{}",
+            c.message
+        );
+        assert_eq!(private_roots_named(c), (vec!["p.example.com"], false));
+        assert!(incomplete_chains_counted(c));
     }
 
     #[test]

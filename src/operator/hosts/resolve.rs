@@ -63,7 +63,7 @@ impl ResolvedHosts {
 pub struct Servable {
     /// Whether its chain verifies against the public web roots ([`super::roots`]): Chrome
     /// uses HTTP/3 only then.
-    pub public_roots: bool,
+    pub public_roots: super::roots::Roots,
     /// Set when the certificate is the last good one of a Secret that cannot be read now:
     /// the host's message, saying why.
     pub stale: Option<String>,
@@ -96,7 +96,7 @@ impl Certificates for SecretMap {
         let (cert, key) = tls_pair(secret).ok_or_else(|| missing_keys(sref))?;
         check_pem(sref, host, cert, key, now_unix)?;
         Ok(Servable {
-            public_roots: super::roots::publicly_trusted(cert, host, now_unix),
+            public_roots: super::roots::public_roots(cert, host, now_unix),
             stale: None,
         })
     }
@@ -257,7 +257,7 @@ pub fn resolve_wanted(
                     reason: reason.to_string(),
                     message,
                     secret: Some(secret_key(sref)),
-                    public_roots: Some(servable.public_roots),
+                    public_roots: servable.public_roots.verdict(),
                     ..report_of(&w)
                 });
                 served.push(ServedHost {
