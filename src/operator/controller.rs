@@ -25,7 +25,7 @@ pub use super::context::{Caches, Context, Memory};
 use super::events::{self, PlannedEvent, Target};
 use super::hosts::gateway::gateway_upstream;
 use super::hosts::resolve::resolve_wanted;
-use super::hosts::{wanted_for_listener, ServedHost};
+use super::hosts::{gather_wanted, ServedHost, Wanted};
 use super::hosts::{CertSource, WantedHost};
 use super::metrics::results;
 use super::reports::status_address;
@@ -289,14 +289,22 @@ fn solo_pods(ctx: &Context, listener: &str) -> bool {
 fn gather(listener: &Http3Listener, ctx: &Context) -> (Vec<WantedHost>, Memory) {
     let ingresses = ctx.ingresses();
     let gateway_api = ctx.gateway_objects();
-    let wanted = wanted_for_listener(listener, ingresses.iter().map(|i| i.as_ref()), &gateway_api);
-    let mut seen = Memory::default();
+    let Wanted {
+        hosts: wanted,
+        certificate_ingresses,
+    } = gather_wanted(listener, ingresses.iter().map(|i| i.as_ref()), &gateway_api);
+    let mut seen = Memory {
+        ingresses: certificate_ingresses,
+        ..Default::default()
+    };
     for w in &wanted {
         if let CertSource::Secret(s) = &w.cert {
             seen.secrets.insert(s.clone());
         }
         if let Some(i) = &w.ingress {
             seen.ingresses.insert(i.clone());
+            seen.ingress_hosts
+                .insert(w.name.trim_end_matches('.').to_ascii_lowercase());
         }
         if let Some(g) = &w.gateway {
             seen.gateways.insert(g.gateway.clone());
@@ -325,6 +333,7 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
     ctx.remember(&name, |m| {
         m.secrets = seen.secrets;
         m.ingresses = seen.ingresses;
+        m.ingress_hosts = seen.ingress_hosts;
         m.gateways = seen.gateways;
         m.routes = seen.routes;
     });
