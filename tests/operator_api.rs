@@ -43,7 +43,7 @@ use h3_ingress::api::{
     Http3ListenerStatus, MirrorFailure, MirrorReport, SecretRef, SocketReport, StatusReport,
 };
 use h3_ingress::operator::context::{Caches, Context};
-use h3_ingress::operator::controller::{reconcile, REQUEUE, SETTLE_REQUEUE};
+use h3_ingress::operator::controller::{reconcile, REQUEUE, SETTLE_REQUEUE, UNREADABLE_REQUEUE};
 use h3_ingress::operator::leader::{self, LeaseConfig};
 use h3_ingress::operator::metrics::OperatorMetrics;
 use h3_ingress::operator::reports::{ReportFetcher, ReportFuture};
@@ -81,6 +81,8 @@ struct Expect {
     method: &'static str,
     path: String,
     answer: Answer,
+    /// Never answered (kept open until the script ends): a request that times out.
+    hold: bool,
 }
 
 fn expect(
@@ -92,6 +94,15 @@ fn expect(
         method,
         path: path.into(),
         answer: Box::new(answer),
+        hold: false,
+    }
+}
+
+/// A request the API server receives and never answers.
+fn unanswered(method: &'static str, path: impl Into<String>) -> Expect {
+    Expect {
+        hold: true,
+        ..expect(method, path, |_, _| unreachable!("never answered"))
     }
 }
 
@@ -116,6 +127,7 @@ fn lines(answered: &[Answered]) -> Vec<String> {
 /// Returns the handle (for the next reconcile on the same client) and what it answered.
 async fn verifier(mut handle: Handle, script: Vec<Expect>) -> (Handle, Vec<Answered>) {
     let mut answered = Vec::new();
+    let mut held = Vec::new();
     for (i, e) in script.into_iter().enumerate() {
         let (req, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
             .await
@@ -135,6 +147,10 @@ async fn verifier(mut handle: Handle, script: Vec<Expect>) -> (Handle, Vec<Answe
             "request #{i}: got {method} {}",
             req.uri()
         );
+        if e.hold {
+            held.push(send);
+            continue;
+        }
         let bytes = req.into_body().collect_bytes().await.unwrap();
         let body: Value = if bytes.is_empty() {
             Value::Null
@@ -165,6 +181,7 @@ async fn verifier(mut handle: Handle, script: Vec<Expect>) -> (Handle, Vec<Answe
             req.uri()
         );
     }
+    drop(held);
     (handle, answered)
 }
 
@@ -193,6 +210,9 @@ fn list(kind: &str, items: Vec<Value>) -> (u16, Value) {
         json!({"apiVersion": "v1", "kind": kind, "metadata": {"resourceVersion": "1"}, "items": items}),
     )
 }
+
+/// How long the operator waits for a Secret GET here (its own default is 10 s).
+const READ_TIMEOUT: Duration = Duration::from_millis(300);
 
 /// resourceVersions the scripted API server hands out (unique across the tests of this file).
 static NEXT_RV: AtomicU64 = AtomicU64::new(1000);
@@ -589,7 +609,8 @@ fn harness_in(is_leader: bool, ingresses: Vec<Ingress>, w: World) -> Harness {
         gateway_api: None,
         traefik: None,
         pods,
-        secrets: SourceSecrets::with_store(secret_meta),
+        // A GET without an answer fails the read after this long (10 s in the operator).
+        secrets: SourceSecrets::with_store(secret_meta).with_read_timeout(READ_TIMEOUT),
         leases,
     };
     let params = Params {
@@ -1213,6 +1234,96 @@ async fn a_rotated_secret_costs_one_read_and_one_mirror_write() {
     h.feed(&answered);
     let (_, answered) = h.run(vec![]).await;
     assert!(answered.is_empty(), "{:?}", lines(&answered));
+}
+
+/// The host's entry in a status: state, reason and message.
+fn host_entry(s: &Http3ListenerStatus, name: &str) -> Option<(String, String)> {
+    s.hosts
+        .iter()
+        .find(|h| h.name == name)
+        .map(|h| (h.state.clone(), h.reason.clone()))
+}
+
+/// A read of the referenced Secret that fails while its content moved (a rotation the
+/// metadata watch reported): a 500, then no answer at all. The operator keeps the pair it
+/// read before: the mirror is neither deleted nor rewritten (the pods keep serving), the host
+/// stays `Serving` with reason `SecretUnreadable`, `Degraded` says which Secret and why, and
+/// the read is tried again soon. Then a 404: the Secret is gone, the mirror is deleted and
+/// the host is no longer served.
+#[tokio::test]
+async fn a_failed_secret_read_keeps_the_last_good_certificate_until_a_404() {
+    let (mut h, secret) = settled().await;
+    let before = h.ctx.caches.secrets.pair(&secret_ref("web-tls")).unwrap();
+    assert_eq!(before.cert, secret.data.as_ref().unwrap()["tls.crt"].0);
+    h.secret_changed("8");
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let failing = expect("GET", WEB_TLS, |_, _| {
+        api_status(500, "InternalError", "etcdserver: request timed out")
+    });
+    // No mirror write and no DELETE: any would fail the script.
+    let (action, answered) = h.run(vec![failing, status_patch(log.clone())]).await;
+    h.feed(&answered);
+    assert_eq!(action, Action::requeue(UNREADABLE_REQUEUE));
+    let s = status_of(&log.lock().unwrap()[0]);
+    assert_eq!(condition(&s, "Ready"), ("True", "SomeHostsServing"));
+    assert!(s
+        .host_counts
+        .contains(&count("Serving", reasons::SECRET_UNREADABLE, 1)));
+    let degraded = s.conditions.iter().find(|c| c.type_ == "Degraded").unwrap();
+    assert!(
+        degraded.message.contains(
+            "1 hosts keep the last good certificate of a Secret that cannot be read \
+             (a.example.com); serving the last good certificate: reading Secret shop/web-tls \
+             failed: 500 InternalError: etcdserver: request timed out"
+        ),
+        "{}",
+        degraded.message
+    );
+    assert_eq!(h.metrics.secret_read_errors.get(), 1);
+    let kept = h.ctx.caches.secrets.pair(&secret_ref("web-tls")).unwrap();
+    assert_eq!(kept.cert, before.cert, "the last good pair is kept");
+
+    // No answer: the same, with the timeout as the reason.
+    let script = vec![unanswered("GET", WEB_TLS), status_patch(log.clone())];
+    let (action, answered) = h.run(script).await;
+    h.feed(&answered);
+    assert_eq!(action, Action::requeue(UNREADABLE_REQUEUE));
+    let s = status_of(&log.lock().unwrap()[1]);
+    let degraded = s.conditions.iter().find(|c| c.type_ == "Degraded").unwrap();
+    assert!(
+        degraded
+            .message
+            .contains("reading Secret shop/web-tls failed: no answer within 0.3 s"),
+        "{}",
+        degraded.message
+    );
+    assert_eq!(h.metrics.secret_read_errors.get(), 2);
+    assert_eq!(h.metrics.mirror_deletes.get(), 0);
+
+    // A 404: the Secret is gone. The mirror goes, and the host is no longer served.
+    let script = vec![
+        expect("GET", WEB_TLS, |_, _| not_found("secrets \"web-tls\"")),
+        mirror_delete(mirror_of("web-tls")),
+        status_patch(log.clone()),
+        warning("SecretNotFound", "HTTP/3 not served for a.example.com"),
+        event(
+            "shop",
+            "Ingress",
+            "Warning",
+            "SecretNotFound",
+            "HTTP/3 not served",
+        ),
+        warning("NoHostsServing", "Ready is False"),
+    ];
+    let (_, answered) = h.run(script).await;
+    h.feed(&answered);
+    let s = status_of(&log.lock().unwrap()[2]);
+    assert_eq!(
+        host_entry(&s, "a.example.com"),
+        Some(("NotServing".into(), reasons::SECRET_NOT_FOUND.into()))
+    );
+    assert_eq!(h.metrics.mirror_deletes.get(), 1);
+    assert!(h.ctx.caches.secrets.pair(&secret_ref("web-tls")).is_none());
 }
 
 /// As a rotation happens: the reconcile asks the pods right after writing the mirror, before

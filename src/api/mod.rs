@@ -176,10 +176,17 @@ pub mod reasons {
     /// Served hosts whose TCP-side policy has a value h3-ingress could not carry (not
     /// readable, or beyond its bounds): the message names the annotation or field.
     pub const POLICY_VALUE_IGNORED: &str = "PolicyValueIgnored";
+    /// No host is known to be private, but some Secrets hold the leaf without the
+    /// intermediate that issued it: whether those chain to a public web root is unknown.
+    pub const INCOMPLETE_CHAIN: &str = "IncompleteChain";
     // Per host
     pub const SERVING: &str = "Serving";
     pub const NO_TLS: &str = "NoTLS";
     pub const SECRET_NOT_FOUND: &str = "SecretNotFound";
+    /// Reading the host's Secret failed (an error or a timeout, not a 404). With state
+    /// `Serving` the host keeps the last good certificate read from it; with `NotServing`
+    /// nothing was read from it yet. Also `Degraded`'s reason while hosts are served so.
+    pub const SECRET_UNREADABLE: &str = "SecretUnreadable";
     pub const CERTIFICATE_INVALID: &str = "CertificateInvalid";
     pub const CERTIFICATE_DOES_NOT_MATCH_HOST: &str = "CertificateDoesNotMatchHost";
     pub const HOST_CONFLICT: &str = "HostConflict";

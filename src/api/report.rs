@@ -67,7 +67,8 @@ pub struct HostReport {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub alt_svc_message: String,
     /// Whether the certificate chains to a public web root (Chrome uses HTTP/3 only then);
-    /// None where not judged. The operator's view of a served host sets it.
+    /// None where not judged. The operator's view of a served host sets it, except when the
+    /// Secret lacks the leaf's intermediate (then it cannot be told).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub public_roots: Option<bool>,
     /// HTTP/3 requests served for this host since start.

@@ -1,7 +1,7 @@
 //! What every reconciliation shares: the API client, the parameters, the caches the watches
 //! fill, the leadership flag and the report source.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
@@ -63,6 +63,9 @@ pub struct Memory {
     /// The Traefik Middleware and TLSOption names and keys its hosts' policies looked up
     /// (`hosts::traefik::Demands::looked_up`).
     pub traefik: BTreeSet<String>,
+    /// The hosts (lowercase) its Ingresses asked for: any Ingress of the class that names one
+    /// with `spec.tls`, annotated or not, may decide its certificate (`hosts::owners`).
+    pub ingress_hosts: HashSet<String>,
     /// The mirrors every answering pod had applied when all of them last were up to date.
     pub last_synced: BTreeMap<String, String>,
     /// Every wanted host's status as last published (for per-host events).

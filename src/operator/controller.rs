@@ -25,7 +25,7 @@ pub use super::context::{Caches, Context, Memory};
 use super::events::{self, PlannedEvent, Target};
 use super::hosts::gateway::gateway_upstream;
 use super::hosts::resolve::resolve_wanted;
-use super::hosts::{policies_for_listener, wanted_for_listener, PolicyScan, ServedHost};
+use super::hosts::{gather_wanted, policies_for_listener, PolicyScan, ServedHost, Wanted};
 use super::hosts::{CertSource, WantedHost};
 use super::metrics::results;
 use super::ownership::{self, Ownership};
@@ -49,6 +49,9 @@ pub const SETTLE_REQUEUE: Duration = Duration::from_secs(3);
 /// Prompt looks in a row per listener, so a pod that never loads a host does not keep the
 /// operator busy (it then shows what the pods say, and looks every [`REQUEUE`]).
 pub const SETTLE_ATTEMPTS: u32 = 20;
+/// How soon a listener is looked at again while one of its Secrets cannot be read (its
+/// hosts keep the last good certificate meanwhile).
+pub const UNREADABLE_REQUEUE: Duration = Duration::from_secs(10);
 /// How often a reconcile that came before the caches were filled looks again.
 pub const CACHE_WAIT: Duration = Duration::from_secs(2);
 /// Kubernetes limits an event note to 1 kB.
@@ -220,6 +223,7 @@ impl Observed {
 async fn observe_data_plane(
     listener: &Http3Listener,
     wanted: Vec<mirrors::DesiredMirror>,
+    held: &BTreeSet<String>,
     ctx: &Context,
 ) -> Result<Observed, Error> {
     let name = listener.name_any();
@@ -241,7 +245,7 @@ async fn observe_data_plane(
         resources::without_surge(&mut d.daemon_set, listener);
     }
     // Mirrors first: a new pod that starts with the DaemonSet finds its hosts.
-    let synced = match mirrors::sync(ctx, listener, wanted).await {
+    let synced = match mirrors::sync(ctx, listener, wanted, held).await {
         Ok(s) => s,
         Err(e) => return Observed::failed(e, None).map_err(|e| Error::Apply(*e)),
     };
@@ -286,7 +290,10 @@ fn solo_pods(ctx: &Context, listener: &str) -> bool {
 fn gather(listener: &Http3Listener, ctx: &Context) -> (Vec<WantedHost>, PolicyScan, Memory) {
     let ingresses = ctx.ingresses();
     let gateway_api = ctx.gateway_objects();
-    let wanted = wanted_for_listener(listener, ingresses.iter().map(|i| i.as_ref()), &gateway_api);
+    let Wanted {
+        hosts: wanted,
+        certificate_ingresses,
+    } = gather_wanted(listener, ingresses.iter().map(|i| i.as_ref()), &gateway_api);
     let scan = policies_for_listener(
         listener,
         &wanted,
@@ -296,7 +303,11 @@ fn gather(listener: &Http3Listener, ctx: &Context) -> (Vec<WantedHost>, PolicySc
         &ctx.traefik_classes(),
     );
     let mut seen = Memory {
-        ingresses: scan.ingresses.clone(),
+        ingresses: scan
+            .ingresses
+            .union(&certificate_ingresses)
+            .cloned()
+            .collect(),
         traefik: scan.traefik.clone(),
         ..Default::default()
     };
@@ -306,6 +317,8 @@ fn gather(listener: &Http3Listener, ctx: &Context) -> (Vec<WantedHost>, PolicySc
         }
         if let Some(i) = &w.ingress {
             seen.ingresses.insert(i.clone());
+            seen.ingress_hosts
+                .insert(w.name.trim_end_matches('.').to_ascii_lowercase());
         }
         if let Some(g) = &w.gateway {
             seen.gateways.insert(g.gateway.clone());
@@ -339,16 +352,24 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
     ctx.remember(&name, |m| {
         m.secrets = seen.secrets;
         m.ingresses = seen.ingresses;
+        m.ingress_hosts = seen.ingress_hosts;
         m.gateways = seen.gateways;
         m.routes = seen.routes;
         m.traefik = seen.traefik;
     });
-    let read = ctx
-        .caches
-        .secrets
+    let secrets = &ctx.caches.secrets;
+    let read = secrets
         .refresh(&ctx.client, &refs, &ctx.all_secrets())
         .await;
-    ctx.metrics.secret_reads.inc_by(read as u64);
+    ctx.metrics.secret_reads.inc_by(read.read as u64);
+    ctx.metrics.secret_read_errors.inc_by(read.failed as u64);
+    // A Secret never read since the operator started, whose read fails: its mirror is the
+    // only copy of its last good content, so it stays (mirrors::plan).
+    let held: BTreeSet<String> = (refs.iter())
+        .filter(|r| secrets.never_read(r))
+        .map(|r| mirror_name(&name, r))
+        .collect();
+    let unreadable = refs.iter().any(|r| secrets.unreadable(r));
     let now = Timestamp::now();
     let resolved = resolve_wanted(wanted, &scan.policies, &ctx.caches.secrets, now.as_second());
     let gateways = ctx.gateway_objects().gateways;
@@ -362,7 +383,7 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         .iter()
         .map(|h| (h.name.clone(), mirror_name(&name, &h.secret)))
         .collect();
-    let observed = observe_data_plane(listener, desired, ctx).await?;
+    let observed = observe_data_plane(listener, desired, &held, ctx).await?;
     let memory = ctx.memory_of(&name);
     let served_before: BTreeSet<String> = (memory.hosts.iter().flatten())
         .filter(|h| h.state == host_states::SERVING)
@@ -406,7 +427,14 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
     match observed.failure {
         // Said in the status; retried on the error policy's schedule.
         Some(e) => Err(e.into()),
-        None => Ok(Action::requeue(next_look(ctx, &name, !up_to_date))),
+        None => {
+            let mut next = next_look(ctx, &name, !up_to_date);
+            if unreadable {
+                // Read again soon: the new content (a renewal) waits for it.
+                next = next.min(UNREADABLE_REQUEUE);
+            }
+            Ok(Action::requeue(next))
+        }
     }
 }
 
@@ -441,7 +469,7 @@ async fn hand_over(listener: &Http3Listener, owner: &str, ctx: &Context) -> Resu
         return Ok(Action::requeue(HAND_OVER_WAIT));
     }
     let mut removed = apply::remove_data_plane(ctx, &name).await?;
-    let mirrors = mirrors::sync(ctx, listener, Vec::new()).await?;
+    let mirrors = mirrors::sync(ctx, listener, Vec::new(), &BTreeSet::new()).await?;
     ctx.metrics.mirror_deletes.inc_by(mirrors.deleted as u64);
     removed += mirrors.deleted;
     tracing::info!(listener = %name, %owner, objects = removed, "the listener is run by the operator in namespace {owner}, whose pods are ready: removed this operator's data plane of it");

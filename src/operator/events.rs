@@ -144,8 +144,13 @@ fn host_events(old: &[HostStatus], new: &[HostStatus]) -> Vec<PlannedEvent> {
                     format!("HTTP/3 enabled for {}", h.name),
                 );
             }
-            // A value of its policy not carried: said once per change of it.
-            if !h.message.is_empty() && prev.is_none_or(|p| p.message != h.message) {
+            // A value of its policy not carried: said once per change of it. (A host served
+            // with the last good certificate, `SecretUnreadable`, has the read error as its
+            // message: the Degraded condition says that.)
+            if h.reason == reasons::SERVING
+                && !h.message.is_empty()
+                && prev.is_none_or(|p| p.message != h.message)
+            {
                 let note = format!("HTTP/3 serves {} without: {}", h.name, h.message);
                 event(&mut out, h, true, reasons::POLICY_VALUE_IGNORED, note);
             }

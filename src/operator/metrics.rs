@@ -40,6 +40,8 @@ pub struct OperatorMetrics {
     pub mirror_deletes: IntCounter,
     /// Source Secrets read (a GET only when its resourceVersion moved).
     pub secret_reads: IntCounter,
+    /// Of those, reads that failed (not a 404): the hosts keep the last good certificate.
+    pub secret_read_errors: IntCounter,
     /// Hosts wanted, summed over listeners (set by each reconcile).
     pub hosts: IntGauge,
     /// Schema revision of the served CRD (`of="served"`, -1 when unreadable) and of this
@@ -115,6 +117,10 @@ impl OperatorMetrics {
             "h3_ingress_operator_secret_reads_total",
             "Source Secrets read (once per resourceVersion)",
         );
+        let secret_read_errors = counter(
+            "h3_ingress_operator_secret_read_errors_total",
+            "Source Secret reads that failed (an error or a timeout, not a 404); their hosts keep the last good certificate",
+        );
         let hosts = IntGauge::new(
             "h3_ingress_operator_hosts",
             "Hosts the listeners want, served or not",
@@ -128,6 +134,7 @@ impl OperatorMetrics {
             Box::new(mirror_writes.clone()),
             Box::new(mirror_deletes.clone()),
             Box::new(secret_reads.clone()),
+            Box::new(secret_read_errors.clone()),
             Box::new(hosts.clone()),
             Box::new(build_info),
             Box::new(crd_revision.clone()),
@@ -162,6 +169,7 @@ impl OperatorMetrics {
             mirror_writes,
             mirror_deletes,
             secret_reads,
+            secret_read_errors,
             hosts,
             crd_revision,
             crd_upgrades,

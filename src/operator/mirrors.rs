@@ -93,10 +93,13 @@ pub struct Plan {
     pub delete: Vec<String>,
 }
 
-/// Compares the desired mirrors with the existing ones by content hash. Pure.
-pub fn plan(desired: &[DesiredMirror], existing: &[Existing]) -> Plan {
+/// Compares the desired mirrors with the existing ones by content hash. Pure. A mirror in
+/// `held` (of a Secret that could not be read since the operator started) is neither written
+/// nor deleted: it holds the last good content, which the operator does not have.
+pub fn plan(desired: &[DesiredMirror], existing: &[Existing], held: &BTreeSet<String>) -> Plan {
     let have: BTreeMap<&str, &Existing> = existing.iter().map(|e| (e.name.as_str(), e)).collect();
-    let want: BTreeSet<&str> = desired.iter().map(|d| d.name.as_str()).collect();
+    let mut want: BTreeSet<&str> = desired.iter().map(|d| d.name.as_str()).collect();
+    want.extend(held.iter().map(String::as_str));
     Plan {
         write: desired
             .iter()
@@ -186,12 +189,14 @@ fn failed(action: &'static str, ns: &str, name: &str, source: kube::Error) -> Ap
     }
 }
 
-/// Writes the mirrors that differ and deletes the ones no longer wanted, a bounded number at
-/// a time. The first failure is returned after every other write was tried.
+/// Writes the mirrors that differ and deletes the ones no longer wanted (`held` ones stay,
+/// see [`plan`]), a bounded number at a time. The first failure is returned after every other
+/// write was tried.
 pub async fn sync(
     ctx: &Context,
     listener: &Http3Listener,
     desired: Vec<DesiredMirror>,
+    held: &BTreeSet<String>,
 ) -> Result<Synced, ApplyError> {
     let name = listener.name_any();
     let ns = ctx.params.hosts_namespace.clone();
@@ -200,7 +205,7 @@ pub async fn sync(
         .iter()
         .map(|e| (e.name.clone(), e.resource_version.clone()))
         .collect();
-    let Plan { write, delete } = plan(&desired, &existing);
+    let Plan { write, delete } = plan(&desired, &existing, held);
     let api = Api::<Secret>::namespaced(ctx.client.clone(), &ns);
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let mut objects = Vec::with_capacity(write.len());
@@ -248,7 +253,8 @@ pub async fn sync(
     if let Some(e) = first_error {
         return Err(e);
     }
-    let want: BTreeSet<&str> = desired.iter().map(|d| d.name.as_str()).collect();
+    let mut want: BTreeSet<&str> = desired.iter().map(|d| d.name.as_str()).collect();
+    want.extend(held.iter().map(String::as_str));
     versions.retain(|n, _| want.contains(n.as_str()));
     let digest = digest(versions.iter().map(|(n, v)| (n.as_str(), v.as_str())));
     Ok(Synced {
@@ -306,7 +312,8 @@ mod tests {
         assert_eq!(names, ["b.test", "c.test"]);
 
         // Nothing exists: everything is written.
-        let p = plan(&d, &[]);
+        let none = BTreeSet::new();
+        let p = plan(&d, &[], &none);
         assert_eq!((p.write.len(), p.delete.len()), (2, 0));
         // Everything exists as desired, plus a leftover: only the leftover goes.
         let mut existing: Vec<Existing> = d
@@ -322,7 +329,7 @@ mod tests {
             content: None,
             resource_version: "3".into(),
         });
-        let p = plan(&d, &existing);
+        let p = plan(&d, &existing, &none);
         assert_eq!(p.write.len(), 0);
         assert_eq!(p.delete, ["public-old"]);
         // A rotated certificate changes one mirror only.
@@ -332,7 +339,7 @@ mod tests {
             |s| Some(pair(if s.name == "a" { "2" } else { "1" })),
             |_| None,
         );
-        let p = plan(&d2, &existing);
+        let p = plan(&d2, &existing, &none);
         assert_eq!(p.write.len(), 1);
         assert_eq!(p.write[0].source, sref("a"));
         // A host's own timeouts change its mirror's content, and only its.
@@ -342,7 +349,7 @@ mod tests {
         let a4 = d4.iter().find(|m| m.source == sref("a")).unwrap();
         let doc: HostsDocument = serde_json::from_slice(&a4.hosts_json).unwrap();
         assert_eq!(doc.hosts[0].response_timeout_seconds, Some(600));
-        assert_eq!(plan(&d4, &existing).write.len(), 1);
+        assert_eq!(plan(&d4, &existing, &none).write.len(), 1);
         // A Secret not read yet gets no mirror.
         let d3 = desired(
             "public",
@@ -351,5 +358,16 @@ mod tests {
             |_| None,
         );
         assert_eq!(d3.len(), 1);
+        // ...and when it could not be read since the operator started, its mirror (the last
+        // good content) stays: neither written nor deleted.
+        let held: BTreeSet<String> = existing
+            .iter()
+            .filter(|e| e.name != d3[0].name)
+            .map(|e| e.name.clone())
+            .collect();
+        let p = plan(&d3, &existing, &held);
+        assert_eq!((p.write.len(), p.delete.len()), (0, 0));
+        let p = plan(&d3, &existing, &none);
+        assert_eq!(p.delete.len(), 2, "without the hold: deleted");
     }
 }

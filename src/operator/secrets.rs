@@ -8,9 +8,18 @@
 //! referenced Secret once, a bounded number at a time. Certificate checks are cached per Secret
 //! version and host, and whether the chain is publicly trusted per Secret version, so a
 //! reconcile parses and verifies nothing it did before.
+//!
+//! A read that fails (an error or no answer within [`READ_TIMEOUT`], anything but a 404) keeps
+//! the content last read: its hosts stay served with the last good certificate, and the
+//! status says so ([`reasons::SECRET_UNREADABLE`](crate::api::reasons::SECRET_UNREADABLE)),
+//! until a read succeeds. Only a Secret that is gone (a 404, or absent from the metadata
+//! watch) or whose certificate no longer passes (expired, not for the host) stops its hosts.
+//! Dropping a host on an API server's hiccup would make every data plane stop answering it,
+//! and browsers then mark HTTP/3 broken for that origin for minutes.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use futures_util::{future, stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Secret;
@@ -22,11 +31,17 @@ use kube::{Client, ResourceExt};
 use super::hosts::resolve::{
     host_error, missing_keys, secret_not_found, tls_pair, Certificates, Servable,
 };
-use crate::api::SecretRef;
+use super::hosts::roots::Roots;
+use crate::api::{reasons, SecretRef};
 
 /// Secret GETs in flight at once while a restarted operator (or a burst of new hosts) reads
 /// the referenced Secrets.
 pub const FETCH_CONCURRENCY: usize = 16;
+/// A Secret GET without an answer after this long counts as a failed read (the client's own
+/// read timeout is minutes long, and one hung GET would hold the whole reconcile).
+pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// At most this many characters of a read error go into a host's message.
+const MAX_ERROR_TEXT: usize = 200;
 
 /// A Secret's TLS pair as fetched, at one resourceVersion.
 pub struct TlsPair {
@@ -44,12 +59,30 @@ struct Kept {
     /// Whether the chain verifies against the public web roots, judged with the first host
     /// that passed: the chain's verdict does not depend on which of its names is asked (name
     /// constraints bind every name the leaf carries), and the names are checked per host.
-    public_roots: OnceLock<bool>,
+    public_roots: OnceLock<Roots>,
 }
 
 /// Why a referenced Secret could not be read (other than not existing).
 #[derive(Debug, Clone)]
 struct Unreadable(String);
+
+/// What one [`SourceSecrets::refresh`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Refreshed {
+    /// Secrets read (GET sent).
+    pub read: usize,
+    /// Of those, reads that failed (an error or a timeout; a 404 is not a failure).
+    pub failed: usize,
+}
+
+/// A failed read in words: the API server's code, reason and message, or the transport's.
+fn describe(e: &kube::Error) -> String {
+    let text = match e {
+        kube::Error::Api(s) => format!("{} {}: {}", s.code, s.reason, s.message),
+        other => other.to_string(),
+    };
+    super::text::cut(&text, MAX_ERROR_TEXT)
+}
 
 /// The source Secrets: their metadata for everything, their content for referenced ones.
 #[derive(Clone)]
@@ -57,6 +90,7 @@ pub struct SourceSecrets {
     meta: Store<PartialObjectMeta<Secret>>,
     kept: Arc<Mutex<HashMap<SecretRef, Arc<Kept>>>>,
     unreadable: Arc<Mutex<HashMap<SecretRef, Unreadable>>>,
+    read_timeout: Duration,
 }
 
 /// Drops everything a Secret's metadata carries but its identity and version.
@@ -104,7 +138,14 @@ impl SourceSecrets {
             meta,
             kept: Arc::default(),
             unreadable: Arc::default(),
+            read_timeout: READ_TIMEOUT,
         }
+    }
+
+    /// The same cache with another [`READ_TIMEOUT`] (tests).
+    pub fn with_read_timeout(mut self, timeout: Duration) -> Self {
+        self.read_timeout = timeout;
+        self
     }
 
     /// Whether the metadata watch listed once (never waits).
@@ -130,27 +171,35 @@ impl SourceSecrets {
     }
 
     /// Fetches what `refs` needs and forgets content no longer in `all_referenced` (every
-    /// listener's Secrets). Returns how many Secrets it fetched.
+    /// listener's Secrets). A Secret read before whose read fails now keeps its content.
     pub async fn refresh(
         &self,
         client: &Client,
         refs: &BTreeSet<SecretRef>,
         all_referenced: &BTreeSet<SecretRef>,
-    ) -> usize {
+    ) -> Refreshed {
         let stale = self.stale(refs);
-        let fetched = stale.len();
+        let mut done = Refreshed {
+            read: stale.len(),
+            failed: 0,
+        };
+        let timeout = self.read_timeout;
         // Each Secret is kept as it arrives, so at most FETCH_CONCURRENCY whole Secrets (with
         // their managedFields and last-applied copies) are alive at once, not all of them:
         // a restarted operator at 10,000 hosts read 10,000 before keeping the first.
         stream::iter(stale.into_iter().map(|(r, _)| {
             let api = Api::<Secret>::namespaced(client.clone(), &r.namespace);
             async move {
-                let got = api.get_opt(&r.name).await;
+                let got = match tokio::time::timeout(timeout, api.get_opt(&r.name)).await {
+                    Ok(got) => got.map_err(|e| describe(&e)),
+                    Err(_) => Err(format!("no answer within {} s", timeout.as_secs_f32())),
+                };
                 (r, got)
             }
         }))
         .buffer_unordered(FETCH_CONCURRENCY)
         .for_each(|(r, got)| {
+            done.failed += usize::from(got.is_err());
             self.store(r, got);
             future::ready(())
         })
@@ -163,10 +212,12 @@ impl SourceSecrets {
             .lock()
             .expect("not poisoned")
             .retain(|r, _| all_referenced.contains(r));
-        fetched
+        done
     }
 
-    fn store(&self, r: SecretRef, got: Result<Option<Secret>, kube::Error>) {
+    /// Keeps what a read brought: new content, the end of a Secret that is gone (a 404), or
+    /// why it could not be read, in which case the content read before stays.
+    fn store(&self, r: SecretRef, got: Result<Option<Secret>, String>) {
         let mut kept = self.kept.lock().expect("not poisoned");
         let mut unreadable = self.unreadable.lock().expect("not poisoned");
         match got {
@@ -188,13 +239,28 @@ impl SourceSecrets {
             }
             Ok(None) => {
                 kept.remove(&r);
+                unreadable.remove(&r);
             }
             Err(e) => {
                 tracing::debug!(secret = %format!("{}/{}", r.namespace, r.name), error = %e, "cannot read Secret");
-                kept.remove(&r);
-                unreadable.insert(r, Unreadable(e.to_string()));
+                unreadable.insert(r, Unreadable(e));
             }
         }
+    }
+
+    /// Whether the last read of `r` failed (its last good content, if any, is what serves).
+    pub fn unreadable(&self, r: &SecretRef) -> bool {
+        self.unreadable
+            .lock()
+            .expect("not poisoned")
+            .contains_key(r)
+    }
+
+    /// Whether `r`'s last read failed and nothing was ever read from it (a restarted operator
+    /// during an API server's trouble): its certificate mirror, if one exists, is the only
+    /// copy of its last good content and must stay.
+    pub fn never_read(&self, r: &SecretRef) -> bool {
+        self.unreadable(r) && !self.kept.lock().expect("not poisoned").contains_key(r)
     }
 
     /// The TLS pair of a referenced Secret as last fetched.
@@ -220,14 +286,26 @@ impl Certificates for SourceSecrets {
             return Err(secret_not_found(sref));
         }
         let kept = self.kept.lock().expect("not poisoned").get(sref).cloned();
+        let failed = self
+            .unreadable
+            .lock()
+            .expect("not poisoned")
+            .get(sref)
+            .cloned();
+        let read_failed = |why: &str| {
+            format!(
+                "reading Secret {}/{} failed: {why}",
+                sref.namespace, sref.name
+            )
+        };
         let Some(kept) = kept else {
-            let unreadable = self.unreadable.lock().expect("not poisoned");
-            return Err(match unreadable.get(sref) {
+            return Err(match failed {
                 Some(Unreadable(why)) => (
-                    crate::api::reasons::SECRET_NOT_FOUND,
+                    reasons::SECRET_UNREADABLE,
                     format!(
-                        "Secret {}/{} cannot be read: {why}",
-                        sref.namespace, sref.name
+                        "{}; nothing was read from it since the operator started (a certificate \
+                         mirror written before stays as it is)",
+                        read_failed(&why)
                     ),
                 ),
                 None => secret_not_found(sref),
@@ -239,7 +317,10 @@ impl Certificates for SourceSecrets {
         let servable = || Servable {
             public_roots: *kept
                 .public_roots
-                .get_or_init(|| super::hosts::roots::publicly_trusted(&pair.cert, host, now_unix)),
+                .get_or_init(|| super::hosts::roots::public_roots(&pair.cert, host, now_unix)),
+            stale: failed.as_ref().map(|Unreadable(why)| {
+                format!("serving the last good certificate: {}", read_failed(why))
+            }),
         };
         if let Some(not_after) = kept.passed.lock().expect("not poisoned").get(host) {
             if now_unix <= *not_after {
@@ -305,12 +386,13 @@ mod tests {
         assert_eq!(
             s.check(&sref("a"), "a.test", now),
             Ok(Servable {
-                public_roots: false
+                public_roots: Roots::Private,
+                stale: None,
             })
         );
         assert_eq!(
             s.kept.lock().unwrap()[&sref("a")].public_roots.get(),
-            Some(&false)
+            Some(&Roots::Private)
         );
         assert_eq!(
             s.kept.lock().unwrap()[&sref("a")]
@@ -341,5 +423,67 @@ mod tests {
         );
         s.store(sref("a"), Ok(None));
         assert!(s.pair(&sref("a")).is_none());
+    }
+
+    #[test]
+    fn a_failed_read_keeps_the_last_good_pair_and_a_404_drops_it() {
+        let (store, mut w) = reflector::store::<PartialObjectMeta<Secret>>();
+        let s = SourceSecrets::with_store(store);
+        for (name, rv) in [("a", "2"), ("new", "1")] {
+            let m: PartialObjectMeta<Secret> = ObjectMeta {
+                namespace: Some("shop".into()),
+                name: Some(name.into()),
+                resource_version: Some(rv.into()),
+                ..Default::default()
+            }
+            .into_request_partial();
+            w.apply_watcher_event(&watcher::Event::Apply(m));
+        }
+        let now = crate::config::file::unix_now();
+        let good = secret("a", "1", &["a.test"]);
+        s.store(sref("a"), Ok(Some(good.clone())));
+        // Version 2 (a rotation) cannot be read: version 1 still serves, and says why.
+        assert_eq!(s.stale(&[sref("a")].into_iter().collect()).len(), 1);
+        s.store(sref("a"), Err("500 InternalError: etcd".into()));
+        let served = s.check(&sref("a"), "a.test", now).unwrap();
+        assert_eq!(
+            served.stale.as_deref(),
+            Some(
+                "serving the last good certificate: reading Secret shop/a failed: \
+                 500 InternalError: etcd"
+            )
+        );
+        assert_eq!(
+            s.pair(&sref("a")).unwrap().cert,
+            good.data.as_ref().unwrap()["tls.crt"].0
+        );
+        assert!(s.unreadable(&sref("a")) && !s.never_read(&sref("a")));
+        // Still stale: read again at the next reconcile.
+        assert_eq!(s.stale(&[sref("a")].into_iter().collect()).len(), 1);
+        // The last good certificate stops serving when it expires, like any other.
+        let after = s.kept.lock().unwrap()[&sref("a")].passed.lock().unwrap()["a.test"] + 1;
+        assert_eq!(
+            s.check(&sref("a"), "a.test", after).unwrap_err().0,
+            reasons::CERTIFICATE_INVALID
+        );
+        // Never read and unreadable: not served, and its mirror is to be held.
+        s.store(sref("new"), Err("403 Forbidden: no".into()));
+        let (reason, message) = s.check(&sref("new"), "new.test", now).unwrap_err();
+        assert_eq!(reason, reasons::SECRET_UNREADABLE);
+        assert!(
+            message.starts_with("reading Secret shop/new failed: 403"),
+            "{message}"
+        );
+        assert!(s.never_read(&sref("new")));
+        // A read that works again clears the failure; a 404 drops the pair.
+        s.store(sref("a"), Ok(Some(secret("a", "2", &["a.test"]))));
+        assert_eq!(s.check(&sref("a"), "a.test", now).unwrap().stale, None);
+        s.store(sref("a"), Err("timeout".into()));
+        s.store(sref("a"), Ok(None));
+        assert!(s.pair(&sref("a")).is_none() && !s.unreadable(&sref("a")));
+        assert_eq!(
+            s.check(&sref("a"), "a.test", now).unwrap_err().0,
+            reasons::SECRET_NOT_FOUND
+        );
     }
 }

@@ -299,10 +299,9 @@ fn host_status(
         );
         return h;
     }
+    // Served: with the operator's reason (`Serving`, or `SecretUnreadable` for the last
+    // good certificate of a Secret that cannot be read now) and its message.
     h.state = host_states::SERVING.to_string();
-    h.reason = reasons::SERVING.to_string();
-    // What of the host's policy is not carried (the operator's note), else nothing.
-    h.message = cut(&wanted.message);
     h
 }
 
@@ -332,6 +331,9 @@ struct Facts<'a> {
     policy_notes: Vec<String>,
     /// Hosts not served for their client-address policy.
     address_held: BTreeSet<&'a str>,
+    /// Hosts served with the last good certificate of a Secret that cannot be read now, and
+    /// the message of the first.
+    last_good: (Vec<String>, Option<&'a str>),
     /// `pod: family address: error` of every socket that did not bind.
     bind_failures: Vec<String>,
     nodes: NodesStatus,
@@ -342,6 +344,9 @@ struct Facts<'a> {
     /// pods': the verdict is the certificate's, and must not flap while pods load it.
     judged: BTreeSet<&'a str>,
     private_roots: BTreeSet<&'a str>,
+    /// Servable hosts whose Secret's chain lacks the leaf's issuer: no verdict
+    /// (`roots::Roots::Incomplete`, the only servable host without one).
+    incomplete_chains: BTreeSet<&'a str>,
 }
 
 impl<'a> Facts<'a> {
@@ -361,7 +366,7 @@ impl<'a> Facts<'a> {
                 .collect(),
             policy_notes: hosts
                 .iter()
-                .filter(|h| h.state == host_states::SERVING && !h.message.is_empty())
+                .filter(|h| h.reason == reasons::SERVING && !h.message.is_empty())
                 .map(|h| format!("{}: {}", h.name, h.message))
                 .collect(),
             address_held: hosts
@@ -369,15 +374,29 @@ impl<'a> Facts<'a> {
                 .filter(|h| h.reason == reasons::CLIENT_ADDRESS_POLICY)
                 .map(|h| h.name.as_str())
                 .collect(),
+            last_good: last_good(hosts),
             bind_failures: bind_failures(&ok),
             nodes: nodes(inp.daemon_set, inp.pods),
             udp: udp(&ok),
             judged: judged_hosts(inp.hosts, |_| true),
             private_roots: judged_hosts(inp.hosts, |public| !public),
+            incomplete_chains: (inp.hosts.iter())
+                .filter(|h| h.state == host_states::SERVING && h.public_roots.is_none())
+                .map(|h| h.name.as_str())
+                .collect(),
             ok,
             inp,
         }
     }
+}
+
+fn last_good(hosts: &[HostStatus]) -> (Vec<String>, Option<&str>) {
+    let stale: Vec<&HostStatus> = hosts
+        .iter()
+        .filter(|h| h.state == host_states::SERVING && h.reason == reasons::SECRET_UNREADABLE)
+        .collect();
+    let first = stale.first().map(|h| h.message.as_str());
+    (stale.iter().map(|h| h.name.clone()).collect(), first)
 }
 
 /// Servable hosts whose certificate verdict is known and passes `keep`.
@@ -606,6 +625,7 @@ fn degraded(f: &Facts) -> Condition {
     let problems: Vec<(&str, String)> = [
         hosts_not_serving(f),
         policy_values_ignored(f),
+        last_good_certificates(f),
         udp_drops_growing(f),
         rollout_pending(f),
         recent_exits(f),
@@ -689,6 +709,20 @@ fn client_address(f: &Facts) -> Condition {
     condition(conditions::CLIENT_ADDRESS, Some(ok), reason, message, inp)
 }
 
+/// Hosts served with the last good certificate of a Secret that cannot be read: they stay
+/// up, but a renewal or a revocation in that Secret does not reach them until it can.
+fn last_good_certificates(f: &Facts) -> Option<(&'static str, String)> {
+    let (names, first) = (&f.last_good.0, f.last_good.1?);
+    Some((
+        reasons::SECRET_UNREADABLE,
+        format!(
+            "{} hosts keep the last good certificate of a Secret that cannot be read ({}); {first}",
+            names.len(),
+            list(names)
+        ),
+    ))
+}
+
 /// Drops that grew since the stored status. Pods count drops since they started, so a
 /// smaller sum means pods restarted, not that nothing was dropped.
 fn udp_drops_growing(f: &Facts) -> Option<(&'static str, String)> {
@@ -758,20 +792,52 @@ const NAMED: &str = "; e.g. ";
 /// How the [`public_roots`] message counts the hosts it does not name.
 const MORE: &str = " and ";
 
+/// What the [`public_roots`] message says of hosts whose Secret lacks the intermediate;
+/// [`incomplete_chains_counted`] looks for it.
+const INCOMPLETE: &str = "hold an incomplete chain";
+
+/// `{NAMED}a, b, c{MORE}N more`: the first [`MESSAGE_ITEMS`] of `names` and how many others.
+fn named(names: &[&str]) -> String {
+    let mut out = format!(
+        "{NAMED}{}",
+        names[..names.len().min(MESSAGE_ITEMS)].join(", ")
+    );
+    if names.len() > MESSAGE_ITEMS {
+        let _ = write!(out, "{MORE}{} more", names.len() - MESSAGE_ITEMS);
+    }
+    out
+}
+
 /// `PublicRoots`: every servable host's certificate chains to a public web root. Chrome uses
 /// QUIC only then; with a private CA it stays on HTTP/2 even where that CA is trusted, while
-/// Firefox and Safari may use HTTP/3. A note for people: Ready and Degraded ignore it.
+/// Firefox and Safari may use HTTP/3. A Secret holding the leaf without its intermediate is
+/// unknown, not private: browsers that have or fetch the intermediate may accept it. A note
+/// for people: Ready and Degraded ignore it.
 fn public_roots(f: &Facts) -> Condition {
     let (inp, type_) = (f.inp, conditions::PUBLIC_ROOTS);
-    let judged = f.judged.len();
-    if judged == 0 {
+    let (judged, incomplete) = (f.judged.len(), f.incomplete_chains.len());
+    if judged + incomplete == 0 {
         let msg = "no served host's certificate has been judged yet".to_string();
         return condition(type_, None, reasons::NO_CERTIFICATES, msg, inp);
     }
+    let incomplete_note = |of: &str| {
+        format!(
+            "the Secrets of {incomplete}{of} hosts {INCOMPLETE} (the leaf without the \
+             intermediate that issued it), so whether they reach a public web root is unknown: \
+             browsers that have or fetch the intermediate may accept them, and h3-ingress sends \
+             what the Secret holds, so a client without it fails over HTTP/3 as over TCP"
+        )
+    };
     let private: Vec<&str> = f.private_roots.iter().copied().collect();
-    if private.is_empty() {
+    if private.is_empty() && incomplete == 0 {
         let msg = format!("all {judged} hosts have certificates that chain to a public web root");
         return condition(type_, Some(true), reasons::ALL_PUBLICLY_TRUSTED, msg, inp);
+    }
+    if private.is_empty() {
+        let names: Vec<&str> = f.incomplete_chains.iter().copied().collect();
+        let of = format!(" of {}", judged + incomplete);
+        let msg = format!("{}{}", incomplete_note(&of), named(&names));
+        return condition(type_, None, reasons::INCOMPLETE_CHAIN, msg, inp);
     }
     let (what, them) = if private.len() == 1 {
         ("has a certificate that does", "it")
@@ -780,14 +846,20 @@ fn public_roots(f: &Facts) -> Condition {
     };
     let mut msg = format!(
         "{} of {judged} hosts {what} not chain to a public web root: Chrome will not use HTTP/3 for \
-         {them} (Firefox and Safari may){NAMED}{}",
+         {them} (Firefox and Safari may)",
         private.len(),
-        private[..private.len().min(MESSAGE_ITEMS)].join(", ")
     );
-    if private.len() > MESSAGE_ITEMS {
-        let _ = write!(msg, "{MORE}{} more", private.len() - MESSAGE_ITEMS);
+    if incomplete > 0 {
+        let _ = write!(msg, "; {}", incomplete_note(" other"));
     }
+    msg.push_str(&named(&private));
     condition(type_, Some(false), reasons::PRIVATE_ROOTS, msg, inp)
+}
+
+/// Whether a `PublicRoots` condition counts hosts whose Secret's chain is incomplete (their
+/// verdict unknown; it names them only when no host is private).
+pub fn incomplete_chains_counted(c: &Condition) -> bool {
+    c.type_ == conditions::PUBLIC_ROOTS && c.message.contains(INCOMPLETE)
 }
 
 /// The hosts a `PublicRoots` condition names as not chaining to a public web root, and
@@ -1555,12 +1627,56 @@ mod tests {
         )];
         let c = agg(&inputs(&none, Some(&d), &pods, None, 1));
         assert_eq!(cond(&c, conditions::PUBLIC_ROOTS).status, "Unknown");
-        let unjudged = [want("a.example.com", "Serving", reasons::SERVING)];
-        let c = agg(&inputs(&unjudged, Some(&d), &pods, None, 1));
         assert_eq!(
             cond(&c, conditions::PUBLIC_ROOTS).reason,
             reasons::NO_CERTIFICATES
         );
+    }
+
+    /// A served host without a verdict is one whose Secret lacks the leaf's intermediate
+    /// (`roots::Roots::Incomplete`): unknown, never counted as private.
+    #[test]
+    fn public_roots_says_an_incomplete_chain_is_unknown_not_private() {
+        let d = ds(1, 1);
+        let pods = [pod("p1", "D", vec![socket("ipv4", false)], 0)];
+        let leaf_only = want("l.example.com", "Serving", reasons::SERVING);
+        let hosts = [judged("a.example.com", true), leaf_only.clone()];
+        let s = agg(&inputs(&hosts, Some(&d), &pods, None, 1));
+        let c = cond(&s, conditions::PUBLIC_ROOTS);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+            (
+                "Unknown",
+                reasons::INCOMPLETE_CHAIN,
+                "the Secrets of 1 of 2 hosts hold an incomplete chain (the leaf without the \
+                 intermediate that issued it), so whether they reach a public web root is \
+                 unknown: browsers that have or fetch the intermediate may accept them, and \
+                 h3-ingress sends what the Secret holds, so a client without it fails over \
+                 HTTP/3 as over TCP; e.g. l.example.com"
+            )
+        );
+        assert!(incomplete_chains_counted(c));
+        assert_eq!(private_roots_named(c), (vec![], false));
+        // Beside a private host: False for the private one, which alone is named; the
+        // incomplete one is counted.
+        let hosts = [judged("p.example.com", false), leaf_only];
+        let s = agg(&inputs(&hosts, Some(&d), &pods, None, 1));
+        let c = cond(&s, conditions::PUBLIC_ROOTS);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", reasons::PRIVATE_ROOTS)
+        );
+        assert!(
+            c.message.starts_with(
+                "1 of 1 hosts has a certificate that does not chain to a public web root: \
+                 Chrome will not use HTTP/3 for it (Firefox and Safari may); the Secrets of 1 \
+                 other hosts hold an incomplete chain"
+            ),
+            "{}",
+            c.message
+        );
+        assert_eq!(private_roots_named(c), (vec!["p.example.com"], false));
+        assert!(incomplete_chains_counted(c));
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! Which listeners a change concerns, so a change reconciles only them: an Ingress change
-//! concerns the listeners it targets now and those it gave hosts or policy to at their last
-//! reconcile (so removing an annotation is noticed), and, when it carries policy annotations,
-//! the listeners of its class (it may now hold back a host they serve); a Secret change, the
-//! listeners serving hosts with it; a Gateway API change, the listeners of its class and those
-//! it gave hosts to; a Traefik Middleware or TLSOption change, the listeners whose hosts'
-//! policy looked it up by one of its names. With many listeners, one object's edit no longer
-//! re-resolves every listener's hosts. Pure.
+//! concerns the listeners it targets now and those it gave hosts, a host's certificate or
+//! policy to at their last reconcile (so removing an annotation is noticed); when it carries
+//! policy annotations, the listeners of its class (it may now hold back a host they serve);
+//! and, annotated or not, those that want a host it names with `spec.tls` (it may now own
+//! that host's certificate, `hosts::owners`); a Secret change, the listeners serving hosts
+//! with it; a Gateway API change, the listeners of its class and those it gave hosts to; a
+//! Traefik Middleware or TLSOption change, the listeners whose hosts' policy looked it up by
+//! one of its names. With many listeners, one object's edit no longer re-resolves every
+//! listener's hosts. Pure.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,6 +16,7 @@ use k8s_openapi::api::networking::v1::Ingress;
 
 use super::context::Memory;
 use super::hosts::ingress::{ingress_class, ingress_key, targets_listener, with_default_class};
+use super::hosts::owners::{has_tls, rule_hosts};
 use super::hosts::sources::has_policy_annotations;
 use super::watches::gateway::GatewayChange;
 use super::watches::traefik::TraefikChange;
@@ -54,7 +57,16 @@ pub fn ingress_listeners(
         .iter()
         .filter(|(_, m)| m.ingresses.contains(&key))
         .map(|(l, _)| l.clone());
-    sorted(now.chain(before).collect())
+    let hosts: Vec<String> = if has_tls(&ing) && ing.metadata.deletion_timestamp.is_none() {
+        rule_hosts(&ing).collect()
+    } else {
+        Vec::new()
+    };
+    let naming = memory
+        .iter()
+        .filter(|(_, m)| hosts.iter().any(|h| m.ingress_hosts.contains(h)))
+        .map(|(l, _)| l.clone());
+    sorted(now.chain(before).chain(naming).collect())
 }
 
 /// The listeners a Traefik change concerns: those whose policy looked up one of the names
@@ -196,6 +208,44 @@ mod tests {
         assert_eq!(
             ingress_listeners(&ingress(None, true), Some("other"), &ls, &BTreeMap::new()),
             ["b"]
+        );
+    }
+
+    /// An Ingress nobody annotated may still own a wanted host's certificate: it concerns
+    /// the listeners that want a host it names with `spec.tls`, and only those.
+    #[test]
+    fn an_unannotated_ingress_concerns_the_listeners_wanting_a_host_it_names_with_tls() {
+        let ls = [listener("a", Some("nginx"), None)];
+        let memory: BTreeMap<String, Memory> = [(
+            "a".to_string(),
+            Memory {
+                ingress_hosts: ["shop.example.com".to_string()].into_iter().collect(),
+                ..Default::default()
+            },
+        )]
+        .into_iter()
+        .collect();
+        let naming = |host: &str, tls: bool| {
+            let mut i = ingress(Some("nginx"), false);
+            let spec = i.spec.as_mut().unwrap();
+            spec.rules = Some(vec![k8s_openapi::api::networking::v1::IngressRule {
+                host: Some(host.into()),
+                http: None,
+            }]);
+            spec.tls = tls.then(|| vec![Default::default()]);
+            i
+        };
+        assert_eq!(
+            ingress_listeners(&naming("Shop.example.com", true), None, &ls, &memory),
+            ["a"]
+        );
+        assert!(
+            ingress_listeners(&naming("other.example.com", true), None, &ls, &memory).is_empty()
+        );
+        // Without spec.tls it claims no certificate (and if it owned one before, its key is
+        // remembered in `ingresses`).
+        assert!(
+            ingress_listeners(&naming("shop.example.com", false), None, &ls, &memory).is_empty()
         );
     }
 

@@ -34,7 +34,7 @@ use crate::api::{
 };
 use crate::config::host_matches;
 use crate::operator::resources::label_selector;
-use crate::operator::status::{dns_https_record, private_roots_named};
+use crate::operator::status::{dns_https_record, incomplete_chains_counted, private_roots_named};
 
 /// The reasons of hosts not served because of the TCP ingress's own policy for them.
 const HELD_BACK: [&str; 3] = [
@@ -665,6 +665,7 @@ impl<'a> Roots<'a> {
         };
         let (named, more) = private_roots_named(c);
         let others = match c.status.as_str() {
+            _ if incomplete_chains_counted(c) => "?",
             "True" => "yes",
             "False" if more => "?",
             "False" => "yes",
@@ -866,7 +867,8 @@ fn hosts_block(rows: &[HostReport], roots: &Roots) -> String {
         let _ = writeln!(
             out,
             "  PUBLIC-ROOT ?: the PublicRoots condition names a few hosts that are not from a \
-             public web root and counts the rest; hosts marked ? may be among them"
+             public web root and counts the rest, or counts Secrets whose chain is incomplete; \
+             hosts marked ? may be among them (its message says which)"
         );
     }
     out
@@ -1137,6 +1139,27 @@ Listener nginx: UDP port 8443, pods ready 2/3, hosts serving 1/3, UDP drops 17, 
             .filter(|x| x.contains("public web root") && !x.starts_with("    "))
             .collect();
         println!("{}", notes.join("\n"));
+    }
+
+    /// A Secret without its intermediate leaves the verdict unknown: `?`, never `NO`.
+    #[test]
+    fn an_incomplete_chain_is_a_question_mark_not_a_no() {
+        let mut l = listener();
+        let status = l.status.as_mut().unwrap();
+        let c = status
+            .conditions
+            .iter_mut()
+            .find(|c| c.type_ == conditions::PUBLIC_ROOTS)
+            .unwrap();
+        c.status = "Unknown".into();
+        c.reason = crate::api::reasons::INCOMPLETE_CHAIN.into();
+        c.message = "the Secrets of 1 of 2 hosts hold an incomplete chain (the leaf without the \
+                     intermediate that issued it), ...; e.g. shop.example.com"
+            .into();
+        let out = render_status(&[l], &views());
+        assert_eq!(public_root_cell(&out, "shop.example.com"), "?");
+        assert!(!out.contains(CHROME_NOTE), "{out}");
+        assert_eq!(out.matches("PUBLIC-ROOT ?:").count(), 1);
     }
 
     #[test]

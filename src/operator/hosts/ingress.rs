@@ -176,7 +176,7 @@ fn narrowed_hosts(ing: &Ingress) -> Option<Vec<String>> {
 
 /// The Secret of the `spec.tls` entry that covers `name`; an exact entry beats a wildcard
 /// entry, as in the TCP ingress controllers.
-fn tls_cert_source(tls: &[IngressTLS], name: &str, ingress: &str, ns: &str) -> CertSource {
+pub fn tls_cert_source(tls: &[IngressTLS], name: &str, ingress: &str, ns: &str) -> CertSource {
     let covers = |t: &&IngressTLS, matches: &dyn Fn(&str) -> bool| {
         t.hosts
             .as_deref()
@@ -205,18 +205,23 @@ fn tls_cert_source(tls: &[IngressTLS], name: &str, ingress: &str, ns: &str) -> C
     }
 }
 
-fn creation_key(ing: &Ingress) -> (Option<i64>, String) {
-    (
-        ing.metadata
-            .creation_timestamp
-            .as_ref()
-            .map(|t| t.0.as_second()),
-        ingress_key(ing),
-    )
+fn created(ing: &Ingress) -> Option<i64> {
+    ing.metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0.as_second())
 }
 
-/// The Ingresses a listener serves, oldest first (ties by `namespace/name`), so that on a host
-/// conflict the Ingress that had the host first keeps it, as ingress-nginx does.
+/// The order the TCP ingress reads Ingresses in: oldest first; equal creation times (a second
+/// is the API's resolution) by `namespace/name`, the greater first, as ingress-nginx sorts them.
+pub fn tcp_order(a: &Ingress, b: &Ingress) -> std::cmp::Ordering {
+    created(a)
+        .cmp(&created(b))
+        .then_with(|| ingress_key(b).cmp(&ingress_key(a)))
+}
+
+/// The Ingresses a listener serves, in [`tcp_order`], so that on a host conflict the Ingress
+/// that had the host first keeps it, as ingress-nginx does.
 pub fn selected_ingresses<'a>(
     listener: &Http3Listener,
     ingresses: impl IntoIterator<Item = &'a Ingress>,
@@ -228,7 +233,7 @@ pub fn selected_ingresses<'a>(
         .filter(|i| i.metadata.deletion_timestamp.is_none())
         .filter(|i| targets_listener(i, name, class))
         .collect();
-    v.sort_by_key(|a| creation_key(a));
+    v.sort_by(|a, b| tcp_order(a, b));
     v
 }
 

@@ -10,6 +10,7 @@
 //!
 //! - [`wanted`]: what a listener is asked to serve, before any Secret is read
 //! - [`ingress`]: Ingress rules (annotations, classes, `spec.tls`)
+//! - [`owners`]: which Ingress of the class a host's certificate comes from, annotated or not
 //! - [`gateway`]: Gateway API rules (attachment, hostnames, ReferenceGrants)
 //! - [`resolve`]: certificates, conflicts and the per-host reports
 //! - [`roots`]: whether a certificate chains to a public web root
@@ -19,6 +20,7 @@
 
 pub mod gateway;
 pub mod ingress;
+pub mod owners;
 pub mod policy;
 pub mod resolve;
 pub mod roots;
@@ -41,19 +43,48 @@ pub use wanted::{CertSource, GatewayOrigin, WantedHost};
 use crate::api::gateway::HTTPRoute;
 use crate::api::{Http3Listener, SecretRef};
 use gateway::wanted_from_gateway_api;
-use ingress::wanted_hosts;
 use ingress::{ingress_class, ingress_key, own_hosts, selected_ingresses, targets_listener};
+use owners::{wanted_hosts, TlsOwners};
 use policy::{HostPolicy, Policies};
 use resolve::normalized;
 
-/// Everything a listener wants to serve: its own `spec.hosts` first, then the selected
-/// Ingresses' hosts, then the Gateway API's (an Ingress keeps a host it had before a route
-/// asked for it, which is what a user migrating one object at a time expects).
+/// What a listener wants, and where else it looked.
+#[derive(Debug, Default)]
+pub struct Wanted {
+    pub hosts: Vec<WantedHost>,
+    /// `namespace/name` of the Ingresses (annotated or not) whose `spec.tls` decided the
+    /// certificate of a host another Ingress asked for ([`owners`]).
+    pub certificate_ingresses: BTreeSet<String>,
+}
+
+/// Everything a listener wants to serve ([`gather_wanted`]).
 pub fn wanted_for_listener<'a>(
     listener: &Http3Listener,
     ingresses: impl IntoIterator<Item = &'a Ingress>,
     gateway_api: &GatewayObjects,
 ) -> Vec<WantedHost> {
+    gather_wanted(listener, ingresses, gateway_api).hosts
+}
+
+/// Everything a listener wants to serve: its own `spec.hosts` first, then the selected
+/// Ingresses' hosts, then the Gateway API's (an Ingress keeps a host it had before a route
+/// asked for it, which is what a user migrating one object at a time expects). An Ingress's
+/// host gets the certificate the TCP ingress serves it with, from whichever Ingress of the
+/// class owns it ([`owners`]).
+pub fn gather_wanted<'a>(
+    listener: &Http3Listener,
+    ingresses: impl IntoIterator<Item = &'a Ingress>,
+    gateway_api: &GatewayObjects,
+) -> Wanted {
+    let all: Vec<&Ingress> = ingresses.into_iter().collect();
+    let selected = selected_ingresses(listener, all.iter().copied());
+    let classes: BTreeSet<Option<&str>> = selected.iter().map(|i| ingress_class(i)).collect();
+    let owners = if selected.is_empty() {
+        TlsOwners::default()
+    } else {
+        TlsOwners::new(all.iter().copied(), &classes)
+    };
+    let mut certificate_ingresses = BTreeSet::new();
     let mut out: Vec<WantedHost> = listener
         .spec
         .hosts
@@ -65,11 +96,14 @@ pub fn wanted_for_listener<'a>(
             cert: CertSource::Secret(h.secret_ref.clone()),
         })
         .collect();
-    for ing in selected_ingresses(listener, ingresses) {
-        out.extend(wanted_hosts(ing));
+    for ing in selected {
+        out.extend(wanted_hosts(ing, &owners, &mut certificate_ingresses));
     }
     out.extend(wanted_from_gateway_api(listener, gateway_api));
-    out
+    Wanted {
+        hosts: out,
+        certificate_ingresses,
+    }
 }
 
 /// The Secrets a listener needs, i.e. the only ones the data plane may read.

@@ -62,11 +62,14 @@ impl ResolvedHosts {
 }
 
 /// What resolving learns of a certificate that can serve a host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Servable {
     /// Whether its chain verifies against the public web roots ([`super::roots`]): Chrome
     /// uses HTTP/3 only then.
-    pub public_roots: bool,
+    pub public_roots: super::roots::Roots,
+    /// Set when the certificate is the last good one of a Secret that cannot be read now:
+    /// the host's message, saying why.
+    pub stale: Option<String>,
 }
 
 /// Whether a Secret's certificate can serve a host: what resolving needs from Secrets.
@@ -96,7 +99,8 @@ impl Certificates for SecretMap {
         let (cert, key) = tls_pair(secret).ok_or_else(|| missing_keys(sref))?;
         check_pem(sref, host, cert, key, now_unix)?;
         Ok(Servable {
-            public_roots: super::roots::publicly_trusted(cert, host, now_unix),
+            public_roots: super::roots::public_roots(cert, host, now_unix),
+            stale: None,
         })
     }
 }
@@ -256,13 +260,18 @@ pub fn resolve_wanted(
         match certificates.check(sref, &lower, now_unix) {
             Ok(servable) => {
                 let (timeouts, notes) = policies.timeouts(&lower);
+                // The last good certificate of a Secret that cannot be read now says so;
+                // else what of its policy is not carried, for Degraded and an event.
+                let (reason, message) = match servable.stale {
+                    Some(why) => (reasons::SECRET_UNREADABLE, why),
+                    None => (reasons::SERVING, notes.join("; ")),
+                };
                 reports.push(HostReport {
                     state: host_states::SERVING.to_string(),
-                    reason: reasons::SERVING.to_string(),
-                    // What of its policy is not carried, for Degraded and an event.
-                    message: notes.join("; "),
+                    reason: reason.to_string(),
+                    message,
                     secret: Some(secret_key(sref)),
-                    public_roots: Some(servable.public_roots),
+                    public_roots: servable.public_roots.verdict(),
                     ..report_of(&w)
                 });
                 served.push(ServedHost {

@@ -113,8 +113,16 @@ fn conflicting_hosts_go_to_spec_hosts_then_the_oldest_ingress() {
         ..Default::default()
     }
     .build();
+    // Of another class (so its own TCP ingress serves it with its own Secret), named to this
+    // listener: a real conflict. Of the same class it would get old-tls, the Secret the TCP
+    // ingress serves the name with (`owners`).
     let new = Ing {
         name: "new",
+        class: Some("other"),
+        ann: vec![
+            (annotations::ENABLED, "true"),
+            (annotations::LISTENER, "public"),
+        ],
         rules: vec!["shared.example.com"],
         tls: vec![(vec!["shared.example.com"], Some("new-tls"))],
         created: 200,
@@ -264,4 +272,59 @@ fn an_ingress_without_a_class_is_served_by_the_listener_of_the_default_class() {
     // The legacy annotation is a class: it stays haproxy's, and is not copied.
     assert!(Arc::ptr_eq(&seen[1], &legacy));
     assert_eq!(ingress_class(&seen[1]), Some("haproxy"));
+}
+
+/// A host an annotated Ingress asks for is served with the Secret the TCP ingress serves it
+/// with: that of the oldest Ingress of the class naming it with a spec.tls section, annotated
+/// or not (here in another namespace); the data plane may read that Secret, not the other.
+#[test]
+fn a_host_is_served_with_the_certificate_of_the_oldest_ingress_of_its_class_with_tls() {
+    let l = listener("public", Some("nginx"));
+    let web = Ing {
+        ns: "shop",
+        rules: vec!["shop.example.com"],
+        tls: vec![(vec!["shop.example.com"], Some("web-tls"))],
+        created: 200,
+        ..Default::default()
+    }
+    .build();
+    let old = Ing {
+        ns: "legacy",
+        name: "old",
+        ann: vec![],
+        rules: vec!["shop.example.com"],
+        tls: vec![(vec!["shop.example.com"], Some("old-tls"))],
+        created: 100,
+        ..Default::default()
+    }
+    .build();
+    let secrets: SecretMap = [
+        tls_secret("shop", "web-tls", &["shop.example.com"]),
+        tls_secret("legacy", "old-tls", &["shop.example.com"]),
+    ]
+    .into_iter()
+    .collect();
+    let r = resolve_hosts(&l, [&web, &old], &none(), &secrets, now());
+    let served: Vec<_> = r
+        .served
+        .iter()
+        .map(|h| (h.name.as_str(), secret_key(&h.secret), h.source.as_str()))
+        .collect();
+    assert_eq!(
+        served,
+        [(
+            "shop.example.com",
+            "legacy/old-tls".to_string(),
+            "Ingress shop/web"
+        )]
+    );
+    assert_eq!(
+        by_name(&r, "shop.example.com"),
+        [("Serving".to_string(), reasons::SERVING.to_string())]
+    );
+    let refs: Vec<_> = referenced_secrets(&l, [&web, &old], &none())
+        .iter()
+        .map(secret_key)
+        .collect();
+    assert_eq!(refs, ["legacy/old-tls"]);
 }
