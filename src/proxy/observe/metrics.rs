@@ -583,6 +583,9 @@ impl Metrics {
         let udp_sockets = SocketInodes::default();
         r.register_collector(UdpProcCollector::new(udp_sockets.clone()));
         r.register_collector(crate::memory::HeapCollector::new(HEAP_BYTES.name));
+        r.register_collector(crate::fds::FdCollector::new(
+            crate::fds::PROXY_ACCEPT_ERRORS,
+        ));
         r.gauge_vec(&BUILD_INFO)
             .with_label_values(&[crate::version::VERSION, crate::version::COMMIT])
             .set(1);
