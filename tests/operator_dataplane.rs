@@ -265,11 +265,20 @@ type Source = tokio::task::JoinHandle<Result<(), h3_ingress::proxy::source::kube
 fn start_source(
     mirrors: &[(&str, Value)],
 ) -> (Arc<Mutex<World>>, mpsc::Receiver<ConfigUpdate>, Source) {
+    start_source_with(None, mirrors)
+}
+
+/// [`start_source`] with `listener` as the listener (the default one when `None`).
+fn start_source_with(
+    listener: Option<Value>,
+    mirrors: &[(&str, Value)],
+) -> (Arc<Mutex<World>>, mpsc::Receiver<ConfigUpdate>, Source) {
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<RespBody>>();
     let client = Client::new(svc, "default");
     let world = Arc::new(Mutex::new(World::default()));
     {
         let mut w = world.lock().unwrap();
+        w.listener = listener;
         for (name, m) in mirrors {
             w.mirrors.insert(name.to_string(), m.clone());
         }
@@ -347,6 +356,65 @@ async fn mirrors_in_configs_out_and_nothing_else_is_asked_for() {
     assert_only_the_two_watches(&world);
     drop(mirrors);
     continue_when_broken_or_gone(world, rx, source, ca2.sha).await;
+}
+
+/// The next update, which must be a rejection; its reason.
+async fn rejected(rx: &mut mpsc::Receiver<ConfigUpdate>, what: &str) -> String {
+    let update = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .unwrap_or_else(|_| panic!("nothing sent for: {what}"))
+        .expect("sender alive");
+    match update {
+        ConfigUpdate::Invalid(why) => why,
+        ConfigUpdate::Apply(_) => panic!("{what}: a configuration was sent"),
+    }
+}
+
+/// The listener with `transport.congestionControl` set, as version `n` of its spec.
+fn listener_with_controller(controller: &str, n: u64) -> Value {
+    let mut l = listener();
+    l["metadata"]["resourceVersion"] = n.to_string().into();
+    l["metadata"]["generation"] = n.into();
+    l["spec"]["transport"] = json!({"congestionControl": controller});
+    l
+}
+
+/// A listener whose spec has an enum value this binary does not know (a newer CRD's, after
+/// a rollback) is read, not a failed watch: the source reports which field, once, and sends
+/// no configuration, so the proxy keeps serving its last good one; a pod that starts on such
+/// a spec reports the same instead of waiting for a listener it cannot parse; a fixed spec
+/// is served.
+#[tokio::test]
+async fn an_unknown_enum_value_keeps_the_last_good_configuration_and_names_the_field() {
+    let ca = cert(&["a.example.com"]);
+    let m_a = mirror_secret("m-a", "10", &ca, &["a.example.com"]);
+    let (world, mut rx, _source) = start_source(&[("m-a", m_a.clone())]);
+    next(&mut rx, "the good listener").await;
+    let listeners = wait_for_watch(&world, LISTENERS).await;
+    listeners
+        .send(event("MODIFIED", &listener_with_controller("l4s", 2)))
+        .unwrap();
+    let why = rejected(&mut rx, "an unknown congestion controller").await;
+    assert!(
+        why.contains(
+            "spec.transport.congestionControl: \"l4s\" is not a value this h3-ingress knows"
+        ),
+        "{why}"
+    );
+    quiet(&mut rx, 1, "the same rejection again").await;
+    listeners
+        .send(event("MODIFIED", &listener_with_controller("bbr", 3)))
+        .unwrap();
+    let fixed = next(&mut rx, "the fixed listener").await;
+    assert_eq!(
+        fixed.transport.congestion_control,
+        h3_ingress::api::CongestionControl::Bbr
+    );
+
+    let (_world, mut rx, _source) =
+        start_source_with(Some(listener_with_controller("l4s", 2)), &[("m-a", m_a)]);
+    let why = rejected(&mut rx, "a pod starting on the unknown value").await;
+    assert!(why.contains("spec.transport.congestionControl"), "{why}");
 }
 
 /// The second half of the test above: a broken mirror, a relist, the API server gone.
