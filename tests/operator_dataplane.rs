@@ -589,19 +589,56 @@ mod live {
         tokio::spawn(async move {
             loop {
                 let (s, _) = l.accept().await.unwrap();
+                tokio::spawn(answer(s));
+            }
+        });
+        addr
+    }
+
+    /// A TLS stand-in for the TCP ingress that presents `c` (HTTP/1.1, no ALPN).
+    async fn tls_upstream(c: &Cert) -> SocketAddr {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let chain = vec![CertificateDer::from_pem_slice(c.cert.as_bytes()).unwrap()];
+        let key = PrivateKeyDer::from_pem_slice(c.key.as_bytes()).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (s, _) = l.accept().await.unwrap();
+                let acceptor = acceptor.clone();
                 tokio::spawn(async move {
-                    let svc = hyper::service::service_fn(|_req| async {
-                        Ok::<_, Infallible>(hyper::Response::new(http_body_util::Full::new(
-                            Bytes::from_static(b"from the TCP ingress"),
-                        )))
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
-                        .await;
+                    // A refused handshake is the proxy's verdict, seen as its 502.
+                    if let Ok(s) = acceptor.accept(s).await {
+                        answer(s).await;
+                    }
                 });
             }
         });
         addr
+    }
+
+    /// Answers every request on `io` with a fixed body.
+    async fn answer<S>(io: S)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let svc = hyper::service::service_fn(|_req| async {
+            Ok::<_, Infallible>(hyper::Response::new(http_body_util::Full::new(
+                Bytes::from_static(b"from the TCP ingress"),
+            )))
+        });
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(hyper_util::rt::TokioIo::new(io), svc)
+            .await;
     }
 
     fn free_udp_port() -> u16 {
@@ -625,22 +662,28 @@ mod live {
 
     async fn start() -> Running {
         let up = upstream().await;
+        let c1 = cert(&["a.example.com"]);
+        let m = mirror_secret("m-a", "10", &c1, &["a.example.com"]);
+        launch(json!({"address": up.to_string(), "tls": false}), m, c1.sha).await
+    }
+
+    /// The proxy with `upstream` as the listener's `spec.upstream` and `mirror` (named m-a,
+    /// serving a certificate whose leaf has the SHA-256 `sha1`) as its only mirror.
+    async fn launch(upstream: Value, mirror: Value, sha1: String) -> Running {
         let port = free_udp_port();
         let mut l = listener();
         l["spec"] = json!({
             "ingressClassName": "nginx",
             "port": port,
             "addresses": {"ipv4": "127.0.0.1", "ipv6": null},
-            "upstream": {"address": up.to_string(), "tls": false},
+            "upstream": upstream,
             "metrics": {"address": "127.0.0.1:0"}
         });
         let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<RespBody>>();
         let world = Arc::new(Mutex::new(World::default()));
-        let c1 = cert(&["a.example.com"]);
         {
             let mut w = world.lock().unwrap();
-            let m = mirror_secret("m-a", "10", &c1, &["a.example.com"]);
-            w.mirrors.insert("m-a".into(), m);
+            w.mirrors.insert("m-a".into(), mirror);
             w.listener = Some(l.clone());
         }
         tokio::spawn(api_server(handle, world.clone()));
@@ -661,7 +704,7 @@ mod live {
             proxy,
             world,
             listener: l,
-            sha1: c1.sha,
+            sha1,
             shutdown,
             task,
         }
@@ -837,5 +880,61 @@ mod live {
         assert_eq!(r.reloads("applied").await, 0);
         assert_eq!(h3.get("a.example.com").await.0, 200);
         r.stop().await;
+    }
+
+    /// `h3_ingress_upstream_certificate_grace_total{leaf}` as the admin endpoint serves it.
+    async fn grace_accepted(r: &Running, leaf: &str) -> u64 {
+        let text = r.admin("/metrics").await;
+        let series = format!("h3_ingress_upstream_certificate_grace_total{{leaf=\"{leaf}\"}} ");
+        let line = text.lines().find(|l| l.starts_with(&series));
+        line.map_or(0, |l| l[series.len()..].parse().unwrap())
+    }
+
+    /// A data plane that starts after a renewal (a restart, a roll), while the TCP ingress
+    /// still presents the leaf the renewal replaced (`verify: servedCertificate`): the mirror
+    /// it starts from says which leaf that was and since when, and the proxy accepts it for
+    /// the rest of the grace. Without `previous.json` (what every data plane did before), or
+    /// with a replacement older than the grace, the same request is a 502.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_data_plane_started_after_a_renewal_accepts_the_leaf_its_mirror_says_was_replaced() {
+        const GRACE: i64 = 300;
+        let (old, new) = (cert(&["a.example.com"]), cert(&["a.example.com"]));
+        let ingress = tls_upstream(&old).await;
+        let now = h3_ingress::config::file::unix_now();
+        let upstream = json!({"address": ingress.to_string(), "tls": true,
+                              "verify": "servedCertificate",
+                              "servedCertificateGraceSeconds": GRACE});
+        let cases = [
+            ("replaced 10 s ago", Some(now - 10), 200, 1),
+            ("no previous.json", None, 502, 0),
+            ("replaced before the grace", Some(now - GRACE - 60), 502, 0),
+        ];
+        for (what, replaced_at, want, previous_accepted) in cases {
+            let mut m = mirror_secret("m-a", "10", &new, &["a.example.com"]);
+            if let Some(replaced_at) = replaced_at {
+                let p = mirror::PreviousLeaf {
+                    certificate: old.cert.clone(),
+                    replaced_at,
+                };
+                let json = serde_json::to_vec(&p).unwrap();
+                m["data"][mirror::PREVIOUS_KEY] = json!(base64_free::encode(&json));
+            }
+            let r = launch(upstream.clone(), m, new.sha.clone()).await;
+            let ep = crate::support::quic::any_certificate_client();
+            let mut h3 = H3::connect(&ep, r.proxy.udp_addrs[0], "a.example.com").await;
+            assert_eq!(h3.served_cert_sha256(), new.sha, "{what}");
+            let (status, body) = h3.get("a.example.com").await;
+            assert_eq!(status, want, "{what}: {body}");
+            if want == 200 {
+                assert_eq!(body, "from the TCP ingress", "{what}");
+            }
+            assert_eq!(
+                grace_accepted(&r, "previous").await,
+                previous_accepted,
+                "{what}"
+            );
+            h3.conn.close(0u32.into(), b"done");
+            r.stop().await;
+        }
     }
 }

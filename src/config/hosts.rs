@@ -49,6 +49,18 @@ pub struct HostEntry {
     pub source: String,
     /// `namespace/name` of the Secret the certificate comes from, when there is one.
     pub secret: Option<Arc<str>>,
+    /// The leaf this host's certificate replaced, as its certificate mirror says (Kubernetes
+    /// mode): what a restarted data plane accepts from the upstream for the renewal grace.
+    pub replaced: Option<Arc<Replaced>>,
+}
+
+/// A leaf certificate a host served before its current one, and since when it is not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replaced {
+    /// DER.
+    pub leaf: Vec<u8>,
+    /// Unix seconds.
+    pub at: i64,
 }
 
 impl fmt::Debug for HostEntry {
@@ -169,6 +181,11 @@ impl Certificate {
         self.not_after
     }
 
+    /// The leaf certificate (DER).
+    pub fn leaf(&self) -> &CertificateDer<'static> {
+        &self.certified_key.cert[0]
+    }
+
     pub fn leaf_sha256(&self) -> &str {
         &self.leaf_sha256
     }
@@ -233,6 +250,7 @@ impl Certificate {
             upstream: None,
             source: String::new(),
             secret: None,
+            replaced: None,
         }
     }
 }

@@ -16,7 +16,9 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use hosts::{host_matches, normalize_host_name, Certificate, HostEntry, HostError, HostTable};
+pub use hosts::{
+    host_matches, normalize_host_name, Certificate, HostEntry, HostError, HostTable, Replaced,
+};
 
 use crate::api::bounds::{self, Bound};
 use crate::api::unknown::UnknownValue;

@@ -1205,6 +1205,7 @@ mod tests {
                 upstream: None,
                 source: String::new(),
                 secret: None,
+                replaced: None,
             });
         }
         m.follow_config_hosts(&fewer, true);

@@ -9,7 +9,10 @@
 //! - **previous**: the leaf this proxy served for the host until it switched to the current
 //!   one, for the grace period after the switch (this proxy switched first). It is a leaf we
 //!   served ourselves moments ago, so the ingress presenting it is the ingress that owned the
-//!   name moments ago.
+//!   name moments ago. A process started after the switch did not see it: in Kubernetes the
+//!   operator writes the replaced leaf and the time of the switch into the certificate mirror
+//!   with the new certificate ([`Renewals::recall`]), so it knows the leaf all the same, for
+//!   the grace counted from then; standalone, a restart forgets it.
 //! - **next**: a renewal this proxy has not loaded yet (the ingress switched first), for the
 //!   grace period after the ingress first presented it. A leaf counts as the renewal of ours
 //!   only if it names exactly the same DNS names, is issued after ours (a later notBefore),
@@ -41,7 +44,7 @@ use prometheus::IntCounterVec;
 use rustls::pki_types::{CertificateDer, ServerName, TrustAnchor, UnixTime};
 use sha2::{Digest, Sha256};
 
-use crate::config::HostTable;
+use crate::config::{HostTable, Replaced};
 
 /// Values of the `leaf` label of `h3_ingress_upstream_certificate_grace_total`.
 use crate::proxy::observe::metrics::renewal_leaf as leaf;
@@ -65,12 +68,6 @@ impl Leaf {
             Leaf::Next => leaf::NEXT,
         }
     }
-}
-
-#[derive(Debug)]
-struct Replaced {
-    leaf: Vec<u8>,
-    at: i64,
 }
 
 /// What the verifiers of every configuration generation share: the leaves hosts served before
@@ -115,6 +112,24 @@ impl Renewals {
                         at: now,
                     },
                 );
+            }
+        }
+    }
+
+    /// Learns, for every host of `table` whose entry names the leaf its certificate replaced
+    /// (its certificate mirror, written with the new certificate, says which and when), that
+    /// leaf as its previous one, unless this process saw the switch itself: how a data plane
+    /// started after a renewal still accepts the replaced leaf for the rest of the grace.
+    pub fn recall(&self, table: &HostTable) {
+        let mut previous = self.previous.lock().expect("not poisoned");
+        for entry in table.iter() {
+            let Some(r) = &entry.replaced else {
+                continue;
+            };
+            if r.leaf.as_slice() != entry.leaf().as_ref() {
+                previous
+                    .entry(entry.name.clone())
+                    .or_insert_with(|| Replaced::clone(r));
             }
         }
     }
@@ -492,7 +507,7 @@ mod tests {
             assert!(t.insert(HostEntry::from_der("a.test", chain, key, NOW).unwrap()));
             t
         };
-        let (t1, t2) = (table(&l1, k1), table(&l2, k2));
+        let (t1, t2) = (table(&l1, k1), table(&l2, k2.clone_key()));
         let counter = IntCounterVec::new(Opts::new("grace", "-"), &["leaf"]).unwrap();
         let host = name("a.test");
         let grace = Duration::from_secs(300);
@@ -535,5 +550,38 @@ mod tests {
         // Hosts the new table lacks are forgotten.
         r.switched(&t1, &HostTable::default(), NOW + 402);
         assert!(r.previous.lock().unwrap().is_empty());
+
+        // A process started after the switch learns l1 from the mirror, with its time.
+        let mut e = HostEntry::from_der("a.test", vec![l2.clone(), ca.der()], k2, NOW).unwrap();
+        e.replaced = Some(Arc::new(Replaced {
+            leaf: l1.to_vec(),
+            at: NOW,
+        }));
+        let mut t2 = HostTable::default();
+        assert!(t2.insert(e));
+        let fresh = Renewals::new(IntCounterVec::new(Opts::new("g", "-"), &["leaf"]).unwrap());
+        assert_eq!(
+            judge(&fresh, &t2, &l1, NOW + 10, grace),
+            None,
+            "not recalled yet"
+        );
+        fresh.recall(&t2);
+        assert_eq!(
+            judge(&fresh, &t2, &l1, NOW + 300, grace),
+            Some(Leaf::Previous)
+        );
+        assert_eq!(
+            judge(&fresh, &t2, &l1, NOW + 301, grace),
+            None,
+            "grace over"
+        );
+        // What this process saw itself stays: recalling does not replace it.
+        let seen = Renewals::new(IntCounterVec::new(Opts::new("g", "-"), &["leaf"]).unwrap());
+        seen.switched(&t1, &t2, NOW + 100);
+        seen.recall(&t2);
+        assert_eq!(
+            judge(&seen, &t2, &l1, NOW + 350, grace),
+            Some(Leaf::Previous)
+        );
     }
 }
