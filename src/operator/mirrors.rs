@@ -20,8 +20,9 @@ use super::resources::{owner_reference, selector_labels, BuildError, Params};
 use super::secrets::TlsPair;
 use super::{labels, FIELD_MANAGER};
 use crate::api::mirror::{
-    content_hash, digest, mirror_name, HostsDocument, MirroredHost, CERT_KEY, CONTENT_ANNOTATION,
-    HOSTS_KEY, KEY_KEY, LISTENER_LABEL, SECRET_TYPE, SOURCE_ANNOTATION,
+    content_hash, digest, mirror_name, HostsDocument, MirroredHost, PreviousLeaf, CERT_KEY,
+    CONTENT_ANNOTATION, HOSTS_KEY, KEY_KEY, LISTENER_LABEL, PREVIOUS_KEY, SECRET_TYPE,
+    SOURCE_ANNOTATION,
 };
 use crate::api::{Http3Listener, SecretRef};
 
@@ -37,16 +38,20 @@ pub struct DesiredMirror {
     /// [`content_hash`] of the data.
     pub content: String,
     pub pair: Arc<TlsPair>,
+    /// `previous.json`: the leaf the certificate replaced, when it did recently; written
+    /// with the mirror but not part of its content hash (see [`PREVIOUS_KEY`]).
+    pub previous: Option<Vec<u8>>,
 }
 
 /// The mirrors a listener's served hosts need: one per Secret, its hosts in serving order.
 /// A Secret whose content is not at hand (`pairs` says `None`) gets no mirror: its hosts are
-/// not served until it is read.
+/// not served until it is read. `previous` is the leaf a Secret's certificate replaced.
 pub fn desired(
     listener: &str,
     resolved: &ResolvedHosts,
     pairs: impl Fn(&SecretRef) -> Option<Arc<TlsPair>>,
     upstream: impl Fn(&ServedHost) -> Option<String>,
+    previous: impl Fn(&SecretRef) -> Option<PreviousLeaf>,
 ) -> Vec<DesiredMirror> {
     resolved
         .by_secret()
@@ -70,6 +75,8 @@ pub fn desired(
                 content: content_hash(&pair.cert, &pair.key, &hosts_json),
                 hosts_json,
                 pair,
+                previous: previous(source)
+                    .map(|p| serde_json::to_vec(&p).expect("previous leaf serialises")),
             })
         })
         .collect()
@@ -127,12 +134,15 @@ pub fn object(
     ]
     .into_iter()
     .collect();
+    let previous = m.previous.as_ref().map(|p| (PREVIOUS_KEY, p));
     let data: BTreeMap<String, ByteString> = [
-        (CERT_KEY.to_string(), ByteString(m.pair.cert.clone())),
-        (KEY_KEY.to_string(), ByteString(m.pair.key.clone())),
-        (HOSTS_KEY.to_string(), ByteString(m.hosts_json.clone())),
+        (CERT_KEY, &m.pair.cert),
+        (KEY_KEY, &m.pair.key),
+        (HOSTS_KEY, &m.hosts_json),
     ]
     .into_iter()
+    .chain(previous)
+    .map(|(k, v)| (k.to_string(), ByteString(v.clone())))
     .collect();
     Ok(Secret {
         metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
@@ -294,7 +304,7 @@ mod tests {
             ],
             reports: vec![],
         };
-        let d = desired("public", &resolved, |_| Some(pair("1")), |_| None);
+        let d = desired("public", &resolved, |_| Some(pair("1")), |_| None, |_| None);
         assert_eq!(d.len(), 2);
         let ab = d.iter().find(|m| m.source == sref("ab")).unwrap();
         let doc: HostsDocument = serde_json::from_slice(&ab.hosts_json).unwrap();
@@ -327,6 +337,7 @@ mod tests {
             &resolved,
             |s| Some(pair(if s.name == "a" { "2" } else { "1" })),
             |_| None,
+            |_| None,
         );
         let p = plan(&d2, &existing);
         assert_eq!(p.write.len(), 1);
@@ -337,7 +348,35 @@ mod tests {
             &resolved,
             |s| (s.name == "a").then(|| pair("1")),
             |_| None,
+            |_| None,
         );
         assert_eq!(d3.len(), 1);
+        // The leaf a renewal replaced goes along with the new certificate, outside the
+        // content hash: a mirror is never rewritten for it, an unchanged one stays as it is.
+        let previous = PreviousLeaf {
+            certificate: "old leaf".into(),
+            replaced_at: 7,
+        };
+        let with = desired(
+            "public",
+            &resolved,
+            |s| Some(pair(if s.name == "a" { "2" } else { "1" })),
+            |_| None,
+            |s| (s.name == "a").then(|| previous.clone()),
+        );
+        let same: Vec<(&str, &str)> = with
+            .iter()
+            .zip(&d2)
+            .map(|(a, b)| (a.content.as_str(), b.content.as_str()))
+            .collect();
+        assert!(same.iter().all(|(a, b)| a == b), "{same:?}");
+        let p = plan(&with, &existing);
+        assert_eq!(p.write.len(), 1);
+        let written = &p.write[0];
+        let previous_json = written.previous.as_ref().unwrap();
+        let back: PreviousLeaf = serde_json::from_slice(previous_json).unwrap();
+        assert_eq!(back, previous);
+        let untouched = with.iter().find(|m| m.source == sref("ab")).unwrap();
+        assert!(untouched.previous.is_none());
     }
 }
