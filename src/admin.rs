@@ -17,6 +17,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+use crate::fds::{AcceptBackoff, AcceptSocket};
+
 /// The Prometheus text exposition format, version 0.0.4.
 pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -95,19 +97,27 @@ fn not_found() -> Response<Full<Bytes>> {
 }
 
 /// Serves the admin endpoint on a bound listener until `shutdown` is cancelled; connections
-/// still open then are closed gracefully (an answer being written is finished).
+/// still open then are closed gracefully (an answer being written is finished). A failed
+/// accept pauses the loop ([`AcceptBackoff`]) instead of spinning on a full descriptor table.
 pub async fn serve(
     listener: TcpListener,
     source: Arc<dyn AdminSource>,
     shutdown: CancellationToken,
 ) {
+    let mut backoff = AcceptBackoff::new(AcceptSocket::Admin);
     loop {
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
-                Ok(s) => s,
+                Ok(s) => {
+                    backoff.accepted();
+                    s
+                }
                 Err(e) => {
-                    debug!(error = %e, "admin accept failed");
-                    continue;
+                    let pause = backoff.failed(&e);
+                    tokio::select! {
+                        _ = tokio::time::sleep(pause) => continue,
+                        _ = shutdown.cancelled() => return,
+                    }
                 }
             },
             _ = shutdown.cancelled() => return,

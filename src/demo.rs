@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api::{FileConfig, Upstream as UpstreamSettings};
 use crate::check::{CheckOptions, CheckReport};
 use crate::config::{self, HostEntry, HostTable, ProxyConfig};
+use crate::fds::{AcceptBackoff, AcceptSocket};
 use crate::proxy::{self, RunningProxy};
 
 pub const DEMO_HOST: &str = "localhost";
@@ -92,9 +93,17 @@ async fn serve_ingress(
     blob: Bytes,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let mut backoff = AcceptBackoff::new(AcceptSocket::Ingress);
     loop {
-        let Ok((tcp, _)) = listener.accept().await else {
-            continue;
+        let tcp = match listener.accept().await {
+            Ok((tcp, _)) => {
+                backoff.accepted();
+                tcp
+            }
+            Err(e) => {
+                tokio::time::sleep(backoff.failed(&e)).await;
+                continue;
+            }
         };
         // Without it Nagle holds the tail of a response until the client's delayed ACK
         // (40 ms on Linux): a stall that would be blamed on whichever protocol hit it.

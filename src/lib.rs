@@ -4,6 +4,8 @@
 //! - [`admin`]: the `/healthz` `/readyz` `/metrics` `/status` endpoint of proxy and operator
 //! - [`probe`]: `h3-ingress probe`, the kubelet's live/ready/startup questions over a socket
 //!   in the pod's own `/tmp`
+//! - [`fds`]: the file descriptor limit raised at start, counted, and accept loops that
+//!   pause instead of spinning when it is reached
 //! - [`lifecycle`], [`logging`]: SIGTERM/SIGINT to a shutdown token, SIGHUP to reload
 //!   requests; log output and its default filter
 //! - [`config`]: the one validated configuration, built from a file or from Kubernetes objects
@@ -19,6 +21,7 @@ pub mod api;
 pub mod check;
 pub mod config;
 pub mod demo;
+pub mod fds;
 pub mod lifecycle;
 pub mod logging;
 pub mod memory;

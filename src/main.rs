@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 
 use h3_ingress::config::ConfigError;
 use h3_ingress::proxy::run::{ProxyArgs, RunError};
-use h3_ingress::{lifecycle, logging};
+use h3_ingress::{fds, lifecycle, logging};
 
 #[derive(Parser)]
 #[command(
@@ -93,6 +93,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Operator(a) => {
             logging::init(logging::SERVER);
+            fds::raise_and_log();
             h3_ingress::operator::run::run(a.options()).await?;
             Ok(ExitCode::SUCCESS)
         }
@@ -127,6 +128,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }),
         Command::Proxy(args) => {
             logging::init(logging::PROXY);
+            fds::raise_and_log();
             let shutdown = lifecycle::shutdown_token().context("installing the signal handlers")?;
             match h3_ingress::proxy::run::run(args, shutdown).await {
                 Ok(()) => Ok(ExitCode::SUCCESS),
@@ -150,6 +152,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Demo { once } => {
             logging::init(logging::SERVER);
+            fds::raise_and_log();
             Ok(exit_code(h3_ingress::demo::run(once).await?))
         }
     }

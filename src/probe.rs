@@ -21,7 +21,9 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::warn;
+
+use crate::fds::{AcceptBackoff, AcceptSocket};
 
 /// Where the data plane listens for probes under Kubernetes (the pod's `/tmp` emptyDir).
 pub const DEFAULT_SOCKET: &str = "/tmp/h3-ingress-probe.sock";
@@ -78,7 +80,7 @@ pub fn answer(source: &dyn ProbeSource, question: &str) -> String {
 }
 
 /// Listens on `path` (replacing a stale socket file of an earlier run of this container)
-/// until `shutdown`.
+/// until `shutdown`; a failed accept pauses the loop ([`AcceptBackoff`]).
 pub fn serve(
     path: &Path,
     source: Arc<dyn ProbeSource>,
@@ -92,13 +94,20 @@ pub fn serve(
     let listener = UnixListener::bind(path)?;
     let path = path.to_path_buf();
     tokio::spawn(async move {
+        let mut backoff = AcceptBackoff::new(AcceptSocket::Probe);
         loop {
             let stream = tokio::select! {
                 r = listener.accept() => match r {
-                    Ok((s, _)) => s,
+                    Ok((s, _)) => {
+                        backoff.accepted();
+                        s
+                    }
                     Err(e) => {
-                        debug!(error = %e, "probe accept failed");
-                        continue;
+                        let pause = backoff.failed(&e);
+                        tokio::select! {
+                            _ = tokio::time::sleep(pause) => continue,
+                            _ = shutdown.cancelled() => break,
+                        }
                     }
                 },
                 _ = shutdown.cancelled() => break,

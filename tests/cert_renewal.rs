@@ -6,6 +6,8 @@
 //! Zero 5xx across both orders, with the grace counter showing both the `next` leaf (nginx
 //! switched first) and the `previous` one (the proxy switched first) were accepted; then a
 //! leaf whose grace has passed, and a leaf from a foreign CA of the same name, are refused.
+//! Then the same with renewals that alternate between two intermediates of one root, as a
+//! public CA issues them (Let's Encrypt: R10 or R11 at random).
 
 mod support;
 
@@ -16,7 +18,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use support::h3client::H3Client;
 use support::net::{free_udp_port, Family};
-use support::pki::LeafCert;
+use support::pki::{Intermediate, LeafCert};
 use support::proxy::{sample, ProxyProcess};
 use support::{NginxFixture, NginxOptions, TestPki, Validity};
 
@@ -285,4 +287,100 @@ fn stale_and_foreign_leaves_are_refused(rig: &mut Rig, l4: &LeafCert, ca: &str) 
     );
     let accepted = rig.metric("h3_ingress_upstream_certificate_grace_total", &[]);
     eprintln!("refused after the grace and a foreign leaf; grace acceptances in all {accepted}");
+}
+
+/// `leaf` from `inter` as the proxy's certificate file holds it: leaf, intermediate, root.
+fn with_chain(pki: &TestPki, inter: &Intermediate, leaf: LeafCert) -> LeafCert {
+    let path = leaf.cert_path.with_extension("chain.crt");
+    let chain = format!("{}{}{}", leaf.cert_pem, inter.cert_pem, pki.ca_cert_pem);
+    std::fs::write(&path, chain).unwrap();
+    LeafCert {
+        cert_path: path,
+        ..leaf
+    }
+}
+
+/// Renewals that alternate between two intermediates of the CA, as a public CA issues them:
+/// nginx takes each first twice (R10 to R11, then R11 to R10: a next leaf from the other
+/// intermediate), then the proxy first (the previous leaf). nginx sends its leaf with its
+/// intermediate, as an ingress does; the proxy's file carries the whole chain, root
+/// included, which is how the proxy knows the root both intermediates chain to (for a
+/// public CA the web roots it carries play that part).
+#[test]
+fn a_renewal_from_the_other_intermediate_of_the_root_costs_no_request() {
+    let pki = Arc::new(TestPki::generate_for(&[HOST]).unwrap());
+    let (r10, r11) = (
+        pki.intermediate("R10").unwrap(),
+        pki.intermediate("R11").unwrap(),
+    );
+    let minutes = |m: u64| Duration::from_secs(60 * m);
+    let leaf = |i: &Intermediate, stem: &str, ago: u64| {
+        let l = i.issue(stem, &[HOST], minutes(ago)).unwrap();
+        with_chain(&pki, i, l)
+    };
+    let (l1, l2, l3, l4) = (
+        leaf(&r10, "i1", 4),
+        leaf(&r11, "i2", 3),
+        leaf(&r10, "i3", 2),
+        leaf(&r11, "i4", 1),
+    );
+    let nginx = NginxFixture::start(NginxOptions {
+        hosts: vec![HOST.into()],
+        pki: Some(pki.clone()),
+        ..Default::default()
+    })
+    .unwrap();
+    let udp = free_udp_port();
+    let proxy = ProxyProcess::start(config(udp, nginx.port(), &l1)).unwrap();
+    let mut rig = Rig {
+        pki,
+        nginx,
+        proxy,
+        udp,
+        generation: 1,
+    };
+    rig.nginx_uses(&l1, &[&r10.cert_pem]);
+    let traffic = {
+        let (udp, ca_path) = (rig.udp, rig.pki.ca_cert_path.clone());
+        Traffic::start(move || {
+            H3Client::new(format!("https://{HOST}:{udp}/whoami"))
+                .resolve(format!("{HOST}:{udp}:127.0.0.1"))
+                .cacert(&ca_path)
+                .requests(&json!([{"path": "/whoami"}, {"path": "/whoami"}]))
+        })
+    };
+    traffic.wait_for(4);
+    for (next, inter) in [(&l2, &r11), (&l3, &r10)] {
+        rig.nginx_uses(next, &[&inter.cert_pem]);
+        traffic.wait_for(6);
+        rig.proxy_uses(next);
+        traffic.wait_for(4);
+    }
+    rig.proxy_uses(&l4);
+    traffic.wait_for(6);
+    rig.nginx_uses(&l4, &[&r11.cert_pem]);
+    traffic.wait_for(4);
+    let statuses = traffic.finish();
+    let failed: Vec<&u64> = statuses.iter().filter(|s| **s != 200).collect();
+    let grace = |leaf: &str| {
+        rig.metric(
+            "h3_ingress_upstream_certificate_grace_total",
+            &[("leaf", leaf)],
+        )
+    };
+    let (next, previous) = (grace("next"), grace("previous"));
+    let tls_errors = rig.metric("h3_ingress_upstream_errors_total", &[("kind", "tls")]);
+    eprintln!(
+        "renewals across intermediates (R10 to R11 and back, nginx first; R10 to R11, the proxy \
+         first): {} HTTP/3 requests, {} not 200 ({failed:?}); upstream handshakes accepted with \
+         the next leaf {next}, the previous leaf {previous}; TLS errors {tls_errors}",
+        statuses.len(),
+        failed.len()
+    );
+    assert!(failed.is_empty(), "{failed:?}\n{}", rig.proxy.log());
+    assert_eq!(tls_errors, 0.0, "{}", rig.proxy.log());
+    assert!(
+        next >= 2.0 && previous >= 1.0,
+        "next {next}, previous {previous}"
+    );
 }

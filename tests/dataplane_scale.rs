@@ -145,6 +145,7 @@ fn make(i: usize, rv: u64, ca: &CertifiedIssuer<'static, KeyPair>, rsa: &[String
             cert: Some(chain.into_bytes()),
             key: Some(key.serialize_pem().into_bytes()),
             hosts: Some(hosts.into_bytes()),
+            previous: None,
         },
         name,
         host,

@@ -826,8 +826,20 @@ fn data_of(body: &Value, key: &str) -> Vec<u8> {
 }
 
 /// The mirror of `secret` in the hosts namespace, applied server-side, checked against the
-/// Secret it copies; the API server stores it at `rv`.
+/// Secret it copies; the API server stores it at `rv`. No `previous.json`: nothing replaced.
 fn mirror_write(secret: &Secret, rv: &'static str) -> Expect {
+    mirror_write_replacing(secret, None, rv)
+}
+
+/// [`mirror_write`] of a certificate that replaced the one of `replaced`: the mirror also
+/// carries that one's leaf and when it was replaced, outside its content hash.
+fn mirror_write_replacing(secret: &Secret, replaced: Option<&Secret>, rv: &'static str) -> Expect {
+    let old_leaf = replaced.map(|r| {
+        let pem = String::from_utf8(r.data.as_ref().unwrap()["tls.crt"].0.clone()).unwrap();
+        let end =
+            pem.find("-----END CERTIFICATE-----").unwrap() + "-----END CERTIFICATE-----".len();
+        format!("{}\n", &pem[..end])
+    });
     let data = secret.data.clone().unwrap();
     let (cert, key) = (data["tls.crt"].0.clone(), data["tls.key"].0.clone());
     let name = mirror_of("web-tls");
@@ -858,6 +870,16 @@ fn mirror_write(secret: &Secret, rv: &'static str) -> Expect {
             meta["annotations"][mirror::CONTENT_ANNOTATION],
             mirror::content_hash(&cert, &key, &hosts_json)
         );
+        match &old_leaf {
+            None => assert!(body["data"].get(mirror::PREVIOUS_KEY).is_none(), "{body}"),
+            Some(leaf) => {
+                let p: mirror::PreviousLeaf =
+                    serde_json::from_slice(&data_of(&body, mirror::PREVIOUS_KEY)).unwrap();
+                assert_eq!(&p.certificate, leaf);
+                let now = h3_ingress::config::file::unix_now();
+                assert!((now - p.replaced_at).abs() < 60, "{p:?}");
+            }
+        }
         body["metadata"]["resourceVersion"] = rv.into();
         (200, body)
     })
@@ -1206,12 +1228,15 @@ async fn a_referenced_secret_is_read_once_per_resource_version() {
 /// write; the pods, once they load it, report the new digest and the status stays as it was.
 #[tokio::test]
 async fn a_rotated_secret_costs_one_read_and_one_mirror_write() {
-    let (mut h, _) = settled().await;
+    let (mut h, original) = settled().await;
     let rotated = tls_secret("8");
     h.secret_changed("8");
     h.fetcher.set(pod_report(&digest_at("202")));
     let before = Counts::of(&h.metrics);
-    let script = vec![secret_read(rotated.clone()), mirror_write(&rotated, "202")];
+    // The mirror also says which leaf the new certificate replaced (for a pod that starts
+    // during the renewal grace), at no extra request.
+    let write = mirror_write_replacing(&rotated, Some(&original), "202");
+    let script = vec![secret_read(rotated.clone()), write];
     let (action, answered) = h.run(script).await;
     let mirror = format!(
         "/api/v1/namespaces/{HOSTS}/secrets/{}",
@@ -1332,11 +1357,12 @@ async fn a_failed_secret_read_keeps_the_last_good_certificate_until_a_404() {
 /// again soon, and once the pods report the new digest nothing more is written.
 #[tokio::test]
 async fn a_renewed_certificate_keeps_its_host_serving_while_the_pods_load_it() {
-    let (mut h, _) = settled().await;
+    let (mut h, original) = settled().await;
     let rotated = tls_secret("8");
     h.secret_changed("8");
     let before = Counts::of(&h.metrics);
-    let script = vec![secret_read(rotated.clone()), mirror_write(&rotated, "202")];
+    let write = mirror_write_replacing(&rotated, Some(&original), "202");
+    let script = vec![secret_read(rotated.clone()), write];
     let (action, answered) = h.run(script).await;
     assert_eq!(answered.len(), 2, "{:?}", lines(&answered));
     assert_eq!(action, Action::requeue(SETTLE_REQUEUE));

@@ -270,11 +270,20 @@ type Source = tokio::task::JoinHandle<Result<(), h3_ingress::proxy::source::kube
 fn start_source(
     mirrors: &[(&str, Value)],
 ) -> (Arc<Mutex<World>>, mpsc::Receiver<ConfigUpdate>, Source) {
+    start_source_with(None, mirrors)
+}
+
+/// [`start_source`] with `listener` as the listener (the default one when `None`).
+fn start_source_with(
+    listener: Option<Value>,
+    mirrors: &[(&str, Value)],
+) -> (Arc<Mutex<World>>, mpsc::Receiver<ConfigUpdate>, Source) {
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<RespBody>>();
     let client = Client::new(svc, "default");
     let world = Arc::new(Mutex::new(World::default()));
     {
         let mut w = world.lock().unwrap();
+        w.listener = listener;
         for (name, m) in mirrors {
             w.mirrors.insert(name.to_string(), m.clone());
         }
@@ -352,6 +361,65 @@ async fn mirrors_in_configs_out_and_nothing_else_is_asked_for() {
     assert_only_the_two_watches(&world);
     drop(mirrors);
     continue_when_broken_or_gone(world, rx, source, ca2.sha).await;
+}
+
+/// The next update, which must be a rejection; its reason.
+async fn rejected(rx: &mut mpsc::Receiver<ConfigUpdate>, what: &str) -> String {
+    let update = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .unwrap_or_else(|_| panic!("nothing sent for: {what}"))
+        .expect("sender alive");
+    match update {
+        ConfigUpdate::Invalid(why) => why,
+        ConfigUpdate::Apply(_) => panic!("{what}: a configuration was sent"),
+    }
+}
+
+/// The listener with `transport.congestionControl` set, as version `n` of its spec.
+fn listener_with_controller(controller: &str, n: u64) -> Value {
+    let mut l = listener();
+    l["metadata"]["resourceVersion"] = n.to_string().into();
+    l["metadata"]["generation"] = n.into();
+    l["spec"]["transport"] = json!({"congestionControl": controller});
+    l
+}
+
+/// A listener whose spec has an enum value this binary does not know (a newer CRD's, after
+/// a rollback) is read, not a failed watch: the source reports which field, once, and sends
+/// no configuration, so the proxy keeps serving its last good one; a pod that starts on such
+/// a spec reports the same instead of waiting for a listener it cannot parse; a fixed spec
+/// is served.
+#[tokio::test]
+async fn an_unknown_enum_value_keeps_the_last_good_configuration_and_names_the_field() {
+    let ca = cert(&["a.example.com"]);
+    let m_a = mirror_secret("m-a", "10", &ca, &["a.example.com"]);
+    let (world, mut rx, _source) = start_source(&[("m-a", m_a.clone())]);
+    next(&mut rx, "the good listener").await;
+    let listeners = wait_for_watch(&world, LISTENERS).await;
+    listeners
+        .send(event("MODIFIED", &listener_with_controller("l4s", 2)))
+        .unwrap();
+    let why = rejected(&mut rx, "an unknown congestion controller").await;
+    assert!(
+        why.contains(
+            "spec.transport.congestionControl: \"l4s\" is not a value this h3-ingress knows"
+        ),
+        "{why}"
+    );
+    quiet(&mut rx, 1, "the same rejection again").await;
+    listeners
+        .send(event("MODIFIED", &listener_with_controller("bbr", 3)))
+        .unwrap();
+    let fixed = next(&mut rx, "the fixed listener").await;
+    assert_eq!(
+        fixed.transport.congestion_control,
+        h3_ingress::api::CongestionControl::Bbr
+    );
+
+    let (_world, mut rx, _source) =
+        start_source_with(Some(listener_with_controller("l4s", 2)), &[("m-a", m_a)]);
+    let why = rejected(&mut rx, "a pod starting on the unknown value").await;
+    assert!(why.contains("spec.transport.congestionControl"), "{why}");
 }
 
 /// The second half of the test above: a broken mirror, a relist, the API server gone.
@@ -536,19 +604,56 @@ mod live {
         tokio::spawn(async move {
             loop {
                 let (s, _) = l.accept().await.unwrap();
+                tokio::spawn(answer(s));
+            }
+        });
+        addr
+    }
+
+    /// A TLS stand-in for the TCP ingress that presents `c` (HTTP/1.1, no ALPN).
+    async fn tls_upstream(c: &Cert) -> SocketAddr {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let chain = vec![CertificateDer::from_pem_slice(c.cert.as_bytes()).unwrap()];
+        let key = PrivateKeyDer::from_pem_slice(c.key.as_bytes()).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (s, _) = l.accept().await.unwrap();
+                let acceptor = acceptor.clone();
                 tokio::spawn(async move {
-                    let svc = hyper::service::service_fn(|_req| async {
-                        Ok::<_, Infallible>(hyper::Response::new(http_body_util::Full::new(
-                            Bytes::from_static(b"from the TCP ingress"),
-                        )))
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
-                        .await;
+                    // A refused handshake is the proxy's verdict, seen as its 502.
+                    if let Ok(s) = acceptor.accept(s).await {
+                        answer(s).await;
+                    }
                 });
             }
         });
         addr
+    }
+
+    /// Answers every request on `io` with a fixed body.
+    async fn answer<S>(io: S)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let svc = hyper::service::service_fn(|_req| async {
+            Ok::<_, Infallible>(hyper::Response::new(http_body_util::Full::new(
+                Bytes::from_static(b"from the TCP ingress"),
+            )))
+        });
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(hyper_util::rt::TokioIo::new(io), svc)
+            .await;
     }
 
     fn free_udp_port() -> u16 {
@@ -585,12 +690,22 @@ mod live {
         mirrors: Vec<Value>,
         sha1: String,
     ) -> Running {
-        let port = free_udp_port();
-        let mut l = listener();
         let mut upstream = json!({"address": up.to_string(), "tls": false});
         for (k, v) in upstream_extra.as_object().unwrap() {
             upstream[k] = v.clone();
         }
+        launch_all(upstream, mirrors, sha1).await
+    }
+
+    /// The proxy with `upstream` as the listener's `spec.upstream` and `mirror` (serving a
+    /// certificate whose leaf has the SHA-256 `sha1`) as its only mirror.
+    async fn launch(upstream: Value, mirror: Value, sha1: String) -> Running {
+        launch_all(upstream, vec![mirror], sha1).await
+    }
+
+    async fn launch_all(upstream: Value, mirrors: Vec<Value>, sha1: String) -> Running {
+        let port = free_udp_port();
+        let mut l = listener();
         l["spec"] = json!({
             "ingressClassName": "nginx",
             "port": port,
@@ -925,5 +1040,61 @@ mod live {
             c.conn.close(0u32.into(), b"done");
         }
         r.stop().await;
+    }
+
+    /// `h3_ingress_upstream_certificate_grace_total{leaf}` as the admin endpoint serves it.
+    async fn grace_accepted(r: &Running, leaf: &str) -> u64 {
+        let text = r.admin("/metrics").await;
+        let series = format!("h3_ingress_upstream_certificate_grace_total{{leaf=\"{leaf}\"}} ");
+        let line = text.lines().find(|l| l.starts_with(&series));
+        line.map_or(0, |l| l[series.len()..].parse().unwrap())
+    }
+
+    /// A data plane that starts after a renewal (a restart, a roll), while the TCP ingress
+    /// still presents the leaf the renewal replaced (`verify: servedCertificate`): the mirror
+    /// it starts from says which leaf that was and since when, and the proxy accepts it for
+    /// the rest of the grace. Without `previous.json` (what every data plane did before), or
+    /// with a replacement older than the grace, the same request is a 502.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_data_plane_started_after_a_renewal_accepts_the_leaf_its_mirror_says_was_replaced() {
+        const GRACE: i64 = 300;
+        let (old, new) = (cert(&["a.example.com"]), cert(&["a.example.com"]));
+        let ingress = tls_upstream(&old).await;
+        let now = h3_ingress::config::file::unix_now();
+        let upstream = json!({"address": ingress.to_string(), "tls": true,
+                              "verify": "servedCertificate",
+                              "servedCertificateGraceSeconds": GRACE});
+        let cases = [
+            ("replaced 10 s ago", Some(now - 10), 200, 1),
+            ("no previous.json", None, 502, 0),
+            ("replaced before the grace", Some(now - GRACE - 60), 502, 0),
+        ];
+        for (what, replaced_at, want, previous_accepted) in cases {
+            let mut m = mirror_secret("m-a", "10", &new, &["a.example.com"]);
+            if let Some(replaced_at) = replaced_at {
+                let p = mirror::PreviousLeaf {
+                    certificate: old.cert.clone(),
+                    replaced_at,
+                };
+                let json = serde_json::to_vec(&p).unwrap();
+                m["data"][mirror::PREVIOUS_KEY] = json!(base64_free::encode(&json));
+            }
+            let r = launch(upstream.clone(), m, new.sha.clone()).await;
+            let ep = crate::support::quic::any_certificate_client();
+            let mut h3 = H3::connect(&ep, r.proxy.udp_addrs[0], "a.example.com").await;
+            assert_eq!(h3.served_cert_sha256(), new.sha, "{what}");
+            let (status, body) = h3.get("a.example.com").await;
+            assert_eq!(status, want, "{what}: {body}");
+            if want == 200 {
+                assert_eq!(body, "from the TCP ingress", "{what}");
+            }
+            assert_eq!(
+                grace_accepted(&r, "previous").await,
+                previous_accepted,
+                "{what}"
+            );
+            h3.conn.close(0u32.into(), b"done");
+            r.stop().await;
+        }
     }
 }

@@ -1013,6 +1013,16 @@ fn crd_patches(w: &World) -> Vec<&String> {
 /// Runs the operator (its own leader) on `world` until the first status patch, then stops it;
 /// returns its last /metrics.
 async fn first_status(world: &Arc<Mutex<World>>, crd_upgrade: bool) -> String {
+    run_until(world, crd_upgrade, |w| !w.status_patches.is_empty()).await
+}
+
+/// Runs the operator (its own leader) on `world` until `done` (at most 10 s), then stops it;
+/// returns its last /metrics.
+async fn run_until(
+    world: &Arc<Mutex<World>>,
+    crd_upgrade: bool,
+    done: impl Fn(&World) -> bool,
+) -> String {
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<RespBody>>();
     tokio::spawn(api_server(handle, world.clone()));
     let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1042,7 +1052,7 @@ async fn first_status(world: &Arc<Mutex<World>>, crd_upgrade: bool) -> String {
         shutdown.clone(),
     ));
     for _ in 0..200 {
-        if !world.lock().unwrap().status_patches.is_empty() {
+        if done(&world.lock().unwrap()) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -1145,5 +1155,70 @@ async fn a_newer_crd_is_tolerated_and_never_downgraded() {
     assert!(
         crd_patches(&w).is_empty(),
         "an older operator must not apply its CRD over a newer one"
+    );
+}
+
+/// The Ready condition of the stored listener `name`: (status, reason, message).
+fn listener_ready(w: &World, name: &str) -> Option<(String, String, String)> {
+    let l = w.get(&target(&format!("{LISTENERS}/{name}")))?;
+    let c = l["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Ready")?;
+    let text = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+    Some((text("status"), text("reason"), text("message")))
+}
+
+/// A later release's CRD adds a congestion controller and someone uses it on one listener;
+/// then this (older) operator runs again, as after a `helm rollback`. It must read the list of
+/// listeners (one object it cannot parse would fail the whole list, and no listener would be
+/// reconciled), reconcile the other listener as usual, and mark that one InvalidSpec naming
+/// the field, applying nothing for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_with_an_enum_value_from_a_newer_crd_is_invalid_alone() {
+    let mut crd = newer_crd();
+    let cc = "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/transport/properties/congestionControl/enum";
+    crd.pointer_mut(cc)
+        .unwrap()
+        .as_array_mut()
+        .unwrap()
+        .push("l4s".into());
+    let mut w = World::with_crd(crd);
+    let mut future = listener();
+    future["metadata"]["name"] = "future".into();
+    future["metadata"]["uid"] = "5e1f0000-0000-4000-8000-000000000002".into();
+    future["spec"] = json!({"ingressClassName": "other", "port": 8443,
+        "metrics": {"address": "[::]:9478"},
+        "upstream": {"address": "10.0.0.9:443"},
+        "transport": {"congestionControl": "l4s"}});
+    w.put(&target(&format!("{LISTENERS}/future")), future);
+    let world = Arc::new(Mutex::new(w));
+    run_until(&world, true, |w| {
+        listener_ready(w, "future").is_some()
+            && listener_ready(w, "public").is_some_and(|(s, _, _)| s == "True")
+    })
+    .await;
+    let w = world.lock().unwrap();
+    let (status, reason, _) = listener_ready(&w, "public").expect("public reconciled");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "AllHostsServing")
+    );
+    let (status, reason, message) = listener_ready(&w, "future").expect("future reconciled");
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "InvalidSpec"));
+    assert!(
+        message.contains(
+            "spec.transport.congestionControl: \"l4s\" is not a value this h3-ingress knows"
+        ),
+        "{message}"
+    );
+    assert!(w
+        .applied
+        .iter()
+        .any(|a| a.ends_with("/daemonsets/h3-ingress-public")));
+    assert!(
+        !w.applied.iter().any(|a| a.contains("future")),
+        "nothing applied for the invalid listener: {:#?}",
+        w.applied
     );
 }

@@ -17,7 +17,7 @@ use super::settings::{
     AccessLogSettings, AddressValidationSettings, AltSvcSettings, HttpSettings, LimitsSettings,
     MetricsSettings, SocketSettings, TransportSettings, Upstream,
 };
-use super::unknown::{collect_unknown_fields, UnknownFields};
+use super::unknown::{collect_unknown_fields, UnknownFields, UnknownValues};
 use super::{bounds, Addresses};
 
 fn default_controller_name() -> String {
@@ -171,6 +171,11 @@ pub struct Http3ListenerSpec {
     #[serde(skip)]
     #[schemars(skip)]
     pub unknown_fields: UnknownFields,
+    /// Values of its enums this binary does not know, taken out while parsing (never
+    /// serialised); validation refuses a spec that has any.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub unknown_values: UnknownValues,
 }
 
 /// The upstream of one Gateway's hosts.
@@ -183,7 +188,19 @@ pub struct GatewayUpstream {
     pub address: String,
 }
 
-collect_unknown_fields!(Http3ListenerSpec);
+collect_unknown_fields!(Http3ListenerSpec, values: spec_schema());
+
+/// This binary's schema of the spec, as its CRD publishes it: where [`UnknownValues`] are
+/// found.
+fn spec_schema() -> &'static serde_json::Value {
+    static SCHEMA: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
+    SCHEMA.get_or_init(|| {
+        use kube::CustomResourceExt;
+        let crd = Http3Listener::crd();
+        let root = super::schema::schema_of(&crd).expect("the CRD has a schema");
+        root["properties"]["spec"].clone()
+    })
+}
 
 /// A host served with the certificate of a TLS Secret.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
@@ -251,6 +268,12 @@ impl Http3Listener {
         spec.map(|p| format!("spec.{p}"))
             .chain(status.map(|p| format!("status.{p}")))
             .collect()
+    }
+
+    /// The values of this listener's spec that this binary does not know (paths from the
+    /// spec: `transport.congestionControl`).
+    pub fn unknown_values(&self) -> &[super::unknown::UnknownValue] {
+        self.spec.unknown_values.values()
     }
 }
 

@@ -32,6 +32,12 @@ pub const CERT_KEY: &str = "tls.crt";
 pub const KEY_KEY: &str = "tls.key";
 /// A [`HostsDocument`] (JSON): the hosts served with this certificate.
 pub const HOSTS_KEY: &str = "hosts.json";
+/// A [`PreviousLeaf`] (JSON): the leaf this mirror's certificate replaced and when, written
+/// with a new certificate, so that a data plane started after the switch still accepts the
+/// old leaf from the TCP ingress for `upstream.servedCertificateGraceSeconds` (a running one
+/// remembers it anyway). History, not state: never part of [`content_hash`], so no mirror is
+/// rewritten to add or drop it; older data planes do not read it.
+pub const PREVIOUS_KEY: &str = "previous.json";
 
 /// Kubernetes names are DNS subdomains of at most 253 characters; the listener part of a
 /// mirror's name is cut so the hash always fits.
@@ -73,6 +79,16 @@ pub struct MirroredHost {
 pub struct HostsDocument {
     #[serde(default)]
     pub hosts: Vec<MirroredHost>,
+}
+
+/// The `previous.json` of a mirror.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PreviousLeaf {
+    /// The replaced leaf certificate, PEM.
+    pub certificate: String,
+    /// When the operator first read the certificate that replaced it (Unix seconds).
+    pub replaced_at: i64,
 }
 
 fn hex_sha256(parts: &[&[u8]]) -> String {
@@ -175,6 +191,9 @@ mod tests {
         assert_eq!(d.hosts[0].upstream, None);
         let empty: HostsDocument = serde_json::from_str("{}").unwrap();
         assert!(empty.hosts.is_empty());
+        let previous = r#"{"certificate":"PEM","replacedAt":7,"futureField":1}"#;
+        let p: PreviousLeaf = serde_json::from_str(previous).unwrap();
+        assert_eq!((p.certificate.as_str(), p.replaced_at), ("PEM", 7));
     }
 
     /// A host without timeouts of its own is written as before they existed, byte for byte.

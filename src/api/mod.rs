@@ -408,6 +408,119 @@ mod tests {
         assert_eq!(known, l);
     }
 
+    /// Every enum of the CRD, where it is in the spec, and one value of each.
+    const ENUMS: [(&str, &str); 8] = [
+        ("addressValidation.mode", "auto"),
+        ("service.externalTrafficPolicy", "Local"),
+        ("service.ipFamilyPolicy", "SingleStack"),
+        ("service.type", "NodePort"),
+        ("transport.congestionControl", "bbr"),
+        ("upstream.clientAddress.clientForwardedFor", "Append"),
+        ("upstream.clientAddress.via", "ForwardedHeaders"),
+        ("upstream.verify", "system"),
+    ];
+
+    fn listener_with(path: &str, value: &str) -> serde_json::Value {
+        let mut spec = serde_json::json!({
+            "upstream": {"address": "10.0.0.1:443"},
+            "service": {"annotations": {"a": "b"}},
+            "transport": {"initialWindowPackets": 10},
+        });
+        let mut at = &mut spec;
+        for key in path.split('.') {
+            at = &mut at[key];
+        }
+        *at = value.into();
+        serde_json::json!({"apiVersion": "h3-ingress.dev/v1alpha1", "kind": "Http3Listener",
+                           "metadata": {"name": "l"}, "spec": spec})
+    }
+
+    /// The enum fields the CRD publishes, found in the schema: the table above must name
+    /// each (a new enum gets its test here).
+    #[test]
+    fn every_enum_of_the_crd_is_covered() {
+        fn walk(schema: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+            if schema.get("enum").is_some() {
+                out.push(path.to_string());
+            }
+            let props = schema.get("properties").and_then(|p| p.as_object());
+            for (k, v) in props.into_iter().flatten() {
+                let p = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                walk(v, &p, out);
+            }
+            if let Some(items) = schema.get("items") {
+                walk(items, &format!("{path}[]"), out);
+            }
+        }
+        let root = schema::schema_of(&crd()).unwrap();
+        let mut found = Vec::new();
+        walk(&root["properties"]["spec"], "", &mut found);
+        found.sort();
+        assert_eq!(found, ENUMS.map(|(p, _)| p.to_string()));
+    }
+
+    /// The Kubernetes direction for enum values a newer CRD adds: the listener is read, the
+    /// value taken out and named with what this binary knows; every known value reads clean.
+    #[test]
+    fn an_unknown_enum_value_is_taken_out_and_named() {
+        let root = schema::schema_of(&crd()).unwrap();
+        for (path, good) in ENUMS {
+            let l: Http3Listener = serde_json::from_value(listener_with(path, good)).unwrap();
+            assert!(l.unknown_values().is_empty(), "{path}: {good}");
+            let l: Http3Listener = serde_json::from_value(listener_with(path, "future-x"))
+                .unwrap_or_else(|e| panic!("{path}: {e}"));
+            let values = l.unknown_values();
+            assert_eq!(values.len(), 1, "{path}");
+            assert_eq!(
+                (values[0].path.as_str(), values[0].value.as_str()),
+                (path, "future-x")
+            );
+            // What it knows is exactly what the CRD publishes there, and all of it parses.
+            let schema = path
+                .split('.')
+                .fold(&root["properties"]["spec"], |s, k| &s["properties"][k]);
+            // (An optional enum also lists null.)
+            let published: Vec<&str> = schema["enum"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|v| v.as_str())
+                .collect();
+            assert_eq!(values[0].known, published, "{path}");
+            for v in published {
+                let l: Http3Listener = serde_json::from_value(listener_with(path, v)).unwrap();
+                assert!(l.unknown_values().is_empty(), "{path}: {v}");
+            }
+            // Everything else is read as sent.
+            assert_eq!(l.spec.upstream.address, "10.0.0.1:443");
+            assert_eq!(l.spec.transport.initial_window_packets, 10);
+            assert!(l.unknown_fields().is_empty());
+        }
+        // Two at once, with an unknown field beside them: each said once, in path order.
+        let mut two = listener_with("upstream.verify", "pinned");
+        two["spec"]["transport"]["congestionControl"] = "l4s".into();
+        two["spec"]["transport"]["pacing"] = true.into();
+        let l: Http3Listener = serde_json::from_value(two).unwrap();
+        let paths: Vec<&str> = l.unknown_values().iter().map(|v| v.path.as_str()).collect();
+        assert_eq!(paths, ["transport.congestionControl", "upstream.verify"]);
+        assert_eq!(l.unknown_fields(), ["spec.transport.pacing"]);
+        // A spec is another spec when only its unknown value changed.
+        let a: Http3Listener =
+            serde_json::from_value(listener_with("upstream.verify", "x")).unwrap();
+        let b: Http3Listener =
+            serde_json::from_value(listener_with("upstream.verify", "y")).unwrap();
+        assert_ne!(a, b);
+        // Not a string: still a type error, as before.
+        let wrong = listener_with("transport.congestionControl", "x");
+        let mut wrong = wrong;
+        wrong["spec"]["transport"]["congestionControl"] = 7.into();
+        assert!(serde_json::from_value::<Http3Listener>(wrong).is_err());
+    }
+
     #[test]
     fn schema_revision_matches_the_generated_crd() {
         let crd = crd();

@@ -1,4 +1,5 @@
-//! Fields this binary does not know, collected while parsing instead of refused.
+//! What this binary does not know, collected while parsing instead of refused: fields, and
+//! values of its enums.
 //!
 //! The API server fills the defaults of the CRD it serves into every listener it returns, so
 //! once a newer CRD is applied an older operator or data plane sees fields it has never heard
@@ -6,8 +7,22 @@
 //! `h3-ingress validate` must refuse them, because there an unknown field is a typo. So no type
 //! denies unknown fields itself: each parse collects the ignored paths, and only the strict
 //! paths turn them into errors. One set of types serves both.
+//!
+//! A newer CRD may also add a value to an enum (`transport.congestionControl: new-cc`). An
+//! enum cannot be read past: this binary cannot act on a value it does not know, and refusing
+//! the whole object would fail the whole list of listeners (a watch or list fails on one bad
+//! item), so after a rollback no listener would be reconciled and a restarting data plane pod
+//! would never become ready. Instead the listener's spec is read with every such value taken
+//! out ([`take_unknown_values`], against the `enum` lists of this binary's own CRD schema, so
+//! every enum of the CRD is covered and the schema stays the one source of its values) and
+//! named in [`UnknownValues`]; validation then refuses that one listener, naming the field
+//! (`InvalidSpec` in the operator; the data plane keeps its last good configuration). The
+//! enums themselves stay closed: the CRD publishes them as `enum`, so the API server refuses
+//! typos, and the file refuses them while parsing.
 
 use std::fmt;
+
+use serde_json::Value;
 
 /// Paths (`upstream.futureSetting`, `hosts[0].extra`) of fields a parse ignored, sorted and
 /// without duplicates.
@@ -48,6 +63,117 @@ impl fmt::Debug for UnknownFields {
     }
 }
 
+/// A value that an enum field of this binary's schema does not list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownValue {
+    /// As the field errors write it, from the parsed object's root: `transport.congestionControl`.
+    pub path: String,
+    /// The value as served (a string; anything else is left to the parse, which refuses it).
+    pub value: String,
+    /// The values this binary knows there.
+    pub known: Vec<String>,
+}
+
+impl UnknownValue {
+    /// The message of its field error.
+    pub fn message(&self) -> String {
+        format!(
+            "{:?} is not a value this h3-ingress knows (it knows {}); the served CRD is newer \
+             than this binary: upgrade the operator (its data plane follows)",
+            self.value,
+            self.known.join(", ")
+        )
+    }
+}
+
+/// Enum values a parse took out of the object (see the module), in path order. Unlike
+/// [`UnknownFields`], part of the value: a spec whose unknown value changed is another spec.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UnknownValues(Vec<UnknownValue>);
+
+impl UnknownValues {
+    pub fn new(mut values: Vec<UnknownValue>) -> Self {
+        values.sort_by(|a, b| a.path.cmp(&b.path));
+        Self(values)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn values(&self) -> &[UnknownValue] {
+        &self.0
+    }
+}
+
+/// Takes out of `value` every string that the `enum` of `schema` at its place does not list,
+/// and returns each with its path. `schema` is a structural (CRD) schema: objects nest their
+/// fields in `properties` (and `additionalProperties`), arrays their items in `items`. The
+/// field is removed, so the parse gives it its default; the listener is invalid anyway.
+pub fn take_unknown_values(schema: &Value, value: &mut Value) -> Vec<UnknownValue> {
+    let mut out = Vec::new();
+    if unknown_here(schema, value, "", &mut out) {
+        *value = Value::Null;
+    }
+    out
+}
+
+/// Whether `value` itself is unknown to `schema` (recorded in `out`); takes out what is
+/// unknown below it.
+fn unknown_here(
+    schema: &Value,
+    value: &mut Value,
+    path: &str,
+    out: &mut Vec<UnknownValue>,
+) -> bool {
+    if let (Some(known), Value::String(s)) = (schema.get("enum").and_then(Value::as_array), &*value)
+    {
+        if !known.iter().any(|k| k.as_str() == Some(s.as_str())) {
+            out.push(UnknownValue {
+                path: path.to_string(),
+                value: s.clone(),
+                known: known
+                    .iter()
+                    .filter_map(|k| k.as_str().map(String::from))
+                    .collect(),
+            });
+            return true;
+        }
+        return false;
+    }
+    let join = |key: &str| {
+        if path.is_empty() {
+            key.to_string()
+        } else {
+            format!("{path}.{key}")
+        }
+    };
+    match value {
+        Value::Object(map) => {
+            let props = schema.get("properties").and_then(Value::as_object);
+            let extra = schema.get("additionalProperties").filter(|a| a.is_object());
+            map.retain(|key, v| {
+                let Some(s) = props.and_then(|p| p.get(key)).or(extra) else {
+                    return true;
+                };
+                !unknown_here(s, v, &join(key), out)
+            });
+        }
+        Value::Array(items) => {
+            if let Some(s) = schema.get("items") {
+                let mut i = 0;
+                items.retain_mut(|v| {
+                    let unknown = unknown_here(s, v, &format!("{path}[{i}]"), out);
+                    i += 1;
+                    !unknown
+                });
+            }
+        }
+        _ => {}
+    }
+    false
+}
+
 /// A path as the field errors of `config` write it: `a.b`, `hosts[2].name`. Options and
 /// newtypes add nothing (serde_ignored writes them as `?`).
 pub fn path_string(path: &serde_ignored::Path<'_>) -> String {
@@ -73,6 +199,11 @@ pub fn path_string(path: &serde_ignored::Path<'_>) -> String {
 /// makes serde's derive produce inherent `deserialize`/`serialize` functions instead of the
 /// trait impls) and holding an `unknown_fields: UnknownFields` field marked `#[serde(skip)]`:
 /// deserialising goes through the derived code with every ignored field's path recorded there.
+///
+/// `collect_unknown_fields!(T, values: SCHEMA)` also takes out the enum values `SCHEMA` (a
+/// `&serde_json::Value`, the type's structural schema) does not list, into an
+/// `unknown_values: UnknownValues` field marked `#[serde(skip)]` ([`take_unknown_values`]).
+/// The object is read into a JSON value first, so the format must describe itself (JSON, YAML).
 macro_rules! collect_unknown_fields {
     ($ty:ty) => {
         impl<'de> serde::Deserialize<'de> for $ty {
@@ -86,7 +217,28 @@ macro_rules! collect_unknown_fields {
                 Ok(value)
             }
         }
-
+        $crate::api::unknown::collect_unknown_fields!(@serialize $ty);
+    };
+    ($ty:ty, values: $schema:expr) => {
+        impl<'de> serde::Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                use serde::de::Error as _;
+                let mut json = <serde_json::Value as serde::Deserialize>::deserialize(d)?;
+                let values = $crate::api::unknown::take_unknown_values($schema, &mut json);
+                let mut paths = Vec::new();
+                let mut record =
+                    |p: serde_ignored::Path<'_>| paths.push($crate::api::unknown::path_string(&p));
+                let mut value =
+                    <$ty>::deserialize(serde_ignored::Deserializer::new(json, &mut record))
+                        .map_err(D::Error::custom)?;
+                value.unknown_fields = $crate::api::unknown::UnknownFields::new(paths);
+                value.unknown_values = $crate::api::unknown::UnknownValues::new(values);
+                Ok(value)
+            }
+        }
+        $crate::api::unknown::collect_unknown_fields!(@serialize $ty);
+    };
+    (@serialize $ty:ty) => {
         impl serde::Serialize for $ty {
             fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 <$ty>::serialize(self, s)

@@ -51,6 +51,9 @@ pub struct HostEntry {
     pub secret: Option<Arc<str>>,
     /// The host's own upstream timeouts, where they differ from the listener's.
     pub timeouts: HostTimeouts,
+    /// The leaf this host's certificate replaced, as its certificate mirror says (Kubernetes
+    /// mode): what a restarted data plane accepts from the upstream for the renewal grace.
+    pub replaced: Option<Arc<Replaced>>,
 }
 
 /// Timeouts of one host that replace the listener's (`None`: the listener's applies).
@@ -62,6 +65,15 @@ pub struct HostTimeouts {
     pub request_body_idle: Option<std::time::Duration>,
     /// `upstream.responseBodyIdleTimeoutSeconds`.
     pub response_body_idle: Option<std::time::Duration>,
+}
+
+/// A leaf certificate a host served before its current one, and since when it is not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replaced {
+    /// DER.
+    pub leaf: Vec<u8>,
+    /// Unix seconds.
+    pub at: i64,
 }
 
 impl fmt::Debug for HostEntry {
@@ -183,6 +195,11 @@ impl Certificate {
         self.not_after
     }
 
+    /// The leaf certificate (DER).
+    pub fn leaf(&self) -> &CertificateDer<'static> {
+        &self.certified_key.cert[0]
+    }
+
     pub fn leaf_sha256(&self) -> &str {
         &self.leaf_sha256
     }
@@ -248,6 +265,7 @@ impl Certificate {
             source: String::new(),
             secret: None,
             timeouts: HostTimeouts::default(),
+            replaced: None,
         }
     }
 }

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Secret;
 
 use super::{
     self as config, normalize_host_name, parse_host_port, Certificate, ConfigError, HostError,
-    HostTable, HostTimeouts, ProxyConfig, Settings, UpstreamAddress,
+    HostTable, HostTimeouts, ProxyConfig, Replaced, Settings, UpstreamAddress,
 };
 use crate::api::bounds::{self, Bound};
 use crate::api::mirror::{self, HostsDocument};
@@ -50,8 +50,8 @@ impl From<HostError> for Problem {
     }
 }
 
-/// What the source takes of a mirror Secret: its identity and three data keys. Everything
-/// else (managedFields, other annotations, other keys) is dropped as it arrives.
+/// What the source takes of a mirror Secret: its identity and its data keys. Everything else
+/// (managedFields, other annotations, other keys) is dropped as it arrives.
 #[derive(Debug, Clone, Default)]
 pub struct MirrorInput {
     pub name: String,
@@ -61,6 +61,8 @@ pub struct MirrorInput {
     pub cert: Option<Vec<u8>>,
     pub key: Option<Vec<u8>>,
     pub hosts: Option<Vec<u8>>,
+    /// [`mirror::PREVIOUS_KEY`], when the operator wrote one.
+    pub previous: Option<Vec<u8>>,
 }
 
 impl MirrorInput {
@@ -83,6 +85,7 @@ impl MirrorInput {
             cert: take(mirror::CERT_KEY),
             key: take(mirror::KEY_KEY),
             hosts: take(mirror::HOSTS_KEY),
+            previous: take(mirror::PREVIOUS_KEY),
         })
     }
 }
@@ -111,6 +114,22 @@ pub struct Mirror {
     pub certificate: Option<Certificate>,
     /// Why none of its hosts can be served, whatever the time.
     pub problem: Option<Problem>,
+    /// The leaf its certificate replaced (a `previous.json` that does not parse is ignored:
+    /// it only widens what the upstream may present for a while).
+    pub replaced: Option<Arc<Replaced>>,
+}
+
+/// `previous.json`: the replaced leaf, when it parses and differs from the current one.
+fn replaced(json: Option<&[u8]>, current: Option<&Certificate>) -> Option<Arc<Replaced>> {
+    use rustls::pki_types::pem::PemObject;
+    let p: mirror::PreviousLeaf = serde_json::from_slice(json?).ok()?;
+    let leaf = rustls::pki_types::CertificateDer::from_pem_slice(p.certificate.as_bytes()).ok()?;
+    (leaf.as_ref() != current?.leaf().as_ref()).then(|| {
+        Arc::new(Replaced {
+            leaf: leaf.to_vec(),
+            at: p.replaced_at,
+        })
+    })
 }
 
 /// Parses one mirror: its hosts, its certificate and key once, each host's name against the
@@ -123,6 +142,7 @@ pub fn parse(input: MirrorInput) -> Mirror {
         cert,
         key,
         hosts,
+        previous,
     } = input;
     let mut m = Mirror {
         name,
@@ -131,6 +151,7 @@ pub fn parse(input: MirrorInput) -> Mirror {
         hosts: Vec::new(),
         certificate: None,
         problem: None,
+        replaced: None,
     };
     let document = match hosts
         .as_deref()
@@ -160,7 +181,10 @@ pub fn parse(input: MirrorInput) -> Mirror {
         .map(|(i, h)| host(i, h, certificate.as_ref().ok()))
         .collect();
     match certificate {
-        Ok(c) => m.certificate = Some(c),
+        Ok(c) => {
+            m.replaced = replaced(previous.as_deref(), Some(&c));
+            m.certificate = Some(c);
+        }
         Err(p) => m.problem = Some(p),
     }
     m
@@ -360,6 +384,7 @@ fn resolve(mirrors: &MirrorSet, now_unix: i64) -> Resolved {
             entry.timeouts = h.timeouts;
             entry.source = h.source.clone();
             entry.secret = Some(m.source.clone()).filter(|s| !s.is_empty());
+            entry.replaced = m.replaced.clone();
             r.table.insert(entry);
             owner.insert(&h.name, m);
         }
@@ -434,6 +459,7 @@ pub(crate) mod tests {
             cert: Some(ck.cert.pem().into_bytes()),
             key: Some(ck.signing_key.serialize_pem().into_bytes()),
             hosts: Some(serde_json::to_vec(&doc).unwrap()),
+            previous: None,
         }
     }
 
@@ -442,6 +468,38 @@ pub(crate) mod tests {
             .into_iter()
             .map(|i| (i.name.clone(), Arc::new(parse(i))))
             .collect()
+    }
+
+    /// `previous.json` reaches every host of the mirror as the leaf it replaced; one that
+    /// names the current leaf, or does not parse, is nothing.
+    #[test]
+    fn the_replaced_leaf_of_a_mirror_reaches_its_hosts() {
+        let (old_pem, _) = crate::testcerts::self_signed(&["a.test"]);
+        let previous = |certificate: &str| {
+            let p = mirror::PreviousLeaf {
+                certificate: certificate.into(),
+                replaced_at: 1_700_000_000,
+            };
+            Some(serde_json::to_vec(&p).unwrap())
+        };
+        let mut i = input("m1", "1", &["a.test", "b.test"], &["a.test", "b.test"]);
+        i.previous = previous(&old_pem);
+        let c = build(&listener(), &set(vec![i]), now()).unwrap();
+        use rustls::pki_types::pem::PemObject;
+        let old_der =
+            rustls::pki_types::CertificateDer::from_pem_slice(old_pem.as_bytes()).unwrap();
+        for host in ["a.test", "b.test"] {
+            let r = c.hosts.lookup(host).unwrap().replaced.clone().unwrap();
+            assert_eq!((r.leaf.as_slice(), r.at), (old_der.as_ref(), 1_700_000_000));
+        }
+        let mut same = input("m1", "2", &["a.test"], &["a.test"]);
+        let current = String::from_utf8(same.cert.clone().unwrap()).unwrap();
+        same.previous = previous(&current);
+        let mut junk = input("m2", "1", &["b.test"], &["b.test"]);
+        junk.previous = Some(b"{not json".to_vec());
+        let c = build(&listener(), &set(vec![same, junk]), now()).unwrap();
+        assert!(c.hosts.lookup("a.test").unwrap().replaced.is_none());
+        assert!(c.hosts.lookup("b.test").unwrap().replaced.is_none());
     }
 
     #[test]

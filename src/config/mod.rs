@@ -18,9 +18,11 @@ use std::time::Duration;
 
 pub use hosts::{
     host_matches, normalize_host_name, Certificate, HostEntry, HostError, HostTable, HostTimeouts,
+    Replaced,
 };
 
 use crate::api::bounds::{self, Bound};
+use crate::api::unknown::UnknownValue;
 use crate::api::{
     AccessLogSettings, AddressValidationSettings, Addresses, AltSvcSettings, ClientAddressVia,
     ClientForwardedFor, FileConfig, HostReport, Http3ListenerSpec, HttpSettings, LimitsSettings,
@@ -212,6 +214,9 @@ pub struct Settings<'a> {
     pub address_validation: &'a AddressValidationSettings,
     pub limits: &'a LimitsSettings,
     pub access_log: &'a AccessLogSettings,
+    /// Enum values the parse did not know (a listener from a newer CRD; the file refuses
+    /// them while parsing): each is a field error.
+    pub unknown_values: &'a [UnknownValue],
 }
 
 impl<'a> From<&'a FileConfig> for Settings<'a> {
@@ -228,6 +233,7 @@ impl<'a> From<&'a FileConfig> for Settings<'a> {
             address_validation: &c.address_validation,
             limits: &c.limits,
             access_log: &c.access_log,
+            unknown_values: &[],
         }
     }
 }
@@ -246,8 +252,18 @@ impl<'a> From<&'a Http3ListenerSpec> for Settings<'a> {
             address_validation: &c.address_validation,
             limits: &c.limits,
             access_log: &c.access_log,
+            unknown_values: c.unknown_values.values(),
         }
     }
+}
+
+/// One field error per enum value this binary does not know, under `prefix` (`"spec"`).
+pub fn unknown_value_errors(values: &[UnknownValue], prefix: &str) -> Vec<FieldError> {
+    let mut errs = Errors::new(prefix);
+    for v in values {
+        errs.push(&v.path, v.message());
+    }
+    errs.list
 }
 
 /// Collects field errors under a path prefix (`""` for the file, `"spec"` for the CRD).
@@ -295,6 +311,7 @@ pub fn build(
     prefix: &str,
 ) -> Result<ProxyConfig, ConfigError> {
     let mut errs = Errors::new(prefix);
+    errs.list = unknown_value_errors(settings.unknown_values, prefix);
     errs.check(bounds::PORT, settings.port);
     let (ipv4, ipv6) = addresses(settings.addresses, &mut errs);
     let upstream = upstream(settings.upstream, &mut errs);
@@ -651,6 +668,36 @@ mod tests {
 
     fn file(yaml: &str) -> FileConfig {
         file::parse(yaml).expect("parses")
+    }
+
+    /// An enum value a newer CRD added makes that listener invalid, naming the field and what
+    /// this binary knows; the file refuses the same value while parsing, naming the field.
+    #[test]
+    fn unknown_enum_values_are_field_errors() {
+        let spec: Http3ListenerSpec = serde_json::from_value(serde_json::json!({
+            "upstream": {"address": "10.0.0.1:443", "verify": "pinned"},
+            "transport": {"congestionControl": "l4s"},
+        }))
+        .unwrap();
+        let errors = messages(build(Settings::from(&spec), HostTable::default(), "spec"));
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(
+            errors[0].starts_with(
+                "spec.transport.congestionControl: \"l4s\" is not a value this h3-ingress knows \
+                 (it knows cubic-hs, cubic-hs-lt, cubic, newreno, bbr)"
+            ),
+            "{errors:?}"
+        );
+        assert!(
+            errors[1].starts_with("spec.upstream.verify: \"pinned\""),
+            "{errors:?}"
+        );
+        let e = file::parse(
+            "upstream: {address: '1.2.3.4:443'}\ntransport: {congestionControl: l4s}\n",
+        )
+        .unwrap_err();
+        assert_eq!(e.errors[0].path, "transport.congestionControl");
+        assert!(e.errors[0].message.contains("unknown variant `l4s`"), "{e}");
     }
 
     fn messages(r: Result<ProxyConfig, ConfigError>) -> Vec<String> {

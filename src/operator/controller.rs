@@ -377,7 +377,14 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         let (gw, section) = (h.gateway.as_deref()?, h.gateway_listener.as_deref()?);
         gateway_upstream(listener, &gateways, gw, section)
     };
-    let desired = mirrors::desired(&name, &resolved, |s| ctx.caches.secrets.pair(s), upstream);
+    let secrets = &ctx.caches.secrets;
+    let desired = mirrors::desired(
+        &name,
+        &resolved,
+        |s| secrets.pair(s),
+        upstream,
+        |s| secrets.previous(s),
+    );
     let mirror_of: BTreeMap<String, String> = resolved
         .served
         .iter()

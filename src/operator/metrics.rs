@@ -148,6 +148,9 @@ impl OperatorMetrics {
             Box::new(crate::memory::HeapCollector::new(
                 crate::memory::OPERATOR_HEAP_BYTES,
             )),
+            Box::new(crate::fds::FdCollector::new(
+                crate::fds::OPERATOR_ACCEPT_ERRORS,
+            )),
         ] {
             registry.register(c).expect("unique metric names");
         }
@@ -309,8 +312,14 @@ mod tests {
             text.contains("h3_ingress_operator_reconciles_total{result=\"standby\"} 0"),
             "{text}"
         );
+        // The two standard process metrics keep the name every client library gives them.
+        let standard = [crate::fds::OPEN_FDS, crate::fds::MAX_FDS];
         for line in text.lines().filter(|l| !l.starts_with('#')) {
-            assert!(line.starts_with("h3_ingress_operator_"), "{line}");
+            assert!(
+                line.starts_with("h3_ingress_operator_")
+                    || standard.iter().any(|s| line.starts_with(&format!("{s} "))),
+                "{line}"
+            );
         }
     }
 }

@@ -20,8 +20,9 @@ use super::resources::{owner_reference, selector_labels, BuildError, Params};
 use super::secrets::TlsPair;
 use super::{labels, FIELD_MANAGER};
 use crate::api::mirror::{
-    content_hash, digest, mirror_name, HostsDocument, MirroredHost, CERT_KEY, CONTENT_ANNOTATION,
-    HOSTS_KEY, KEY_KEY, LISTENER_LABEL, SECRET_TYPE, SOURCE_ANNOTATION,
+    content_hash, digest, mirror_name, HostsDocument, MirroredHost, PreviousLeaf, CERT_KEY,
+    CONTENT_ANNOTATION, HOSTS_KEY, KEY_KEY, LISTENER_LABEL, PREVIOUS_KEY, SECRET_TYPE,
+    SOURCE_ANNOTATION,
 };
 use crate::api::{Http3Listener, SecretRef};
 
@@ -37,16 +38,20 @@ pub struct DesiredMirror {
     /// [`content_hash`] of the data.
     pub content: String,
     pub pair: Arc<TlsPair>,
+    /// `previous.json`: the leaf the certificate replaced, when it did recently; written
+    /// with the mirror but not part of its content hash (see [`PREVIOUS_KEY`]).
+    pub previous: Option<Vec<u8>>,
 }
 
 /// The mirrors a listener's served hosts need: one per Secret, its hosts in serving order.
 /// A Secret whose content is not at hand (`pairs` says `None`) gets no mirror: its hosts are
-/// not served until it is read.
+/// not served until it is read. `previous` is the leaf a Secret's certificate replaced.
 pub fn desired(
     listener: &str,
     resolved: &ResolvedHosts,
     pairs: impl Fn(&SecretRef) -> Option<Arc<TlsPair>>,
     upstream: impl Fn(&ServedHost) -> Option<String>,
+    previous: impl Fn(&SecretRef) -> Option<PreviousLeaf>,
 ) -> Vec<DesiredMirror> {
     resolved
         .by_secret()
@@ -73,6 +78,8 @@ pub fn desired(
                 content: content_hash(&pair.cert, &pair.key, &hosts_json),
                 hosts_json,
                 pair,
+                previous: previous(source)
+                    .map(|p| serde_json::to_vec(&p).expect("previous leaf serialises")),
             })
         })
         .collect()
@@ -133,12 +140,15 @@ pub fn object(
     ]
     .into_iter()
     .collect();
+    let previous = m.previous.as_ref().map(|p| (PREVIOUS_KEY, p));
     let data: BTreeMap<String, ByteString> = [
-        (CERT_KEY.to_string(), ByteString(m.pair.cert.clone())),
-        (KEY_KEY.to_string(), ByteString(m.pair.key.clone())),
-        (HOSTS_KEY.to_string(), ByteString(m.hosts_json.clone())),
+        (CERT_KEY, &m.pair.cert),
+        (KEY_KEY, &m.pair.key),
+        (HOSTS_KEY, &m.hosts_json),
     ]
     .into_iter()
+    .chain(previous)
+    .map(|(k, v)| (k.to_string(), ByteString(v.clone())))
     .collect();
     Ok(Secret {
         metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
@@ -304,7 +314,7 @@ mod tests {
             ],
             reports: vec![],
         };
-        let d = desired("public", &resolved, |_| Some(pair("1")), |_| None);
+        let d = desired("public", &resolved, |_| Some(pair("1")), |_| None, |_| None);
         assert_eq!(d.len(), 2);
         let ab = d.iter().find(|m| m.source == sref("ab")).unwrap();
         let doc: HostsDocument = serde_json::from_slice(&ab.hosts_json).unwrap();
@@ -338,6 +348,7 @@ mod tests {
             &resolved,
             |s| Some(pair(if s.name == "a" { "2" } else { "1" })),
             |_| None,
+            |_| None,
         );
         let p = plan(&d2, &existing, &none);
         assert_eq!(p.write.len(), 1);
@@ -345,7 +356,7 @@ mod tests {
         // A host's own timeouts change its mirror's content, and only its.
         let mut slow = resolved.clone();
         slow.served[0].timeouts.response = Some(600);
-        let d4 = desired("public", &slow, |_| Some(pair("1")), |_| None);
+        let d4 = desired("public", &slow, |_| Some(pair("1")), |_| None, |_| None);
         let a4 = d4.iter().find(|m| m.source == sref("a")).unwrap();
         let doc: HostsDocument = serde_json::from_slice(&a4.hosts_json).unwrap();
         assert_eq!(doc.hosts[0].response_timeout_seconds, Some(600));
@@ -355,6 +366,7 @@ mod tests {
             "public",
             &resolved,
             |s| (s.name == "a").then(|| pair("1")),
+            |_| None,
             |_| None,
         );
         assert_eq!(d3.len(), 1);
@@ -369,5 +381,32 @@ mod tests {
         assert_eq!((p.write.len(), p.delete.len()), (0, 0));
         let p = plan(&d3, &existing, &none);
         assert_eq!(p.delete.len(), 2, "without the hold: deleted");
+        // The leaf a renewal replaced goes along with the new certificate, outside the
+        // content hash: a mirror is never rewritten for it, an unchanged one stays as it is.
+        let previous = PreviousLeaf {
+            certificate: "old leaf".into(),
+            replaced_at: 7,
+        };
+        let with = desired(
+            "public",
+            &resolved,
+            |s| Some(pair(if s.name == "a" { "2" } else { "1" })),
+            |_| None,
+            |s| (s.name == "a").then(|| previous.clone()),
+        );
+        let same: Vec<(&str, &str)> = with
+            .iter()
+            .zip(&d2)
+            .map(|(a, b)| (a.content.as_str(), b.content.as_str()))
+            .collect();
+        assert!(same.iter().all(|(a, b)| a == b), "{same:?}");
+        let p = plan(&with, &existing, &none);
+        assert_eq!(p.write.len(), 1);
+        let written = &p.write[0];
+        let previous_json = written.previous.as_ref().unwrap();
+        let back: PreviousLeaf = serde_json::from_slice(previous_json).unwrap();
+        assert_eq!(back, previous);
+        let untouched = with.iter().find(|m| m.source == sref("ab")).unwrap();
+        assert!(untouched.previous.is_none());
     }
 }

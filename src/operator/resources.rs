@@ -305,6 +305,11 @@ pub fn validate(listener: &Http3Listener) -> Result<ProxyConfig, BuildError> {
     if name.len() > MAX_LISTENER_NAME {
         return Err(BuildError::NameTooLong(name));
     }
+    // Before the Kubernetes-only checks, which would judge the defaults put in their place.
+    let unknown = crate::config::unknown_value_errors(listener.unknown_values(), "spec");
+    if !unknown.is_empty() {
+        return Err(BuildError::InvalidSpec(ConfigError { errors: unknown }));
+    }
     check_rollout(&listener.spec.rollout).map_err(BuildError::InvalidField)?;
     if let Some(svc) = &listener.spec.service {
         check_service(svc)?;

@@ -32,7 +32,11 @@ use super::hosts::resolve::{
     host_error, missing_keys, secret_not_found, tls_pair, Certificates, Servable,
 };
 use super::hosts::roots::Roots;
+use crate::api::mirror::PreviousLeaf;
 use crate::api::{reasons, SecretRef};
+
+/// How long a replaced leaf is remembered: the longest grace a data plane may give it.
+const PREVIOUS_FOR_SECS: i64 = crate::api::bounds::SERVED_CERTIFICATE_GRACE_SECONDS.max as i64;
 
 /// Secret GETs in flight at once while a restarted operator (or a burst of new hosts) reads
 /// the referenced Secrets.
@@ -91,6 +95,26 @@ pub struct SourceSecrets {
     kept: Arc<Mutex<HashMap<SecretRef, Arc<Kept>>>>,
     unreadable: Arc<Mutex<HashMap<SecretRef, Unreadable>>>,
     read_timeout: Duration,
+    /// The leaf a Secret's certificate replaced, for the mirror written with the new one
+    /// (`api::mirror::PREVIOUS_KEY`); for [`PREVIOUS_FOR_SECS`], so only recent renewals.
+    previous: Arc<Mutex<HashMap<SecretRef, PreviousLeaf>>>,
+}
+
+/// The first certificate of a PEM chain: its DER (to compare) and its PEM block (to keep).
+fn first_certificate(pem: &[u8]) -> Option<(Vec<u8>, String)> {
+    use rustls::pki_types::pem::PemObject;
+    let der = rustls::pki_types::CertificateDer::pem_slice_iter(pem)
+        .next()?
+        .ok()?;
+    let text = std::str::from_utf8(pem).ok()?;
+    let (begin, end) = ("-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----");
+    let from = text.find(begin)?;
+    let to = from + text[from..].find(end)? + end.len();
+    Some((der.to_vec(), format!("{}\n", &text[from..to])))
+}
+
+fn unix_now() -> i64 {
+    crate::config::file::unix_now()
 }
 
 /// Drops everything a Secret's metadata carries but its identity and version.
@@ -139,6 +163,7 @@ impl SourceSecrets {
             kept: Arc::default(),
             unreadable: Arc::default(),
             read_timeout: READ_TIMEOUT,
+            previous: Arc::default(),
         }
     }
 
@@ -212,7 +237,41 @@ impl SourceSecrets {
             .lock()
             .expect("not poisoned")
             .retain(|r, _| all_referenced.contains(r));
+        let now = unix_now();
+        self.previous
+            .lock()
+            .expect("not poisoned")
+            .retain(|r, p| all_referenced.contains(r) && now - p.replaced_at <= PREVIOUS_FOR_SECS);
         done
+    }
+
+    /// Notes the leaf `old` held when `new` replaces it with another one.
+    fn note_replaced(&self, r: &SecretRef, old: Option<&TlsPair>, new: Option<&TlsPair>) {
+        let (Some(old), Some(new)) = (old, new) else {
+            return;
+        };
+        let (Some((was, certificate)), Some((is, _))) =
+            (first_certificate(&old.cert), first_certificate(&new.cert))
+        else {
+            return;
+        };
+        if was != is {
+            let leaf = PreviousLeaf {
+                certificate,
+                replaced_at: unix_now(),
+            };
+            self.previous
+                .lock()
+                .expect("not poisoned")
+                .insert(r.clone(), leaf);
+        }
+    }
+
+    /// The leaf a referenced Secret's certificate replaced in the last day, if it did.
+    pub fn previous(&self, r: &SecretRef) -> Option<PreviousLeaf> {
+        let previous = self.previous.lock().expect("not poisoned");
+        let p = previous.get(r)?;
+        (unix_now() - p.replaced_at <= PREVIOUS_FOR_SECS).then(|| p.clone())
     }
 
     /// Keeps what a read brought: new content, the end of a Secret that is gone (a 404), or
@@ -229,6 +288,8 @@ impl SourceSecrets {
                         key: k.to_vec(),
                     })
                 });
+                let old = kept.get(&r).and_then(|k| k.pair.clone());
+                self.note_replaced(&r, old.as_deref(), pair.as_deref());
                 let kept_one = Kept {
                     resource_version: s.resource_version().unwrap_or_default(),
                     pair,
@@ -485,5 +546,28 @@ mod tests {
             s.check(&sref("a"), "a.test", now).unwrap_err().0,
             reasons::SECRET_NOT_FOUND
         );
+    }
+
+    /// A renewed certificate leaves the leaf it replaced, for the mirror written with it; the
+    /// same certificate under a new resourceVersion does not.
+    #[test]
+    fn the_leaf_a_renewal_replaced_is_kept_for_the_mirror() {
+        let (store, _w) = reflector::store::<PartialObjectMeta<Secret>>();
+        let s = SourceSecrets::with_store(store);
+        let first = secret("a", "1", &["a.test"]);
+        let old_leaf = first_certificate(&first.data.as_ref().unwrap()["tls.crt"].0).unwrap();
+        s.store(sref("a"), Ok(Some(first.clone())));
+        assert_eq!(s.previous(&sref("a")), None, "nothing replaced yet");
+        let mut relabelled = first;
+        relabelled.metadata.resource_version = Some("2".into());
+        s.store(sref("a"), Ok(Some(relabelled)));
+        assert_eq!(s.previous(&sref("a")), None, "the same leaf");
+        s.store(sref("a"), Ok(Some(secret("a", "3", &["a.test"]))));
+        let p = s.previous(&sref("a")).expect("the replaced leaf");
+        assert_eq!(p.certificate, old_leaf.1);
+        assert!((unix_now() - p.replaced_at).abs() <= 5);
+        use rustls::pki_types::pem::PemObject;
+        let der = rustls::pki_types::CertificateDer::from_pem_slice(p.certificate.as_bytes());
+        assert_eq!(der.unwrap().to_vec(), old_leaf.0);
     }
 }

@@ -10,6 +10,9 @@ Only loopback addresses are used. Every wait is bounded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
+import ctypes.util
 import datetime
 import json
 import os
@@ -437,6 +440,37 @@ async def wait_until(pred, timeout: float, step: float = 0.05) -> float | None:
             return time.monotonic() - t0
         await asyncio.sleep(step)
     return None
+
+
+# ---------------------------------------------------------------- a network namespace
+
+
+CLONE_NEWNET = 0x40000000
+
+
+@contextlib.contextmanager
+def own_netns(name: str):
+    """Runs the block in a new network namespace with only loopback (up), on this thread:
+    every process, thread and socket it starts lives there, and so does a flood, away from
+    the machine's own loopback. Root only."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+        home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        there = os.open(f"/run/netns/{name}", os.O_RDONLY)
+        try:
+            if libc.setns(there, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), f"setns {name}")
+            try:
+                yield
+            finally:
+                libc.setns(home, CLONE_NEWNET)
+        finally:
+            os.close(there)
+            os.close(home)
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 # ---------------------------------------------------------------- one attack's world

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 import traceback
@@ -22,6 +23,13 @@ from attacks import all_attacks  # noqa: E402
 
 
 def run_one(attack, binary: Path) -> tuple[bool, str, str, float]:
+    if not attack.netns:
+        return run_here(attack, binary)
+    with lib.own_netns(f"h3i-adv-{os.getpid()}"):
+        return run_here(attack, binary)
+
+
+def run_here(attack, binary: Path) -> tuple[bool, str, str, float]:
     t0 = time.monotonic()
     env = None
     try:

@@ -107,6 +107,78 @@ pub struct LeafCert {
     pub der_sha256: String,
 }
 
+/// An intermediate CA under a [`TestPki`]'s CA: what a public CA issues from, several under
+/// one root (Let's Encrypt's R10 and R11).
+pub struct Intermediate {
+    issuer: CertifiedIssuer<'static, KeyPair>,
+    pub cert_pem: String,
+    dir: PathBuf,
+}
+
+impl Intermediate {
+    /// A leaf for `sans` from this intermediate, valid from `ago` before now for 30 days (to
+    /// the second, so renewals minutes apart are ordered), into `<file_stem>.crt`/`.key`.
+    pub fn issue(
+        &self,
+        file_stem: &str,
+        sans: &[&str],
+        ago: std::time::Duration,
+    ) -> Result<LeafCert> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock after 1970");
+        let from = rcgen::date_time_ymd(1970, 1, 1) + (now - ago);
+        let mut params = leaf_params(file_stem, sans)?;
+        params.not_before = from;
+        params.not_after = from + std::time::Duration::from_secs(30 * 86_400);
+        write_leaf(&self.dir, file_stem, sans, params, &self.issuer)
+    }
+}
+
+fn leaf_params(file_stem: &str, sans: &[&str]) -> Result<CertificateParams> {
+    let sans: Vec<String> = sans.iter().map(|s| s.to_string()).collect();
+    let mut params = CertificateParams::new(sans.clone())?;
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params.distinguished_name.push(
+        DnType::CommonName,
+        sans.first()
+            .cloned()
+            .unwrap_or_else(|| file_stem.to_string()),
+    );
+    params.is_ca = IsCa::NoCa;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    params.use_authority_key_identifier_extension = true;
+    Ok(params)
+}
+
+fn write_leaf(
+    dir: &Path,
+    file_stem: &str,
+    sans: &[&str],
+    params: CertificateParams,
+    issuer: &CertifiedIssuer<'static, KeyPair>,
+) -> Result<LeafCert> {
+    let key = KeyPair::generate()?;
+    let cert = params.signed_by(&key, issuer)?;
+    let cert_path = dir.join(format!("{file_stem}.crt"));
+    let key_path = dir.join(format!("{file_stem}.key"));
+    let cert_pem = cert.pem();
+    let key_pem = key.serialize_pem();
+    write_file(&cert_path, &cert_pem)?;
+    write_file(&key_path, &key_pem)?;
+    let sans: Vec<String> = sans.iter().map(|s| s.to_string()).collect();
+    Ok(LeafCert {
+        name: sans.first().cloned().unwrap_or_default(),
+        sans,
+        cert_pem,
+        key_pem,
+        cert_path,
+        key_path,
+        der_sha256: sha256_hex(cert.der()),
+    })
+}
+
 /// A throw-away CA plus one leaf per host, written as PEM files into a temp dir.
 pub struct TestPki {
     dir: tempfile::TempDir,
@@ -171,36 +243,32 @@ impl TestPki {
     /// Issues an extra leaf from this CA (e.g. expired, or naming the wrong host) into
     /// `<file_stem>.crt` / `<file_stem>.key`. It is not added to [`Self::leaves`].
     pub fn issue(&self, file_stem: &str, sans: &[&str], validity: Validity) -> Result<LeafCert> {
-        let sans: Vec<String> = sans.iter().map(|s| s.to_string()).collect();
-        let mut params = CertificateParams::new(sans.clone())?;
-        params.distinguished_name = rcgen::DistinguishedName::new();
-        params.distinguished_name.push(
-            DnType::CommonName,
-            sans.first()
-                .cloned()
-                .unwrap_or_else(|| file_stem.to_string()),
-        );
-        params.is_ca = IsCa::NoCa;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        params.use_authority_key_identifier_extension = true;
+        let mut params = leaf_params(file_stem, sans)?;
         validity.apply(&mut params);
-        let key = KeyPair::generate()?;
-        let cert = params.signed_by(&key, &self.ca)?;
-        let cert_path = self.dir.path().join(format!("{file_stem}.crt"));
-        let key_path = self.dir.path().join(format!("{file_stem}.key"));
-        let cert_pem = cert.pem();
-        let key_pem = key.serialize_pem();
-        write_file(&cert_path, &cert_pem)?;
-        write_file(&key_path, &key_pem)?;
-        Ok(LeafCert {
-            name: sans.first().cloned().unwrap_or_default(),
-            sans,
-            cert_pem,
-            key_pem,
-            cert_path,
-            key_path,
-            der_sha256: sha256_hex(cert.der()),
+        write_leaf(self.dir.path(), file_stem, sans, params, &self.ca)
+    }
+
+    /// An intermediate CA named `cn`, signed by this CA (valid as long as it).
+    pub fn intermediate(&self, cn: &str) -> Result<Intermediate> {
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name.push(DnType::CommonName, cn);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        params.use_authority_key_identifier_extension = true;
+        Validity {
+            not_before_days: -1,
+            not_after_days: 365,
+        }
+        .apply(&mut params);
+        let issuer = CertifiedIssuer::signed_by(params, KeyPair::generate()?, &self.ca)?;
+        Ok(Intermediate {
+            cert_pem: issuer.pem(),
+            issuer,
+            dir: self.dir.path().to_path_buf(),
         })
     }
 

@@ -11,8 +11,12 @@ use super::error::{HarnessError, IoContext, Result};
 use super::net::free_tcp_port;
 use super::process::Daemon;
 
+/// The binary under test: this build's, or `H3I_PROXY_BINARY` (another build, e.g. the
+/// previous commit's, to show that a test fails without a fix).
 pub fn binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_h3-ingress"))
+    std::env::var_os("H3I_PROXY_BINARY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_h3-ingress")))
 }
 
 pub struct ProxyProcess {
@@ -62,7 +66,16 @@ impl ProxyProcess {
     }
 
     fn start_logging(config: serde_json::Value, rust_log: Option<String>) -> Result<ProxyProcess> {
-        let mut p = Self::launch(config, rust_log)?;
+        let mut p = Self::launch(config, rust_log, None)?;
+        p.wait_ready(Duration::from_secs(20))?;
+        Ok(p)
+    }
+
+    /// Like [`ProxyProcess::start`], started under `prlimit --nofile=SOFT:HARD` (as a
+    /// container runtime starts it with its own limits).
+    pub fn start_limited(config: serde_json::Value, soft: u64, hard: u64) -> Result<ProxyProcess> {
+        let log = std::env::var("H3I_PROXY_LOG").unwrap_or_else(|_| "info,h3_ingress=debug".into());
+        let mut p = Self::launch(config, Some(log), Some((soft, hard)))?;
         p.wait_ready(Duration::from_secs(20))?;
         Ok(p)
     }
@@ -70,10 +83,14 @@ impl ProxyProcess {
     /// Starts the proxy like [`ProxyProcess::start`] without waiting for it to be ready.
     pub fn start_unready(config: serde_json::Value) -> Result<ProxyProcess> {
         let log = std::env::var("H3I_PROXY_LOG").unwrap_or_else(|_| "info,h3_ingress=debug".into());
-        Self::launch(config, Some(log))
+        Self::launch(config, Some(log), None)
     }
 
-    fn launch(mut config: serde_json::Value, rust_log: Option<String>) -> Result<ProxyProcess> {
+    fn launch(
+        mut config: serde_json::Value,
+        rust_log: Option<String>,
+        nofile: Option<(u64, u64)>,
+    ) -> Result<ProxyProcess> {
         let dir = tempfile::Builder::new()
             .prefix("h3i-proxy-")
             .tempdir()
@@ -87,21 +104,30 @@ impl ProxyProcess {
         std::fs::write(&path, serde_json::to_string_pretty(&config).unwrap())
             .ctx(|| format!("writing {}", path.display()))?;
         let dir = std::sync::Arc::new(dir);
-        Self::spawn(dir, "proxy.log", "probe.sock", port, admin, rust_log)
+        let names = ("proxy.log", "probe.sock");
+        Self::spawn(dir, names, port, admin, rust_log, nofile)
     }
 
     fn spawn(
         dir: std::sync::Arc<tempfile::TempDir>,
-        log_name: &str,
-        probe: &str,
+        (log_name, probe): (&str, &str),
         port: u16,
         admin: SocketAddr,
         rust_log: Option<String>,
+        nofile: Option<(u64, u64)>,
     ) -> Result<ProxyProcess> {
         let log = std::fs::File::create(dir.path().join(log_name))
             .ctx(|| format!("creating {log_name}"))?;
         let probe_socket = dir.path().join(probe);
-        let mut cmd = Command::new(binary());
+        // prlimit sets the limits and execs the binary: same process, same pid.
+        let mut cmd = match nofile {
+            Some((soft, hard)) => {
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--nofile={soft}:{hard}")).arg(binary());
+                c
+            }
+            None => Command::new(binary()),
+        };
         cmd.arg("proxy")
             .arg("--config")
             .arg(dir.path().join("h3-ingress.yaml"))
@@ -130,13 +156,14 @@ impl ProxyProcess {
     /// ready on its own probe socket.
     pub fn start_again(&self, n: u32) -> Result<ProxyProcess> {
         let log = std::env::var("H3I_PROXY_LOG").unwrap_or_else(|_| "info,h3_ingress=debug".into());
+        let (log_name, probe) = (format!("proxy-{n}.log"), format!("probe-{n}.sock"));
         let mut p = Self::spawn(
             self.dir.clone(),
-            &format!("proxy-{n}.log"),
-            &format!("probe-{n}.sock"),
+            (&log_name, &probe),
             self.port,
             self.admin,
             Some(log),
+            None,
         )?;
         let deadline = Instant::now() + Duration::from_secs(20);
         while !p.probe("ready") {

@@ -18,6 +18,7 @@ use super::table::{Allocation, Member, Table};
 use super::unix::{own_uid, Conn, Listener};
 use super::wire::{self, ToHub, ToMember, PROTOCOL};
 use super::{Joined, Report, Spec, ANSWER_TIMEOUT, REJOIN_GRACE, RETRY};
+use crate::fds::{AcceptBackoff, AcceptSocket};
 use crate::proxy::observe::logs::{limited, Reason};
 use crate::proxy::observe::procnet::SocketTables;
 use crate::proxy::quic::cid::MAX_SLOTS;
@@ -123,11 +124,19 @@ pub(super) async fn run(mut hub: Hub, report: &mut Report) {
     hub.recompute(report).await;
     let mut tick = tokio::time::interval(RETRY);
     let greeting = Arc::new(tokio::sync::Semaphore::new(MAX_GREETINGS));
+    // After a failed accept (EMFILE leaves the socket readable) accepts pause a while; the
+    // hub's other work goes on meanwhile.
+    let mut backoff = AcceptBackoff::new(AcceptSocket::Handover);
+    let mut paused: Option<Instant> = None;
     loop {
         tokio::select! {
-            c = hub.listener.accept() => match c {
+            _ = tokio::time::sleep_until(paused.unwrap_or_else(Instant::now)), if paused.is_some() => {
+                paused = None;
+            }
+            c = hub.listener.accept(), if paused.is_none() => match c {
                 Ok(c) => match greeting.clone().try_acquire_owned() {
                     Ok(permit) => {
+                        backoff.accepted();
                         let tx = tx.clone();
                         tokio::spawn(async move {
                             greet(c, tx).await;
@@ -136,7 +145,7 @@ pub(super) async fn run(mut hub: Hub, report: &mut Report) {
                     }
                     Err(_) => limited!(Level::WARN, Reason::Handover, "too many processes connecting at once; closed one"),
                 },
-                Err(e) => limited!(Level::WARN, Reason::Handover, error = %e, "accept failed"),
+                Err(e) => paused = Some(Instant::now() + backoff.failed(&e)),
             },
             Some(ev) = rx.recv() => hub.event(ev, &tx).await,
             l = report.local.recv() => {

@@ -30,7 +30,7 @@ use super::handler::{self, ConnCtx};
 use super::lifecycle::{Action, CloseReason, Event, Lifecycle};
 use super::serving::Serving;
 use super::streams::{self, ConnStreams, Delivered, StreamHandle, StreamLimits};
-use crate::api::HttpSettings;
+use crate::api::{AddressValidationMode, HttpSettings};
 use crate::proxy::observe::metrics::{handshake, limit, Metrics};
 use crate::proxy::quic::admission::{Attempt, Policy, Ticket, Verdict};
 use crate::proxy::quic::amplification::CLOSING_TTL;
@@ -83,6 +83,21 @@ fn admit(
         m.limits.with_label_values(&[limit]).inc();
         m.handshakes.with_label_values(&[result]).inc();
     };
+    if !attempt.validated && !serving.guard.tracks(remote) {
+        // Its Initial found the amplification ledger full: no handshake before the address
+        // proves itself, since nothing would keep what we send it within 3x. A Retry needs
+        // no entry (`quic::amplification`); `never` sends none, so the attempt is dropped.
+        m.limits.with_label_values(&[limit::INITIAL_BACKLOG]).inc();
+        if attempt.may_retry && policy.validation.mode != AddressValidationMode::Never {
+            count(limit::RETRY, handshake::RETRY);
+            if let Err(e) = incoming.retry() {
+                e.into_incoming().ignore();
+            }
+        } else {
+            incoming.ignore();
+        }
+        return;
+    }
     match serving.admission.decide(policy, attempt) {
         Verdict::Accept(ticket) => {
             if attempt.validated {

@@ -607,6 +607,9 @@ impl Metrics {
         let udp_sockets = SocketInodes::default();
         r.register_collector(UdpProcCollector::new(udp_sockets.clone()));
         r.register_collector(crate::memory::HeapCollector::new(HEAP_BYTES.name));
+        r.register_collector(crate::fds::FdCollector::new(
+            crate::fds::PROXY_ACCEPT_ERRORS,
+        ));
         r.gauge_vec(&BUILD_INFO)
             .with_label_values(&[crate::version::VERSION, crate::version::COMMIT])
             .set(1);
@@ -1232,6 +1235,7 @@ mod tests {
                 source: String::new(),
                 secret: None,
                 timeouts: Default::default(),
+                replaced: None,
             });
         }
         m.follow_config_hosts(&fewer, true);

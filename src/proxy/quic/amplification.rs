@@ -23,6 +23,31 @@
 //! its destination CID is the source CID of our first datagram to that address, which an
 //! off-path spoofer never sees.
 
+//!
+//! At most [`MAX_ENTRIES`] sources are tracked at once. An entry lives until the accept loop
+//! decides on its Initial or, when quinn never makes that Initial a connection attempt (an
+//! invalid one, a duplicate), for [`UNPINNED_TTL`]; so a flood of Initials from a new spoofed
+//! source per datagram, faster than the accept loop decides, fills the table within a second
+//! or two, and from then on every datagram meets a full table. What a datagram costs here
+//! must therefore not depend on the table's size: every entry that can expire sits on one of
+//! two queues in deadline order (the unpinned ones by when they were last touched, the
+//! failed ones by when they stop being limited), linked through the table's slots, so the
+//! oldest is always at a head. Each Initial that would open an entry first evicts at most
+//! [`EVICTIONS_PER_INSERT`] expired entries from the heads; if the table is then still full,
+//! every entry in it is live, and the Initial gets none ([`Seen::Full`]): a constant amount
+//! of work either way (the tests count it), where a scan of 65,536 entries per Initial used
+//! to stall the receive path.
+//!
+//! An Initial without an entry still goes to quinn, and the accept loop answers the attempt
+//! with a stateless Retry ([`Ledger::tracks`]; it is ignored, as before, under
+//! `addressValidation.mode: never`): a handshake for an untracked address would be limited
+//! only by quinn's overshooting rule, and the Retry needs no entry, because it keeps within
+//! 3x by itself. quinn sends one Retry per connection attempt, and makes an attempt only of a
+//! datagram of at least 1200 bytes (RFC 9000 section 14.1; shorter Initials are dropped);
+//! the Retry is a long header (at most 47 bytes with two 20-byte connection IDs), quinn's
+//! token (at most 81: type, address, original destination CID, time, AEAD tag and nonce) and
+//! the 16-byte integrity tag, 144 bytes at most: under 0.13x of what the source sent. The
+//! client then comes back with the token, validated, and needs no entry either.
 use std::collections::HashMap;
 use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
@@ -39,13 +64,18 @@ use super::header::{self, Cid, TYPE_HANDSHAKE};
 
 /// RFC 9000 section 8.1.
 pub const FACTOR: u64 = 3;
-/// Sources with an Initial awaiting a decision or an unvalidated handshake; beyond this,
-/// Initials from further sources are dropped (a flood far above any cap of `limits`).
+/// Sources with an Initial awaiting a decision or an unvalidated handshake; beyond this, an
+/// Initial from a further source gets no entry (and so no handshake before a Retry).
 pub const MAX_ENTRIES: usize = 65_536;
 /// An Initial the accept loop never decided on (quinn dropped it) is forgotten after this.
 const UNPINNED_TTL: Duration = Duration::from_secs(2);
 /// After a failed handshake quinn may still send a CONNECTION_CLOSE; it stays limited this long.
 pub const CLOSING_TTL: Duration = Duration::from_secs(5);
+/// Expired entries evicted, at most, by each Initial that opens an entry: more than one, so
+/// eviction outpaces insertion and the table never fills with expired entries.
+const EVICTIONS_PER_INSERT: usize = 2;
+/// A table that empties with more slots than this gives them back (after a flood).
+const KEEP_SLOTS: usize = 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Hold {
@@ -83,22 +113,92 @@ impl Entry {
             Hold::Until(t) => now >= t,
         }
     }
+
+    /// The expiry queue it belongs on; none while held (it never expires then).
+    fn queue(&self) -> Option<Queue> {
+        match self.pin {
+            Hold::No => Some(Queue::Unpinned),
+            Hold::Held => None,
+            Hold::Until(_) => Some(Queue::Closing),
+        }
+    }
 }
+
+/// The two expiry queues. Each is in deadline order because every entry joins it at its tail
+/// with a deadline at least that of every entry before it: unpinned entries at `touched +
+/// UNPINNED_TTL` when touched, closing ones at `now + CLOSING_TTL` when unpinned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Queue {
+    Unpinned = 0,
+    Closing = 1,
+}
+
+/// Ends a queue, and marks a slot on none.
+const NIL: u32 = u32::MAX;
+
+#[derive(Debug)]
+struct Slot {
+    addr: SocketAddr,
+    entry: Entry,
+    queue: Option<Queue>,
+    prev: u32,
+    next: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Ends {
+    head: u32,
+    tail: u32,
+}
+
+const EMPTY: Ends = Ends {
+    head: NIL,
+    tail: NIL,
+};
 
 /// Bytes in and out per source address. Pure: time comes in as an argument.
-#[derive(Debug, Default)]
+///
+/// Entries live in a table of slots, found by address through an index; each entry that can
+/// expire is also on one of two doubly linked queues in deadline order ([`Queue`]), so the
+/// oldest is always at a head: eviction looks at two heads and unlinks in O(1), touching an
+/// entry moves it to its tail in O(1), and nothing ever scans the table.
+#[derive(Debug)]
 pub struct Ledger {
-    entries: HashMap<SocketAddr, Entry>,
+    index: HashMap<SocketAddr, u32>,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    queues: [Ends; 2],
     /// Entries whose sends are limited (the fast path skips the lock when there are none).
     limited: usize,
+    /// Queue heads examined by eviction, in all: the tests hold it to a constant per datagram.
+    steps: u64,
 }
 
-/// What [`Ledger::received`] says about a datagram.
+impl Default for Ledger {
+    fn default() -> Self {
+        Self {
+            index: HashMap::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            queues: [EMPTY; 2],
+            limited: 0,
+            steps: 0,
+        }
+    }
+}
+
+/// What [`Ledger::received`] did with a datagram. Every datagram goes on to quinn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admit {
-    Deliver,
-    /// Too many sources pending: drop the datagram.
-    Drop,
+pub enum Seen {
+    /// Counted for a source with an entry.
+    Counted,
+    /// An Initial from a new source: an entry opened.
+    Opened,
+    /// An Initial from a new source while every entry is in use: none opened, so its
+    /// connection attempt gets a Retry before any handshake ([`Ledger::tracks`]).
+    Full,
+    /// Neither: no entry needed.
+    Ignored,
 }
 
 /// Whether `datagram` carries a Handshake packet addressed to `ours`.
@@ -112,35 +212,145 @@ fn canonical(a: SocketAddr) -> SocketAddr {
 
 impl Ledger {
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.index.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.index.is_empty()
     }
 
+    /// Whether `addr` has an entry: an unvalidated handshake with an address without one
+    /// would go unlimited, so it must get a Retry first.
+    pub fn tracks(&self, addr: SocketAddr) -> bool {
+        self.index.contains_key(&canonical(addr))
+    }
+
+    /// Queue heads examined by eviction so far.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    fn entry_mut(&mut self, addr: SocketAddr) -> Option<(u32, &mut Entry)> {
+        let i = *self.index.get(&canonical(addr))?;
+        Some((i, &mut self.slots[i as usize].entry))
+    }
+
+    fn unlink(&mut self, i: u32) {
+        let Slot {
+            queue, prev, next, ..
+        } = self.slots[i as usize];
+        let Some(q) = queue else {
+            return;
+        };
+        match prev {
+            NIL => self.queues[q as usize].head = next,
+            p => self.slots[p as usize].next = next,
+        }
+        match next {
+            NIL => self.queues[q as usize].tail = prev,
+            n => self.slots[n as usize].prev = prev,
+        }
+        let s = &mut self.slots[i as usize];
+        (s.queue, s.prev, s.next) = (None, NIL, NIL);
+    }
+
+    /// Moves slot `i` to the tail of the queue its entry belongs on (or off every queue).
+    fn requeue(&mut self, i: u32) {
+        self.unlink(i);
+        let Some(q) = self.slots[i as usize].entry.queue() else {
+            return;
+        };
+        let tail = self.queues[q as usize].tail;
+        match tail {
+            NIL => self.queues[q as usize].head = i,
+            t => self.slots[t as usize].next = i,
+        }
+        self.queues[q as usize].tail = i;
+        let s = &mut self.slots[i as usize];
+        (s.queue, s.prev, s.next) = (Some(q), tail, NIL);
+    }
+
+    fn remove(&mut self, i: u32) {
+        self.unlink(i);
+        let s = &self.slots[i as usize];
+        self.index.remove(&s.addr);
+        if s.entry.pin != Hold::No {
+            self.limited -= 1;
+        }
+        self.free.push(i);
+        if self.index.is_empty() && self.slots.len() > KEEP_SLOTS {
+            // A flood is over: its slots go back to the allocator.
+            self.slots = Vec::new();
+            self.free = Vec::new();
+            self.index = HashMap::new();
+        }
+    }
+
+    /// Evicts up to `max` expired entries from the queues' heads.
+    fn evict(&mut self, now: Instant, max: usize) {
+        let mut evicted = 0;
+        for q in [Queue::Unpinned, Queue::Closing] {
+            while evicted < max {
+                let head = self.queues[q as usize].head;
+                if head == NIL {
+                    break;
+                }
+                self.steps += 1;
+                if !self.slots[head as usize].entry.expired(now) {
+                    break;
+                }
+                self.remove(head);
+                evicted += 1;
+            }
+        }
+    }
+
+    /// Evicts every expired entry (tests; the receive path evicts a few at a time).
+    #[cfg(test)]
     fn sweep(&mut self, now: Instant) {
-        self.entries.retain(|_, e| !e.expired(now));
-        self.limited = self.entries.values().filter(|e| e.pin != Hold::No).count();
+        self.evict(now, usize::MAX);
+    }
+
+    fn insert(&mut self, addr: SocketAddr, entry: Entry) {
+        let slot = Slot {
+            addr,
+            entry,
+            queue: None,
+            prev: NIL,
+            next: NIL,
+        };
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.slots[i as usize] = slot;
+                i
+            }
+            None => {
+                self.slots.push(slot);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.index.insert(addr, i);
+        self.requeue(i);
     }
 
     /// Counts a long-header datagram of `len` bytes from `from`; an Initial from an unknown
-    /// source opens an entry.
-    pub fn received(&mut self, from: SocketAddr, len: usize, initial: bool, now: Instant) -> Admit {
+    /// source opens an entry if there is room (after evicting a few expired ones).
+    pub fn received(&mut self, from: SocketAddr, len: usize, initial: bool, now: Instant) -> Seen {
         let from = canonical(from);
-        if let Some(e) = self.entries.get_mut(&from) {
+        if let Some((i, e)) = self.entry_mut(from) {
             e.received += len as u64;
             e.touched = now;
-            return Admit::Deliver;
+            if e.pin == Hold::No {
+                self.requeue(i);
+            }
+            return Seen::Counted;
         }
         if !initial {
-            return Admit::Deliver;
+            return Seen::Ignored;
         }
-        if self.entries.len() >= MAX_ENTRIES {
-            self.sweep(now);
-            if self.entries.len() >= MAX_ENTRIES {
-                return Admit::Drop;
-            }
+        self.evict(now, EVICTIONS_PER_INSERT);
+        if self.index.len() >= MAX_ENTRIES {
+            return Seen::Full;
         }
         let entry = Entry {
             received: len as u64,
@@ -149,13 +359,12 @@ impl Ledger {
             touched: now,
             ours: None,
         };
-        self.entries.insert(from, entry);
-        Admit::Deliver
+        self.insert(from, entry);
+        Seen::Opened
     }
 
     fn set_pin(&mut self, addr: SocketAddr, pin: Hold, now: Instant) {
-        let addr = canonical(addr);
-        let Some(e) = self.entries.get_mut(&addr) else {
+        let Some((i, e)) = self.entry_mut(addr) else {
             return;
         };
         let was = e.pin != Hold::No;
@@ -166,24 +375,24 @@ impl Ledger {
             (true, false) => self.limited -= 1,
             _ => {}
         }
+        self.requeue(i);
     }
 
     /// Counts a datagram from `from` as [`Self::received`] does, and forgets `from` (validated)
     /// when it carries a Handshake packet to the CID we gave it.
-    pub fn received_datagram(&mut self, from: SocketAddr, datagram: &[u8], now: Instant) -> Admit {
+    pub fn received_datagram(&mut self, from: SocketAddr, datagram: &[u8], now: Instant) -> Seen {
         let Some(&first) = datagram.first() else {
-            return Admit::Deliver;
+            return Seen::Ignored;
         };
-        let admit = self.received(from, datagram.len(), header::is_initial(first), now);
+        let seen = self.received(from, datagram.len(), header::is_initial(first), now);
         let proven = self
-            .entries
-            .get(&canonical(from))
-            .and_then(|e| e.ours.as_ref())
-            .is_some_and(|ours| proves_address(datagram, ours));
+            .entry_mut(from)
+            .and_then(|(_, e)| e.ours)
+            .is_some_and(|ours| proves_address(datagram, &ours));
         if proven {
             self.release(from);
         }
-        admit
+        seen
     }
 
     /// An unvalidated handshake with `addr` starts: limit what we send it.
@@ -191,17 +400,17 @@ impl Ledger {
         self.set_pin(addr, Hold::Held, now);
     }
 
-    /// The handshake with `addr` failed: keep limiting its last packets for `for_`.
+    /// The handshake with `addr` failed: keep limiting its last packets for `for_` (always
+    /// [`CLOSING_TTL`], which keeps the closing queue in deadline order; a shorter one would
+    /// only be evicted late, never early).
     pub fn unpin_after(&mut self, addr: SocketAddr, for_: Duration, now: Instant) {
         self.set_pin(addr, Hold::Until(now + for_), now);
     }
 
     /// `addr` is validated, or no handshake was started: forget it.
     pub fn release(&mut self, addr: SocketAddr) {
-        if let Some(e) = self.entries.remove(&canonical(addr)) {
-            if e.pin != Hold::No {
-                self.limited -= 1;
-            }
+        if let Some(&i) = self.index.get(&canonical(addr)) {
+            self.remove(i);
         }
     }
 
@@ -216,7 +425,7 @@ impl Ledger {
         segments: impl Iterator<Item = usize>,
         now: Instant,
     ) -> Option<usize> {
-        let e = self.entries.get_mut(&canonical(to))?;
+        let (_, e) = self.entry_mut(to)?;
         if !e.limited(now) {
             return None;
         }
@@ -249,18 +458,16 @@ pub struct Guard {
     ledger: Mutex<Ledger>,
     /// Mirrors `Ledger::limited` for a lock-free fast path on every send.
     limited: AtomicUsize,
-    /// Transmits (partly) withheld, and Initials dropped because the ledger was full.
+    /// Transmits (partly) withheld.
     pub withheld: prometheus::IntCounter,
-    pub dropped: prometheus::IntCounter,
 }
 
 impl Guard {
-    pub fn new(withheld: prometheus::IntCounter, dropped: prometheus::IntCounter) -> Arc<Self> {
+    pub fn new(withheld: prometheus::IntCounter) -> Arc<Self> {
         Arc::new(Self {
             ledger: Mutex::new(Ledger::default()),
             limited: AtomicUsize::new(0),
             withheld,
-            dropped,
         })
     }
 
@@ -283,6 +490,11 @@ impl Guard {
         self.with(|l| l.release(addr));
     }
 
+    /// Whether `addr` has an entry ([`Ledger::tracks`]).
+    pub fn tracks(&self, addr: SocketAddr) -> bool {
+        self.with(|l| l.tracks(addr))
+    }
+
     /// Number of tracked sources (tests, `/status` debugging).
     pub fn tracked(&self) -> usize {
         self.with(|l| l.len())
@@ -301,32 +513,27 @@ impl GuardedSocket {
         Arc::new(Self { inner, guard })
     }
 
-    /// Counts the long-header datagrams of one receive batch (each of a GRO buffer's); drops
-    /// Initials the ledger refuses.
-    fn account(&self, bufs: &[IoSliceMut<'_>], meta: &mut [RecvMeta]) {
+    /// Counts the long-header datagrams of one receive batch (each of a GRO buffer's). Every
+    /// datagram is delivered: an Initial the full ledger has no entry for is refused a
+    /// handshake by the accept loop instead ([`Guard::tracks`]).
+    fn account(&self, bufs: &[IoSliceMut<'_>], meta: &[RecvMeta]) {
         let now = Instant::now();
-        for (m, buf) in meta.iter_mut().zip(bufs) {
+        for (m, buf) in meta.iter().zip(bufs) {
             let Some(data) = buf.get(..m.len).filter(|d| !d.is_empty()) else {
                 continue;
             };
             let datagrams = data.chunks(m.stride.max(1));
-            let long = || datagrams.clone().filter(|d| header::is_long_header(d[0]));
-            if long().next().is_none() {
+            let mut long = datagrams
+                .filter(|d| header::is_long_header(d[0]))
+                .peekable();
+            if long.peek().is_none() {
                 continue;
             }
-            let admit = self.guard.with(|l| {
-                long().fold(Admit::Deliver, |admit, d| {
-                    match l.received_datagram(m.addr, d, now) {
-                        Admit::Drop => Admit::Drop,
-                        Admit::Deliver => admit,
-                    }
-                })
+            self.guard.with(|l| {
+                for d in long {
+                    l.received_datagram(m.addr, d, now);
+                }
             });
-            if admit == Admit::Drop {
-                // quinn skips a buffer with no bytes.
-                m.len = 0;
-                self.guard.dropped.inc();
-            }
         }
     }
 }
@@ -389,7 +596,7 @@ impl AsyncUdpSocket for GuardedSocket {
             Poll::Ready(Ok(n)) => n,
             other => return other,
         };
-        self.account(&bufs[..n], &mut meta[..n]);
+        self.account(&bufs[..n], &meta[..n]);
         Poll::Ready(Ok(n))
     }
 
@@ -423,7 +630,7 @@ mod tests {
         let mut l = Ledger::default();
         let t = Instant::now();
         let a = addr("192.0.2.1:4433");
-        assert_eq!(l.received(a, 1200, true, t), Admit::Deliver);
+        assert_eq!(l.received(a, 1200, true, t), Seen::Opened);
         l.pin(a, t);
         // The flight quinn really sent to a silent aioquic client: 1200, 222, then two
         // 1200-byte probes, the second of which would make it 3822 bytes (3.19x).
@@ -475,20 +682,91 @@ mod tests {
         assert_eq!((l.len(), l.limited()), (0, 0));
     }
 
+    fn source(i: usize) -> SocketAddr {
+        SocketAddr::new(std::net::Ipv4Addr::from(i as u32 + 1).into(), 1)
+    }
+
+    /// A full ledger opens no entry for a new source, in constant work: every Initial looks
+    /// at the two queue heads at most and nothing scans the 65,536 entries.
     #[test]
-    fn a_full_ledger_drops_initials_from_new_sources() {
+    fn a_full_ledger_opens_no_entry_and_costs_constant_work_per_initial() {
         let mut l = Ledger::default();
         let t = Instant::now();
         for i in 0..MAX_ENTRIES {
-            let a = SocketAddr::new(std::net::Ipv4Addr::from(i as u32 + 1).into(), 1);
-            assert_eq!(l.received(a, 1200, true, t), Admit::Deliver);
+            assert_eq!(l.received(source(i), 1200, true, t), Seen::Opened);
         }
-        let new = addr("203.0.113.1:1");
-        assert_eq!(l.received(new, 1200, true, t), Admit::Drop);
-        // Once the undecided ones have expired, there is room again.
+        // The same instant: nothing has expired.
+        let before = l.steps();
+        for i in 0..100_000 {
+            let new = source(MAX_ENTRIES + i);
+            assert_eq!(l.received(new, 1200, true, t), Seen::Full);
+            assert!(!l.tracks(new));
+        }
+        let per = (l.steps() - before) as f64 / 100_000.0;
+        assert!(per <= 2.0, "{per} steps per Initial");
+        // A known source is still counted.
+        assert_eq!(l.received(source(7), 1200, false, t), Seen::Counted);
+        // Once the undecided ones have expired, each new Initial evicts two and gets room.
         let later = t + UNPINNED_TTL + Duration::from_millis(1);
-        assert_eq!(l.received(new, 1200, true, later), Admit::Deliver);
-        assert_eq!(l.len(), 1);
+        let before = l.steps();
+        for i in 0..1000 {
+            let new = addr(&format!("203.0.113.{}:{}", i % 250, 1000 + i));
+            assert_eq!(l.received(new, 1200, true, later), Seen::Opened);
+            assert!(l.tracks(new));
+        }
+        assert!(l.steps() - before <= 1000 * (EVICTIONS_PER_INSERT as u64 + 2));
+        assert_eq!(l.len(), MAX_ENTRIES - 1000, "2 out, 1 in, per Initial");
+    }
+
+    /// Entries leave in deadline order whatever the order they came in: a touched entry moves
+    /// back, a held one never expires, a failed one expires after CLOSING_TTL.
+    #[test]
+    fn eviction_follows_deadlines_not_arrival() {
+        let mut l = Ledger::default();
+        let t = Instant::now();
+        let (a, b, c, d) = (source(1), source(2), source(3), source(4));
+        for x in [a, b, c, d] {
+            l.received(x, 1200, true, t);
+        }
+        l.pin(b, t);
+        l.pin(c, t);
+        l.unpin_after(c, CLOSING_TTL, t);
+        // a is touched a second later; d is not.
+        let t1 = t + Duration::from_secs(1);
+        l.received(a, 100, false, t1);
+        let t2 = t + UNPINNED_TTL + Duration::from_millis(1);
+        l.sweep(t2);
+        assert!(l.tracks(a) && l.tracks(b) && l.tracks(c) && !l.tracks(d));
+        l.sweep(t1 + UNPINNED_TTL + Duration::from_millis(1));
+        assert!(!l.tracks(a) && l.tracks(b) && l.tracks(c));
+        l.sweep(t + CLOSING_TTL);
+        assert!(
+            l.tracks(b) && !l.tracks(c),
+            "held forever, closing until its time"
+        );
+        assert_eq!((l.len(), l.limited()), (1, 1));
+        // Released: the slot is reused, nothing dangles on a queue.
+        l.release(b);
+        assert!(l.is_empty());
+        for i in 10..20 {
+            l.received(source(i), 1200, true, t2);
+        }
+        l.sweep(t2 + UNPINNED_TTL + Duration::from_millis(1));
+        assert!(l.is_empty());
+    }
+
+    /// After a flood the table gives its memory back once it empties.
+    #[test]
+    fn the_slots_of_a_flood_are_returned() {
+        let mut l = Ledger::default();
+        let t = Instant::now();
+        for i in 0..MAX_ENTRIES {
+            l.received(source(i), 1200, true, t);
+        }
+        assert_eq!(l.slots.len(), MAX_ENTRIES);
+        l.sweep(t + UNPINNED_TTL + Duration::from_millis(1));
+        assert!(l.is_empty());
+        assert_eq!(l.slots.capacity(), 0);
     }
 
     #[test]
@@ -531,12 +809,13 @@ mod tests {
         l.received(a, 1200, true, t);
         let none = std::iter::empty;
         l.allow(a, &packet(TYPE_INITIAL, b"c", b"first", 10), none(), t);
-        assert_eq!(l.entries[&a].ours, None, "not limited: nothing to learn");
+        let ours = |l: &Ledger| l.slots[l.index[&a] as usize].entry.ours;
+        assert_eq!(ours(&l), None, "not limited: nothing to learn");
         l.pin(a, t);
         l.allow(a, &[0x40, 1, 2], none(), t);
         l.allow(a, &packet(TYPE_INITIAL, b"c", b"first", 10), none(), t);
         l.allow(a, &packet(TYPE_HANDSHAKE, b"c", b"second", 10), none(), t);
-        assert_eq!(l.entries[&a].ours, Cid::new(b"first"));
+        assert_eq!(ours(&l), Cid::new(b"first"));
     }
 
     #[test]

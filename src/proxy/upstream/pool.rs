@@ -97,6 +97,7 @@ impl Upstream {
         metrics: UpstreamMetrics,
     ) -> Result<Self, UpstreamSetupError> {
         let renewals = Renewals::new(metrics.certificate_grace.clone());
+        renewals.recall(hosts);
         Self::build(config, hosts, metrics, renewals)
     }
 
@@ -110,6 +111,7 @@ impl Upstream {
     ) -> Result<Self, UpstreamSetupError> {
         let now = UnixTime::now().as_secs() as i64;
         self.renewals.switched(&self.hosts, hosts, now);
+        self.renewals.recall(hosts);
         Self::build(config, hosts, self.metrics.clone(), self.renewals.clone())
     }
 

@@ -4,9 +4,12 @@ An attack module defines
 
     ATTACK = Attack(name="...", target="what must hold", run=async_fn, upstream="nginx")
 
-where `run(env) -> lib.Outcome` gets a fresh world (nginx, stall servers and the release proxy
-with default settings, see lib.make_env) and must finish within `timeout` seconds (60 at
-most). One file per attack; a new file is picked up by its name, nothing else to register.
+(or `ATTACKS`, a list, for one attack at several strengths) where `run(env) -> lib.Outcome`
+gets a fresh world (nginx, stall servers and the release proxy with default settings, see
+lib.make_env) and must finish within `timeout` seconds (60 at most). `netns=True` builds that
+world in a network namespace of its own, for attacks that flood loopback at rates other
+tests on the machine should not meet. One file per attack; a new file is picked up by its
+name, nothing else to register.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ class Attack:
     run: Callable[..., Awaitable]
     upstream: str = "nginx"
     timeout: float = 60.0
+    netns: bool = False
 
 
 def all_attacks() -> list[Attack]:
@@ -33,4 +37,5 @@ def all_attacks() -> list[Attack]:
         attack = getattr(mod, "ATTACK", None)
         if attack is not None:
             found.append(attack)
+        found.extend(getattr(mod, "ATTACKS", []))
     return found

@@ -1,0 +1,102 @@
+"""Spoofed-source Initials from a WIDE range: a new source address (and port) for every
+datagram (rawflood.py, one raw socket and sendmmsg), 4096 distinct valid Initials in turn, for
+8 s at 60,000/s and at 200,000/s. Either rate passes the 65,536 sources the amplification
+ledger tracks within the 2 s it keeps a source it never hears from again; from then on every
+Initial meets a full ledger, which must cost it constant work and send it to a Retry. For
+reference, 200,000/s from only 1,000 sources. A legitimate client opens a new connection (a
+handshake) for every request throughout. Runs in a network namespace of its own: the flood
+stays off the machine's loopback, and the replies to the spoofed sources go nowhere.
+The figures are only comparable at low load: each line gives the load average."""
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import conn_tools
+import lib
+from attacks import Attack
+
+POOL = 4096
+SECONDS = 8
+P99_BOUND_MS = 1000
+
+
+def counters(p: lib.Proxy) -> dict:
+    m = p.metrics()
+    lim = lambda n: m.get(f'h3_ingress_limits_total{{limit="{n}"}}', 0.0)  # noqa: E731
+    hs = lambda r: m.get(f'h3_ingress_handshakes_total{{result="{r}"}}', 0.0)  # noqa: E731
+    return {"retry": lim("retry"), "backlog": lim("initial_backlog"), "ok": hs("ok"),
+            "timeout": hs("timeout"), "withheld": lim("amplification")}
+
+
+async def wait_file(path, timeout: float, what: str):
+    if await lib.wait_until(path.exists, timeout, 0.05) is None:
+        raise RuntimeError(f"{what} not ready within {timeout:.0f} s")
+
+
+async def flood_run(env: lib.Env, rate: int, sources: int) -> lib.Outcome:
+    p = env.proxy
+    path = env.dir / "initials.bin"
+    path.write_bytes(b"".join(conn_tools.make_initials(POOL)))
+    out = env.dir / f"flood-{rate}-{sources}.json"
+    go = out.with_suffix(".go")
+    sender = subprocess.Popen([sys.executable, str(lib.HERE / "rawflood.py"), str(p.port), str(path),
+                               str(rate), str(SECONDS), str(sources), str(out), str(go)])
+    try:
+        await wait_file(out.with_suffix(".ready"), 45, "the flood's messages")
+        before = counters(p)
+        rss0 = p.rss_mb()
+        p.sampler.reset()
+        legit = conn_tools.NewConnections(env)
+        await asyncio.sleep(1.0)
+        load = os.getloadavg()[0]
+        cpu0 = conn_tools.cpu_seconds(p.proc.pid)
+        go.write_text("go")
+        await asyncio.get_running_loop().run_in_executor(None, sender.wait, SECONDS + 20)
+        cpu = conn_tools.cpu_seconds(p.proc.pid) - cpu0
+    finally:
+        if sender.poll() is None:
+            sender.kill()
+    r = legit.finish()
+    sent = json.loads(out.read_text())
+    after = counters(p)
+    d = {k: after[k] - before[k] for k in before}
+    total = r["served"] + r["failed"]
+    wide = sources == 0
+    numbers = {
+        "load1": f"{load:.1f}",
+        "flood": f"{sent['sent']} in {sent['seconds']} s ({sent['rate']}/s, "
+                 + ("a new source each" if wide else f"{sources} sources") + ")",
+        "legit (new conn each)": f"{r['served']}/{total} p99 {r['p99_ms']} ms",
+        "proxy CPU": f"{cpu:.1f} s ({cpu / max(sent['sent'], 1) * 1e6:.1f} µs per Initial)",
+        "retry+": f"{d['retry']:g}",
+        "initial_backlog+": f"{d['backlog']:g}",
+        "handshakes": f"ok+{d['ok']:g} timeout+{d['timeout']:g}",
+        "rss_mb": f"{rss0:.0f}/{p.sampler.peak():.0f}",
+    }
+    checks = [("proxy alive", p.alive()),
+              (f"the flood reached {int(rate * 0.5)}/s at least ({sent['rate']}/s)", sent["rate"] >= rate * 0.5)]
+    if wide:
+        checks.append((f"the ledger was full: Initials sent to a Retry without an entry (+{d['backlog']:g})",
+                       d["backlog"] > 0))
+    if rate <= 60_000:
+        checks += conn_tools.legit_checks("new connections", r, P99_BOUND_MS)
+    else:
+        checks.append((f"new connections: at least 90 % served ({r['served']}/{total})",
+                       total > 0 and r["served"] >= 0.9 * total))
+    return lib.Outcome(numbers, checks)
+
+
+def attack(rate: int, sources: int, target: str) -> Attack:
+    who = "a new source per datagram" if sources == 0 else f"{sources} sources"
+    return Attack(f"spoofed Initial flood, {rate:,}/s from {who}", target,
+                  lambda env: flood_run(env, rate, sources), netns=True)
+
+
+ATTACKS = [
+    attack(60_000, 0, "legit 100 % served, p99 <= 1 s; the ledger fills and costs O(1) per Initial"),
+    attack(200_000, 0, "legit >= 90 % served; the ledger fills and costs O(1) per Initial"),
+    attack(200_000, 1000, "legit >= 90 % served (reference for the wide floods)"),
+]
