@@ -825,12 +825,13 @@ async fn the_operator_elects_itself_reconciles_writes_status_and_releases_the_le
         hosts_namespace: HOSTS.into(),
         admin_address: admin_addr,
         crd_upgrade: true,
-        // What the operator's --image-pull-secrets, --tune-image and
-        // --data-plane-priority-class give every data plane pod.
+        // What the operator's --image-pull-secrets, --tune-image,
+        // --data-plane-priority-class and --architectures give every data plane pod.
         pod_defaults: h3_ingress::operator::resources::PodDefaults {
             image_pull_secrets: vec!["regcred".into()],
             tune_image: "busybox@sha256:test".into(),
             priority_class_name: Some("h3-ingress-data-plane".into()),
+            architectures: vec!["arm64".into()],
         },
     };
     let fetcher = Fetcher {
@@ -929,6 +930,12 @@ fn finally_consistent(w: &World) {
     assert_eq!(pod["imagePullSecrets"], json!([{"name": "regcred"}]));
     assert_eq!(pod["nodeSelector"], json!({"kubernetes.io/os": "linux"}));
     assert_eq!(pod["priorityClassName"], "h3-ingress-data-plane");
+    let terms = &pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
+    assert_eq!(
+        terms["nodeSelectorTerms"],
+        json!([{"matchExpressions": [
+            {"key": "kubernetes.io/arch", "operator": "In", "values": ["arm64"]}]}])
+    );
     // Two mirror writes: the first, and the renewed certificate's.
     let mirrors = w
         .applied

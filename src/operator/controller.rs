@@ -26,7 +26,7 @@ use super::events::{self, PlannedEvent, Target};
 use super::metrics::results;
 use super::reports::status_address;
 use super::status::{self, Blocker, PodReport};
-use super::{conflicts, labels, mirrors, podstate, resources, text, FIELD_MANAGER};
+use super::{conflicts, labels, mirrors, placement, podstate, resources, text, FIELD_MANAGER};
 use crate::api::mirror::mirror_name;
 use crate::api::{host_states, reasons, HostStatus, Http3Listener, Http3ListenerStatus};
 use crate::config::gateway::gateway_upstream;
@@ -365,6 +365,7 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         pods: &observed.pods,
         previous: listener.status.as_ref(),
         mirrors: view,
+        placement: placement::describe(listener, &ctx.pod_defaults.architectures),
         now,
     };
     let hosts = status::host_statuses(&inputs);

@@ -88,6 +88,9 @@ pub struct Inputs<'a> {
     pub previous: Option<&'a Http3ListenerStatus>,
     /// The mirrors as written; `None` when they could not be (the blocker says why).
     pub mirrors: Option<MirrorView<'a>>,
+    /// Where the data plane may run, in words
+    /// ([`placement::describe`](super::placement::describe)): said when no node does.
+    pub placement: String,
     pub now: Timestamp,
 }
 
@@ -520,11 +523,15 @@ fn ready_verdict(f: &Facts) -> (bool, &'static str, String) {
             .daemon_set
             .is_some_and(|d| d.observed_generation.is_some());
         let msg = if counted {
-            "no node runs the data plane (check spec.nodeSelector and spec.tolerations)"
+            format!(
+                "no node runs the data plane: none is {}; `kubectl get nodes -L \
+                 kubernetes.io/arch` shows each node's architecture",
+                f.inp.placement
+            )
         } else {
-            "the DaemonSet controller has not scheduled the data plane yet"
+            "the DaemonSet controller has not scheduled the data plane yet".to_string()
         };
-        return (false, reasons::PODS_NOT_READY, msg.to_string());
+        return (false, reasons::PODS_NOT_READY, msg);
     }
     if ready < desired {
         let mut msg = format!("{ready} of {desired} data plane pods ready");
@@ -946,6 +953,7 @@ mod tests {
             pods,
             previous,
             mirrors: Some(view(&NOTHING)),
+            placement: "a Linux node of architecture arm64 (...)".into(),
             now: t(now),
         }
     }
@@ -979,7 +987,11 @@ mod tests {
             observed_generation: Some(1),
             ..ds(0, 0)
         };
-        assert!(ready_message(Some(&counted)).contains("check spec.nodeSelector"));
+        assert_eq!(
+            ready_message(Some(&counted)),
+            "no node runs the data plane: none is a Linux node of architecture arm64 (...); \
+             `kubectl get nodes -L kubernetes.io/arch` shows each node's architecture"
+        );
     }
 
     #[test]

@@ -6,7 +6,8 @@
 # other:
 #   - real nodes (H3I_NODES=real), the product's OCI image pulled from the authenticated
 #     registry: tests/cluster/smoke.sh (the cluster itself), journey.sh (the product on it),
-#     gateway.sh (Gateway API), node-checks.sh (what only a real node answers, a real browser);
+#     gateway.sh (Gateway API), arch.sh (the image index's amd64 manifest, the architecture
+#     selectors), node-checks.sh (what only a real node answers, a real browser);
 #   - the node agent (pods as local processes, the fast mode): skew.sh (CRD version skew both
 #     ways, certificate renewal), rollout.sh (a DaemonSet roll under clients), upgrade.sh (helm
 #     upgrade from the pinned previous release and back, under clients; its binary built once
@@ -16,7 +17,8 @@
 #
 #   tests/cluster/run.sh        (root) prints each phase's time and the total at the end
 #
-# Real nodes run target/static/h3-ingress in the image (built when missing); the agent runs
+# Real nodes run target/static/h3-ingress in the image, an index with target/static/arm64/
+# h3-ingress (both built when missing); the agent runs
 # target/debug/h3-ingress (or $H3I_BINARY), which scripts/test.sh builds with `cargo test`
 # first. Without root it prints a SKIPPED line and exits 0, or 1 when H3I_TESTS_REQUIRE_ROOT=1.
 set -euo pipefail
@@ -27,7 +29,7 @@ step() { printf '\n=== %s (%s)\n' "$*" "$(date +%H:%M:%S)"; }
 if [[ $(id -u) -ne 0 ]]; then
     echo "=================================================================================="
     echo "CLUSTER TESTS SKIPPED (needs root): scripts/cluster.sh build/up, tests/cluster/smoke.sh"
-    echo "tests/cluster/journey.sh, gateway.sh, node-checks.sh, skew.sh, rollout.sh, upgrade.sh and scale.sh did NOT run; nothing was proven on a real API server or real nodes."
+    echo "tests/cluster/journey.sh, gateway.sh, arch.sh, node-checks.sh, skew.sh, rollout.sh, upgrade.sh and scale.sh did NOT run; nothing was proven on a real API server or real nodes."
     echo "=================================================================================="
     [[ ${H3I_TESTS_REQUIRE_ROOT:-0} == 1 ]] && { echo "H3I_TESTS_REQUIRE_ROOT=1: failing" >&2; exit 1; }
     exit 0
@@ -64,9 +66,10 @@ step "the previous release's binary for tests/cluster/upgrade.sh (cached per com
 timed release-build tests/cluster/upgrade.sh build
 step "trixie chroot with curl 8.14 (HTTP/3), the journey's second HTTP/3 client"
 timed trixie bash -c 'set -o pipefail; scripts/trixie-chroot.sh "${H3I_TRIXIE_ROOT:-/work/trixie-root}" | tail -n 3'
-# The image the real nodes pull: the static binary (tests/observe/run.sh builds it in
-# scripts/test.sh; built here when missing).
+# The image the real nodes pull: an index of the amd64 and arm64 static binaries
+# (tests/observe/run.sh builds both in scripts/test.sh; built here when missing).
 [[ -x target/static/h3-ingress ]] || timed static scripts/build-static.sh
+[[ -x target/static/arm64/h3-ingress ]] || timed static-arm64 scripts/build-static.sh --arch arm64
 
 # Real nodes first: kubelet, containerd, runc, CNI and kube-proxy, the image pulled from the
 # authenticated registry (scripts/cluster-nodes.sh).
@@ -78,6 +81,8 @@ step "tests/cluster/journey.sh on real nodes (the user's journey)"
 timed journey tests/cluster/journey.sh
 step "tests/cluster/gateway.sh on real nodes (Gateway API: HTTPRoutes, Gateways, ReferenceGrant)"
 timed gateway tests/cluster/gateway.sh
+step "tests/cluster/arch.sh on real nodes (the amd64 manifest of the image index; pods kept off nodes of other architectures)"
+timed arch tests/cluster/arch.sh
 step "tests/cluster/node-checks.sh (what only a real node answers: image, capabilities, NodePort, Chromium, grace, probes, OOM)"
 timed node-checks tests/cluster/node-checks.sh
 step "real nodes: down"
