@@ -21,6 +21,8 @@ APT_PACKAGES=(
     prometheus-nginx-exporter # lab: compare against nginx's own metrics
     caddy                     # independent HTTP/3 server for the h3client self-test
     ngtcp2-client             # second independent HTTP/3 client (gtlsclient)
+    knot                      # tests/dns_update.rs: an authoritative server taking RFC 2136 updates
+    knot-dnsutils             # ... and kdig, which reads its zone back
     debootstrap               # scripts/trixie-chroot.sh (lab only)
     iproute2                  # ip netns / ip link for lab and root tests
     nftables                  # packet-drop rules in root tests
@@ -36,6 +38,7 @@ APT_PACKAGES=(
     gcc-aarch64-linux-gnu     # scripts/build-static.sh --arch arm64: the cross linker and C compiler (ring)
     libc6-dev-arm64-cross     # ... and the aarch64 glibc it links statically
     qemu-user-static          # tests/observe/arch_check.py: runs the arm64 binary here
+    shellcheck                # scripts/test.sh: every shell script left passes it
     ca-certificates
     python3
     python3-venv              # fallback when the system python is externally managed
@@ -51,7 +54,7 @@ PIP_PACKAGES=(
     "websockets:websockets"                 # tests/browser/chromium.py (DevTools protocol)
     "bcrypt:bcrypt"                         # scripts/registry.sh: the registry's htpasswd file
 )
-SERVICES=(nginx caddy prometheus prometheus-nginx-exporter)
+SERVICES=(nginx caddy prometheus prometheus-nginx-exporter knot)
 # -----------------------------------------------------------------------------------------
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

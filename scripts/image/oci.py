@@ -3,7 +3,7 @@
 Docker engine, byte for byte reproducible: the same binaries and root files give the same digest.
 
     scripts/image/oci.py --binary B [--binary B2 ...] --rootfs D --version V --revision R --name REF
-                         --out DIR [--tar F]
+                         --out DIR [--tar F] [--spec JSON]
 
 One image manifest per binary, for the architecture its ELF header names (x86-64: amd64,
 AArch64: arm64), all under one image index, as `docker buildx build --platform
@@ -12,8 +12,10 @@ platform from the index. The index is what the layout's index.json (and so the i
 at, also for a single binary.
 
 IMAGE below is the Dockerfile's runtime stage written out as data; tests/observe/image_check.py
-parses the Dockerfile and fails when the two differ in any instruction. Only the standard
-library is used, so the image can be assembled on any machine with python3.
+parses the Dockerfile and fails when the two differ in any instruction. --spec assembles another
+image the same way from an object with IMAGE's keys (scripts/addons-build.sh: Traefik and
+CoreDNS for the test cluster). Only the standard library is used, so the image can be assembled
+on any machine with python3.
 """
 
 from __future__ import annotations
@@ -155,19 +157,19 @@ def elf_architecture(path: Path) -> str:
     return ELF_ARCHITECTURES[machine]
 
 
-def image_config(args: dict[str, str], diff_ids: list[str], arch: str) -> dict:
+def image_config(args: dict[str, str], diff_ids: list[str], arch: str, image: dict = IMAGE) -> dict:
     cfg: dict = {
-        "User": IMAGE["user"],
-        "Env": [SCRATCH_PATH] + list(IMAGE["env"]),
-        "Entrypoint": IMAGE["entrypoint"],
-        "Cmd": IMAGE["cmd"],
-        "WorkingDir": IMAGE["workdir"] or SCRATCH_WORKDIR,
-        "Labels": {k: expand(v, args) for k, v in IMAGE["labels"].items()},
+        "User": image["user"],
+        "Env": [SCRATCH_PATH] + list(image["env"]),
+        "Entrypoint": image["entrypoint"],
+        "Cmd": image["cmd"],
+        "WorkingDir": image["workdir"] or SCRATCH_WORKDIR,
+        "Labels": {k: expand(v, args) for k, v in image["labels"].items()},
     }
-    if IMAGE["exposed_ports"]:
-        cfg["ExposedPorts"] = {p: {} for p in IMAGE["exposed_ports"]}
-    if IMAGE["volumes"]:
-        cfg["Volumes"] = {v: {} for v in IMAGE["volumes"]}
+    if image["exposed_ports"]:
+        cfg["ExposedPorts"] = {p: {} for p in image["exposed_ports"]}
+    if image["volumes"]:
+        cfg["Volumes"] = {v: {} for v in image["volumes"]}
     # No "created" anywhere: a timestamp would make every assembly a different image.
     return {"architecture": arch, "os": "linux", "config": cfg,
             "rootfs": {"type": "layers", "diff_ids": diff_ids}}
@@ -182,22 +184,22 @@ class Platform:
     manifest: Blob
 
 
-def assemble_platform(inputs: dict[str, Path], args: dict[str, str], arch: str) -> Platform:
+def assemble_platform(inputs: dict[str, Path], args: dict[str, str], arch: str, image: dict) -> Platform:
     layers: list[Blob] = []
     diff_ids: list[str] = []
-    for src, dest, which in IMAGE["layers"]:
+    for src, dest, which in image["layers"]:
         tar_bytes, gz = make_layer(layer_entries(inputs[which], dest))
         diff_ids.append("sha256:" + hashlib.sha256(tar_bytes).hexdigest())
         layers.append(Blob(MT_LAYER, gz))
-    config = Blob(MT_CONFIG, canonical(image_config(args, diff_ids, arch)))
+    config = Blob(MT_CONFIG, canonical(image_config(args, diff_ids, arch, image)))
     manifest = Blob(MT_MANIFEST, canonical({
         "schemaVersion": 2, "mediaType": MT_MANIFEST, "config": config.descriptor(),
         "layers": [b.descriptor() for b in layers]}))
     return Platform(arch, layers, config, manifest)
 
 
-def assemble(binaries: list[Path], rootfs: Path, args: dict[str, str], name: str
-             ) -> tuple[list[Platform], Blob, dict]:
+def assemble(binaries: list[Path], rootfs: Path, args: dict[str, str], name: str,
+             image: dict = IMAGE) -> tuple[list[Platform], Blob, dict]:
     """Every platform's image, the image index over them, and index.json's content."""
     by_arch: dict[str, Path] = {}
     for b in binaries:
@@ -206,7 +208,8 @@ def assemble(binaries: list[Path], rootfs: Path, args: dict[str, str], name: str
             raise SystemExit(f"oci.py: {by_arch[arch]} and {b} are both {arch}")
         by_arch[arch] = b
     # Sorted by architecture, not by argument order: the same binaries give the same index.
-    platforms = [assemble_platform({"binary": by_arch[a], "rootfs": rootfs}, args, a) for a in sorted(by_arch)]
+    platforms = [assemble_platform({"binary": by_arch[a], "rootfs": rootfs}, args, a, image)
+                 for a in sorted(by_arch)]
     index = Blob(MT_INDEX, canonical({"schemaVersion": 2, "mediaType": MT_INDEX, "manifests": [
         p.manifest.descriptor(platform={"architecture": p.arch, "os": "linux"}) for p in platforms]}))
     tag = name.rsplit(":", 1)[1] if ":" in name.rsplit("/", 1)[-1] else "latest"
@@ -255,9 +258,16 @@ def main() -> int:
     ap.add_argument("--name", required=True, help="image reference, e.g. 127.0.0.1:5443/h3-ingress:0.1.0-abc")
     ap.add_argument("--out", type=Path, required=True, help="OCI layout directory (replaced)")
     ap.add_argument("--tar", type=Path, help="also write the layout as an OCI archive here")
+    ap.add_argument("--spec", type=json.loads, help="another image than IMAGE: a JSON object with its keys")
     a = ap.parse_args()
+    image = IMAGE
+    if a.spec is not None:
+        missing = sorted(set(IMAGE) - set(a.spec))
+        if missing or a.spec.get("from") != "scratch":
+            raise SystemExit(f"oci.py: --spec: needs from=scratch and every key of IMAGE (missing: {missing})")
+        image = a.spec
     platforms, index, layout_index = assemble(a.binary, a.rootfs,
-                                              {"VERSION": a.version, "REVISION": a.revision}, a.name)
+                                              {"VERSION": a.version, "REVISION": a.revision}, a.name, image)
     blobs = [b for p in platforms for b in (*p.layers, p.config, p.manifest)] + [index]
     write_layout(a.out, blobs, layout_index)
     if a.tar:

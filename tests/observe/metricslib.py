@@ -1,7 +1,7 @@
 """Which metric names the binary exports, and which ones a PromQL expression uses.
 
 Exported names come either from a real scrape (`/metrics` text) or, before a proxy can run,
-from the registrations in src/proxy/metrics.rs. Expression names come from a small PromQL
+from the registrations in src/proxy/observe/metrics.rs. Expression names come from a small PromQL
 tokenizer (string literals, label matchers and grouping clauses removed first); promtool
 separately proves that every expression parses.
 """
@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-METRICS_RS = ROOT / "src" / "proxy" / "metrics.rs"
+METRICS_RS = ROOT / "src" / "proxy" / "observe" / "metrics.rs"
 
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 KEYWORDS = {

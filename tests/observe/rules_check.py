@@ -3,7 +3,7 @@
 
 Also checks that every alert has a unit test that makes it fire, that every recording rule is
 evaluated by a unit test, and that every h3_ingress_* metric a rule reads is one the binary
-exports (src/proxy/metrics.rs, and a real scrape when given with --scrape FILE).
+exports (src/proxy/observe/metrics.rs, and a real scrape when given with --scrape FILE).
 """
 
 from __future__ import annotations
@@ -90,8 +90,8 @@ def metric_check(scrape: Path | None) -> None:
     for n in sorted(other):
         failures.append(f"rules read {n}, which is neither ours, a recording rule nor a known TCP ingress metric")
     for n in sorted(ours - exported):
-        failures.append(f"rules read {n}, which src/proxy/metrics.rs does not export")
-    print(f"metrics: the rules read {len(ours)} h3_ingress_* metrics, all registered in src/proxy/metrics.rs")
+        failures.append(f"rules read {n}, which src/proxy/observe/metrics.rs does not export")
+    print(f"metrics: the rules read {len(ours)} h3_ingress_* metrics, all registered in src/proxy/observe/metrics.rs")
     if scraped is not None:
         seen = sorted(ours & scraped)
         unseen = sorted(ours - scraped)
