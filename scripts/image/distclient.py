@@ -138,7 +138,7 @@ def push_blobs(reg: Registry, layout: Path, repo: str, descs: list[dict]) -> Non
         digest = b["digest"]
         status, _, _ = reg.request("HEAD", f"/v2/{repo}/blobs/{digest}")
         if status == 200:
-            print(f"  blob {digest}: already there")
+            print(f"    blob {digest}: already there")
             continue
         headers, _ = reg.expect(202, "POST", f"/v2/{repo}/blobs/uploads/", body=b"")
         location = headers["location"]

@@ -68,7 +68,7 @@ def build(binary: Path) -> None:
     t0 = time.monotonic()
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     took = time.monotonic() - t0
-    last = (p.stdout + p.stderr).strip().splitlines()[-1:] or [""]
+    last = (p.stdout.strip() or p.stderr.strip()).splitlines()[-1:] or [""]
     print(f"  {last[0]} in {took:.0f} s")
     check(p.returncode == 0, "scripts/build-static.sh --arch arm64 failed:\n" + p.stderr[-3000:])
 
