@@ -12,6 +12,17 @@
 # REVISION is also stamped into the binary (`h3-ingress --version`, /status, build_info): the
 # build context has no .git. Without it the binary reports commit "unknown".
 #
+# The project's image is an image index for amd64 and arm64 nodes (Graviton, Ampere):
+#
+#   docker buildx build --platform linux/amd64,linux/arm64 -t ghcr.io/h3-ingress/h3-ingress:0.1.0 \
+#     --build-arg VERSION=0.1.0 --build-arg REVISION=$(git rev-parse HEAD) --push .
+#
+# The build stage runs once per platform on the build machine's own platform (--platform=
+# $BUILDPLATFORM, no emulation) and cross-compiles for TARGETARCH, exactly as
+# `scripts/build-static.sh --arch amd64|arm64` does here; the runtime stage (scratch) is then
+# that platform's image, and buildx pushes one manifest per platform under one index, as
+# scripts/image.sh assembles it. A plain `docker build` makes the build machine's platform only.
+#
 # The build stage runs scripts/build-static.sh and scripts/image-rootfs.sh, the same scripts the
 # test command runs, so the build step is exercised without a Docker engine
 # (tests/observe/dockerfile_check.py). scripts/image.sh assembles this very image from their
@@ -20,14 +31,21 @@
 
 ARG RUST_VERSION=1.95
 
-FROM docker.io/library/rust:${RUST_VERSION}-bookworm AS build
+FROM --platform=$BUILDPLATFORM docker.io/library/rust:${RUST_VERSION}-bookworm AS build
 ARG REVISION=unknown
+# Set by BuildKit to the platform being built (amd64, arm64); empty means the build machine's.
+ARG TARGETARCH
 WORKDIR /src
 COPY . .
-# Cache mounts keep the registry and incremental builds between image builds.
+# Another architecture than the build machine's needs Debian's cross C toolchain (the linker,
+# static glibc, and the compiler of ring's C and assembly); the script names its packages.
+RUN pkgs=$(scripts/build-static.sh --arch="${TARGETARCH}" --cross-packages) \
+    && if [ -n "$pkgs" ]; then apt-get update -q && apt-get install -y -q --no-install-recommends $pkgs; fi
+# Cache mounts keep the registry and incremental builds between image builds (one target
+# directory; each architecture builds into its own triple under it).
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    H3I_GIT_COMMIT="${REVISION}" scripts/build-static.sh /out/h3-ingress \
+    H3I_GIT_COMMIT="${REVISION}" scripts/build-static.sh --arch="${TARGETARCH}" /out/h3-ingress \
     && scripts/image-rootfs.sh /out/rootfs
 
 # scratch plus scripts/image-rootfs.sh's few files: no shell, no package manager, no libc; the CA

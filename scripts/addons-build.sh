@@ -235,7 +235,7 @@ image() {
             --version "$version" --revision "$revision" --name "registry.h3i.test/$name:$version" \
             --spec "$spec" --out "$work/oci" --tar "$out/$name.oci.tar.tmp" >"$work/summary.json"
         mv "$out/$name.oci.tar.tmp" "$out/$name.oci.tar"
-        python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); print(s["name"], s["manifest"])' \
+        python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); print(s["name"], s["index"])' \
             "$work/summary.json" >"$out/$name.ref"
         rm -rf "$work"
         log "$name: image $(cat "$out/$name.ref") in $out"

@@ -294,12 +294,21 @@ rn_tag_images() {
 # fds 8/9 are cluster.sh's locks: the registry daemon must not inherit them.
 rn_registry() { H3I_REGISTRY_ADDR=$RN_REGISTRY_ADDR H3I_REGISTRY_STATE=$RN_REGISTRY_STATE "$REPO/scripts/registry.sh" "$@" 8>&- 9>&-; }
 
-# The product image (scripts/image.sh of the static binary) in the registry as
-# registry.h3i.test/h3-ingress:VERSION-COMMIT and :APPVERSION (the chart's default tag).
+# The product image (scripts/image.sh of the static binaries: an image index of the amd64 and
+# arm64 builds, as released) in the registry as registry.h3i.test/h3-ingress:VERSION-COMMIT and
+# :APPVERSION (the chart's default tag). The nodes (amd64) pull the amd64 manifest from the
+# index. H3I_IMAGE_BINARY names one binary instead: an index of that one.
 rn_push_image() {
-    local bin=${H3I_IMAGE_BINARY:-$REPO/target/static/h3-ingress} out=$STATE/image app
+    local bin=${H3I_IMAGE_BINARY:-$REPO/target/static/h3-ingress} out=$STATE/image app bins
     [[ -x $bin ]] || { log "warning: no $bin (scripts/build-static.sh): no product image in the registry"; return 0; }
-    H3I_IMAGE_REPOSITORY=$RN_REGISTRY_NAME/h3-ingress H3I_IMAGE_OUT=$out "$REPO/scripts/image.sh" "$bin" >&2
+    bins=("$bin")
+    if [[ -z ${H3I_IMAGE_BINARY:-} ]]; then
+        local arm
+        arm=$REPO/$("$REPO/scripts/build-static.sh" --arch arm64 --print-output)
+        if [[ -x $arm ]]; then bins+=("$arm")
+        else log "warning: no $arm (scripts/build-static.sh --arch arm64): the image index has amd64 only"; fi
+    fi
+    H3I_IMAGE_REPOSITORY=$RN_REGISTRY_NAME/h3-ingress H3I_IMAGE_OUT=$out "$REPO/scripts/image.sh" "${bins[@]}" >&2
     app=$(sed -n 's/^appVersion: "\(.*\)"$/\1/p' "$REPO/charts/h3-ingress/Chart.yaml")
     rn_registry push "$out/oci" >&2
     rn_registry push "$out/oci" "h3-ingress:$app" >&2

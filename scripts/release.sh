@@ -8,9 +8,11 @@
 #
 #   scripts/release.sh [REPOSITORY]     default REPOSITORY: ghcr.io/h3-ingress/h3-ingress
 #
-# Writes dist/h3-ingress (static binary), dist/h3-ingress-CHART_VERSION.tgz (the chart, appVersion
-# and image.repository set), and builds REPOSITORY:VERSION-COMMIT with docker when there is one
-# (else prints the command). Refuses a dirty tree: the commit would not name what was built.
+# Writes dist/h3-ingress and dist/arm64/h3-ingress (the static binaries, amd64 and arm64),
+# dist/image/ (scripts/image.sh: the image index REPOSITORY:VERSION-COMMIT of both, as an OCI
+# layout and archive; no Docker engine needed) and dist/h3-ingress-CHART_VERSION.tgz (the chart,
+# appVersion and image.repository set), and prints how to push the index (or build the same
+# with docker buildx). Refuses a dirty tree: the commit would not name what was built.
 set -eu
 cd "$(dirname "$0")/.."
 repo=${1:-ghcr.io/h3-ingress/h3-ingress}
@@ -24,11 +26,13 @@ tag="$version-$commit"
 chart_version=$(sed -n 's/^version: *//p' charts/h3-ingress/Chart.yaml)
 mkdir -p dist
 
-H3I_GIT_COMMIT=$commit scripts/build-static.sh dist/h3-ingress
-reported=$(dist/h3-ingress --version)
-case $reported in
-    *"$version (commit $commit)") ;;
-    *) echo "release.sh: the binary says '$reported', not $version (commit $commit)" >&2; exit 1 ;;
+H3I_GIT_COMMIT=$commit scripts/build-static.sh --arch amd64 dist/h3-ingress
+H3I_GIT_COMMIT=$commit scripts/build-static.sh --arch arm64 dist/arm64/h3-ingress
+# scripts/image.sh checks that both binaries are this build (the arm64 one under qemu-user).
+H3I_IMAGE_REPOSITORY=$repo H3I_IMAGE_OUT=dist/image scripts/image.sh dist/h3-ingress dist/arm64/h3-ingress
+case $(head -n 1 dist/image/oci/index.json) in
+    *"$repo:$tag"*) ;;
+    *) echo "release.sh: dist/image is not $repo:$tag" >&2; exit 1 ;;
 esac
 
 # The chart as `helm package --app-version` would write it, with the image repository set.
@@ -40,10 +44,6 @@ sed -i "s|^  repository: .*|  repository: $repo|" "$work/h3-ingress/values.yaml"
 tar -czf "dist/h3-ingress-$chart_version.tgz" -C "$work" h3-ingress
 echo "packaged dist/h3-ingress-$chart_version.tgz (appVersion $tag, image $repo:$tag)"
 
-set -- docker build -t "$repo:$tag" --build-arg "VERSION=$version" --build-arg "REVISION=$commit" .
-if command -v docker >/dev/null 2>&1; then
-    "$@"
-    echo "built $repo:$tag; push it with: docker push $repo:$tag"
-else
-    echo "no docker here; build the image with: $*"
-fi
+echo "push the image index with: skopeo copy --all oci:dist/image/oci docker://$repo:$tag"
+echo "or build and push the same index with: docker buildx build --platform linux/amd64,linux/arm64" \
+    "-t $repo:$tag --build-arg VERSION=$version --build-arg REVISION=$commit --push ."

@@ -35,6 +35,9 @@ APT_PACKAGES=(
     libc6-dev
     libseccomp-dev            # scripts/nodes-build.sh: runc with seccomp (cgo)
     pkg-config
+    gcc-aarch64-linux-gnu     # scripts/build-static.sh --arch arm64: the cross linker and C compiler (ring)
+    libc6-dev-arm64-cross     # ... and the aarch64 glibc it links statically
+    qemu-user-static          # tests/observe/arch_check.py: runs the arm64 binary here
     shellcheck                # scripts/test.sh: every shell script left passes it
     ca-certificates
     python3
@@ -158,6 +161,12 @@ else
     still=$(py_missing "$PY")
     [[ -z $still ]] || die "pip packages still not importable with $PY: $still"
     pip_target="$PY"
+fi
+
+# ---- rust: the arm64 image binary's standard library ------------------------------------------
+# scripts/build-static.sh --arch arm64 adds it too when missing; here so a CI image has it.
+if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
+    rustup target add aarch64-unknown-linux-gnu
 fi
 
 # ---- rust: the fuzz targets' nightly toolchain and cargo-fuzz -------------------------------

@@ -840,12 +840,13 @@ async fn the_operator_elects_itself_reconciles_writes_status_and_releases_the_le
         admin_address: admin_addr,
         crd_upgrade: true,
         controller_name: h3_ingress::api::DEFAULT_CONTROLLER_NAME.into(),
-        // What the operator's --image-pull-secrets, --tune-image and
-        // --data-plane-priority-class give every data plane pod.
+        // What the operator's --image-pull-secrets, --tune-image,
+        // --data-plane-priority-class and --architectures give every data plane pod.
         pod_defaults: h3_ingress::operator::resources::PodDefaults {
             image_pull_secrets: vec!["regcred".into()],
             tune_image: "busybox@sha256:test".into(),
             priority_class_name: Some("h3-ingress-data-plane".into()),
+            architectures: vec!["arm64".into()],
         },
     };
     let fetcher = Fetcher {
@@ -948,6 +949,12 @@ fn finally_consistent(w: &World) {
     assert_eq!(
         w.lease_writes[0]["metadata"]["annotations"]["h3-ingress.dev/controller-name"],
         h3_ingress::api::DEFAULT_CONTROLLER_NAME
+    );
+    let terms = &pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
+    assert_eq!(
+        terms["nodeSelectorTerms"],
+        json!([{"matchExpressions": [
+            {"key": "kubernetes.io/arch", "operator": "In", "values": ["arm64"]}]}])
     );
     // Two mirror writes: the first, and the renewed certificate's.
     let mirrors = w

@@ -9,10 +9,13 @@ for it (no token service), over HTTPS verified against a given CA.
 
 AUTH is --user U --password-file F; --cacert CA for the registry's certificate. REPO:TAG
 defaults to the io.containerd.image.name in the layout's index.json, registry host removed.
-push: blobs the registry lacks (HEAD, then POST + PUT monolithic upload), then the manifest by
-tag. pull: manifest by tag, config and layers, each checked against its digest and against the
-layout. denied: the manifest request must get 401 with a Basic challenge (exit 0), without
-credentials or with the ones given (a wrong password).
+The image the layout names is an image index (one manifest per platform, scripts/image/oci.py)
+or a single image manifest.
+push: for each image manifest, the blobs the registry lacks (HEAD, then POST + PUT monolithic
+upload), then the manifest (by digest when an index lists it); then the index by tag.
+pull: the index (or manifest) by tag, each platform's manifest by digest, config and layers, each
+checked against its digest and against the layout. denied: the manifest request must get 401
+with a Basic challenge (exit 0), without credentials or with the ones given (a wrong password).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import urllib.request
 from pathlib import Path
 
 MT_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+MT_INDEX = "application/vnd.oci.image.index.v1+json"
 
 
 class Registry:
@@ -94,16 +98,47 @@ def split_ref(ref: str) -> tuple[str, str]:
     return repo, tag
 
 
+def children(desc: dict, body: bytes) -> list[dict]:
+    """The manifests an index lists (with their platforms); none for an image manifest."""
+    return json.loads(body)["manifests"] if desc["mediaType"] == MT_INDEX else []
+
+
+def platform(desc: dict) -> str:
+    p = desc.get("platform", {})
+    return f"{p.get('os', '?')}/{p.get('architecture', '?')}" if p else "-"
+
+
 def push(reg: Registry, layout: Path, ref: str) -> None:
     repo, tag = split_ref(ref)
-    desc, manifest_bytes, _ = read_layout(layout)
-    manifest = json.loads(manifest_bytes)
+    desc, top, _ = read_layout(layout)
     reg.login()
-    for b in [manifest["config"], *manifest["layers"]]:
+    for child in children(desc, top):
+        print(f"  {platform(child)}:")
+        push_manifest(reg, layout, repo, child["digest"], child, blob_bytes(layout, child["digest"]))
+    push_manifest(reg, layout, repo, tag, desc, top)
+    kind = "image index" if desc["mediaType"] == MT_INDEX else "image manifest"
+    print(f"pushed {reg.base.split('//')[1]}/{repo}:{tag} {desc['digest']} ({kind})")
+
+
+def push_manifest(reg: Registry, layout: Path, repo: str, ref: str, desc: dict, body: bytes) -> None:
+    """An image manifest's blobs, then the manifest; an index has no blobs of its own."""
+    if desc["mediaType"] == MT_MANIFEST:
+        manifest = json.loads(body)
+        push_blobs(reg, layout, repo, [manifest["config"], *manifest["layers"]])
+    headers, _ = reg.expect(201, "PUT", f"/v2/{repo}/manifests/{ref}", body=body,
+                            headers={"Content-Type": desc["mediaType"]})
+    got = headers.get("docker-content-digest")
+    if got != desc["digest"]:
+        raise SystemExit(f"distclient: the registry stored {repo}:{ref} as {got}, not {desc['digest']}")
+    print(f"    manifest {ref}: {desc['digest']}, {len(body)} bytes")
+
+
+def push_blobs(reg: Registry, layout: Path, repo: str, descs: list[dict]) -> None:
+    for b in descs:
         digest = b["digest"]
         status, _, _ = reg.request("HEAD", f"/v2/{repo}/blobs/{digest}")
         if status == 200:
-            print(f"  blob {digest}: already there")
+            print(f"    blob {digest}: already there")
             continue
         headers, _ = reg.expect(202, "POST", f"/v2/{repo}/blobs/uploads/", body=b"")
         location = headers["location"]
@@ -111,32 +146,39 @@ def push(reg: Registry, layout: Path, ref: str) -> None:
         data = blob_bytes(layout, digest)
         reg.expect(201, "PUT", f"{location}{sep}digest={urllib.parse.quote(digest)}", body=data,
                    headers={"Content-Type": "application/octet-stream", "Content-Length": str(len(data))})
-        print(f"  blob {digest}: pushed {len(data)} bytes")
-    headers, _ = reg.expect(201, "PUT", f"/v2/{repo}/manifests/{tag}", body=manifest_bytes,
-                            headers={"Content-Type": MT_MANIFEST})
-    got = headers.get("docker-content-digest")
-    if got != desc["digest"]:
-        raise SystemExit(f"distclient: the registry stored the manifest as {got}, not {desc['digest']}")
-    print(f"pushed {reg.base.split('//')[1]}/{repo}:{tag} {desc['digest']} ({len(manifest_bytes)} bytes manifest)")
+        print(f"    blob {digest}: pushed {len(data)} bytes")
 
 
 def pull(reg: Registry, layout: Path, ref: str) -> None:
     repo, tag = split_ref(ref)
-    desc, local_manifest, _ = read_layout(layout)
+    desc, local, _ = read_layout(layout)
     reg.login()
-    headers, body = reg.expect(200, "GET", f"/v2/{repo}/manifests/{tag}", headers={"Accept": MT_MANIFEST})
+    pull_manifest(reg, repo, tag, desc, local)
+    for child in children(desc, local):
+        print(f"  {platform(child)}:")
+        body = pull_manifest(reg, repo, child["digest"], child, blob_bytes(layout, child["digest"]))
+        manifest = json.loads(body)
+        for b in [manifest["config"], *manifest["layers"]]:
+            _, data = reg.expect(200, "GET", f"/v2/{repo}/blobs/{b['digest']}")
+            if "sha256:" + hashlib.sha256(data).hexdigest() != b["digest"] or len(data) != b["size"]:
+                raise SystemExit(f"distclient: blob {b['digest']} came back different")
+            print(f"    GET blob {b['digest']}: 200, {len(data)} bytes, digest ok")
+    print(f"pulled {ref} {desc['digest']}: identical to {layout}")
+
+
+def pull_manifest(reg: Registry, repo: str, ref: str, desc: dict, local: bytes) -> bytes:
+    """GET a manifest or index as a runtime asks for it (both media types accepted); it must be
+    the layout's, byte for byte, with the media type the layout gives it."""
+    headers, body = reg.expect(200, "GET", f"/v2/{repo}/manifests/{ref}",
+                               headers={"Accept": f"{MT_INDEX}, {MT_MANIFEST}"})
     digest = "sha256:" + hashlib.sha256(body).hexdigest()
-    print(f"GET /v2/{repo}/manifests/{tag}: 200, {headers.get('content-type')}, {len(body)} bytes, "
+    print(f"GET /v2/{repo}/manifests/{ref}: 200, {headers.get('content-type')}, {len(body)} bytes, "
           f"Docker-Content-Digest {headers.get('docker-content-digest')}")
-    if digest != desc["digest"] or headers.get("docker-content-digest") != digest or body != local_manifest:
-        raise SystemExit(f"distclient: pulled manifest {digest} is not the layout's {desc['digest']}")
-    manifest = json.loads(body)
-    for b in [manifest["config"], *manifest["layers"]]:
-        _, data = reg.expect(200, "GET", f"/v2/{repo}/blobs/{b['digest']}")
-        if "sha256:" + hashlib.sha256(data).hexdigest() != b["digest"] or len(data) != b["size"]:
-            raise SystemExit(f"distclient: blob {b['digest']} came back different")
-        print(f"  GET blob {b['digest']}: 200, {len(data)} bytes, digest ok")
-    print(f"pulled {ref} {digest}: identical to {layout}")
+    if (digest != desc["digest"] or headers.get("docker-content-digest") != digest or body != local
+            or headers.get("content-type") != desc["mediaType"]):
+        raise SystemExit(f"distclient: {repo}:{ref} came back as {digest} ({headers.get('content-type')}), "
+                         f"not the layout's {desc['digest']} ({desc['mediaType']})")
+    return body
 
 
 def denied(reg: Registry, ref: str) -> None:

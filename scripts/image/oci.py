@@ -1,9 +1,15 @@
 #!/usr/bin/env python3
 """Assembles the h3-ingress image as an OCI image layout (and an OCI archive of it) without a
-Docker engine, byte for byte reproducible: the same binary and root files give the same digest.
+Docker engine, byte for byte reproducible: the same binaries and root files give the same digest.
 
-    scripts/image/oci.py --binary B --rootfs D --version V --revision R --name REF --out DIR [--tar F]
-                         [--spec JSON]
+    scripts/image/oci.py --binary B [--binary B2 ...] --rootfs D --version V --revision R --name REF
+                         --out DIR [--tar F] [--spec JSON]
+
+One image manifest per binary, for the architecture its ELF header names (x86-64: amd64,
+AArch64: arm64), all under one image index, as `docker buildx build --platform
+linux/amd64,linux/arm64` pushes it: a node's container runtime picks the manifest of its own
+platform from the index. The index is what the layout's index.json (and so the image name) points
+at, also for a single binary.
 
 IMAGE below is the Dockerfile's runtime stage written out as data; tests/observe/image_check.py
 parses the Dockerfile and fails when the two differ in any instruction. --spec assembles another
@@ -59,6 +65,8 @@ MT_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
 MT_INDEX = "application/vnd.oci.image.index.v1+json"
 # Every entry of every tar gets this mtime: file times of a build would change the digest.
 EPOCH = 0
+# ELF e_machine -> OCI platform architecture (Go's GOARCH names, as kubernetes.io/arch).
+ELF_ARCHITECTURES = {62: "amd64", 183: "arm64"}
 
 
 @dataclass
@@ -137,7 +145,19 @@ def expand(value: str, args: dict[str, str]) -> str:
     return value
 
 
-def image_config(args: dict[str, str], diff_ids: list[str], image: dict = IMAGE) -> dict:
+def elf_architecture(path: Path) -> str:
+    """The platform architecture of a 64-bit little-endian ELF executable."""
+    with path.open("rb") as f:
+        head = f.read(20)
+    if len(head) < 20 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+        raise SystemExit(f"oci.py: {path} is not a 64-bit little-endian ELF executable")
+    machine = int.from_bytes(head[18:20], "little")
+    if machine not in ELF_ARCHITECTURES:
+        raise SystemExit(f"oci.py: {path}: ELF machine {machine} is none of {sorted(ELF_ARCHITECTURES.values())}")
+    return ELF_ARCHITECTURES[machine]
+
+
+def image_config(args: dict[str, str], diff_ids: list[str], arch: str, image: dict = IMAGE) -> dict:
     cfg: dict = {
         "User": image["user"],
         "Env": [SCRATCH_PATH] + list(image["env"]),
@@ -151,34 +171,57 @@ def image_config(args: dict[str, str], diff_ids: list[str], image: dict = IMAGE)
     if image["volumes"]:
         cfg["Volumes"] = {v: {} for v in image["volumes"]}
     # No "created" anywhere: a timestamp would make every assembly a different image.
-    return {"architecture": "amd64", "os": "linux", "config": cfg,
+    return {"architecture": arch, "os": "linux", "config": cfg,
             "rootfs": {"type": "layers", "diff_ids": diff_ids}}
 
 
-def assemble(inputs: dict[str, Path], args: dict[str, str], name: str,
-             image: dict = IMAGE) -> tuple[list[Blob], dict]:
-    """All blobs (layers, config, manifest) and index.json's content."""
-    blobs: list[Blob] = []
+@dataclass
+class Platform:
+    """One architecture's image: its layers, config and manifest."""
+    arch: str
+    layers: list[Blob]
+    config: Blob
+    manifest: Blob
+
+
+def assemble_platform(inputs: dict[str, Path], args: dict[str, str], arch: str, image: dict) -> Platform:
+    layers: list[Blob] = []
     diff_ids: list[str] = []
     for src, dest, which in image["layers"]:
         tar_bytes, gz = make_layer(layer_entries(inputs[which], dest))
         diff_ids.append("sha256:" + hashlib.sha256(tar_bytes).hexdigest())
-        blobs.append(Blob(MT_LAYER, gz))
-    config = Blob(MT_CONFIG, canonical(image_config(args, diff_ids, image)))
+        layers.append(Blob(MT_LAYER, gz))
+    config = Blob(MT_CONFIG, canonical(image_config(args, diff_ids, arch, image)))
     manifest = Blob(MT_MANIFEST, canonical({
         "schemaVersion": 2, "mediaType": MT_MANIFEST, "config": config.descriptor(),
-        "layers": [b.descriptor() for b in blobs]}))
-    blobs += [config, manifest]
+        "layers": [b.descriptor() for b in layers]}))
+    return Platform(arch, layers, config, manifest)
+
+
+def assemble(binaries: list[Path], rootfs: Path, args: dict[str, str], name: str,
+             image: dict = IMAGE) -> tuple[list[Platform], Blob, dict]:
+    """Every platform's image, the image index over them, and index.json's content."""
+    by_arch: dict[str, Path] = {}
+    for b in binaries:
+        arch = elf_architecture(b)
+        if arch in by_arch:
+            raise SystemExit(f"oci.py: {by_arch[arch]} and {b} are both {arch}")
+        by_arch[arch] = b
+    # Sorted by architecture, not by argument order: the same binaries give the same index.
+    platforms = [assemble_platform({"binary": by_arch[a], "rootfs": rootfs}, args, a, image)
+                 for a in sorted(by_arch)]
+    index = Blob(MT_INDEX, canonical({"schemaVersion": 2, "mediaType": MT_INDEX, "manifests": [
+        p.manifest.descriptor(platform={"architecture": p.arch, "os": "linux"}) for p in platforms]}))
     tag = name.rsplit(":", 1)[1] if ":" in name.rsplit("/", 1)[-1] else "latest"
     # ctr images import names the image from io.containerd.image.name; other OCI tools read
     # the tag from org.opencontainers.image.ref.name.
-    index = {"schemaVersion": 2, "mediaType": MT_INDEX, "manifests": [manifest.descriptor(
-        platform={"architecture": "amd64", "os": "linux"},
+    layout_index = {"schemaVersion": 2, "mediaType": MT_INDEX, "manifests": [index.descriptor(
         annotations={"io.containerd.image.name": name, "org.opencontainers.image.ref.name": tag})]}
-    return blobs, index
+    return platforms, index, layout_index
 
 
 def write_layout(out: Path, blobs: list[Blob], index: dict) -> None:
+    """An OCI image layout; a blob two platforms share (the root files' layer) is written once."""
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "blobs/sha256").mkdir(parents=True)
@@ -207,7 +250,8 @@ def write_archive(layout: Path, tar_path: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--binary", type=Path, required=True)
+    ap.add_argument("--binary", type=Path, action="append", required=True,
+                    help="a static h3-ingress executable; once per architecture")
     ap.add_argument("--rootfs", type=Path, required=True, help="scripts/image-rootfs.sh's output")
     ap.add_argument("--version", required=True, help="build arg VERSION")
     ap.add_argument("--revision", required=True, help="build arg REVISION")
@@ -222,15 +266,16 @@ def main() -> int:
         if missing or a.spec.get("from") != "scratch":
             raise SystemExit(f"oci.py: --spec: needs from=scratch and every key of IMAGE (missing: {missing})")
         image = a.spec
-    blobs, index = assemble({"binary": a.binary, "rootfs": a.rootfs},
-                            {"VERSION": a.version, "REVISION": a.revision}, a.name, image)
-    write_layout(a.out, blobs, index)
+    platforms, index, layout_index = assemble(a.binary, a.rootfs,
+                                              {"VERSION": a.version, "REVISION": a.revision}, a.name, image)
+    blobs = [b for p in platforms for b in (*p.layers, p.config, p.manifest)] + [index]
+    write_layout(a.out, blobs, layout_index)
     if a.tar:
         write_archive(a.out, a.tar)
-    manifest = blobs[-1]
-    print(json.dumps({"name": a.name, "manifest": manifest.digest,
-                      "config": blobs[-2].digest, "layers": [b.digest for b in blobs[:-2]],
-                      "compressed_bytes": sum(len(b.data) for b in blobs[:-2])}))
+    print(json.dumps({"name": a.name, "index": index.digest, "platforms": [
+        {"architecture": p.arch, "manifest": p.manifest.digest, "config": p.config.digest,
+         "layers": [b.digest for b in p.layers], "compressed_bytes": sum(len(b.data) for b in p.layers)}
+        for p in platforms]}))
     return 0
 
 

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 
+use super::placement;
 use super::resources::{PodDefaults, TUNE_IMAGE};
 use super::run::Options;
 
@@ -62,6 +63,17 @@ pub struct OperatorArgs {
         value_parser = parse_controller_name
     )]
     pub controller_name: String,
+    /// The kubernetes.io/arch values the data plane image is built for, comma-separated: its
+    /// pods go only to nodes of these (the chart's `image.architectures`). Narrow it for an
+    /// image built for fewer.
+    #[arg(
+        long,
+        env = "H3_INGRESS_ARCHITECTURES",
+        value_delimiter = ',',
+        value_parser = placement::parse_architecture,
+        default_values_t = placement::default_architectures()
+    )]
+    pub architectures: Vec<String>,
     /// Serves /healthz, /readyz and /metrics. `[::]` answers on IPv4 and IPv6, and falls back
     /// to 0.0.0.0 on a host without IPv6.
     #[arg(long, default_value_t = crate::config::bind::any_address(ADMIN_PORT))]
@@ -90,6 +102,7 @@ impl OperatorArgs {
                 .data_plane_priority_class
                 .clone()
                 .filter(|s| !s.trim().is_empty()),
+            architectures: self.architectures.clone(),
         }
     }
 
@@ -144,6 +157,7 @@ mod tests {
             "H3_INGRESS_HOSTS_NAMESPACE",
             "H3_INGRESS_DATA_PLANE_PRIORITY_CLASS",
             "H3_INGRESS_CONTROLLER_NAME",
+            "H3_INGRESS_ARCHITECTURES",
         ] {
             assert!(
                 std::env::var_os(var).is_none(),
@@ -199,6 +213,8 @@ mod tests {
             "certs",
             "--data-plane-priority-class",
             "system-node-critical",
+            "--architectures",
+            "arm64",
         ]);
         assert_eq!(
             a.pod_defaults(),
@@ -206,11 +222,21 @@ mod tests {
                 image_pull_secrets: vec!["regcred".into(), "mirror".into()],
                 tune_image: "busybox@sha256:0123".into(),
                 priority_class_name: Some("system-node-critical".into()),
+                architectures: vec!["arm64".into()],
             }
         );
         assert!(!a.options().leader_election);
         assert_eq!(a.options().hosts_namespace, "certs");
         assert_eq!(a.options().pod_defaults, a.pod_defaults());
         assert_eq!(a.options().admin_address.to_string(), "0.0.0.0:9000");
+        assert_eq!(
+            parse(&["--architectures", "amd64, arm64"]).architectures,
+            ["amd64", "arm64"]
+        );
+        for bad in ["", "amd64,", "arm64/v8"] {
+            let e = Cli::try_parse_from(["operator", "--architectures", bad]).err();
+            let e = e.map(|e| e.to_string()).unwrap_or_default();
+            assert!(e.contains("kubernetes.io/arch value"), "{bad:?}: {e}");
+        }
     }
 }

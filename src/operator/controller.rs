@@ -32,7 +32,7 @@ use super::ownership::{self, Ownership};
 use super::reports::status_address;
 use super::status::{self, Blocker, PodReport};
 use super::watches::owned_by;
-use super::{conflicts, labels, mirrors, podstate, resources, text, FIELD_MANAGER};
+use super::{conflicts, labels, mirrors, placement, podstate, resources, text, FIELD_MANAGER};
 use crate::api::mirror::mirror_name;
 use crate::api::{host_states, reasons, HostStatus, Http3Listener, Http3ListenerStatus};
 
@@ -414,6 +414,7 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         previous: listener.status.as_ref(),
         mirrors: view,
         client_address: status::ClientAddressView::of(&listener.spec.upstream),
+        placement: placement::describe(listener, &ctx.pod_defaults.architectures),
         now,
     };
     let hosts = status::host_statuses(&inputs);

@@ -17,6 +17,7 @@ pub mod leader;
 pub mod metrics;
 pub mod mirrors;
 pub mod ownership;
+pub mod placement;
 pub mod podstate;
 pub mod render;
 pub mod reports;
@@ -65,6 +66,14 @@ pub const IMAGE_REPOSITORY: &str = image_repository!();
 /// repository at this crate's version, which is the chart's appVersion.
 pub const DEFAULT_IMAGE: &str = concat!(image_repository!(), ":", env!("CARGO_PKG_VERSION"));
 
+/// The architectures (`kubernetes.io/arch`, OCI `platform.architecture`) the image is built for:
+/// `scripts/image.sh` puts one manifest per entry into the image index, and the operator's pods
+/// and every data plane pod require a node of one of them, so no pod lands where its binary
+/// cannot run. The chart's `image.architectures` default and the image script's list are the
+/// same (a test holds them together); a user with a single-architecture image narrows them
+/// (`--architectures`).
+pub const ARCHITECTURES: &[&str] = &["amd64", "arm64"];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,6 +113,27 @@ mod tests {
         assert!(
             deploy.contains(&format!("image: {DEFAULT_IMAGE}\n")),
             "deploy/operator.yaml"
+        );
+    }
+
+    /// One list of shipped architectures: the chart's default, the architectures
+    /// scripts/image.sh builds into the index, and the Dockerfile's documented buildx platforms.
+    #[test]
+    fn the_shipped_architectures_are_one_list_everywhere() {
+        let values = yaml("charts/h3-ingress/values.yaml");
+        assert_eq!(
+            values["image"]["architectures"],
+            serde_json::json!(ARCHITECTURES),
+            "values.yaml image.architectures"
+        );
+        let script = repo_file("scripts/image.sh");
+        let line = format!("ARCHITECTURES=({})\n", ARCHITECTURES.join(" "));
+        assert!(script.contains(&line), "scripts/image.sh must set {line:?}");
+        let platforms: Vec<String> = ARCHITECTURES.iter().map(|a| format!("linux/{a}")).collect();
+        let buildx = format!("docker buildx build --platform {} ", platforms.join(","));
+        assert!(
+            repo_file("Dockerfile").contains(&buildx),
+            "the Dockerfile must document {buildx:?}"
         );
     }
 }

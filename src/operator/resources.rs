@@ -37,7 +37,7 @@ use crate::api::{
 };
 use crate::config::{build, ConfigError, HostTable, ProxyConfig, Settings};
 
-use super::labels;
+use super::{labels, placement};
 
 /// Listener names end up in label values (63 characters at most).
 pub const MAX_LISTENER_NAME: usize = 63;
@@ -105,6 +105,9 @@ pub struct PodDefaults {
     pub tune_image: String,
     /// `priorityClassName` of every data plane pod (none: the cluster's default priority).
     pub priority_class_name: Option<String>,
+    /// The `kubernetes.io/arch` values the data plane image is built for: pods require a node
+    /// of one of them ([`placement`]).
+    pub architectures: Vec<String>,
 }
 
 impl Default for PodDefaults {
@@ -113,6 +116,7 @@ impl Default for PodDefaults {
             image_pull_secrets: Vec::new(),
             tune_image: TUNE_IMAGE.to_string(),
             priority_class_name: None,
+            architectures: placement::default_architectures(),
         }
     }
 }
@@ -642,6 +646,7 @@ fn data_plane_pod(
             i64::from(config.http.drain_timeout_seconds) + TERMINATION_GRACE_MARGIN_SECONDS,
         ),
         node_selector: Some(node_selector(listener)),
+        affinity: Some(placement::affinity(&pod.architectures)),
         image_pull_secrets: pod.pull_secrets(),
         priority_class_name: pod.priority_class_name.clone(),
         tolerations: (!spec.tolerations.is_empty()).then(|| spec.tolerations.clone()),
@@ -822,6 +827,8 @@ pub fn desired(
     pod: &PodDefaults,
 ) -> Result<Desired, BuildError> {
     let config = validate(listener)?;
+    placement::check_node_selector(listener, &pod.architectures)
+        .map_err(BuildError::InvalidField)?;
     let name = listener.name_any();
 
     let service_account = ServiceAccount {
@@ -1367,6 +1374,53 @@ pub(crate) mod tests {
         );
     }
 
+    /// The node affinity lists the image's architectures beside the listener's own selector,
+    /// which still narrows it; a selector for an architecture not built is refused.
+    #[test]
+    fn pods_require_a_node_of_an_architecture_the_image_is_built_for() {
+        let arch_terms = |d: &Desired| {
+            let a = pod(&d.daemon_set).affinity.clone().unwrap();
+            let terms = a
+                .node_affinity
+                .unwrap()
+                .required_during_scheduling_ignored_during_execution
+                .unwrap()
+                .node_selector_terms;
+            serde_json::to_value(terms).unwrap()
+        };
+        let d = desired(&listener("l", base()), &params(), &PodDefaults::default()).unwrap();
+        assert_eq!(
+            arch_terms(&d),
+            serde_json::json!([{"matchExpressions": [
+                {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64", "arm64"]}]}])
+        );
+        let arm_only = PodDefaults {
+            architectures: vec!["arm64".into()],
+            ..Default::default()
+        };
+        let mut spec = base();
+        spec["nodeSelector"] = serde_json::json!({"pool": "edge", "kubernetes.io/arch": "arm64"});
+        let d = desired(&listener("l", spec.clone()), &params(), &arm_only).unwrap();
+        assert_eq!(
+            arch_terms(&d)[0]["matchExpressions"][0]["values"],
+            serde_json::json!(["arm64"])
+        );
+        let sel = pod(&d.daemon_set).node_selector.clone().unwrap();
+        assert_eq!(sel["pool"], "edge");
+        assert_eq!(sel["kubernetes.io/arch"], "arm64");
+        assert_eq!(sel["kubernetes.io/os"], "linux");
+
+        spec["nodeSelector"]["kubernetes.io/arch"] = "amd64".into();
+        let e = desired(&listener("l", spec), &params(), &arm_only).unwrap_err();
+        assert!(
+            matches!(e, BuildError::InvalidField(_))
+                && e.to_string()
+                    .starts_with("spec.nodeSelector: kubernetes.io/arch=amd64, but")
+                && e.to_string().contains("built for arm64 only"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn pull_secrets_reach_the_service_account_and_the_pods_and_the_tune_image_is_chosen() {
         let mut spec = base();
@@ -1383,6 +1437,7 @@ pub(crate) mod tests {
             image_pull_secrets: vec!["regcred".into(), "mirror".into()],
             tune_image: pinned.into(),
             priority_class_name: Some("system-node-critical".into()),
+            ..Default::default()
         };
         let d = desired(&listener("l", spec.clone()), &params(), &opts).unwrap();
         let names = |v: &Option<Vec<LocalObjectReference>>| {

@@ -91,6 +91,9 @@ pub struct Inputs<'a> {
     pub mirrors: Option<MirrorView<'a>>,
     /// How the clients' addresses reach the TCP ingress (`ClientAddress`).
     pub client_address: ClientAddressView,
+    /// Where the data plane may run, in words
+    /// ([`placement::describe`](super::placement::describe)): said when no node does.
+    pub placement: String,
     pub now: Timestamp,
 }
 
@@ -579,11 +582,15 @@ fn ready_verdict(f: &Facts) -> (bool, &'static str, String) {
             .daemon_set
             .is_some_and(|d| d.observed_generation.is_some());
         let msg = if counted {
-            "no node runs the data plane (check spec.nodeSelector and spec.tolerations)"
+            format!(
+                "no node runs the data plane: none is {}; `kubectl get nodes -L \
+                 kubernetes.io/arch` shows each node's architecture",
+                f.inp.placement
+            )
         } else {
-            "the DaemonSet controller has not scheduled the data plane yet"
+            "the DaemonSet controller has not scheduled the data plane yet".to_string()
         };
-        return (false, reasons::PODS_NOT_READY, msg.to_string());
+        return (false, reasons::PODS_NOT_READY, msg);
     }
     if ready < desired {
         let mut msg = format!("{ready} of {desired} data plane pods ready");
@@ -1141,6 +1148,7 @@ mod tests {
                 passing: Passing::UntrustedHeaders,
                 proxy_to: "127.0.0.1:443".into(),
             },
+            placement: "a Linux node of architecture arm64 (...)".into(),
             now: t(now),
         }
     }
@@ -1174,7 +1182,11 @@ mod tests {
             observed_generation: Some(1),
             ..ds(0, 0)
         };
-        assert!(ready_message(Some(&counted)).contains("check spec.nodeSelector"));
+        assert_eq!(
+            ready_message(Some(&counted)),
+            "no node runs the data plane: none is a Linux node of architecture arm64 (...); \
+             `kubectl get nodes -L kubernetes.io/arch` shows each node's architecture"
+        );
     }
 
     #[test]

@@ -6,8 +6,9 @@
 # chroot with curl 8.14 (the journey's second HTTP/3 client). Then two clusters, one after the
 # other:
 #   - real nodes (H3I_NODES=real), the product's OCI image pulled from the authenticated
-#     registry: the smoke (the cluster itself) and the journey (the product on it), both from
-#     the Rust scenario runner (tests/cluster/scenarios: `h3i-scenarios smoke|journey`),
+#     registry: the smoke (the cluster itself), the journey (the product on it) and arch (the
+#     image index's platforms, the architecture selectors), from the Rust scenario runner
+#     (tests/cluster/scenarios: `h3i-scenarios smoke|journey|arch`),
 #     gateway.sh (Gateway API), node-checks.sh (what only a real node answers, a real browser),
 #     dns-check.sh (the cluster DNS, CoreDNS), traefik-check.sh (Traefik as the TCP ingress) and
 #     coexist.sh (two releases side by side, a forceBuffers roll, one uninstalled);
@@ -20,7 +21,8 @@
 #
 #   tests/cluster/run.sh        (root) prints each phase's time and the total at the end
 #
-# Real nodes run target/static/h3-ingress in the image (built when missing); the agent runs
+# Real nodes run target/static/h3-ingress in the image, an index with target/static/arm64/
+# h3-ingress (both built when missing); the agent runs
 # target/debug/h3-ingress (or $H3I_BINARY), which scripts/test.sh builds with `cargo test`
 # first. Without root it prints a SKIPPED line and exits 0, or 1 when H3I_TESTS_REQUIRE_ROOT=1.
 set -euo pipefail
@@ -31,7 +33,7 @@ step() { printf '\n=== %s (%s)\n' "$*" "$(date +%H:%M:%S)"; }
 if [[ $(id -u) -ne 0 ]]; then
     echo "=================================================================================="
     echo "CLUSTER TESTS SKIPPED (needs root): scripts/cluster.sh build/up, h3i-scenarios smoke"
-    echo "h3i-scenarios journey, gateway.sh, node-checks.sh, dns-check.sh, traefik-check.sh, coexist.sh, skew.sh, rollout.sh, upgrade.sh and scale.sh did NOT run; nothing was proven on a real API server or real nodes."
+    echo "h3i-scenarios journey, gateway.sh, h3i-scenarios arch, node-checks.sh, dns-check.sh, traefik-check.sh, coexist.sh, skew.sh, rollout.sh, upgrade.sh and scale.sh did NOT run; nothing was proven on a real API server or real nodes."
     echo "=================================================================================="
     [[ ${H3I_TESTS_REQUIRE_ROOT:-0} == 1 ]] && { echo "H3I_TESTS_REQUIRE_ROOT=1: failing" >&2; exit 1; }
     exit 0
@@ -74,9 +76,10 @@ timed trixie bash -c 'set -o pipefail; scripts/trixie-chroot.sh "${H3I_TRIXIE_RO
 step "the scenario runner: cargo build -p h3i-scenarios"
 timed scenarios nice -n 10 cargo build --locked -p h3i-scenarios
 SCENARIOS=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug/h3i-scenarios
-# The image the real nodes pull: the static binary (tests/observe/run.sh builds it in
-# scripts/test.sh; built here when missing).
+# The image the real nodes pull: an index of the amd64 and arm64 static binaries
+# (tests/observe/run.sh builds both in scripts/test.sh; built here when missing).
 [[ -x target/static/h3-ingress ]] || timed static scripts/build-static.sh
+[[ -x target/static/arm64/h3-ingress ]] || timed static-arm64 scripts/build-static.sh --arch arm64
 
 # Real nodes first: kubelet, containerd, runc, CNI and kube-proxy, the image pulled from the
 # authenticated registry (scripts/cluster-nodes.sh).
@@ -88,6 +91,8 @@ step "h3i-scenarios journey on real nodes (the user's journey)"
 timed journey "$SCENARIOS" journey
 step "tests/cluster/gateway.sh on real nodes (Gateway API: HTTPRoutes, Gateways, ReferenceGrant)"
 timed gateway tests/cluster/gateway.sh
+step "h3i-scenarios arch on real nodes (each node pulls its platform of the image index; the arm64 binary under qemu; pods kept off nodes of other architectures)"
+timed arch "$SCENARIOS" arch
 step "tests/cluster/node-checks.sh (what only a real node answers: image, capabilities, NodePort, Chromium, grace, probes, OOM)"
 timed node-checks tests/cluster/node-checks.sh
 step "tests/cluster/dns-check.sh (CoreDNS: pod network, hostNetwork with ClusterFirstWithHostNet and without)"

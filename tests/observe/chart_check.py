@@ -142,6 +142,10 @@ def properties(name: str, objs, notes: str, monitoring: bool, all_on: bool) -> N
               f"{name}: pull secrets or tune image passed without values")
     check(c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["readinessProbe"]["httpGet"]["path"] == "/readyz",
           f"{name}: probes")
+    # The image's architectures: the operator's own pods and (through the operator) the data plane's.
+    check(arch_terms(pod) == [[ARCH_DEFAULT]], f"{name}: operator affinity {pod.get('affinity')}")
+    check(env.get("H3_INGRESS_ARCHITECTURES", {}).get("value") == "amd64,arm64",
+          f"{name}: image.architectures not passed to the operator")
     for o in (o for _, o in objs):
         labels = o["metadata"].get("labels", {})
         check(labels.get("app.kubernetes.io/name") == "h3-ingress", f"{name}: {o['kind']} lacks app.kubernetes.io/name")
@@ -222,6 +226,49 @@ def properties(name: str, objs, notes: str, monitoring: bool, all_on: bool) -> N
         check(needle in notes, f"{name}: NOTES.txt lacks `{needle}`")
 
 
+ARCH_DEFAULT = {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64", "arm64"]}
+
+
+def arch_terms(pod: dict) -> list[list[dict]]:
+    """The kubernetes.io/arch expressions of each required node selector term."""
+    terms = (pod.get("affinity", {}).get("nodeAffinity", {})
+             .get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", []))
+    return [[e for e in t.get("matchExpressions", []) if e["key"] == "kubernetes.io/arch"] for t in terms]
+
+
+def architectures() -> None:
+    """image.architectures narrows the operator's affinity and the data plane's (--architectures),
+    and is added to every node selector term of a user's operator.affinity, which stays otherwise."""
+    def operator(values):
+        (dep,) = [o for _, o in helmlib.objects(helmlib.render(values)) if o["kind"] == "Deployment"]
+        pod = dep["spec"]["template"]["spec"]
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        return pod, env
+    arm = {"key": "kubernetes.io/arch", "operator": "In", "values": ["arm64"]}
+    pod, env = operator({"image": {"architectures": ["arm64"]}})
+    check(arch_terms(pod) == [[arm]] and env["H3_INGRESS_ARCHITECTURES"] == "arm64",
+          f"image.architectures=[arm64]: affinity {pod['affinity']}, env {env['H3_INGRESS_ARCHITECTURES']}")
+    pool = {"key": "pool", "operator": "In", "values": ["edge"]}
+    by_name = {"key": "metadata.name", "operator": "In", "values": ["node-1"]}
+    preferred = [{"weight": 1, "preference": {"matchExpressions": [{"key": "zone", "operator": "Exists"}]}}]
+    anti = {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "podAffinityTerm": {
+        "topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"a": "b"}}}}]}
+    user = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [pool]}, {"matchFields": [by_name]}]},
+        "preferredDuringSchedulingIgnoredDuringExecution": preferred}, "podAntiAffinity": anti}
+    pod, _ = operator({"operator": {"affinity": user, "nodeSelector": {"pool": "edge"}}})
+    aff = pod["affinity"]
+    terms = aff["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    check(terms == [{"matchExpressions": [pool, ARCH_DEFAULT]},
+                    {"matchFields": [by_name], "matchExpressions": [ARCH_DEFAULT]}],
+          f"operator.affinity terms not each given the architecture: {terms}")
+    check(aff["nodeAffinity"].get("preferredDuringSchedulingIgnoredDuringExecution") == preferred
+          and aff.get("podAntiAffinity") == anti and pod.get("nodeSelector") == {"pool": "edge"},
+          f"the rest of operator.affinity or operator.nodeSelector was not kept: {aff}")
+    print("image.architectures: default [amd64, arm64] on the operator's affinity and --architectures; "
+          "[arm64] narrows both; added to each of 2 user nodeSelectorTerms, the rest kept")
+
+
 def negative_cases() -> None:
     """values.schema.json and template guards must reject what they are meant to reject."""
     typos = [
@@ -240,6 +287,9 @@ def negative_cases() -> None:
         {"listener": {"spec": {"upstream": {"clientAddress": {"trusted": "yes"}}}}},
         {"listener": {"spec": {"upstream": {"clientAddress": {"trust": True}}}}},
         {"listener": {"spec": {"upstream": {"clientAddress": {"via": "proxyProtocol"}}}}},
+        {"image": {"architectures": []}},
+        {"image": {"architectures": ["linux/arm64"]}},
+        {"image": {"architectures": ["arm64", "arm64"]}},
     ]
     rejected = 0
     for v in typos:
@@ -453,6 +503,7 @@ def main() -> int:
                   f"{len(serious)} warnings/errors" + ("".join("\n    " + m for m in msgs) if msgs else ""))
             check(not serious and report["total_charts_linted"] == 1, f"helm lint [{label}] kube {kv}: {msgs}")
     negative_cases()
+    architectures()
     crd_upgrade_and_pull_policy()
     release_scope()
     values_documented()

@@ -9,9 +9,15 @@ are made by the scripts its RUN line names (scripts/build-static.sh -> the binar
 scripts/image-rootfs.sh -> run here). The image is read straight from the OCI layout (digests
 and sizes checked, layers unpacked), not through scripts/image/oci.py, and every difference is
 reported with the instruction and line it comes from. The image is assembled twice: both
-manifests must have the same digest.
+image indexes must have the same digest.
 
-    tests/observe/image_check.py [--binary B] [--dockerfile F] [--layout DIR]
+The image is an image index with one manifest per binary (one per architecture of
+scripts/image.sh's ARCHITECTURES by default): each manifest's platform in the index, its
+config's os/architecture and the ELF machine of the binary its layer holds must agree, and
+each is checked against the runtime stage with that binary (`--version` of a binary of another
+architecture than this machine's runs under Debian's qemu-user-static).
+
+    tests/observe/image_check.py [--binary B ...] [--dockerfile F] [--layout DIR]
 
 Exit 0 when they agree, 1 with one line per difference.
 """
@@ -27,6 +33,7 @@ import os
 import posixpath
 import re
 import stat
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -37,6 +44,10 @@ from pathlib import Path
 import dockerfile
 
 ROOT = Path(__file__).resolve().parents[2]
+MT_INDEX = "application/vnd.oci.image.index.v1+json"
+MT_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+# ELF e_machine -> (OCI architecture, `uname -m`, qemu-user binary for it).
+ELF = {62: ("amd64", "x86_64", "qemu-x86_64-static"), 183: ("arm64", "aarch64", "qemu-aarch64-static")}
 SCRATCH_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
 # One file of a layer: (type, mode, uid, gid, sha256 of the content or the link target).
 Entry = tuple[str, int, int, int, str]
@@ -93,7 +104,9 @@ def build_outputs(build_stage: list, binary: Path, tmp: Path) -> dict[str, Path]
     for c in build_stage:
         if c.cmd != "RUN":
             continue
-        for script, path in re.findall(r"(scripts/[\w.-]+\.sh)\s+(/[^\s;&|]+)", " ".join(c.value)):
+        # `scripts/X.sh [--option ...] /out/PATH`; options start with - or are ${...} expansions.
+        for script, path in re.findall(r"(scripts/[\w.-]+\.sh)(?:\s+[-$][^\s;&|)]*)*\s+(/[^\s;&|]+)",
+                                       " ".join(c.value)):
             if script == "scripts/build-static.sh":
                 outs[path] = binary
             else:
@@ -214,12 +227,41 @@ def layer_files(blob: bytes) -> tuple[dict[str, Entry], str]:
     return files, "sha256:" + hashlib.sha256(raw).hexdigest()
 
 
-def read_image(layout: Path) -> tuple[str, dict, list[dict[str, Entry]]]:
-    """(manifest digest, config, files of each layer), every blob checked against its digest."""
-    index = json.loads((layout / "index.json").read_text())
+@dataclass
+class PlatformImage:
+    arch: str          # the index's platform.architecture
+    digest: str        # the manifest's
+    config: dict
+    layers: list[dict[str, Entry]]
+
+
+def read_index(layout: Path) -> tuple[str, list[PlatformImage]]:
+    """(index digest, each platform's image), every blob checked against its digest."""
+    top = json.loads((layout / "index.json").read_text())
     if json.loads((layout / "oci-layout").read_text()).get("imageLayoutVersion") != "1.0.0":
         fail("oci-layout: imageLayoutVersion is not 1.0.0")
-    mdesc = index["manifests"][0]
+    idesc = top["manifests"][0]
+    if idesc["mediaType"] != MT_INDEX:
+        fail(f"index.json names a {idesc['mediaType']}, not an image index")
+        return idesc["digest"], []
+    index = json.loads(read_blob(layout, idesc))
+    images = []
+    for mdesc in index["manifests"]:
+        p = mdesc.get("platform", {})
+        if mdesc["mediaType"] != MT_MANIFEST or p.get("os") != "linux" or set(p) != {"os", "architecture"}:
+            fail(f"index entry {mdesc['digest']}: {mdesc['mediaType']}, platform {p}: not a linux image manifest")
+        config, layers = read_image(layout, mdesc)
+        if (config.get("os"), config.get("architecture")) != (p.get("os"), p.get("architecture")):
+            fail(f"linux/{p.get('architecture')}: config platform {config.get('os')}/{config.get('architecture')}")
+        images.append(PlatformImage(p.get("architecture", "?"), mdesc["digest"], config, layers))
+    archs = [i.arch for i in images]
+    if len(set(archs)) != len(archs):
+        fail(f"the index lists an architecture twice: {archs}")
+    return idesc["digest"], images
+
+
+def read_image(layout: Path, mdesc: dict) -> tuple[dict, list[dict[str, Entry]]]:
+    """(config, files of each layer) of one image manifest."""
     manifest = json.loads(read_blob(layout, mdesc))
     config = json.loads(read_blob(layout, manifest["config"]))
     layers, diff_ids = [], []
@@ -230,10 +272,8 @@ def read_image(layout: Path) -> tuple[str, dict, list[dict[str, Entry]]]:
         layers.append(files)
         diff_ids.append(diff_id)
     if config.get("rootfs", {}).get("diff_ids") != diff_ids:
-        fail("config rootfs.diff_ids do not match the layers' uncompressed digests")
-    if (config.get("os"), config.get("architecture")) != ("linux", "amd64"):
-        fail(f"config platform {config.get('os')}/{config.get('architecture')} is not linux/amd64")
-    return mdesc["digest"], config, layers
+        fail(f"{mdesc['digest']}: config rootfs.diff_ids do not match the layers' uncompressed digests")
+    return config, layers
 
 
 def compare(exp: Expected, config: dict, layers: list[dict[str, Entry]]) -> None:
@@ -274,9 +314,29 @@ def compare(exp: Expected, config: dict, layers: list[dict[str, Entry]]) -> None
         print(f"  layer {n}: {len(files)} entries from {origin.split(' (')[0]}")
 
 
+def elf(binary: Path) -> tuple[str, str, str]:
+    """(OCI architecture, uname -m, qemu-user binary) of a 64-bit little-endian ELF executable."""
+    head = binary.read_bytes()[:20]
+    machine = int.from_bytes(head[18:20], "little") if head[:4] == b"\x7fELF" and head[4:6] == b"\x02\x01" else None
+    if machine not in ELF:
+        raise SystemExit(f"FAIL image_check: {binary} is not an x86-64 or AArch64 ELF executable")
+    return ELF[machine]
+
+
+def run(binary: Path, *args: str) -> subprocess.CompletedProcess:
+    """The binary, under qemu-user when it is for another architecture than this machine's."""
+    _, machine, qemu = elf(binary)
+    cmd = [str(binary), *args]
+    if machine != os.uname().machine:
+        if not shutil.which(qemu):
+            raise SystemExit(f"FAIL image_check: {qemu} (Debian's qemu-user-static) is needed to run {binary}")
+        cmd.insert(0, qemu)
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
 def build_args(binary: Path) -> dict[str, str]:
     """VERSION and REVISION as scripts/image.sh passes them: from the binary, checked against Cargo.toml."""
-    out = subprocess.run([str(binary), "--version"], capture_output=True, text=True).stdout.strip()
+    out = run(binary, "--version").stdout.strip()
     m = re.fullmatch(r"h3-ingress (\S+) \(commit (\S+)\)", out)
     if not m:
         fail(f"{binary} --version: unexpected output {out!r}")
@@ -287,38 +347,59 @@ def build_args(binary: Path) -> dict[str, str]:
     return {"VERSION": m.group(1), "REVISION": m.group(2)}
 
 
-def assemble(binary: Path, out: Path) -> Path:
-    p = subprocess.run([str(ROOT / "scripts/image.sh"), str(binary)], cwd=ROOT, capture_output=True,
+def assemble(binaries: list[Path], out: Path) -> Path:
+    p = subprocess.run([str(ROOT / "scripts/image.sh"), *map(str, binaries)], cwd=ROOT, capture_output=True,
                        text=True, env={**os.environ, "H3I_IMAGE_OUT": str(out)})
     if p.returncode != 0:
         raise SystemExit(f"FAIL image_check: scripts/image.sh failed:\n{p.stdout}{p.stderr}")
     return out / "oci"
 
 
+def default_binaries() -> list[Path]:
+    """scripts/image.sh's default: one binary per architecture of its ARCHITECTURES."""
+    m = re.search(r"^ARCHITECTURES=\(([^)]*)\)$", (ROOT / "scripts/image.sh").read_text(), re.M)
+    if not m:
+        raise SystemExit("FAIL image_check: scripts/image.sh sets no ARCHITECTURES=(...)")
+    return [ROOT / subprocess.run([str(ROOT / "scripts/build-static.sh"), "--arch", a, "--print-output"],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+            for a in m.group(1).split()]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--binary", type=Path, default=ROOT / "target/static/h3-ingress")
+    ap.add_argument("--binary", type=Path, action="append",
+                    help="a static binary, once per architecture (default: scripts/image.sh's)")
     ap.add_argument("--dockerfile", type=Path, default=ROOT / "Dockerfile")
     ap.add_argument("--layout", type=Path, help="check this OCI layout instead of assembling one")
     a = ap.parse_args()
-    if not a.binary.exists():
-        print(f"FAIL image_check: {a.binary} does not exist (scripts/build-static.sh builds it)")
-        return 1
-    binary = a.binary.resolve()
+    binaries = [b.resolve() for b in (a.binary or default_binaries())]
+    for b in binaries:
+        if not b.exists():
+            print(f"FAIL image_check: {b} does not exist (scripts/build-static.sh [--arch ARCH] builds it)")
+            return 1
+    by_arch = {elf(b)[0]: b for b in binaries}
     with tempfile.TemporaryDirectory(prefix="h3i-image-check.") as tmp:
         t = Path(tmp)
         if a.layout:
             layout = a.layout
         else:
-            layout = assemble(binary, t / "a")
-            again = assemble(binary, t / "b")
+            layout = assemble(binaries, t / "a")
+            again = assemble(list(reversed(binaries)), t / "b")
             d1, d2 = (json.loads((x / "index.json").read_text())["manifests"][0]["digest"] for x in (layout, again))
             if d1 != d2:
-                fail(f"not reproducible: the same binary assembled twice gave {d1} and {d2}")
-        digest, config, layers = read_image(layout)
-        print(f"image {digest} ({'assembled twice, same digest' if not a.layout else layout})")
-        exp = expected_image(a.dockerfile, binary, build_args(binary), t / "build")
-        compare(exp, config, layers)
+                fail(f"not reproducible: the same binaries assembled twice gave {d1} and {d2}")
+        digest, images = read_index(layout)
+        print(f"image index {digest} ({'assembled twice, same digest' if not a.layout else layout})")
+        if sorted(i.arch for i in images) != sorted(by_arch):
+            fail(f"the index has {sorted(i.arch for i in images)}, the binaries are {sorted(by_arch)}")
+        for img in images:
+            if img.arch not in by_arch:
+                continue
+            # The binary's ELF machine is the platform's: its layer holds exactly this binary.
+            print(f"linux/{img.arch}: manifest {img.digest}, binary {by_arch[img.arch]}")
+            binary = by_arch[img.arch]
+            exp = expected_image(a.dockerfile, binary, build_args(binary), t / "build" / img.arch)
+            compare(exp, img.config, img.layers)
     if failures:
         print("FAIL image_check: the Dockerfile's runtime stage and the image differ:\n  " + "\n  ".join(failures))
         return 1

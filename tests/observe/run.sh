@@ -3,12 +3,14 @@
 # cannot run here says SKIPPED loudly and is counted as skipped, never as passed.
 #
 #   tests/observe/run.sh                 everything, including the static release build
-#   OBSERVE_STATIC_BUILD=0 tests/observe/run.sh   reuse target/static/h3-ingress if present
+#   OBSERVE_STATIC_BUILD=0 tests/observe/run.sh   reuse target/static/h3-ingress and
+#                                                 target/static/arm64/h3-ingress if present
 #
 # Needs: python3 with helm-python-sdk, kubernetes-validate, dockerfile, pyyaml, jsonschema,
 # aioquic; node + npm (installs tests/observe/node_modules from package-lock.json); Debian
 # prometheus (promtool), nginx, prometheus-nginx-exporter, curl, openssl; kubectl (kustomize);
-# file; root for the chroot check.
+# file; root for the chroot check; gcc-aarch64-linux-gnu, libc6-dev-arm64-cross and
+# qemu-user-static for the arm64 binary.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 ROOT=$(pwd)
@@ -81,8 +83,17 @@ if [ "${OBSERVE_STATIC_BUILD:-1}" = "0" ] && [ -x target/static/h3-ingress ]; th
 else
     step dockerfile python3 $OBS/dockerfile_check.py --build
 fi
-# The image scripts/image.sh assembles from that binary (OCI layout, no Docker engine) against
-# the Dockerfile's runtime stage, instruction by instruction, and assembled twice for one digest.
+# The image's arm64 binary, cross-compiled into the same target/static (its own triple there;
+# the build scripts and proc macros are shared), run under qemu-user: --version and validate
+# must answer as the native binary does.
+if [ "${OBSERVE_STATIC_BUILD:-1}" = "0" ] && [ -x target/static/arm64/h3-ingress ]; then
+    step arm64 python3 $OBS/arch_check.py
+else
+    step arm64 python3 $OBS/arch_check.py --build
+fi
+# The image index scripts/image.sh assembles from both binaries (OCI layout, no Docker engine)
+# against the Dockerfile's runtime stage, instruction by instruction, per platform, and
+# assembled twice for one digest.
 step image python3 $OBS/image_check.py
 
 # The image's binary (static; the lab is a separate package) serves HTTP/3 through the proxy.

@@ -161,3 +161,22 @@ sum({{ $expr }})
 {{- fail (printf "metrics.prometheusRule.share.preset: unknown preset %q" $share.preset) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The operator's affinity: operator.affinity with a node of one of image.architectures
+    required. Required node selector terms are alternatives, so the architecture is added to
+    each of the user's terms (or makes the only term); the rest of the affinity is kept as is. */}}
+{{- define "h3-ingress.operatorAffinity" -}}
+{{- $affinity := deepCopy (.Values.operator.affinity | default dict) -}}
+{{- $arch := dict "key" "kubernetes.io/arch" "operator" "In" "values" .Values.image.architectures -}}
+{{- $node := get $affinity "nodeAffinity" | default dict -}}
+{{- $required := get $node "requiredDuringSchedulingIgnoredDuringExecution" | default dict -}}
+{{- $terms := list -}}
+{{- range (get $required "nodeSelectorTerms" | default (list dict)) -}}
+{{- $expressions := append (get . "matchExpressions" | default list) $arch -}}
+{{- $terms = append $terms (set (deepCopy .) "matchExpressions" $expressions) -}}
+{{- end -}}
+{{- $_ := set $required "nodeSelectorTerms" $terms -}}
+{{- $_ = set $node "requiredDuringSchedulingIgnoredDuringExecution" $required -}}
+{{- $_ = set $affinity "nodeAffinity" $node -}}
+{{- toYaml $affinity -}}
+{{- end -}}

@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # The image as containerd sees it, with a private containerd (its own root, state and socket
 # under a temporary directory; no CRI), so nothing of a running cluster is touched:
-#   1. `ctr images import` of target/image/h3-ingress.oci.tar gives the manifest digest of
+#   1. `ctr images import` of target/image/h3-ingress.oci.tar gives the index digest of
 #      target/image/oci;
 #   2. a pull from scripts/registry.sh without credentials is refused, with them it gives the
 #      same digest;
-#   3. the pulled image runs: ENTRYPOINT + CMD print the usage, `/h3-ingress crd` prints
-#      crds/ exactly, and the process runs as 65532:65532 with the image's PATH.
+#   3. the pull took this machine's platform from the index: its manifest, config and binary
+#      layer are in the content store, no other platform's binary layer is;
+#   4. the pulled image runs: ENTRYPOINT + CMD print the usage, `/h3-ingress crd` prints
+#      crds/ exactly, and the process runs as 65532:65532 with the image's PATH;
+#   5. with an arm64 manifest in the index (and this machine amd64, without binfmt_misc), a pull
+#      of linux/arm64 gets the arm64 binary layer, and running it fails as it does on a node of
+#      the wrong architecture: `exec format error`.
 #
 #   tests/cluster/registry/ctr_check.sh BIN_DIR
 #
@@ -69,6 +74,32 @@ ctr -n pull images pull --hosts-dir "$dir/certs.d" --user "$REGISTRY_USER:$REGIS
 got=$(ctr -n pull images ls | awk -v n="$name" '$1 == n {print $3}')
 if [[ $got == "$digest" ]]; then ok "pull as $REGISTRY_USER: $got"; else bad "pull as $REGISTRY_USER: '$got', want $digest"; fi
 
+# platform ARCH FIELD: the index entry's manifest digest, or its last (binary) layer's.
+platform() {
+    python3 - "$layout" "$1" "$2" <<'PY'
+import json, sys
+layout, arch, field = sys.argv[1:]
+blob = lambda d: json.load(open(f"{layout}/blobs/{d.replace(':', '/')}"))
+index = blob(json.load(open(f"{layout}/index.json"))["manifests"][0]["digest"])
+for m in index["manifests"]:
+    if m["platform"]["architecture"] == arch:
+        print(m["digest"] if field == "manifest" else blob(m["digest"])["layers"][-1]["digest"])
+PY
+}
+case $(uname -m) in x86_64) here=amd64 other=arm64 ;; aarch64) here=arm64 other=amd64 ;; *) here=unknown other=unknown ;; esac
+held=$(ctr -n pull content ls -q)
+platforms=$(ctr -n pull images ls | awk -v n="$name" '$1 == n {print $5}')
+if grep -qx "$(platform "$here" manifest)" <<<"$held" && grep -qx "$(platform "$here" layer)" <<<"$held"; then
+    ok "the pull resolved linux/$here from the index (platforms $platforms): manifest $(platform "$here" manifest) and its binary layer held"
+else
+    bad "linux/$here's manifest or binary layer not in the content store after the pull"
+fi
+other_layer=$(platform "$other" layer)
+if [[ -n $other_layer ]]; then
+    if grep -qx "$other_layer" <<<"$held"; then bad "the pull fetched linux/$other's binary layer too"
+    else ok "linux/$other's binary layer $other_layer not fetched"; fi
+fi
+
 out=$(ctr -n pull run --rm "$name" h3i-ctr-help 2>&1 || true)
 if grep -q "^Usage: h3-ingress" <<<"$out"; then ok "run (ENTRYPOINT + CMD): prints the usage"; else bad "run: $out"; fi
 if ctr -n pull run --rm "$name" h3i-ctr-crd /h3-ingress crd | tr -d '\r' | cmp -s - crds/http3listeners.h3-ingress.dev.yaml; then
@@ -85,5 +116,18 @@ if [[ $ids == "65532:65532:" ]]; then ok "process uid:gid ${ids%:}, env $env"; e
 ctr -n pull tasks kill -s SIGKILL h3i-ctr-uid >/dev/null 2>&1 || true
 for _ in $(seq 50); do ctr -n pull tasks rm h3i-ctr-uid >/dev/null 2>&1 && break; sleep 0.1; done
 ctr -n pull containers rm h3i-ctr-uid >/dev/null 2>&1 || true
+
+# The field failure this index and the pods' node affinity prevent: a binary of another
+# architecture started by runc. Skipped where binfmt_misc would run it under emulation.
+if [[ -n $other_layer && ! -e /proc/sys/fs/binfmt_misc/qemu-aarch64 && ! -e /proc/sys/fs/binfmt_misc/qemu-x86_64 ]]; then
+    ctr -n other images pull --platform "linux/$other" --hosts-dir "$dir/certs.d" \
+        --user "$REGISTRY_USER:$REGISTRY_PASSWORD" "$name" >/dev/null
+    if grep -qx "$other_layer" <<<"$(ctr -n other content ls -q)"; then
+        ok "pull --platform linux/$other: its binary layer $other_layer fetched"
+    else bad "pull --platform linux/$other: no $other_layer"; fi
+    out=$(ctr -n other run --rm --platform "linux/$other" "$name" h3i-ctr-other /h3-ingress --version 2>&1 || true)
+    if grep -q "exec format error" <<<"$out"; then ok "running linux/$other here: ${out##*: }"
+    else bad "running linux/$other here did not fail with exec format error: $out"; fi
+fi
 
 if [[ $fails -eq 0 ]]; then echo "ok: ctr_check"; else echo "FAIL: ctr_check ($fails)"; exit 1; fi

@@ -29,6 +29,9 @@ pub struct Env {
     pub registry_user: String,
     pub registry_password_file: PathBuf,
     pub kubeconfig: PathBuf,
+    /// The instance's state directory (`H3I_CLUSTER_STATE`): on real nodes `image/oci` is the
+    /// product image as pushed to the registry, `nodes/NODE/containerd` each node's containerd.
+    pub state: PathBuf,
     /// Whether the cluster was up and healthy before this run's `cluster.sh up`.
     pub was_up: bool,
 }
@@ -105,6 +108,7 @@ impl Env {
             registry_user: var("H3I_REGISTRY_USER"),
             registry_password_file: var("H3I_REGISTRY_PASSWORD_FILE").into(),
             kubeconfig: var("KUBECONFIG").into(),
+            state: var("H3I_CLUSTER_STATE").into(),
             was_up: false,
         }
     }

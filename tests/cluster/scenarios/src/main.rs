@@ -4,6 +4,7 @@
 //! (exit 1). Without root it prints `TITLE SKIPPED (needs root)` and exits 0, or 1 under
 //! `H3I_TESTS_REQUIRE_ROOT=1`.
 
+mod arch;
 mod journey;
 mod smoke;
 
@@ -12,11 +13,12 @@ use std::process::ExitCode;
 use h3i_scenarios::{drive, indent, is_root, ok, Env, Run, Scenario};
 
 const USAGE: &str =
-    "usage: h3i-scenarios SCENARIO\n\n  journey   the user's journey (tests/cluster/README.md)\n  smoke     the test cluster itself, end to end\n";
+    "usage: h3i-scenarios SCENARIO\n\n  arch      the image index's platforms on real nodes, pods kept to nodes of its architectures\n  journey   the user's journey (tests/cluster/README.md)\n  smoke     the test cluster itself, end to end\n";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
+        Some("arch") => start::<arch::Arch>(),
         Some("journey") => start::<journey::Journey>(),
         Some("smoke") => start::<smoke::Smoke>(),
         _ => {
