@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The cluster part of scripts/test.sh, runnable alone. Builds (cached per version in
 # /var/cache/h3-ingress, outside the repo) the control plane, helm, the node agent, the real
-# node components (kubelet, kube-proxy, containerd, runc, CNI) and the registry, the trixie
-# chroot with curl 8.14 (the journey's second HTTP/3 client). Then two clusters, one after the
-# other:
+# node components (kubelet, kube-proxy, containerd, runc, CNI) and the registry, the Prometheus
+# Operator and Prometheus with their images (scripts/promop-build.sh), the trixie chroot with
+# curl 8.14 (the journey's second HTTP/3 client). Then two clusters, one after the other:
 #   - real nodes (H3I_NODES=real), the product's OCI image pulled from the authenticated
 #     registry: tests/cluster/smoke.sh (the cluster itself), journey.sh (the product on it),
-#     gateway.sh (Gateway API), node-checks.sh (what only a real node answers, a real browser);
+#     gateway.sh (Gateway API), node-checks.sh (what only a real node answers, a real browser),
+#     monitoring.sh (the chart's monitors and rules under a real Prometheus Operator);
 #   - the node agent (pods as local processes, the fast mode): skew.sh (CRD version skew both
 #     ways, certificate renewal), rollout.sh (a DaemonSet roll under clients), upgrade.sh (helm
 #     upgrade from the pinned previous release and back, under clients; its binary built once
@@ -27,7 +28,7 @@ step() { printf '\n=== %s (%s)\n' "$*" "$(date +%H:%M:%S)"; }
 if [[ $(id -u) -ne 0 ]]; then
     echo "=================================================================================="
     echo "CLUSTER TESTS SKIPPED (needs root): scripts/cluster.sh build/up, tests/cluster/smoke.sh"
-    echo "tests/cluster/journey.sh, gateway.sh, node-checks.sh, skew.sh, rollout.sh, upgrade.sh and scale.sh did NOT run; nothing was proven on a real API server or real nodes."
+    echo "tests/cluster/journey.sh, gateway.sh, node-checks.sh, monitoring.sh, skew.sh, rollout.sh, upgrade.sh and scale.sh did NOT run; nothing was proven on a real API server or real nodes."
     echo "=================================================================================="
     [[ ${H3I_TESTS_REQUIRE_ROOT:-0} == 1 ]] && { echo "H3I_TESTS_REQUIRE_ROOT=1: failing" >&2; exit 1; }
     exit 0
@@ -60,6 +61,8 @@ trap 'exit 143' TERM
 
 step "cluster: build the control plane, helm, the node agent, the real nodes and the registry (cached per version)"
 timed build bash -c 'scripts/cluster.sh build && H3I_NODES=real scripts/cluster.sh build'
+step "the Prometheus Operator, its config reloader and Prometheus, with their images (cached per version)"
+timed promop-build scripts/promop-build.sh
 step "the previous release's binary for tests/cluster/upgrade.sh (cached per commit)"
 timed release-build tests/cluster/upgrade.sh build
 step "trixie chroot with curl 8.14 (HTTP/3), the journey's second HTTP/3 client"
@@ -80,6 +83,8 @@ step "tests/cluster/gateway.sh on real nodes (Gateway API: HTTPRoutes, Gateways,
 timed gateway tests/cluster/gateway.sh
 step "tests/cluster/node-checks.sh (what only a real node answers: image, capabilities, NodePort, Chromium, grace, probes, OOM)"
 timed node-checks tests/cluster/node-checks.sh
+step "tests/cluster/monitoring.sh (the chart's ServiceMonitor, PodMonitor and PrometheusRule under a real Prometheus Operator)"
+timed monitoring tests/cluster/monitoring.sh
 step "real nodes: down"
 timed down-real scripts/cluster.sh down
 
