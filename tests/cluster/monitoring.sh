@@ -36,7 +36,11 @@ NS_APP=h3i-monitoring
 HOST=shop.h3i.test
 CLASS=h3i-monitoring
 LISTENER=mon
-DRAIN=5 # http.drainTimeoutSeconds: the pods leave quickly when the nodeSelector drops them
+# The roll's old pods drain a slow download beside the new ones: 640 KiB at 32 KiB/s, about 20 s
+# (an old pod without requests in flight leaves at once), within http.drainTimeoutSeconds.
+SLOW_BYTES=655360
+SLOW_RATE=32k
+DRAIN=30
 PROM_RELEASE=kube-prometheus-stack
 PROM_NS=monitoring
 IMAGE_REPO=registry.h3i.test/h3-ingress
@@ -129,7 +133,9 @@ done
 step "nginx on both nodes serving $HOST, its stub_status exported by prometheus-nginx-exporter (a ScrapeConfig); an annotated Ingress and an Http3Listener"
 make_ca "h3i-monitoring-ca"
 leaf "$HOST" "$HOST"
-mkdir -p "$tmp/www"
+mkdir -p "$tmp/www/slow"
+head -c "$SLOW_BYTES" /dev/urandom >"$tmp/www/slow/roll.bin"
+NGINX_EXTRA="location /slow/ { limit_rate $SLOW_RATE; }"
 NGINX_HTTP_EXTRA="server { listen 127.0.0.1:$STUB_PORT; location = /stub_status { stub_status; } }"
 for i in "${!NODES[@]}"; do
     start_nginx "${NODES[$i]}" "$HOST"
@@ -177,9 +183,18 @@ check dashboard --timeout 150
 
 # =================================================================================================
 step "a surge roll (socket.receiveBufferBytes changed): one target per node while a node runs the old and the new pod"
+# A slow download per node keeps the first node's old pod draining beside its new one.
+held=()
+for ip in "${IPS[@]}"; do
+    "$PY" "$REPO/tests/py/h3client.py" "https://$HOST/slow/roll.bin" --resolve "$HOST:443:$ip" --cacert "$tmp/pki/ca.crt" \
+        --output /dev/null --timeout 60 >/dev/null 2>&1 &
+    held+=($!)
+done
+sleep 2
 kubectl patch h3l "$LISTENER" --type merge -p '{"spec":{"socket":{"receiveBufferBytes":3145728}}}' >/dev/null
 "$PY" "$CHECKS" roll --results "$RESULTS" --prom "$PROM_URL" --job "$DP_JOB" --namespace "$NS_OP" \
     --selector "$DP_SELECTOR" --timeout 90 || fail "check roll"
+kill "${held[@]}" 2>/dev/null || true
 roll_done() { kubectl -n "$NS_OP" rollout status "daemonset/h3-ingress-$LISTENER" --timeout 5s; }
 wait_ok 120 "the roll done on both nodes (kubectl rollout status)" roll_done
 

@@ -47,6 +47,11 @@ prometheus_url() {
     echo "http://$ip:9090"
 }
 
+not_terminating() {
+    [[ $(kubectl get namespace "$NS" -o jsonpath='{.metadata.deletionTimestamp}' 2>/dev/null) == "" ]] &&
+        [[ $(kubectl get crd prometheuses.monitoring.coreos.com -o jsonpath='{.metadata.deletionTimestamp}' 2>/dev/null) == "" ]]
+}
+
 wait_for() { # SECONDS WHAT COMMAND...
     local secs=$1 what=$2 deadline
     shift 2
@@ -79,6 +84,8 @@ cmd_up() {
         "$REPO/scripts/registry.sh" push "$dir/images/$img" >&2
     done
 
+    # What a `down --no-wait` just deleted must be gone before it is created again.
+    wait_for 180 "namespace $NS and the CRDs of an earlier down to go" not_terminating
     log "CRDs of prometheus-operator $OPERATOR_VERSION ($mod)"
     kubectl apply --server-side --force-conflicts -f "$mod/example/prometheus-operator-crd/" >/dev/null
     kubectl wait --for=condition=Established --timeout=60s \
