@@ -5,6 +5,8 @@
 # inside the node netns with a pod CIDR per node. The settings this machine needs are
 # explained in docs/real-nodes-notes.md (failCgroupV1, a pre-made cgroupRoot with cpuset,
 # restrict_oom_score_adj, own runc root, netns under the state dir, nftables everywhere).
+# The cluster DNS is CoreDNS (scripts/addons-build.sh), a Deployment in kube-system behind the
+# Service kube-dns at the tenth address of each service CIDR, which the kubelets hand to pods.
 # The default agent path of cluster.sh calls nothing from here.
 #
 # Uses cluster.sh's globals (STATE, NODES, NET4, NET6, HOST4, HOST6, BRIDGE, CACHE, REPO,
@@ -41,6 +43,14 @@ rn_components() {
 rn_build() {
     "$REPO/scripts/nodes-build.sh" >/dev/null
     RN_BIN=$(rn_bin)
+    "$REPO/scripts/addons-build.sh" coredns >/dev/null
+}
+
+# The cluster DNS Service's addresses: the tenth of each service CIDR (10.96.0.10 and
+# fd77:96::a by default), space-separated, IPv4 first as SERVICE_CIDRS lists it.
+rn_dns_ips() {
+    python3 -c 'import ipaddress, sys
+print(" ".join(str(ipaddress.ip_network(c).network_address + 10) for c in sys.argv[1].split(",")))' "$SERVICE_CIDRS"
 }
 
 # kube-proxy's identity: the bootstrap ClusterRoleBinding system:node-proxier names it.
@@ -171,6 +181,8 @@ podLogsDir: $(rn_lib "$ns")/pods
 resolvConf: /etc/resolv.conf
 failSwapOn: false
 clusterDomain: cluster.local
+# CoreDNS's Service kube-dns (rn_coredns): pods get it in their resolv.conf.
+clusterDNS: [$(rn_dns_ips | sed 's/^/"/; s/ /", "/g; s/$/"/')]
 # The root file system is shared by everything on this machine and often below the
 # default 10-15 % free: no evictions or DiskPressure taint from it.
 evictionHard: {memory.available: 50Mi, nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
@@ -233,9 +245,37 @@ rn_import_images() {
         rn_ctr "$ns" images ls -q | grep -qx "$RN_REGISTRY_NAME/$img:1" && continue
         rn_ctr "$ns" images import --snapshotter overlayfs "$RN_LIB/images/$img.tar" >/dev/null
     done
+    rn_import_addon "$ns" coredns >/dev/null
 }
 
-# The names tests/cluster/smoke.sh uses (the agent maps any image to a local binary) as
+# rn_addon_image NAME: the add-on's image archive without its .oci.tar (.ref beside it).
+# rn_addon_image_load NAME asks scripts/addons-build.sh once per run of cluster.sh (in the
+# calling shell, not in a $(...)), for the later calls.
+declare -A RN_ADDON_IMAGE=()
+rn_addon_image_load() {
+    local tar
+    tar=$("$REPO/scripts/addons-build.sh" image "$1") || die "no image of $1 (scripts/addons-build.sh $1)"
+    RN_ADDON_IMAGE[$1]=${tar%.oci.tar}
+}
+rn_addon_image() {
+    [[ -n ${RN_ADDON_IMAGE[$1]:-} ]] || rn_addon_image_load "$1"
+    echo "${RN_ADDON_IMAGE[$1]}"
+}
+
+# rn_import_addon NODE NAME: the image of an add-on of scripts/addons-build.sh
+# (registry.h3i.test/NAME:VERSION, which the registry does not hold), unless the node has
+# that name with the same digest. Prints the reference.
+rn_import_addon() {
+    local ns=$1 name=$2 tar ref digest
+    tar=$(rn_addon_image "$name").oci.tar
+    read -r ref digest <"${tar%.oci.tar}.ref"
+    if [[ $(rn_ctr "$ns" images ls | awk -v r="$ref" '$1 == r {print $3}') != "$digest" ]]; then
+        rn_ctr "$ns" images import --snapshotter overlayfs "$tar" >/dev/null
+    fi
+    echo "$ref"
+}
+
+# The names the smoke (h3i-scenarios smoke) uses (the agent maps any image to a local binary) as
 # local images, so IfNotPresent never pulls: busybox:1.36.1 is the busybox image,
 # ghcr.io/h3-ingress/h3-ingress:0.1.0 and h3-ingress:0.1.0 the product image (imported
 # as registry.h3i.test/h3-ingress:VERSION-COMMIT; the chart's :APPVERSION is not imported,
@@ -303,6 +343,7 @@ rn_start_kube_proxy() {
 # start_agent's counterpart: everything of the real nodes, idempotent.
 rn_start_nodes() {
     local i ns
+    rn_addon_image_load coredns
     rn_registry start
     rn_push_image
     rn_image_tars
@@ -317,13 +358,163 @@ rn_start_nodes() {
         rn_start_kubelet "$i"
         rn_start_kube_proxy "$ns"
     done
+    local t0
+    t0=$(date +%s.%N)
+    rn_coredns_apply
+    log "cluster DNS: CoreDNS applied in $(rn_since "$t0") s"
     wait_for "nodes" 120 nodes_ready
+    t0=$(date +%s.%N)
+    wait_for "cluster DNS (CoreDNS Ready, kube-dns endpoints)" 90 rn_coredns_ready
+    log "cluster DNS: Ready $(rn_since "$t0") s after the nodes"
+}
+rn_since() { python3 -c 'import sys, time; print(f"{time.time() - float(sys.argv[1]):.1f}")' "$1"; }
+
+# ---- cluster DNS: CoreDNS in kube-system ---------------------------------------------------
+# As kubeadm installs it (ServiceAccount, ClusterRole system:coredns with the reads of the
+# kubernetes plugin, the Corefile ConfigMap, a Deployment of 2, Service kube-dns), with two
+# differences: no `forward` and no `loop` (names outside cluster.local get SERVFAIL at
+# once: the pod network is not masqueraded, so the machine's resolver is out of reach), and
+# `log` (each query with its client, for tests). Its image is imported on every node.
+rn_coredns_yaml() {
+    local ips ref families="[IPv4]" policy=SingleStack csv
+    read -r -a ips <<<"$(rn_dns_ips)"
+    csv=$(printf '"%s", ' "${ips[@]}")
+    ref=$(cut -d' ' -f1 "$(rn_addon_image coredns).ref")
+    if ((${#ips[@]} > 1)); then families="[IPv4, IPv6]" policy=RequireDualStack; fi
+    cat <<EOF
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: coredns, namespace: kube-system}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "system:coredns", labels: {kubernetes.io/bootstrapping: rbac-defaults}}
+rules:
+- {apiGroups: [""], resources: [services, pods, namespaces], verbs: [list, watch]}
+- {apiGroups: [discovery.k8s.io], resources: [endpointslices], verbs: [list, watch]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "system:coredns", labels: {kubernetes.io/bootstrapping: rbac-defaults}}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:coredns"}
+subjects: [{kind: ServiceAccount, name: coredns, namespace: kube-system}]
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: coredns, namespace: kube-system}
+data:
+  Corefile: |
+    .:53 {
+        errors
+        log
+        health {
+            lameduck 5s
+        }
+        ready
+        kubernetes cluster.local in-addr.arpa ip6.arpa {
+            pods insecure
+            fallthrough in-addr.arpa ip6.arpa
+            ttl 30
+        }
+        prometheus :9153
+        cache 30 {
+            disable success cluster.local
+            disable denial cluster.local
+        }
+        reload
+        loadbalance
+    }
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: coredns, namespace: kube-system, labels: {k8s-app: kube-dns}}
+spec:
+  replicas: 2
+  strategy: {type: RollingUpdate, rollingUpdate: {maxUnavailable: 1}}
+  selector: {matchLabels: {k8s-app: kube-dns}}
+  template:
+    metadata: {labels: {k8s-app: kube-dns}}
+    spec:
+      priorityClassName: system-cluster-critical
+      serviceAccountName: coredns
+      dnsPolicy: Default
+      nodeSelector: {kubernetes.io/os: linux}
+      tolerations: [{key: CriticalAddonsOnly, operator: Exists}]
+      affinity:
+        podAntiAffinity:
+          preferredDuringSchedulingIgnoredDuringExecution:
+          - weight: 100
+            podAffinityTerm:
+              labelSelector: {matchLabels: {k8s-app: kube-dns}}
+              topologyKey: kubernetes.io/hostname
+      securityContext: {seccompProfile: {type: RuntimeDefault}}
+      containers:
+      - name: coredns
+        image: $ref
+        imagePullPolicy: IfNotPresent
+        args: [-conf, /etc/coredns/Corefile]
+        resources: {requests: {cpu: 50m, memory: 70Mi}, limits: {memory: 170Mi}}
+        ports:
+        - {name: dns, containerPort: 53, protocol: UDP}
+        - {name: dns-tcp, containerPort: 53, protocol: TCP}
+        - {name: metrics, containerPort: 9153, protocol: TCP}
+        securityContext:
+          allowPrivilegeEscalation: false
+          capabilities: {add: [NET_BIND_SERVICE], drop: [ALL]}
+          readOnlyRootFilesystem: true
+        livenessProbe:
+          httpGet: {path: /health, port: 8080}
+          initialDelaySeconds: 60
+          timeoutSeconds: 5
+          failureThreshold: 5
+        readinessProbe:
+          httpGet: {path: /ready, port: 8181}
+          periodSeconds: 1
+        volumeMounts: [{name: config-volume, mountPath: /etc/coredns, readOnly: true}]
+      volumes:
+      - name: config-volume
+        configMap: {name: coredns, items: [{key: Corefile, path: Corefile}]}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: kube-dns
+  namespace: kube-system
+  labels: {k8s-app: kube-dns, kubernetes.io/name: CoreDNS}
+  annotations: {prometheus.io/port: "9153", prometheus.io/scrape: "true"}
+spec:
+  selector: {k8s-app: kube-dns}
+  clusterIP: "${ips[0]}"
+  clusterIPs: [${csv%, }]
+  ipFamilies: $families
+  ipFamilyPolicy: $policy
+  ports:
+  - {name: dns, port: 53, protocol: UDP}
+  - {name: dns-tcp, port: 53, protocol: TCP}
+  - {name: metrics, port: 9153, protocol: TCP}
+EOF
+}
+
+rn_coredns_apply() {
+    rn_coredns_yaml | kubectl_admin apply -f - >/dev/null
+}
+
+# Ready: every replica Ready and the Service's EndpointSlices list them (what kube-proxy
+# programs; a pod's first query must not race it).
+rn_coredns_ready() {
+    local want ready eps
+    want=$(kubectl_admin -n kube-system get deploy coredns -o jsonpath='{.spec.replicas}')
+    ready=$(kubectl_admin -n kube-system get deploy coredns -o jsonpath='{.status.readyReplicas}')
+    eps=$(kubectl_admin -n kube-system get endpointslices -l kubernetes.io/service-name=kube-dns \
+        -o jsonpath='{range .items[*].endpoints[?(@.conditions.ready==true)]}x{end}')
+    [[ -n $want && $ready == "$want" && ${#eps} -ge $want ]]
 }
 
 # Extra lines of `cluster.sh env`: the mode, and the registry's credentials for the tests'
 # imagePullSecrets (kubectl create secret docker-registry --docker-server=registry.h3i.test).
 rn_env() {
     printf 'export H3I_NODE_MODE=real\nexport H3I_NODE_LIB=%s\n' "$RN_LIB"
+    printf 'export H3I_CLUSTER_DNS="%s"\n' "$(rn_dns_ips)"
     # The pods run the image's binary: tests that run the binary on the host too (the
     # kubectl plugin, version checks) must use that one (journey.sh's status columns
     # differed with a newer debug build).

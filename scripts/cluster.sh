@@ -16,6 +16,9 @@
 #   scripts/cluster.sh down               stop everything, remove namespaces and state
 #   scripts/cluster.sh push-image         real nodes only: rebuild the product image and
 #                                         push it to the instance's registry
+#   scripts/cluster.sh import-addon NAME  real nodes only: import the image of NAME
+#                                         (scripts/addons-build.sh: traefik, coredns) on
+#                                         every node; prints its reference
 #
 # Environment: H3I_BINARY (the project binary run for the project's image; default
 # target/debug/h3-ingress of this checkout), H3I_TAG_BINARIES (TAG=PATH,TAG=PATH: the
@@ -297,7 +300,8 @@ net_down() {
 # Processes still inside one of our namespaces are pod processes the agent left.
 kill_netns_pids() {
     local pids; pids=$(ip netns pids "$1" 2>/dev/null || true)
-    [[ -n $pids ]] && kill -9 $pids 2>/dev/null || true
+    # shellcheck disable=SC2086 # one pid per word
+    if [[ -n $pids ]]; then kill -9 $pids 2>/dev/null || true; fi
 }
 
 # ---- processes ----------------------------------------------------------------------------
@@ -490,6 +494,8 @@ export H3I_NODES="${NODES[*]}"
 export H3I_NODE_NETNS="${NODES[*]}"
 export H3I_NODE_IPS="${ips4% }"
 export H3I_NODE_IPS6="${ips6% }"
+export H3I_HOST_IP=$HOST4
+export H3I_HOST_IP6=$HOST6
 export H3I_POD_LOGS=$STATE/pods
 export H3I_BINARY=$BINARY
 export H3I_TAG_BINARIES=$TAG_BINARIES
@@ -573,10 +579,10 @@ cmd_status() {
     for c in "${COMPONENTS[@]}"; do
         if alive "$c"; then printf '%-24s running (pid %s)\n' "$c" "$(pid_of "$c")"; else printf '%-24s NOT RUNNING\n' "$c"; ok=1; fi
     done
-    etcd_healthy && echo "etcd /health              ok" || { echo "etcd /health              FAILED"; ok=1; }
-    apiserver_ready && echo "kube-apiserver /readyz    ok" || { echo "kube-apiserver /readyz    FAILED"; ok=1; }
-    secure_healthz "$CM_PORT" && echo "controller-manager        ok" || { echo "controller-manager        FAILED"; ok=1; }
-    secure_healthz "$SCHED_PORT" && echo "scheduler                 ok" || { echo "scheduler                 FAILED"; ok=1; }
+    if etcd_healthy; then echo "etcd /health              ok"; else echo "etcd /health              FAILED"; ok=1; fi
+    if apiserver_ready; then echo "kube-apiserver /readyz    ok"; else echo "kube-apiserver /readyz    FAILED"; ok=1; fi
+    if secure_healthz "$CM_PORT"; then echo "controller-manager        ok"; else echo "controller-manager        FAILED"; ok=1; fi
+    if secure_healthz "$SCHED_PORT"; then echo "scheduler                 ok"; else echo "scheduler                 FAILED"; ok=1; fi
     if apiserver_ready; then
         kubectl_admin get nodes -o wide || ok=1
         nodes_ready || { echo "nodes: not all Ready"; ok=1; }
@@ -606,5 +612,11 @@ case ${1:-} in
     status) cmd_status ;;
     restart-apiserver) shift; cmd_restart_apiserver "$@" ;;
     push-image) [[ $NODE_MODE == real ]] || die "push-image: only with real nodes"; rn_push_image ;;
-    *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+    import-addon)
+        [[ $NODE_MODE == real && -n ${2:-} ]] || die "import-addon NAME: only with real nodes"
+        rn_addon_image_load "$2"
+        for ns in "${NODES[@]}"; do ref=$(rn_import_addon "$ns" "$2"); done
+        echo "$ref"
+        ;;
+    *) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

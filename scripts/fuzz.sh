@@ -106,12 +106,12 @@ run_target() {
 
 # One line from a run's log: executions, their rate, coverage (edges), features, corpus size.
 summary() {
-    local log=$1 done
-    done=$(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -n1)
+    local log=$1 last
+    last=$(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -n1)
     printf 'execs %s (%s/s), %s\n' \
         "$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")" \
         "$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log")" \
-        "$(grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+/[0-9]+[a-zA-Z]*' <<<"$done")"
+        "$(grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+/[0-9]+[a-zA-Z]*' <<<"$last")"
 }
 
 cmd=${1:-}

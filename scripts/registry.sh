@@ -173,8 +173,8 @@ cmd_start() {
     OTEL_TRACES_EXPORTER=none setsid "$REG_BIN" serve "$STATE/config.yml" \
         >>"$STATE/registry.log" 2>&1 </dev/null &
     echo $! >"$STATE/registry.pid"
-    local i
-    for i in $(seq 1 100); do
+    local _
+    for _ in $(seq 1 100); do
         answering && { log "running (pid $(pid)) on https://$ADDR, user $USER_NAME"; return; }
         alive || break
         sleep 0.1
@@ -186,8 +186,8 @@ cmd_start() {
 cmd_stop() {
     if alive; then
         kill "$(pid)"
-        local i
-        for i in $(seq 1 50); do alive || break; sleep 0.1; done
+        local _
+        for _ in $(seq 1 50); do alive || break; sleep 0.1; done
         if alive; then kill -9 "$(pid)"; fi
         log "stopped"
     fi

@@ -21,6 +21,8 @@ APT_PACKAGES=(
     prometheus-nginx-exporter # lab: compare against nginx's own metrics
     caddy                     # independent HTTP/3 server for the h3client self-test
     ngtcp2-client             # second independent HTTP/3 client (gtlsclient)
+    knot                      # tests/dns_update.rs: an authoritative server taking RFC 2136 updates
+    knot-dnsutils             # ... and kdig, which reads its zone back
     debootstrap               # scripts/trixie-chroot.sh (lab only)
     iproute2                  # ip netns / ip link for lab and root tests
     nftables                  # packet-drop rules in root tests
@@ -33,6 +35,7 @@ APT_PACKAGES=(
     libc6-dev
     libseccomp-dev            # scripts/nodes-build.sh: runc with seccomp (cgo)
     pkg-config
+    shellcheck                # scripts/test.sh: every shell script left passes it
     ca-certificates
     python3
     python3-venv              # fallback when the system python is externally managed
@@ -48,7 +51,7 @@ PIP_PACKAGES=(
     "websockets:websockets"                 # tests/browser/chromium.py (DevTools protocol)
     "bcrypt:bcrypt"                         # scripts/registry.sh: the registry's htpasswd file
 )
-SERVICES=(nginx caddy prometheus prometheus-nginx-exporter)
+SERVICES=(nginx caddy prometheus prometheus-nginx-exporter knot)
 # -----------------------------------------------------------------------------------------
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

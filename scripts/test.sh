@@ -43,12 +43,17 @@ if [[ $(id -u) -eq 0 ]]; then export H3I_TESTS_REQUIRE_ROOT=1; fi
 # The workspace: the product (h3-ingress, what the image ships) and the network lab
 # (lab/, h3-ingress-lab). The image's own build (scripts/build-static.sh, -p h3-ingress) runs in
 # tests/observe/run.sh below.
-step "format and lints (workspace: product and lab)"
+step "format and lints (workspace: product, lab, scenario runner; shellcheck; rustdoc links)"
 cargo fmt --all --check
 cargo fmt --manifest-path fuzz/Cargo.toml --check  # fuzz/ is its own workspace
 cargo clippy --workspace --all-targets --locked -- -D warnings
-# No function longer than 120 lines, tests included, in the product or the lab.
-python3 scripts/fn-length.py src lab/src
+# No function longer than 120 lines, tests included, in the product, the lab, the tests and the
+# cluster scenario runner (tests/cluster/scenarios).
+python3 scripts/fn-length.py src lab/src tests
+# What is left in shell (bringing environments up and down, the unported cluster scripts).
+find scripts tests -name '*.sh' -type f -print0 | sort -z | xargs -0 shellcheck -x
+# Every intra-doc link resolves, private items included (the scenario runner's too).
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items --locked
 # Every relative link in README.md and docs/ names an existing file and heading.
 python3 scripts/check-links.py
 

@@ -80,6 +80,7 @@ fi
 
 missing=()
 for p in "${CHROOT_PACKAGES[@]}"; do
+    # shellcheck disable=SC2016 # ${Status} is dpkg-query's format, not a shell variable
     if ! chroot "$DIR" dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
         missing+=("$p")
     fi

@@ -9,8 +9,6 @@
 //! - [`config`]: the one validated configuration, built from a file or from Kubernetes objects
 //! - [`proxy`]: the data plane (sockets, TLS, QUIC, HTTP/3 -> TCP ingress, metrics)
 //! - [`operator`]: the Kubernetes controller
-//! - [`gateway_api`]: the optional watches of Gateways, HTTPRoutes and ReferenceGrants
-//! - [`watch`]: watch events reduced to the changes a consumer reads
 //! - [`check`]: an HTTP/3 + HTTP/2 client that proves h3 really runs
 //! - [`demo`]: everything on localhost with no cluster and no files
 //! - [`plugin`]: `kubectl h3-ingress` (this binary installed as `kubectl-h3_ingress`)
@@ -21,7 +19,6 @@ pub mod api;
 pub mod check;
 pub mod config;
 pub mod demo;
-pub mod gateway_api;
 pub mod lifecycle;
 pub mod logging;
 pub mod memory;
@@ -33,4 +30,3 @@ pub mod skew;
 #[cfg(test)]
 mod testcerts;
 pub mod version;
-pub mod watch;

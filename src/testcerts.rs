@@ -14,6 +14,15 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 pub const NOW: i64 = 1_800_000_000;
 pub const DAY: i64 = 86_400;
 
+/// A self-signed certificate and key for `names`, PEM: the simplest certificate a host can be
+/// served with (not a chain; [`Ca`] makes those).
+pub fn self_signed(names: &[&str]) -> (String, String) {
+    let ck =
+        rcgen::generate_simple_self_signed(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .unwrap();
+    (ck.cert.pem(), ck.signing_key.serialize_pem())
+}
+
 /// Valid from `from` to `to` (Unix seconds).
 fn validity(p: &mut CertificateParams, from: i64, to: i64) {
     let epoch = rcgen::date_time_ymd(1970, 1, 1);

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use h3_ingress::api::CongestionControl;
-use h3_ingress::proxy::cc::{self, CcStats, CubicHs, CubicHsConfig};
+use h3_ingress::proxy::quic::cc::{self, CcStats, CubicHs, CubicHsConfig};
 use quinn::congestion::{Controller, ControllerFactory, NewRenoConfig};
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn_proto::RttEstimator;

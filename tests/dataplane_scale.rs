@@ -35,7 +35,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use h3_ingress::api::mirror;
-use h3_ingress::proxy::source::mirrors::{self, MirrorInput};
+use h3_ingress::config::mirrors::{self, MirrorInput};
 
 const NS: &str = "h3-hosts";
 const LISTENER: &str = "bench";

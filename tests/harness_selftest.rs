@@ -463,25 +463,7 @@ fn h3client_works_against_caddy_http3() {
         .collect();
     assert_eq!(ids, [0, 4, 8], "all on one connection, consecutive streams");
 
-    // Parallel requests, plus one that never finishes its body: it must time out and be
-    // cancelled without hurting the others.
-    let par = H3Client::new(caddy.url("a.test", "/"))
-        .resolve(caddy.resolve("a.test", Family::V4))
-        .cacert(&pki.ca_cert_path)
-        .arg("--parallel")
-        .requests(&json!([
-            {"path": "/1m.bin"},
-            {"name": "open", "method": "PUT", "path": "/upload/never",
-             "headers": [["content-length", "10"]], "end_stream": false, "timeout": 1.5},
-            {"path": "/1m.bin"},
-        ]))
-        .run()
-        .unwrap();
-    assert_eq!(par.exit_code, exit::OK, "{:#}", par.json);
-    assert_eq!((par.status(0), par.status(2)), (Some(200), Some(200)));
-    assert_eq!(body_sha(par.request(0)), one_mib);
-    assert_eq!(body_sha(par.request(2)), one_mib);
-    assert_eq!(par.request(1)["error"], "timeout", "{:#}", par.json);
+    parallel_with_a_stalled_request(&caddy, &pki, &one_mib);
 
     // IPv6, the other vhost, and HEAD (content-length without a body).
     let head = H3Client::new(caddy.url("b.test", "/5m.bin"))
@@ -519,6 +501,43 @@ fn h3client_works_against_caddy_http3() {
         sha256_hex(&bytes)
     );
 
+    handshake_failures(&caddy, &pki);
+
+    // Caddy logged the HTTP/3 requests it proxied; nginx saw them over HTTP/2 or 1.1.
+    let caddy_log = caddy.access_log_entries();
+    assert!(
+        caddy_log
+            .iter()
+            .any(|e| e["request"]["proto"] == "HTTP/3.0" && e["request"]["uri"] == "/1m.bin"),
+        "{caddy_log:?}"
+    );
+    ng.wait_for_access_log(LOG_WAIT, |e| e.iter().any(|e| e["uri"] == "/upload/h3.bin"));
+}
+
+/// Parallel requests, plus one that never finishes its body: it must time out and be
+/// cancelled without hurting the others.
+fn parallel_with_a_stalled_request(caddy: &CaddyFixture, pki: &TestPki, one_mib: &str) {
+    let par = H3Client::new(caddy.url("a.test", "/"))
+        .resolve(caddy.resolve("a.test", Family::V4))
+        .cacert(&pki.ca_cert_path)
+        .arg("--parallel")
+        .requests(&json!([
+            {"path": "/1m.bin"},
+            {"name": "open", "method": "PUT", "path": "/upload/never",
+             "headers": [["content-length", "10"]], "end_stream": false, "timeout": 1.5},
+            {"path": "/1m.bin"},
+        ]))
+        .run()
+        .unwrap();
+    assert_eq!(par.exit_code, exit::OK, "{:#}", par.json);
+    assert_eq!((par.status(0), par.status(2)), (Some(200), Some(200)));
+    assert_eq!(body_sha(par.request(0)), one_mib);
+    assert_eq!(body_sha(par.request(2)), one_mib);
+    assert_eq!(par.request(1)["error"], "timeout", "{:#}", par.json);
+}
+
+/// Unknown SNI, and a server certificate from a CA the client does not trust.
+fn handshake_failures(caddy: &CaddyFixture, pki: &TestPki) {
     // Unknown SNI: a handshake failure carrying the server's TLS alert, exit code 3.
     let sni = H3Client::new(caddy.url("c.test", "/"))
         .resolve(caddy.resolve("c.test", Family::V4))
@@ -546,16 +565,6 @@ fn h3client_works_against_caddy_http3() {
         (Some("local"), Some("bad_certificate")),
         "{d:#}"
     );
-
-    // Caddy logged the HTTP/3 requests it proxied; nginx saw them over HTTP/2 or 1.1.
-    let caddy_log = caddy.access_log_entries();
-    assert!(
-        caddy_log
-            .iter()
-            .any(|e| e["request"]["proto"] == "HTTP/3.0" && e["request"]["uri"] == "/1m.bin"),
-        "{caddy_log:?}"
-    );
-    ng.wait_for_access_log(LOG_WAIT, |e| e.iter().any(|e| e["uri"] == "/upload/h3.bin"));
 }
 
 /// Nothing listens on the UDP port: the client fails fast with "unreachable" (ICMP

@@ -718,9 +718,12 @@ fn assert_default_log(log: &str) {
     let log = strip_ansi(log);
     let count = |line: &str| log.lines().filter(|l| l.contains(line)).count();
     for (line, times) in [
-        (" INFO h3_ingress::proxy::endpoint: UDP socket bound", 2),
         (
-            " INFO h3_ingress::proxy::endpoint: QUIC endpoint serving",
+            " INFO h3_ingress::proxy::quic::endpoint: UDP socket bound",
+            2,
+        ),
+        (
+            " INFO h3_ingress::proxy::quic::endpoint: QUIC endpoint serving",
             2,
         ),
         (

@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 
 use h3_ingress::config;
-use h3_ingress::proxy::request;
+use h3_ingress::proxy::http3::request;
 
 struct Rng(u64);
 

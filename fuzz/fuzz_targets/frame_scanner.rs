@@ -1,11 +1,11 @@
-//! The frame scanner (src/proxy/frames.rs) against an independent whole-stream reading of
-//! the same rules (`h3_ingress_fuzz::expected`), fed the way src/proxy/streams.rs feeds it:
+//! The frame scanner (src/proxy/http3/frames.rs) against an independent whole-stream reading of
+//! the same rules (`h3_ingress_fuzz::expected`), fed the way src/proxy/http3/streams.rs feeds it:
 //! all at once and cut into reads of varying sizes. Input: one byte of settings (bit 0: a
 //! unidirectional stream; bits 1-3 and 4-6: the HEADERS and control frame limits from
 //! `LIMITS`), one byte seeding the read sizes, then the stream's bytes.
 #![no_main]
 
-use h3_ingress::proxy::frames::{Limits, Out, Scanner, StreamKind, Violation};
+use h3_ingress::proxy::http3::frames::{Limits, Out, Scanner, StreamKind, Violation};
 use libfuzzer_sys::fuzz_target;
 
 const LIMITS: [u64; 8] = [0, 1, 5, 64, 300, 16_384, 65_536, 1 << 62];

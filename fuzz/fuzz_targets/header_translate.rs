@@ -1,4 +1,4 @@
-//! Header translation both ways (src/proxy/request.rs): a request validation accepted
+//! Header translation both ways (src/proxy/http3/request.rs): a request validation accepted
 //! becomes the upstream request head (`upstream_parts`) for the same authority and target,
 //! with the client's fields kept, the proxy's forwarding entries last and no hop-by-hop or
 //! Host field; an upstream response head loses exactly its hop-by-hop fields
@@ -9,7 +9,7 @@
 
 use std::net::IpAddr;
 
-use h3_ingress::proxy::request::{self, canonical_ip};
+use h3_ingress::proxy::http3::request::{self, canonical_ip};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use libfuzzer_sys::fuzz_target;
 

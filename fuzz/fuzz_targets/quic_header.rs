@@ -1,5 +1,5 @@
-//! The QUIC header reader (src/proxy/header.rs) and the amplification guard's use of it
-//! (src/proxy/amplification.rs), on datagrams a client or a spoofer sends. Input: one byte
+//! The QUIC header reader (src/proxy/quic/header.rs) and the amplification guard's use of it
+//! (src/proxy/quic/amplification.rs), on datagrams a client or a spoofer sends. Input: one byte
 //! `n` (mod 21), `n` bytes of the connection ID our first datagram gave the client, then the
 //! client's datagram. The reader must agree with an independent cursor reading
 //! (`h3_ingress_fuzz::expected_packets`), and the guard must stop limiting the address
@@ -10,8 +10,8 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use h3_ingress::proxy::amplification::Ledger;
-use h3_ingress::proxy::header::{coalesced, TYPE_HANDSHAKE};
+use h3_ingress::proxy::quic::amplification::Ledger;
+use h3_ingress::proxy::quic::header::{coalesced, TYPE_HANDSHAKE};
 use h3_ingress_fuzz::{expected_packets, Packet};
 use libfuzzer_sys::fuzz_target;
 

@@ -1,10 +1,10 @@
-//! Request validation (src/proxy/request.rs `validate`) on any field section h3 would hand
+//! Request validation (src/proxy/http3/request.rs `validate`) on any field section h3 would hand
 //! over: it never panics, every refusal has a message, and what it accepts holds what the
 //! rest of the request path relies on. Input: a header section as text (`:method: GET` ...,
 //! one field per line; see `h3_ingress_fuzz::fields`).
 #![no_main]
 
-use h3_ingress::proxy::request::{self, Reject};
+use h3_ingress::proxy::http3::request::{self, Reject};
 use http::{header, Method};
 use libfuzzer_sys::fuzz_target;
 

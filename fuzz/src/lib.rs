@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::str::FromStr;
 
-use h3_ingress::proxy::header::MAX_COALESCED;
+use h3_ingress::proxy::quic::header::MAX_COALESCED;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Method, Request, Uri};

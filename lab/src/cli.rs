@@ -7,7 +7,7 @@ use crate::{bench, smoke, throughput, topology, LabError};
 
 #[derive(Args, Debug, Clone)]
 pub struct Common {
-    /// Name prefix of the namespaces (`<prefix>-c`, `<prefix>-s`), TUN devices and /run/<prefix>.
+    /// Name prefix of the namespaces (`<prefix>-c`, `<prefix>-s`), TUN devices and `/run/<prefix>`.
     #[arg(long, default_value = "h3lab")]
     pub prefix: String,
 }
@@ -68,7 +68,7 @@ pub struct EmuArgs {
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     pub icmp: OnOff,
     /// Per-connection drop rule: none, first-flight-last, first-flight-last-handshake,
-    /// first-flight:N[,last][,last-handshake].
+    /// `first-flight:N[,last][,last-handshake]`.
     #[arg(long, default_value = "none")]
     pub drop_rule: String,
     /// Protocol the drop rule applies to.

@@ -595,7 +595,7 @@ pub fn start_proxy(
         name,
         ns,
         &[s(exe), "proxy".into(), "--config".into(), s(&conf)],
-        // RUST_LOG passes through so a bench can be rerun with e.g. h3_ingress::proxy::cc=debug.
+        // RUST_LOG passes through so a bench can be rerun with e.g. h3_ingress::proxy::quic::cc=debug.
         &[(
             "RUST_LOG",
             std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),

@@ -3,10 +3,13 @@
 Docker engine, byte for byte reproducible: the same binary and root files give the same digest.
 
     scripts/image/oci.py --binary B --rootfs D --version V --revision R --name REF --out DIR [--tar F]
+                         [--spec JSON]
 
 IMAGE below is the Dockerfile's runtime stage written out as data; tests/observe/image_check.py
-parses the Dockerfile and fails when the two differ in any instruction. Only the standard
-library is used, so the image can be assembled on any machine with python3.
+parses the Dockerfile and fails when the two differ in any instruction. --spec assembles another
+image the same way from an object with IMAGE's keys (scripts/addons-build.sh: Traefik and
+CoreDNS for the test cluster). Only the standard library is used, so the image can be assembled
+on any machine with python3.
 """
 
 from __future__ import annotations
@@ -134,33 +137,34 @@ def expand(value: str, args: dict[str, str]) -> str:
     return value
 
 
-def image_config(args: dict[str, str], diff_ids: list[str]) -> dict:
+def image_config(args: dict[str, str], diff_ids: list[str], image: dict = IMAGE) -> dict:
     cfg: dict = {
-        "User": IMAGE["user"],
-        "Env": [SCRATCH_PATH] + list(IMAGE["env"]),
-        "Entrypoint": IMAGE["entrypoint"],
-        "Cmd": IMAGE["cmd"],
-        "WorkingDir": IMAGE["workdir"] or SCRATCH_WORKDIR,
-        "Labels": {k: expand(v, args) for k, v in IMAGE["labels"].items()},
+        "User": image["user"],
+        "Env": [SCRATCH_PATH] + list(image["env"]),
+        "Entrypoint": image["entrypoint"],
+        "Cmd": image["cmd"],
+        "WorkingDir": image["workdir"] or SCRATCH_WORKDIR,
+        "Labels": {k: expand(v, args) for k, v in image["labels"].items()},
     }
-    if IMAGE["exposed_ports"]:
-        cfg["ExposedPorts"] = {p: {} for p in IMAGE["exposed_ports"]}
-    if IMAGE["volumes"]:
-        cfg["Volumes"] = {v: {} for v in IMAGE["volumes"]}
+    if image["exposed_ports"]:
+        cfg["ExposedPorts"] = {p: {} for p in image["exposed_ports"]}
+    if image["volumes"]:
+        cfg["Volumes"] = {v: {} for v in image["volumes"]}
     # No "created" anywhere: a timestamp would make every assembly a different image.
     return {"architecture": "amd64", "os": "linux", "config": cfg,
             "rootfs": {"type": "layers", "diff_ids": diff_ids}}
 
 
-def assemble(inputs: dict[str, Path], args: dict[str, str], name: str) -> tuple[list[Blob], dict]:
+def assemble(inputs: dict[str, Path], args: dict[str, str], name: str,
+             image: dict = IMAGE) -> tuple[list[Blob], dict]:
     """All blobs (layers, config, manifest) and index.json's content."""
     blobs: list[Blob] = []
     diff_ids: list[str] = []
-    for src, dest, which in IMAGE["layers"]:
+    for src, dest, which in image["layers"]:
         tar_bytes, gz = make_layer(layer_entries(inputs[which], dest))
         diff_ids.append("sha256:" + hashlib.sha256(tar_bytes).hexdigest())
         blobs.append(Blob(MT_LAYER, gz))
-    config = Blob(MT_CONFIG, canonical(image_config(args, diff_ids)))
+    config = Blob(MT_CONFIG, canonical(image_config(args, diff_ids, image)))
     manifest = Blob(MT_MANIFEST, canonical({
         "schemaVersion": 2, "mediaType": MT_MANIFEST, "config": config.descriptor(),
         "layers": [b.descriptor() for b in blobs]}))
@@ -210,9 +214,16 @@ def main() -> int:
     ap.add_argument("--name", required=True, help="image reference, e.g. 127.0.0.1:5443/h3-ingress:0.1.0-abc")
     ap.add_argument("--out", type=Path, required=True, help="OCI layout directory (replaced)")
     ap.add_argument("--tar", type=Path, help="also write the layout as an OCI archive here")
+    ap.add_argument("--spec", type=json.loads, help="another image than IMAGE: a JSON object with its keys")
     a = ap.parse_args()
+    image = IMAGE
+    if a.spec is not None:
+        missing = sorted(set(IMAGE) - set(a.spec))
+        if missing or a.spec.get("from") != "scratch":
+            raise SystemExit(f"oci.py: --spec: needs from=scratch and every key of IMAGE (missing: {missing})")
+        image = a.spec
     blobs, index = assemble({"binary": a.binary, "rootfs": a.rootfs},
-                            {"VERSION": a.version, "REVISION": a.revision}, a.name)
+                            {"VERSION": a.version, "REVISION": a.revision}, a.name, image)
     write_layout(a.out, blobs, index)
     if a.tar:
         write_archive(a.out, a.tar)

@@ -275,6 +275,7 @@ mod tests {
     #[test]
     fn annotation_lines_are_yaml_that_yields_the_directive() {
         let value = header_value(443, 86400);
+        assert_eq!(value, "h3=\":443\"; ma=86400");
         for c in [
             IngressController::F5Nginx,
             IngressController::IngressNginx,

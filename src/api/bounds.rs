@@ -1,7 +1,7 @@
 //! The allowed range of every numeric setting, written once.
 //!
 //! Each [`Bound`] feeds both checks of its field: the CRD schema, through
-//! `#[schemars(range(min = B.min, max = B.max))]` on the field in [`super::settings`], so the
+//! `#[schemars(range(min = B.min, max = B.max))]` on the field in `super::settings`, so the
 //! API server refuses an out-of-range spec; and `config::build`, which refuses the same values
 //! from the standalone file (and from a spec written before the CRD had the bound) with an
 //! error naming [`Bound::field`].

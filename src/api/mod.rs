@@ -6,6 +6,7 @@
 pub mod altsvc;
 pub mod bounds;
 pub mod gateway;
+pub mod keys;
 mod listener;
 pub mod mirror;
 mod report;

@@ -158,7 +158,7 @@ pub fn unix_now() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::hosts::tests::self_signed;
+    use crate::testcerts::self_signed;
 
     #[test]
     fn unknown_field_is_named_with_its_path() {

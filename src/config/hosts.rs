@@ -295,7 +295,7 @@ pub fn covering_wildcard(host: &str) -> Option<String> {
 }
 
 /// Whether the host name `pattern` (a name or a `*.` wildcard) serves `host`, ignoring case:
-/// the same name, or the wildcard that covers it ([`covering_wildcard`]).
+/// the same name, or the wildcard that covers it (`covering_wildcard`).
 pub fn host_matches(pattern: &str, host: &str) -> bool {
     let (pattern, host) = (pattern.to_ascii_lowercase(), host.to_ascii_lowercase());
     pattern == host || covering_wildcard(&host).is_some_and(|w| w == pattern)
@@ -349,16 +349,9 @@ impl HostTable {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-
-    pub(crate) fn self_signed(names: &[&str]) -> (String, String) {
-        let ck = rcgen::generate_simple_self_signed(
-            names.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
-        )
-        .unwrap();
-        (ck.cert.pem(), ck.signing_key.serialize_pem())
-    }
+    use crate::testcerts::self_signed;
 
     fn now() -> i64 {
         std::time::SystemTime::now()

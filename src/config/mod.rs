@@ -1,16 +1,15 @@
 //! The one validated, in-memory configuration of the data plane.
 //!
-//! It is built by pure functions, either from the standalone YAML file ([`file`]) or from
-//! Kubernetes objects ([`kube`]); the data plane never knows which. Validation happens here,
-//! once, at the edge: everything downstream takes a [`ProxyConfig`] and trusts it.
+//! It is built by pure functions, either from the standalone YAML file ([`mod@file`]) or from the
+//! listener and the certificate mirrors the operator writes ([`mirrors`]); the data plane never
+//! knows which. Validation happens here, once, at the edge: everything downstream takes a
+//! [`ProxyConfig`] and trusts it. Which hosts a listener serves is decided before, by the
+//! operator (`operator::hosts`); nothing here reads an Ingress or a Gateway.
 
 pub mod bind;
 pub mod file;
-pub mod gateway;
 mod hosts;
-pub mod kube;
-pub mod roots;
-pub mod wanted;
+pub mod mirrors;
 
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};

@@ -220,11 +220,14 @@ async fn ensure_keys_secret(ctx: &Context, keys: &Secret) -> Result<(), ApplyErr
     if api.get_opt(&name).await.map_err(failed)?.is_some() {
         return Ok(());
     }
-    let random = crate::proxy::keys::random_secret().map_err(|e| {
-        failed(kube::Error::Service(Box::new(std::io::Error::other(
-            e.to_string(),
-        ))))
-    })?;
+    let mut random = [0u8; crate::api::keys::GENERATED_SECRET_BYTES];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut random).map_err(
+        |_| {
+            failed(kube::Error::Service(Box::new(std::io::Error::other(
+                "the system's random number generator failed",
+            ))))
+        },
+    )?;
     let mut secret = keys.clone();
     secret.data = Some(
         [(

@@ -12,15 +12,15 @@ use kube::runtime::reflector::Store;
 use kube::Client;
 use tokio::sync::watch;
 
+use super::hosts::ingress::{default_class, with_default_class};
+use super::hosts::GatewayObjects;
 use super::metrics::OperatorMetrics;
 use super::reports::ReportFetcher;
 use super::resources::{Params, PodDefaults};
 use super::secrets::SourceSecrets;
+use super::watches::gateway::GatewayApiWatch;
 use super::watches::{listed, OwnedStores};
 use crate::api::{HostStatus, Http3Listener, SecretRef};
-use crate::config::gateway::GatewayObjects;
-use crate::config::kube::{default_class, with_default_class};
-use crate::gateway_api::GatewayApiWatch;
 
 /// The operator's caches: what reconciles read instead of asking the API server.
 #[derive(Clone)]

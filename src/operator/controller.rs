@@ -23,15 +23,16 @@ use kube::{Resource, ResourceExt};
 use super::apply::{self, ApplyError};
 pub use super::context::{Caches, Context, Memory};
 use super::events::{self, PlannedEvent, Target};
+use super::hosts::gateway::gateway_upstream;
+use super::hosts::resolve::resolve_wanted;
+use super::hosts::{wanted_for_listener, ServedHost};
+use super::hosts::{CertSource, WantedHost};
 use super::metrics::results;
 use super::reports::status_address;
 use super::status::{self, Blocker, PodReport};
 use super::{conflicts, labels, mirrors, podstate, resources, text, FIELD_MANAGER};
 use crate::api::mirror::mirror_name;
 use crate::api::{host_states, reasons, HostStatus, Http3Listener, Http3ListenerStatus};
-use crate::config::gateway::gateway_upstream;
-use crate::config::kube::{resolve_wanted, wanted_for_listener, ServedHost};
-use crate::config::wanted::{CertSource, WantedHost};
 
 /// How often a listener is reconciled without any change, to refresh the pods' reports.
 pub const REQUEUE: Duration = Duration::from_secs(60);

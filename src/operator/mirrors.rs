@@ -14,6 +14,8 @@ use kube::{Resource, ResourceExt};
 
 use super::apply::ApplyError;
 use super::context::Context;
+use super::hosts::resolve::secret_key;
+use super::hosts::{ResolvedHosts, ServedHost};
 use super::resources::{owner_reference, selector_labels, BuildError, Params};
 use super::secrets::TlsPair;
 use super::{labels, FIELD_MANAGER};
@@ -22,7 +24,6 @@ use crate::api::mirror::{
     HOSTS_KEY, KEY_KEY, LISTENER_LABEL, SECRET_TYPE, SOURCE_ANNOTATION,
 };
 use crate::api::{Http3Listener, SecretRef};
-use crate::config::kube::{secret_key, ResolvedHosts, ServedHost};
 
 /// Mirror writes in flight at once (a new listener at 10,000 hosts writes that many).
 pub const WRITE_CONCURRENCY: usize = 16;

@@ -4,6 +4,7 @@
 //! Pure builders ([`resources`], [`status`], [`events`]) are kept apart from the thin I/O
 //! shells that talk to the API server.
 
+pub mod advertise;
 pub mod apply;
 pub mod cli;
 pub mod conflicts;
@@ -11,6 +12,7 @@ pub mod context;
 pub mod controller;
 pub mod crd;
 pub mod events;
+pub mod hosts;
 pub mod leader;
 pub mod metrics;
 pub mod mirrors;

@@ -67,7 +67,7 @@ pub const TUNE_CONTAINER_NAME: &str = "tune-node-buffers";
 pub const NON_ROOT_UID: i64 = 65532;
 /// Where the keys Secret is mounted in the data plane container, and its one data key.
 pub const KEYS_MOUNT_PATH: &str = "/etc/h3-ingress/keys";
-pub const KEYS_SECRET_KEY: &str = "key";
+pub const KEYS_SECRET_KEY: &str = crate::api::keys::SECRET_DATA_KEY;
 const KEYS_VOLUME: &str = "quic-keys";
 /// Added to `http.drainTimeoutSeconds` so the kubelet does not kill a pod still draining.
 pub const TERMINATION_GRACE_MARGIN_SECONDS: i64 = 15;

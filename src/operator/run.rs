@@ -21,16 +21,16 @@ use tokio_util::sync::CancellationToken;
 
 use super::context::{Caches, Context};
 use super::controller::{error_policy, reconcile, Error};
+use super::hosts::ingress::default_class;
 use super::metrics::{AdminState, OperatorMetrics};
 use super::reports::{HttpReportFetcher, ReportFetcher};
 use super::resources::{Params, PodDefaults};
 use super::secrets::SourceSecrets;
+use super::watches::gateway::{GatewayApiWatch, GatewayChange};
 use super::watches::{self, OwnedStores};
 use super::{leader, triggers, FIELD_MANAGER};
 use crate::api::gateway::Gateway;
 use crate::api::{Http3Listener, SecretRef};
-use crate::config::kube::default_class;
-use crate::gateway_api::{GatewayApiWatch, GatewayChange};
 
 /// How long the Controller gathers triggers for one listener before it reconciles it.
 pub const DEBOUNCE: Duration = Duration::from_secs(1);
@@ -208,7 +208,7 @@ impl Wiring {
             OwnedStores::start(client, &opts.namespace, &opts.hosts_namespace, &ds_store);
         let (pods, pod_task) = watches::pod_cache(client, &opts.namespace);
         let (secrets, secret_events) = SourceSecrets::watch(client, &opts.hosts_namespace);
-        let log = crate::watch::ErrorLog::default();
+        let log = super::watches::filter::ErrorLog::default();
         let secret_changes = secret_events
             .filter_map(move |r| {
                 future::ready(match r {

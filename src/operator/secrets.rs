@@ -19,10 +19,10 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, ResourceExt};
 
-use crate::api::SecretRef;
-use crate::config::kube::{
+use super::hosts::resolve::{
     host_error, missing_keys, secret_not_found, tls_pair, Certificates, Servable,
 };
+use crate::api::SecretRef;
 
 /// Secret GETs in flight at once while a restarted operator (or a burst of new hosts) reads
 /// the referenced Secrets.
@@ -239,7 +239,7 @@ impl Certificates for SourceSecrets {
         let servable = || Servable {
             public_roots: *kept
                 .public_roots
-                .get_or_init(|| crate::config::roots::publicly_trusted(&pair.cert, host, now_unix)),
+                .get_or_init(|| super::hosts::roots::publicly_trusted(&pair.cert, host, now_unix)),
         };
         if let Some(not_after) = kept.passed.lock().expect("not poisoned").get(host) {
             if now_unix <= *not_after {
@@ -274,7 +274,7 @@ mod tests {
     }
 
     fn secret(name: &str, rv: &str, hosts: &[&str]) -> Secret {
-        let (_, mut s) = crate::config::kube::tests::tls_secret("shop", name, hosts);
+        let (_, mut s) = crate::operator::hosts::fixtures::tls_secret("shop", name, hosts);
         s.metadata.resource_version = Some(rv.into());
         s
     }

@@ -4,8 +4,8 @@
 //! first hosts not served ([`bounded`]); `kubectl h3-ingress status` reads the pods for the
 //! per-host view.
 //!
-//! [`aggregate`] gathers the [`Facts`] once, then asks one function per condition
-//! ([`ready`], [`sockets_bound`], [`buffers_applied`], [`degraded`], [`public_roots`]) and one
+//! [`aggregate`] gathers the `Facts` once, then asks one function per condition
+//! (`ready`, `sockets_bound`, `buffers_applied`, `degraded`, `public_roots`) and one
 //! per status part.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -80,7 +80,7 @@ pub struct Inputs<'a> {
     /// The message of the DaemonSet's latest `FailedCreate` event, read only while it has
     /// fewer pods than nodes to run them.
     pub failed_create: Option<String>,
-    /// The operator's own view of every wanted host ([`crate::config::kube::resolve_hosts`]).
+    /// The operator's own view of every wanted host ([`super::hosts::resolve_hosts`]).
     pub hosts: &'a [HostReport],
     pub daemon_set: Option<&'a DaemonSetStatus>,
     pub pods: &'a [PodReport],

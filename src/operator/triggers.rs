@@ -10,9 +10,9 @@ use std::sync::Arc;
 use k8s_openapi::api::networking::v1::Ingress;
 
 use super::context::Memory;
+use super::hosts::ingress::{ingress_key, targets_listener, with_default_class};
+use super::watches::gateway::GatewayChange;
 use crate::api::{Http3Listener, SecretRef};
-use crate::config::kube::{ingress_key, targets_listener, with_default_class};
-use crate::gateway_api::GatewayChange;
 
 fn name(l: &Http3Listener) -> String {
     l.metadata.name.clone().unwrap_or_default()

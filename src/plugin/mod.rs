@@ -1,7 +1,7 @@
 //! `kubectl h3-ingress`: the same binary, installed (or symlinked) as `kubectl-h3_ingress`.
 //!
 //! kubectl runs any executable named `kubectl-<name>` on the PATH as `kubectl <name>`, mapping
-//! `-` in the command to `_` in the file name. `main.rs` dispatches here on argv[0].
+//! `-` in the command to `_` in the file name. `main.rs` dispatches here on `argv[0]`.
 //!
 //! - `status [LISTENER]`: each `Http3Listener`'s status (conditions, hosts by state) and a
 //!   per-host table: every host a data plane pod serves (its `/hosts`, read through the API
@@ -40,7 +40,7 @@ pub const CHROME_NOTE: &str =
 
 /// File name kubectl looks for to run `kubectl h3-ingress`.
 pub const PLUGIN_EXECUTABLE: &str = "kubectl-h3_ingress";
-/// argv[0] the plugin gives the binary when it re-executes itself for `check`.
+/// `argv[0]` the plugin gives the binary when it re-executes itself for `check`.
 pub const MAIN_EXECUTABLE: &str = "h3-ingress";
 
 #[derive(Debug, thiserror::Error)]

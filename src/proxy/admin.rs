@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use super::metrics::FAMILY_IPV6;
-use super::procnet::{HostCounters, SocketTables};
+use super::observe::metrics::FAMILY_IPV6;
+use super::observe::procnet::{HostCounters, SocketTables};
 use super::state::Shared;
 use crate::admin::AdminSource;
 
@@ -20,7 +20,7 @@ impl AdminSource for ProxyAdmin {
 
     fn metrics(&self) -> String {
         sync_cc_counters(&self.0);
-        self.0.metrics.render()
+        self.0.serving.metrics.render()
     }
 
     fn status(&self) -> Option<String> {
@@ -45,7 +45,7 @@ impl AdminSource for ProxyAdmin {
 /// The congestion controllers count into atomics; mirror them into the registry on scrape.
 fn sync_cc_counters(shared: &Shared) {
     let stats = &shared.cc_stats;
-    let metrics = &shared.metrics;
+    let metrics = &shared.serving.metrics;
     for (total, counter) in [
         (
             stats.handshake_losses_forgiven(),

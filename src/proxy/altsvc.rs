@@ -20,8 +20,9 @@ use http_body_util::{BodyExt, Empty};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::logs::{self, CauseLog};
-use super::state::{AltSvcProbe, Generation, Shared};
+use super::http3::serving::Generation;
+use super::observe::logs::{self, CauseLog};
+use super::state::{AltSvcProbe, Shared};
 use crate::config::HostTable;
 
 /// A host is probed again at most this often.
@@ -76,7 +77,7 @@ pub async fn probe_loop(shared: Arc<Shared>, shutdown: CancellationToken) {
     let mut budget = tokio::time::interval(INTERVAL);
     budget.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let gen = shared.current.load_full();
+        let gen = shared.serving.current.load_full();
         let host = {
             let mut probed = shared.alt_svc_probes.lock().expect("probe lock");
             probed.retain(|name, _| gen.config.hosts.get(name).is_some());
@@ -105,7 +106,7 @@ async fn probe(shared: &Shared, gen: &Generation, name: &str, log: &mut CauseLog
     let Some(entry) = gen.config.hosts.get(name) else {
         return;
     };
-    let port = shared.port;
+    let port = shared.serving.port;
     // A wildcard host is probed under a name it covers.
     let host = match name.strip_prefix("*.") {
         Some(parent) => format!("h3-ingress-probe.{parent}"),
@@ -141,6 +142,7 @@ async fn probe(shared: &Shared, gen: &Generation, name: &str, log: &mut CauseLog
         at: Instant::now(),
     };
     shared
+        .serving
         .metrics
         .per_host
         .probed(name, entry.not_after, advertised);

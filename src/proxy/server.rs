@@ -1,6 +1,6 @@
-//! The running data plane, wired together: sockets and endpoints ([`super::endpoint`]), the
+//! The running data plane, wired together: sockets and endpoints ([`super::quic::endpoint`]), the
 //! shared state ([`super::state`]), the admin endpoint and the Alt-Svc probe, the accept loops
-//! ([`super::accept`]); then configuration updates applied live until shutdown, and the
+//! ([`super::http3::connection`]); then configuration updates applied live until shutdown, and the
 //! graceful drain.
 
 use std::net::{SocketAddr, UdpSocket};
@@ -17,16 +17,20 @@ use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn, Level};
 
 use super::admin::AdminPort;
-use super::cc::CcStats;
-use super::endpoint::{self, Family};
+use super::altsvc;
 use super::handover::{self, Local, Role, View};
-use super::keys::{self, Keys, Origin};
-use super::logs::{limited, Reason};
-use super::metrics::{reload, Metrics};
+use super::http3::connection;
+use super::http3::serving::Generation;
+use super::observe::logs;
+use super::observe::logs::{limited, Reason};
+use super::observe::metrics::{reload, Metrics};
+use super::quic::cc::CcStats;
+use super::quic::endpoint::{self, Family};
+use super::quic::keys::{self, Keys, Origin};
 use super::source::ConfigUpdate;
-use super::state::{Generation, Shared};
+use super::state::Shared;
 use super::upstream::Upstream;
-use super::{accept, altsvc, logs, ProxyError};
+use super::ProxyError;
 use crate::api::RolloutReport;
 use crate::config::ProxyConfig;
 
@@ -142,26 +146,26 @@ pub async fn serve(
             |(_, e)| e.clone(),
         )
     };
-    let bound = endpoint::configure_all(sockets, &listen, &shared.metrics, why)?;
+    let bound = endpoint::configure_all(sockets, &listen, &shared.serving.metrics, why)?;
     shared.set_sockets(bound.reports);
     let id = endpoint::Identity {
         keys: &keys,
         slot: joined.slot,
-        guard: &shared.guard,
+        guard: &shared.serving.guard,
     };
-    let current = shared.current.load_full();
+    let current = shared.serving.current.load_full();
     let families = endpoint::endpoints(
         bound.sockets,
-        &current,
-        &shared.metrics,
+        &current.config,
+        &shared.serving.metrics,
         &shared.cc_stats,
         id,
     )?;
     let tracker = TaskTracker::new();
     let stop = CancellationToken::new();
     for f in &families {
-        let (ep, s) = (f.endpoint.clone(), shared.clone());
-        tokio::spawn(accept::accept_loop(
+        let (ep, s) = (f.endpoint.clone(), shared.serving.clone());
+        tokio::spawn(connection::accept_loop(
             ep,
             f.name,
             s,
@@ -174,7 +178,7 @@ pub async fn serve(
             udp_addrs: families.iter().map(|f| f.addr).collect(),
             admin_addr: admin
                 .local_addr()
-                .unwrap_or(shared.current.load().config.metrics_address),
+                .unwrap_or(shared.serving.current.load().config.metrics_address),
             shared: shared.clone(),
         });
     }
@@ -199,7 +203,7 @@ pub async fn serve(
 
 /// Shows what the coordination says in `/status` and the metrics.
 fn publish(shared: &Shared, v: &View) {
-    let m = &shared.metrics;
+    let m = &shared.serving.metrics;
     m.rollout_generations.set(v.generations as i64);
     m.rollout_newest.set(i64::from(v.role == Role::Newest));
     shared.set_rollout(RolloutReport {
@@ -248,7 +252,7 @@ async fn wait_sockets(
                 let why = view.borrow().waiting.clone();
                 return match (s, why) {
                     (Ok(s), _) => Ok(Some(s)),
-                    (Err(_), Some(why)) => Err(ProxyError::NoSockets(why)),
+                    (Err(_), Some(why)) => Err(endpoint::EndpointError::NoSockets(why).into()),
                     (Err(e), None) => Err(ProxyError::Handover(e.to_string())),
                 };
             }
@@ -344,13 +348,21 @@ impl Running<'_> {
             if !closed_at_deadline && since.elapsed() >= drain && !idle {
                 closed_at_deadline = true;
                 warn!(connections = self.tracker.len(), "drain deadline reached; closing the remaining connections, then waiting for SIGTERM");
-                self.shared.close_connections();
+                self.shared.serving.close_connections();
             }
         }
     }
 
     fn drain_timeout(&self) -> Duration {
-        Duration::from_secs(self.shared.current.load().config.http.drain_timeout_seconds as u64)
+        Duration::from_secs(
+            self.shared
+                .serving
+                .current
+                .load()
+                .config
+                .http
+                .drain_timeout_seconds as u64,
+        )
     }
 
     /// Acts on the role the coordination gives this process.
@@ -365,14 +377,20 @@ impl Running<'_> {
                         "the newer process is gone: taking new connections again"
                     );
                 }
-                self.shared.superseded.store(false, Ordering::Relaxed);
+                self.shared
+                    .serving
+                    .superseded
+                    .store(false, Ordering::Relaxed);
                 self.admin.resume();
             }
             Role::Superseded if superseded.is_none() => {
                 *superseded = Some(Instant::now());
                 self.admin.pause();
-                self.shared.superseded.store(true, Ordering::Relaxed);
-                self.shared.drain_connections();
+                self.shared
+                    .serving
+                    .superseded
+                    .store(true, Ordering::Relaxed);
+                self.shared.serving.drain_connections();
                 limited!(
                     Level::INFO,
                     Reason::Superseded,
@@ -390,7 +408,7 @@ impl Running<'_> {
 /// Counts a configuration update that cannot apply; a source that keeps sending the same
 /// invalid update gets one line a minute.
 fn reject(shared: &Shared, why: &str, lines: &mut logs::CauseLog) {
-    let m = &shared.metrics;
+    let m = &shared.serving.metrics;
     m.config_reloads.with_label_values(&[reload::INVALID]).inc();
     if let Some(held) = lines.allow(why, std::time::Instant::now()) {
         error!(
@@ -422,8 +440,8 @@ pub fn apply(
     mut next: ProxyConfig,
     lines: &mut logs::CauseLog,
 ) -> Applied {
-    let m = &shared.metrics;
-    let old = shared.current.load_full();
+    let m = &shared.serving.metrics;
+    let old = shared.serving.current.load_full();
     let refused = old.config.restart_required_changes(&next);
     if !refused.is_empty() {
         // A reload that silently kept the old sockets is how a dual-stack socket without DF
@@ -455,11 +473,12 @@ pub fn apply(
         config: next,
         upstream,
     });
-    if let Err(e) = endpoint::reconfigure(families, &gen, m, &shared.cc_stats) {
-        return rejected(shared, e, lines);
+    if let Err(e) = endpoint::reconfigure(families, &gen.config, m, &shared.cc_stats) {
+        return rejected(shared, e.into(), lines);
     }
     m.follow_config(&gen.config);
     shared
+        .serving
         .budget
         .resize(gen.config.limits.buffered_request_bytes);
     let id = gen.id;
@@ -472,7 +491,7 @@ pub fn apply(
             "configuration applied live"
         );
     }
-    shared.current.store(gen);
+    shared.serving.current.store(gen);
     m.config_reloads.with_label_values(&[reload::APPLIED]).inc();
     altsvc::probe_soon(shared);
     Applied::Live {
@@ -496,8 +515,15 @@ async fn drain_and_close(
     stop: CancellationToken,
 ) {
     shared.draining.store(true, Ordering::Relaxed);
-    let drain_timeout =
-        Duration::from_secs(shared.current.load().config.http.drain_timeout_seconds as u64);
+    let drain_timeout = Duration::from_secs(
+        shared
+            .serving
+            .current
+            .load()
+            .config
+            .http
+            .drain_timeout_seconds as u64,
+    );
     info!(
         connections = tracker.len(),
         ?drain_timeout,
@@ -507,7 +533,7 @@ async fn drain_and_close(
         f.endpoint.set_server_config(None);
     }
     stop.cancel();
-    shared.drain_connections();
+    shared.serving.drain_connections();
     tracker.close();
     if tokio::time::timeout(drain_timeout, tracker.wait())
         .await
@@ -573,7 +599,7 @@ fn try_bind_admin_with(
     if admin.has_listener() {
         return Ok(());
     }
-    let addr = shared.current.load().config.metrics_address;
+    let addr = shared.serving.current.load().config.metrics_address;
     match crate::config::bind::bind_admin_shared(addr) {
         Ok((listener, bound)) => {
             let at = listener.local_addr().unwrap_or(bound);
@@ -599,7 +625,7 @@ mod tests {
     use super::*;
     use crate::api::FileConfig;
     use crate::config::{self, HostEntry, HostTable};
-    use crate::proxy::metrics::UpstreamMetrics;
+    use crate::proxy::observe::metrics::UpstreamMetrics;
     use crate::proxy::state::NotReady;
     use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 
@@ -635,7 +661,11 @@ mod tests {
     }
 
     fn reloads(s: &Shared, result: &str) -> u64 {
-        s.metrics.config_reloads.with_label_values(&[result]).get()
+        s.serving
+            .metrics
+            .config_reloads
+            .with_label_values(&[result])
+            .get()
     }
 
     #[tokio::test]
@@ -650,9 +680,9 @@ mod tests {
                 restart_required: vec![]
             }
         );
-        let gen = s.current.load();
+        let gen = s.serving.current.load();
         assert_eq!((gen.id, gen.config.hosts.len()), (2, 1));
-        assert_eq!(s.metrics.hosts.get(), 1);
+        assert_eq!(s.serving.metrics.hosts.get(), 1);
 
         // A new port needs new sockets: refused, the rest applies, /status says so.
         let Applied::Live {
@@ -666,7 +696,7 @@ mod tests {
             restart_required[0].starts_with("port "),
             "{restart_required:?}"
         );
-        let gen = s.current.load();
+        let gen = s.serving.current.load();
         assert_eq!((gen.config.listen.port, gen.config.hosts.len()), (443, 2));
         let status = s.status_report(|_, _| None, 0);
         assert_eq!(status.restart_required, restart_required);
@@ -681,14 +711,14 @@ mod tests {
             &mut lines,
         );
         assert_eq!(reloads(&s, "invalid"), 1);
-        assert_eq!(s.current.load().id, 3);
+        assert_eq!(s.serving.current.load().id, 3);
 
         // No socket in this test, so not ready; a drain says so first.
         assert_eq!(s.readiness(), Err(NotReady::NoSocket));
         s.draining.store(true, Ordering::Relaxed);
         assert_eq!(s.readiness(), Err(NotReady::Draining));
         // Superseded (draining or not), a newer process serves the node: ready.
-        s.superseded.store(true, Ordering::Relaxed);
+        s.serving.superseded.store(true, Ordering::Relaxed);
         assert_eq!(s.readiness(), Ok(()));
     }
 }

@@ -1,38 +1,23 @@
-//! What the running proxy's tasks share: the current configuration [`Generation`], the
-//! metrics (per-host request counts among them), what each socket reported when it was bound
-//! and the Alt-Svc probe results; and the two documents built from them: `/status`, whose
-//! size does not grow with the hosts, and `/hosts`, one entry per host.
+//! What the running proxy's tasks share: what its connections serve ([`Serving`], the current
+//! configuration generation among it), what each socket reported when it was bound, the
+//! rollout and the Alt-Svc probe results; and the two documents built from them: `/status`,
+//! whose size does not grow with the hosts, and `/hosts`, one entry per host.
 //!
-//! A leaf module: the accept loop, the request handler, the admin endpoint and the probe all
-//! use it, and it uses none of them. It reads nothing from the kernel either: the `/status`
-//! document takes the kernel's counters as arguments.
+//! The server, the admin endpoint, the probe and the Alt-Svc prober use it; the connections
+//! and requests see only [`Serving`]. It reads nothing from the kernel: the `/status` document
+//! takes the kernel's counters as arguments.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use arc_swap::ArcSwap;
-use http::HeaderValue;
-use tokio_util::sync::CancellationToken;
-
-use super::admission::Admission;
-use super::amplification::Guard;
-use super::budget::Budget;
-use super::cc::CcStats;
-use super::metrics::{limit, Metrics};
-use super::request;
-use super::upstream::Upstream;
-use super::window::current_minute;
+use super::http3::serving::{Generation, Serving};
+use super::observe::metrics::Metrics;
+use super::observe::window::current_minute;
+use super::quic::cc::CcStats;
+use super::quic::endpoint::SocketEntry;
 use crate::api::{host_states, reasons, HostReport, RolloutReport, SocketReport, StatusReport};
-use crate::config::ProxyConfig;
-
-/// Everything one configuration implies for requests; swapped atomically on reload.
-pub struct Generation {
-    pub id: u64,
-    pub config: ProxyConfig,
-    pub upstream: Upstream,
-}
 
 /// What the Alt-Svc probe last saw for a host, and when.
 #[derive(Debug, Clone)]
@@ -56,10 +41,6 @@ impl AltSvcProbe {
     }
 }
 
-/// A socket as reported when it was bound (or failed to), with its inode (0 when unbound) to
-/// find its drop counter.
-pub type SocketEntry = (SocketReport, u64);
-
 /// Why the proxy should not receive traffic, the `/readyz` answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NotReady {
@@ -79,22 +60,11 @@ impl NotReady {
 }
 
 pub struct Shared {
-    pub current: ArcSwap<Generation>,
-    pub metrics: Arc<Metrics>,
+    /// What the connections and requests read (the current generation among it).
+    pub serving: Arc<Serving>,
     pub cc_stats: Arc<CcStats>,
-    /// The buffered-request budget of the process (`limits.bufferedRequestBytes`).
-    pub budget: Arc<Budget>,
-    /// The UDP port actually bound (differs from the config only when it asked for 0).
-    pub port: u16,
     sockets: Mutex<Vec<SocketEntry>>,
     rollout: Mutex<Option<RolloutReport>>,
-    /// A newer generation takes the new connections (see [`super::handover`]).
-    pub superseded: AtomicBool,
-    /// Cancelled to send GOAWAY on every connection accepted under it; a connection
-    /// accepted later gets the next token.
-    drain: Mutex<CancellationToken>,
-    /// Cancelled to close every connection accepted under it at once (a drain deadline).
-    close: Mutex<CancellationToken>,
     restart_required: Mutex<Vec<String>>,
     /// By configured host name; pruned to the configured hosts by the probe.
     pub alt_svc_probes: Mutex<HashMap<String, AltSvcProbe>>,
@@ -102,10 +72,6 @@ pub struct Shared {
     generations: AtomicU64,
     /// Wakes the Alt-Svc probe early (after a configuration change).
     pub probe_now: tokio::sync::Notify,
-    /// Handshakes and connections per source, for the caps of `limits`.
-    pub admission: Arc<Admission>,
-    /// Bytes to and from unvalidated addresses, shared by the sockets of both families.
-    pub guard: Arc<Guard>,
 }
 
 impl Shared {
@@ -118,41 +84,22 @@ impl Shared {
         sockets: Vec<SocketEntry>,
     ) -> Self {
         let id = first.id;
-        let admission = Admission::new(metrics.half_open_connections.clone());
-        let limits = |l: &str| metrics.limits.with_label_values(&[l]);
-        let guard = Guard::new(limits(limit::AMPLIFICATION), limits(limit::INITIAL_BACKLOG));
-        let budget = Budget::new(
-            first.config.limits.buffered_request_bytes,
-            metrics.buffered_request_bytes.clone(),
-        );
         Self {
-            current: ArcSwap::from_pointee(first),
-            metrics,
+            serving: Arc::new(Serving::new(first, metrics, port)),
             cc_stats,
-            budget,
-            port,
             sockets: Mutex::new(sockets),
             rollout: Mutex::new(None),
-            superseded: AtomicBool::new(false),
-            drain: Mutex::new(CancellationToken::new()),
-            close: Mutex::new(CancellationToken::new()),
             restart_required: Mutex::new(Vec::new()),
             alt_svc_probes: Mutex::new(HashMap::new()),
             draining: AtomicBool::new(false),
             generations: AtomicU64::new(id),
             probe_now: tokio::sync::Notify::new(),
-            admission,
-            guard,
         }
     }
 
     /// The id the next configuration generation gets.
     pub fn next_generation_id(&self) -> u64 {
         self.generations.fetch_add(1, Ordering::Relaxed) + 1
-    }
-
-    pub fn alt_svc_value(&self, gen: &Generation) -> HeaderValue {
-        request::alt_svc_value(self.port, gen.config.alt_svc_max_age)
     }
 
     /// Records changes that only a restart can apply; `/status` lists them until then.
@@ -178,30 +125,6 @@ impl Shared {
         self.rollout.lock().expect("rollout lock").clone()
     }
 
-    /// The drain token a connection accepted now serves under.
-    pub fn drain_token(&self) -> CancellationToken {
-        self.drain.lock().expect("drain lock").clone()
-    }
-
-    /// GOAWAY on every connection accepted so far; later ones get a fresh token.
-    pub fn drain_connections(&self) {
-        let mut d = self.drain.lock().expect("drain lock");
-        d.cancel();
-        *d = CancellationToken::new();
-    }
-
-    /// The token that closes a connection accepted now.
-    pub fn close_token(&self) -> CancellationToken {
-        self.close.lock().expect("close lock").clone()
-    }
-
-    /// Closes every connection accepted so far (later ones get a fresh token).
-    pub fn close_connections(&self) {
-        let mut c = self.close.lock().expect("close lock");
-        c.cancel();
-        *c = CancellationToken::new();
-    }
-
     /// Ready: at least one socket bound and at least one host loaded, and not draining; or
     /// superseded, whatever else: a newer process on this host takes the new connections, so
     /// the node is served. The kubelet probes both pods of a surge roll at the same shared
@@ -216,11 +139,11 @@ impl Shared {
             .expect("socket lock")
             .iter()
             .any(|(r, _)| r.bound);
-        if self.superseded.load(Ordering::Relaxed) {
+        if self.serving.superseded.load(Ordering::Relaxed) {
             Ok(())
         } else if self.draining.load(Ordering::Relaxed) {
             Err(NotReady::Draining)
-        } else if self.current.load().config.hosts.is_empty() {
+        } else if self.serving.current.load().config.hosts.is_empty() {
             Err(NotReady::NoHost)
         } else if !bound {
             Err(NotReady::NoSocket)
@@ -249,7 +172,7 @@ impl Shared {
         socket_drops: impl Fn(&str, u64) -> Option<u64>,
         host_receive_buffer_errors: u64,
     ) -> StatusReport {
-        let gen = self.current.load();
+        let gen = self.serving.current.load();
         let sockets: Vec<SocketReport> = self
             .sockets
             .lock()
@@ -265,13 +188,13 @@ impl Shared {
             .collect();
         StatusReport {
             version: crate::version::BUILD.to_string(),
-            port: self.port,
+            port: self.serving.port,
             udp_drops: sockets.iter().map(|s| s.drops).sum(),
             sockets,
             hosts_loaded: gen.config.hosts.len() as u64,
             mirrors: gen.config.mirrors.clone(),
             udp_host_receive_buffer_errors: host_receive_buffer_errors,
-            requests_total: self.metrics.per_host.requests_total(),
+            requests_total: self.serving.metrics.per_host.requests_total(),
             config_generation: gen.id,
             restart_required: self.restart_required.lock().expect("restart lock").clone(),
             rollout: self.rollout(),
@@ -281,7 +204,7 @@ impl Shared {
     /// The `/hosts` document: every loaded host (where it comes from, its Alt-Svc probe,
     /// its requests), then every host that could not be loaded, with why.
     pub fn hosts_report(&self) -> Vec<HostReport> {
-        let gen = self.current.load();
+        let gen = self.serving.current.load();
         let config = &gen.config;
         let probes = self.alt_svc_probes.lock().expect("probe lock");
         let now = current_minute();
@@ -295,13 +218,13 @@ impl Shared {
                 source: h.source.clone(),
                 ..Default::default()
             };
-            if let Some(c) = self.metrics.per_host.host(&h.name) {
+            if let Some(c) = self.serving.metrics.per_host.host(&h.name) {
                 r.requests = c.requests();
                 r.requests_last5m = c.recent(now);
             }
             if let Some(p) = probes.get(&h.name) {
                 r.alt_svc_advertised = Some(p.advertised);
-                r.alt_svc_message = p.message(&h.name, self.port, config.alt_svc_max_age);
+                r.alt_svc_message = p.message(&h.name, self.serving.port, config.alt_svc_max_age);
             }
             out.push(r);
         }
@@ -314,9 +237,11 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proxy::cc::CcStats;
-    use crate::proxy::metrics::UpstreamMetrics;
-    use crate::proxy::source::mirrors::{self, tests as m};
+    use crate::config::mirrors::{self, tests as m};
+    use crate::config::ProxyConfig;
+    use crate::proxy::observe::metrics::UpstreamMetrics;
+    use crate::proxy::quic::cc::CcStats;
+    use crate::proxy::upstream::Upstream;
 
     fn shared(config: ProxyConfig) -> Shared {
         let upstream = Upstream::new(
@@ -340,9 +265,12 @@ mod tests {
             m::input("m2", "1", &["b.test"], &["b.test", "c.test"]),
         ]);
         let s = shared(mirrors::build(&m::listener(), &set, m::now()).unwrap());
-        s.metrics
-            .per_host
-            .count_request("a.test", None, 200, crate::proxy::metrics::FAMILY_IPV4);
+        s.serving.metrics.per_host.count_request(
+            "a.test",
+            None,
+            200,
+            crate::proxy::observe::metrics::FAMILY_IPV4,
+        );
 
         let status = s.status_report(|_, _| None, 0);
         assert_eq!(status.hosts_loaded, 2);

@@ -36,7 +36,6 @@ HOST_X=cross.h3i.test
 CLASS=h3i-test
 LISTENER=gateway
 DP=h3-ingress-$LISTENER
-DP_RBAC=h3-ingress-data-plane-$LISTENER
 NS_HOSTS=$NS_OP-hosts   # the certificate mirrors
 DP_USER=system:serviceaccount:$NS_OP:$DP
 OP_USER=system:serviceaccount:$NS_OP:$RELEASE
@@ -345,10 +344,10 @@ open(sys.argv[2], "w").write(docs)
 print(" ".join(sorted({o["metadata"]["namespace"] for o in yaml.safe_load_all(docs) if o and "namespace" in o["metadata"]})))
 PY
 kinds=$(grep -c '^kind:' "$tmp/doc-example.yaml")
-for ns in $(cat "$tmp/doc-ns"); do
+while read -r ns; do
     kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
     DOC_NS+=("$ns")
-done
+done <"$tmp/doc-ns"
 kubectl apply --dry-run=server -f "$tmp/doc-example.yaml" >"$tmp/doc-apply.log" 2>&1 || fail "docs/configuration.md's Gateway API example: $(cat "$tmp/doc-apply.log")"
 indent <"$tmp/doc-apply.log"
 kubectl delete namespace "${DOC_NS[@]}" --wait=false >/dev/null

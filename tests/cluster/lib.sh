@@ -1,5 +1,6 @@
 # shellcheck shell=bash
-# Helpers shared by tests/cluster/journey.sh and tests/cluster/gateway.sh, which both drive the
+# Helpers shared by the cluster scripts not yet ported to the scenario runner
+# (tests/cluster/scenarios) and tests/cluster/gateway.sh, which drive the
 # product on the test cluster of scripts/cluster.sh the same way: timed steps, checks that poll
 # the API server until a deadline, and a report of the cluster's state when a check fails.
 #
@@ -11,7 +12,7 @@
 # chart's namespace and release), ALT_SVC (what nginx advertises), tmp (the run's scratch
 # directory, made after sourcing) and a function `fail MESSAGE` that reports the failure (see
 # failure_report) and exits 1.
-# shellcheck disable=SC2154 # those are the sourcing script's; H3I_*: scripts/cluster.sh env's
+# shellcheck disable=SC2154,SC2153 # those are the sourcing script's; H3I_*: scripts/cluster.sh env's
 
 # ---- output: steps with their elapsed time, ok/info lines, indented command output ----------
 STEP_NAMES=()
@@ -147,7 +148,7 @@ start_nginx() { # NODE HOST...
 stop_nginx() {
     local d
     for d in "$tmp"/nginx-*; do
-        [[ -f $d/nginx.pid ]] && kill -QUIT "$(cat "$d/nginx.pid")" 2>/dev/null || true
+        if [[ -f $d/nginx.pid ]]; then kill -QUIT "$(cat "$d/nginx.pid")" 2>/dev/null || true; fi
     done
 }
 
@@ -200,7 +201,7 @@ install_gateway_api_crds() {
     done
     bundle=$(jp crd httproutes.gateway.networking.k8s.io -o jsonpath='{.metadata.annotations.gateway\.networking\.k8s\.io/bundle-version} {.metadata.annotations.gateway\.networking\.k8s\.io/channel}')
     [[ $bundle == "$GATEWAY_API_VERSION standard" ]] || fail "HTTPRoute CRD bundle '$bundle', want '$GATEWAY_API_VERSION standard'"
-    ok "$(ls "$crds" | wc -l) files from $crds applied in $(($(date +%s) - t0))s; gateways, httproutes, referencegrants Established (bundle $bundle)"
+    ok "$(find "$crds" -mindepth 1 -maxdepth 1 | wc -l) files from $crds applied in $(($(date +%s) - t0))s; gateways, httproutes, referencegrants Established (bundle $bundle)"
 }
 
 # ---- the cluster and what a run leaves on it -------------------------------------------------

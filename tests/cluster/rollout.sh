@@ -105,7 +105,6 @@ t_rolled=$(date +%s.%N)
 NEW_PODS=$(pods_state | cut -d' ' -f1 | tr '\n' ' ')
 ok "rolled in $(awk -v a="$t_roll" -v b="$t_rolled" 'BEGIN {printf "%.1f", b - a}') s: $OLD_PODS-> $NEW_PODS"
 roll_clients_done ""
-t_clients=$(date +%s.%N)
 
 # =================================================================================================
 step "what the clients saw, per node: no failed request, the kept connection kept or closed only by GOAWAY, the download complete"

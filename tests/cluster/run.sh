@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The cluster part of scripts/test.sh, runnable alone. Builds (cached per version in
 # /var/cache/h3-ingress, outside the repo) the control plane, helm, the node agent, the real
-# node components (kubelet, kube-proxy, containerd, runc, CNI) and the registry, the Prometheus
-# Operator and Prometheus with their images (scripts/promop-build.sh), the trixie chroot with
-# curl 8.14 (the journey's second HTTP/3 client). Then two clusters, one after the other:
+# node components (kubelet, kube-proxy, containerd, runc, CNI, CoreDNS), Traefik
+# (scripts/addons-build.sh) and the registry, the Prometheus Operator and Prometheus with their
+# images (scripts/promop-build.sh), the trixie chroot with curl 8.14 (the journey's second
+# HTTP/3 client). Then two clusters, one after the other:
 #   - real nodes (H3I_NODES=real), the product's OCI image pulled from the authenticated
-#     registry: tests/cluster/smoke.sh (the cluster itself), journey.sh (the product on it),
+#     registry: the smoke (the cluster itself) and the journey (the product on it), both from
+#     the Rust scenario runner (tests/cluster/scenarios: `h3i-scenarios smoke|journey`),
 #     gateway.sh (Gateway API), node-checks.sh (what only a real node answers, a real browser),
-#     monitoring.sh (the chart's monitors and rules under a real Prometheus Operator);
+#     monitoring.sh (the chart's monitors and rules under a real Prometheus Operator),
+#     dns-check.sh (the cluster DNS, CoreDNS) and traefik-check.sh (Traefik as the TCP ingress);
 #   - the node agent (pods as local processes, the fast mode): skew.sh (CRD version skew both
 #     ways, certificate renewal), rollout.sh (a DaemonSet roll under clients), upgrade.sh (helm
 #     upgrade from the pinned previous release and back, under clients; its binary built once
@@ -27,8 +30,8 @@ step() { printf '\n=== %s (%s)\n' "$*" "$(date +%H:%M:%S)"; }
 
 if [[ $(id -u) -ne 0 ]]; then
     echo "=================================================================================="
-    echo "CLUSTER TESTS SKIPPED (needs root): scripts/cluster.sh build/up, tests/cluster/smoke.sh"
-    echo "tests/cluster/journey.sh, gateway.sh, node-checks.sh, monitoring.sh, skew.sh, rollout.sh, upgrade.sh and scale.sh did NOT run; nothing was proven on a real API server or real nodes."
+    echo "CLUSTER TESTS SKIPPED (needs root): scripts/cluster.sh build/up, h3i-scenarios smoke"
+    echo "h3i-scenarios journey, gateway.sh, node-checks.sh, monitoring.sh, dns-check.sh, traefik-check.sh, skew.sh, rollout.sh, upgrade.sh and scale.sh did NOT run; nothing was proven on a real API server or real nodes."
     echo "=================================================================================="
     [[ ${H3I_TESTS_REQUIRE_ROOT:-0} == 1 ]] && { echo "H3I_TESTS_REQUIRE_ROOT=1: failing" >&2; exit 1; }
     exit 0
@@ -59,14 +62,20 @@ trap finish EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-step "cluster: build the control plane, helm, the node agent, the real nodes and the registry (cached per version)"
-timed build bash -c 'scripts/cluster.sh build && H3I_NODES=real scripts/cluster.sh build'
+step "cluster: build the control plane, helm, the node agent, the real nodes (CoreDNS with them), the registry and Traefik (cached per version)"
+timed build bash -c 'scripts/cluster.sh build && H3I_NODES=real scripts/cluster.sh build && scripts/addons-build.sh traefik >/dev/null'
 step "the Prometheus Operator, its config reloader and Prometheus, with their images (cached per version)"
 timed promop-build scripts/promop-build.sh
 step "the previous release's binary for tests/cluster/upgrade.sh (cached per commit)"
 timed release-build tests/cluster/upgrade.sh build
 step "trixie chroot with curl 8.14 (HTTP/3), the journey's second HTTP/3 client"
+# shellcheck disable=SC2016 # the inner bash expands it
 timed trixie bash -c 'set -o pipefail; scripts/trixie-chroot.sh "${H3I_TRIXIE_ROOT:-/work/trixie-root}" | tail -n 3'
+# The scenario runner (debug, like the tests: `cargo test --workspace` built it already in
+# scripts/test.sh, so this only checks it is current).
+step "the scenario runner: cargo build -p h3i-scenarios"
+timed scenarios nice -n 10 cargo build --locked -p h3i-scenarios
+SCENARIOS=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug/h3i-scenarios
 # The image the real nodes pull: the static binary (tests/observe/run.sh builds it in
 # scripts/test.sh; built here when missing).
 [[ -x target/static/h3-ingress ]] || timed static scripts/build-static.sh
@@ -75,16 +84,20 @@ timed trixie bash -c 'set -o pipefail; scripts/trixie-chroot.sh "${H3I_TRIXIE_RO
 # authenticated registry (scripts/cluster-nodes.sh).
 step "real nodes: scripts/cluster.sh up with H3I_NODES=real (kubelet, containerd, kube-proxy, registry)"
 timed up-real env H3I_NODES=real scripts/cluster.sh up
-step "tests/cluster/smoke.sh on real nodes (the cluster itself; left up for the journey)"
-timed smoke env H3I_SMOKE_KEEP=1 tests/cluster/smoke.sh
-step "tests/cluster/journey.sh on real nodes (the user's journey)"
-timed journey tests/cluster/journey.sh
+step "h3i-scenarios smoke on real nodes (the cluster itself; left up for the journey)"
+timed smoke env H3I_SMOKE_KEEP=1 "$SCENARIOS" smoke
+step "h3i-scenarios journey on real nodes (the user's journey)"
+timed journey "$SCENARIOS" journey
 step "tests/cluster/gateway.sh on real nodes (Gateway API: HTTPRoutes, Gateways, ReferenceGrant)"
 timed gateway tests/cluster/gateway.sh
 step "tests/cluster/node-checks.sh (what only a real node answers: image, capabilities, NodePort, Chromium, grace, probes, OOM)"
 timed node-checks tests/cluster/node-checks.sh
 step "tests/cluster/monitoring.sh (the chart's ServiceMonitor, PodMonitor and PrometheusRule under a real Prometheus Operator)"
 timed monitoring tests/cluster/monitoring.sh
+step "tests/cluster/dns-check.sh (CoreDNS: pod network, hostNetwork with ClusterFirstWithHostNet and without)"
+timed dns-check tests/cluster/dns-check.sh
+step "tests/cluster/traefik-check.sh (Traefik as the TCP ingress: routing, ipAllowList, forwarded headers, PROXY protocol v2)"
+timed traefik-check tests/cluster/traefik-check.sh
 step "real nodes: down"
 timed down-real scripts/cluster.sh down
 

@@ -85,6 +85,7 @@ while (($#)); do
     shift
 done
 ((HOSTS >= 8 && HOSTS % 4 == 0)) || { echo "HOSTS must be a multiple of 4, at least 8: $HOSTS" >&2; exit 2; }
+# shellcheck disable=SC2034 # read as ${!keep} by lib.sh's remove_objects
 H3I_SCALE_KEEP=$KEEP
 
 # shellcheck source=tests/cluster/lib.sh
@@ -218,7 +219,8 @@ rest_window() {
         else
             empty_at=""
         fi
-        local t=$(now_ms)
+        local t
+        t=$(now_ms)
         if ((t >= end)) && [[ -n $empty_at ]] && ((t - empty_at >= TRIM_WAIT * 1000)); then break; fi
         if ((t >= cap)); then
             info "upstream connections still open ($open) ${SETTLE_CAP}s after the window: memory read anyway"

@@ -237,7 +237,7 @@ change() {
     BG_PIDS+=("${ROLL_CLIENTS[@]}")
     poll_ready "$tmp/$name-ready.log" &
     local poller=$!
-    BG_PIDS+=($poller)
+    BG_PIDS+=("$poller")
     sleep 3
     t_change=$(date +%s.%N)
     helm upgrade "$RELEASE" "$chart" -n "$NS_OP" --set image.repository="$IMAGE_REPO" \

@@ -2,7 +2,7 @@
 """Grafana dashboard: structure, metric names, and every PromQL expression parsed by promtool.
 
 Every metric a panel reads must be exported by the binary (the registrations in
-src/proxy/metrics.rs; with --scrape FILE also a real /metrics scrape) or be a recording rule of
+src/proxy/observe/metrics.rs; with --scrape FILE also a real /metrics scrape) or be a recording rule of
 our rules file. promtool cannot parse a bare expression offline, so each panel expression (with
 Grafana's variables replaced) becomes one recording rule of a throwaway rules file that
 `promtool check rules` then parses.

@@ -3,8 +3,8 @@
 
 Also checks that every alert has a unit test that makes it fire, that every recording rule is
 evaluated by a unit test, and that every h3_ingress_* metric a rule reads is one the binary
-exports (src/proxy/metrics.rs or src/operator/metrics.rs; the data plane's also in a real scrape
-when given with --scrape FILE).
+exports (src/proxy/observe/metrics.rs or src/operator/metrics.rs; the data plane's also in a real
+scrape when given with --scrape FILE).
 """
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ def metric_check(scrape: Path | None) -> None:
     for n in sorted(other):
         failures.append(f"rules read {n}, which is neither ours, a recording rule nor a known TCP ingress metric")
     for n in sorted(ours - exported - operator):
-        failures.append(f"rules read {n}, which neither src/proxy/metrics.rs nor src/operator/metrics.rs exports")
-    print(f"metrics: the rules read {len(ours)} h3_ingress_* metrics, all registered in src/proxy/metrics.rs "
+        failures.append(f"rules read {n}, which neither src/proxy/observe/metrics.rs nor src/operator/metrics.rs exports")
+    print(f"metrics: the rules read {len(ours)} h3_ingress_* metrics, all registered in src/proxy/observe/metrics.rs "
           f"or (h3_ingress_operator_*) src/operator/metrics.rs")
     ours -= operator
     if scraped is not None:

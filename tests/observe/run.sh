@@ -10,7 +10,7 @@
 # prometheus (promtool), nginx, prometheus-nginx-exporter, curl, openssl; kubectl (kustomize);
 # file; root for the chroot check.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 ROOT=$(pwd)
 OBS=tests/observe
 WORK=$(mktemp -d /tmp/h3-observe.XXXXXX)
@@ -51,11 +51,13 @@ kubectl_plugin() {
     out=$(PATH="$WORK/bin:$PATH" kubectl h3-ingress status -f $OBS/fixtures/listener-status.yaml \
           --hosts-file $OBS/fixtures/hosts.json) || return 1
     echo "$out"
-    grep -q "Listener nginx-inc: UDP port 443, pods ready 3/3, hosts serving 1/2" <<<"$out" \
+    if ! { grep -q "Listener nginx-inc: UDP port 443, pods ready 3/3, hosts serving 1/2" <<<"$out" \
         && grep -qE "^  shop.example.com +Serving +Serving +yes +NO +981 " <<<"$out" \
         && grep -q "shop.example.com: Chrome will not use HTTP/3" <<<"$out" \
-        && grep -q "api.example.com: api.example.com is not listed under spec.tls of web/shop" <<<"$out" \
-        || { echo "unexpected kubectl h3-ingress status output"; return 1; }
+        && grep -q "api.example.com: api.example.com is not listed under spec.tls of web/shop" <<<"$out"; }; then
+        echo "unexpected kubectl h3-ingress status output"
+        return 1
+    fi
     # --node without a port: the listener's port, or 443 with a warning when no cluster answers.
     out=$(PATH="$WORK/bin:$PATH" kubectl h3-ingress check shop.example.com --node 192.0.2.1 --dry-run \
           --kubeconfig "$WORK/none" 2>"$WORK/err") || return 1

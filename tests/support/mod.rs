@@ -12,6 +12,7 @@ pub mod caddy;
 pub mod curl;
 pub mod error;
 pub mod h3client;
+pub mod knot;
 pub mod net;
 pub mod nginx;
 pub mod pki;

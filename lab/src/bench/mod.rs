@@ -53,7 +53,7 @@ pub struct BenchArgs {
     pub chroot: PathBuf,
     #[arg(long, value_enum, default_value_t = ClientArg::Curl)]
     pub client: ClientArg,
-    /// Name prefix of the bench's lab (namespaces, TUN devices, /run/<prefix>).
+    /// Name prefix of the bench's lab (namespaces, TUN devices, `/run/<prefix>`).
     #[arg(long, default_value = "h3bench")]
     pub prefix: String,
     /// Bottleneck rate in Mbit/s (each direction) for every case.

@@ -1,6 +1,7 @@
-//! [`Measure::Share`] (S6) in the bench: per run and row, the row's download from the first
-//! client address beside the case's competitor from the second (an HTTP/2 download, or a
-//! second download of the row itself), through the case's bottleneck and drop-tail queue;
+//! [`Measure::Share`](crate::scenario::Measure::Share) (S6) in the bench: per run and row,
+//! the row's download from the first client address beside the case's competitor from the
+//! second (an HTTP/2 download, or a second download of the row itself), through the case's
+//! bottleneck and drop-tail queue;
 //! the router counts what each address received in the window.
 
 use super::plan::share_timing;

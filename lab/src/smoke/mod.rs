@@ -1,7 +1,7 @@
 //! `h3-ingress-lab smoke`: the CI proof that the lab works end to end, with what CI has (the
 //! system curl for h2, aioquic for h3, Caddy as the independent h3 server, our proxy). First
-//! the emulator's own mechanics ([`probe`]), then the smoke steps of every scenario in the
-//! table ([`steps`]). No timing assertions except lower bounds the emulator guarantees; the
+//! the emulator's own mechanics (`probe`), then the smoke steps of every scenario in the
+//! table (`steps`). No timing assertions except lower bounds the emulator guarantees; the
 //! router's counters are checked after every step.
 
 mod probe;

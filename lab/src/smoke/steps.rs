@@ -550,5 +550,5 @@ fn loopback_cpu(
 /// connections (S6's flows end at a time limit, and the proxy keeps probing their client until
 /// its idle timeout).
 fn stray_packets(bytes: u64) -> u64 {
-    bytes / u64::from(h3_ingress::proxy::transport::INITIAL_MTU) / 100
+    bytes / u64::from(h3_ingress::proxy::quic::transport::INITIAL_MTU) / 100
 }

@@ -11,11 +11,11 @@ use std::io;
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
+use super::steer::{self, RoutingTable};
 use super::unix::{dup, inode};
 use super::wire::FdTag;
-use crate::proxy::metrics::{family_of, FAMILY_IPV4};
-use crate::proxy::socket::{self, SocketError};
-use crate::proxy::steer::{self, RoutingTable};
+use crate::proxy::observe::metrics::{family_of, FAMILY_IPV4};
+use crate::proxy::quic::socket::{self, SocketError};
 
 /// One family's group.
 pub struct FamilyGroup {

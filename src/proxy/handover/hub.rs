@@ -13,14 +13,14 @@ use tracing::{debug, info, warn, Level};
 
 use super::group::{CreateError, Group};
 use super::membership::{apply_local, Membership};
+use super::steer::RoutingTable;
 use super::table::{Allocation, Member, Table};
 use super::unix::{own_uid, Conn, Listener};
 use super::wire::{self, ToHub, ToMember, PROTOCOL};
 use super::{Joined, Report, Spec, ANSWER_TIMEOUT, REJOIN_GRACE, RETRY};
-use crate::proxy::cid::MAX_SLOTS;
-use crate::proxy::logs::{limited, Reason};
-use crate::proxy::procnet::SocketTables;
-use crate::proxy::steer::RoutingTable;
+use crate::proxy::observe::logs::{limited, Reason};
+use crate::proxy::observe::procnet::SocketTables;
+use crate::proxy::quic::cid::MAX_SLOTS;
 
 /// How long one message to a member may take before the member counts as gone (a stuck
 /// process must not stall the hub).

@@ -10,15 +10,15 @@ use tracing::{info, warn, Level};
 use super::group::Group;
 use super::hub::{self, Hub};
 use super::membership::{apply_local, Membership};
+use super::steer::{Route, RoutingTable};
 use super::table::{Member, Table};
 use super::unix::{own_uid, Conn, Connected, Listener};
 use super::wire::{self, FdTag, ToHub, ToMember, PROTOCOL};
 use super::{Joined, Local, Report, Spec, ANSWER_TIMEOUT, ENTRY_BOUND, RETRY};
-use crate::proxy::cid::MAX_SLOTS;
-use crate::proxy::logs::{limited, Reason};
-use crate::proxy::procnet::SocketTables;
-use crate::proxy::socket;
-use crate::proxy::steer::{Route, RoutingTable};
+use crate::proxy::observe::logs::{limited, Reason};
+use crate::proxy::observe::procnet::SocketTables;
+use crate::proxy::quic::cid::MAX_SLOTS;
+use crate::proxy::quic::socket;
 
 /// How long each survivor ahead in the take-over order gets before the next one tries.
 const TAKEOVER_STEP: Duration = Duration::from_millis(150);
@@ -388,10 +388,10 @@ async fn solo(spec: Spec, mut report: Report, why: String) {
                 })
                 .collect(),
         };
-        let prog = crate::proxy::steer::program(&table);
+        let prog = super::steer::program(&table);
         for fd in &group_fds {
             use std::os::fd::AsFd;
-            if let Err(e) = crate::proxy::steer::attach(fd.as_fd(), &prog) {
+            if let Err(e) = super::steer::attach(fd.as_fd(), &prog) {
                 warn!(error = %e, "socket-selection program not attached");
             }
         }

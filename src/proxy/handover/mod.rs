@@ -4,8 +4,8 @@
 //! Every process serving the same port and addresses on a host (two DaemonSet pods under
 //! hostNetwork during a roll, or `h3-ingress proxy --config X` started again) has a *slot*:
 //! its sockets in the port's SO_REUSEPORT groups (one per address family) and the number in
-//! every connection ID it issues ([`super::cid`]). A socket-selection program
-//! ([`super::steer`]) sends each datagram to the slot in its connection ID, and the
+//! every connection ID it issues ([`crate::proxy::quic::cid`]). A socket-selection program
+//! ([`steer`]) sends each datagram to the slot in its connection ID, and the
 //! connections nobody owns yet to the newest generation.
 //!
 //! - **Coordination.** One process, the *hub*, listens on an abstract unix socket named
@@ -18,8 +18,8 @@
 //! - **Nothing moves.** Every process holds every slot socket, so no socket leaves a group
 //!   while any process lives, and slot N stays at index N of the kernel's array (closing a
 //!   socket would move the group's last one into its place). A free slot (its owner gone)
-//!   is reused by the next process; at most [`crate::proxy::cid::MAX_SLOTS`] generations live at once, a
-//!   process beyond that waits (not ready) until one exits.
+//!   is reused by the next process; at most [`crate::proxy::quic::cid::MAX_SLOTS`]
+//!   generations live at once, a process beyond that waits (not ready) until one exits.
 //! - **Deaths.** The hub sees a process die (its connection closes), frees its slot and
 //!   re-attaches the program. When the hub dies, the survivors take over in the order of
 //!   [`table::Table::takeover_order`] (the next newest first): the first binds the name and
@@ -31,12 +31,13 @@
 //!   [`ENTRY_BOUND`] starts on its own ("solo"): it adds its sockets to the group at the end,
 //!   routes new connections to itself and the slots below it by their number, and logs why.
 //!
-//! Every line a peer can cause is rate-limited ([`crate::proxy::logs`]).
+//! Every line a peer can cause is rate-limited ([`crate::proxy::observe::logs`]).
 
 pub mod group;
 mod hub;
 mod member;
 mod membership;
+pub mod steer;
 pub mod table;
 pub mod unix;
 pub mod wire;
@@ -50,7 +51,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 pub use table::{Member, Role};
 
 use crate::config::ListenConfig;
-use crate::proxy::socket;
+use crate::proxy::quic::socket;
 
 /// How long a new process tries to get a slot from a process that holds the name before it
 /// starts on its own.

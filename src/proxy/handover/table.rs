@@ -8,8 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::proxy::cid::MAX_SLOTS;
-use crate::proxy::steer::{Route, RoutingTable};
+use super::steer::{Route, RoutingTable};
+use crate::proxy::quic::cid::MAX_SLOTS;
 
 /// One live process generation sharing the port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

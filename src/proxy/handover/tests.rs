@@ -6,7 +6,7 @@ use std::net::{Ipv4Addr, UdpSocket};
 use std::time::Duration;
 
 use super::*;
-use crate::proxy::cid::SlotCids;
+use crate::proxy::quic::cid::SlotCids;
 
 const M: u16 = 0x7833;
 
@@ -73,7 +73,7 @@ fn names_are_short_and_differ_by_port_addresses_and_identity() {
 
 #[tokio::test]
 async fn without_an_answer_a_new_process_starts_solo_and_takes_the_new_connections() {
-    let old = crate::proxy::socket::group_socket("127.0.0.1:0".parse().unwrap()).unwrap();
+    let old = crate::proxy::quic::socket::group_socket("127.0.0.1:0".parse().unwrap()).unwrap();
     old.set_nonblocking(true).unwrap();
     let port = old.local_addr().unwrap().port();
     let listen = ListenConfig {

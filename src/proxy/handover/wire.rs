@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::table::{Member, Table};
-use crate::proxy::cid::MAX_SLOTS;
+use crate::proxy::quic::cid::MAX_SLOTS;
 
 /// Bumped on any incompatible change; a peer speaking another version is not coordinated
 /// with (the new process starts on its own, see [`super`]).

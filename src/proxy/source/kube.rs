@@ -31,11 +31,11 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::mirrors::{self, Fingerprint, Mirror, MirrorInput, MirrorSet};
 use super::ConfigUpdate;
 use crate::api::{mirror, Http3Listener};
+use crate::config::mirrors::{self, Fingerprint, Mirror, MirrorInput, MirrorSet};
 use crate::config::ProxyConfig;
-use crate::proxy::logs::{self, CauseLog};
+use crate::proxy::observe::logs::{self, CauseLog};
 
 /// Certificates expire without any watch event: re-evaluate this often regardless.
 pub const RECHECK: Duration = Duration::from_secs(60);
@@ -551,7 +551,7 @@ pub async fn watch_listener(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proxy::source::mirrors::tests::{input, listener, now, set};
+    use crate::config::mirrors::tests::{input, listener, now, set};
 
     fn snap<'a>(
         listener_synced: bool,

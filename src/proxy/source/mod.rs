@@ -1,5 +1,6 @@
-//! The proxy's inputs, side by side: a YAML file reloaded on SIGHUP ([`file`]) or one
-//! `Http3Listener` and its certificate mirrors ([`kube`], whose pure core is [`mirrors`]).
+//! The proxy's inputs, side by side: a YAML file reloaded on SIGHUP ([`mod@file`]) or one
+//! `Http3Listener` and its certificate mirrors ([`kube`], whose pure core is
+//! [`crate::config::mirrors`]).
 //!
 //! Each feeds the running proxy through one [`ConfigUpdate`] channel and stops with the
 //! proxy's shutdown token (or when the proxy drops the channel); [`super::run`] connects
@@ -10,7 +11,6 @@
 
 pub mod file;
 pub mod kube;
-pub mod mirrors;
 
 use crate::config::ProxyConfig;
 

@@ -10,7 +10,7 @@ from attacks import Attack
 CONNECTIONS = 4
 STREAMS = 100
 MAX_LINES = 10
-# The suppressed-lines report comes once a minute (src/proxy/logs.rs, WINDOW).
+# The suppressed-lines report comes once a minute (src/proxy/observe/logs.rs, WINDOW).
 REPORT_WAIT_S = 65
 
 

@@ -58,19 +58,19 @@ ctr() { command ctr --address "$dir/containerd.sock" "$@" 2> >(grep -v DEPRECATI
 for _ in $(seq 50); do ctr version >/dev/null 2>&1 && break; sleep 0.1; done
 
 got=$(ctr -n import images import "$archive" >/dev/null && ctr -n import images ls | awk -v n="$name" '$1 == n {print $3}')
-[[ $got == "$digest" ]] && ok "ctr images import $archive: $name $got" || bad "ctr images import: '$got', want $digest"
+if [[ $got == "$digest" ]]; then ok "ctr images import $archive: $name $got"; else bad "ctr images import: '$got', want $digest"; fi
 
 if out=$(ctr -n pull images pull --hosts-dir "$dir/certs.d" "$name" 2>&1); then
     bad "pull without credentials succeeded"
 else
-    grep -q "authorization" <<<"$out" && ok "pull without credentials refused: ${out##*: }" || bad "pull without credentials: $out"
+    if grep -q "authorization" <<<"$out"; then ok "pull without credentials refused: ${out##*: }"; else bad "pull without credentials: $out"; fi
 fi
 ctr -n pull images pull --hosts-dir "$dir/certs.d" --user "$REGISTRY_USER:$REGISTRY_PASSWORD" "$name" >/dev/null
 got=$(ctr -n pull images ls | awk -v n="$name" '$1 == n {print $3}')
-[[ $got == "$digest" ]] && ok "pull as $REGISTRY_USER: $got" || bad "pull as $REGISTRY_USER: '$got', want $digest"
+if [[ $got == "$digest" ]]; then ok "pull as $REGISTRY_USER: $got"; else bad "pull as $REGISTRY_USER: '$got', want $digest"; fi
 
 out=$(ctr -n pull run --rm "$name" h3i-ctr-help 2>&1 || true)
-grep -q "^Usage: h3-ingress" <<<"$out" && ok "run (ENTRYPOINT + CMD): prints the usage" || bad "run: $out"
+if grep -q "^Usage: h3-ingress" <<<"$out"; then ok "run (ENTRYPOINT + CMD): prints the usage"; else bad "run: $out"; fi
 if ctr -n pull run --rm "$name" h3i-ctr-crd /h3-ingress crd | tr -d '\r' | cmp -s - crds/http3listeners.h3-ingress.dev.yaml; then
     ok "run /h3-ingress crd: identical to crds/"
 else
@@ -81,9 +81,9 @@ sleep 2
 pid=$(ctr -n pull tasks ls | awk '$1 == "h3i-ctr-uid" {print $2}')
 ids=$(awk '/^Uid|^Gid/ {printf "%s:", $2}' "/proc/$pid/status" 2>/dev/null || true)
 env=$(tr '\0' ' ' <"/proc/$pid/environ" 2>/dev/null || true)
-[[ $ids == "65532:65532:" ]] && ok "process uid:gid ${ids%:}, env $env" || bad "process uid/gid '$ids' is not 65532:65532"
+if [[ $ids == "65532:65532:" ]]; then ok "process uid:gid ${ids%:}, env $env"; else bad "process uid/gid '$ids' is not 65532:65532"; fi
 ctr -n pull tasks kill -s SIGKILL h3i-ctr-uid >/dev/null 2>&1 || true
 for _ in $(seq 50); do ctr -n pull tasks rm h3i-ctr-uid >/dev/null 2>&1 && break; sleep 0.1; done
 ctr -n pull containers rm h3i-ctr-uid >/dev/null 2>&1 || true
 
-[[ $fails -eq 0 ]] && echo "ok: ctr_check" || { echo "FAIL: ctr_check ($fails)"; exit 1; }
+if [[ $fails -eq 0 ]]; then echo "ok: ctr_check"; else echo "FAIL: ctr_check ($fails)"; exit 1; fi
