@@ -47,9 +47,24 @@ prometheus_url() {
     echo "http://$ip:9090"
 }
 
+# The operator's CRDs this script waits for.
+CRDS=(prometheuses servicemonitors podmonitors prometheusrules scrapeconfigs)
+
+# Neither the namespace nor any of the operator's CRDs (all of which `down` deletes) is still
+# being deleted.
 not_terminating() {
     [[ $(kubectl get namespace "$NS" -o jsonpath='{.metadata.deletionTimestamp}' 2>/dev/null) == "" ]] &&
-        [[ $(kubectl get crd prometheuses.monitoring.coreos.com -o jsonpath='{.metadata.deletionTimestamp}' 2>/dev/null) == "" ]]
+        [[ $(kubectl get crd -o jsonpath='{range .items[?(@.spec.group=="monitoring.coreos.com")]}{.metadata.deletionTimestamp}{end}') == "" ]]
+}
+
+# Polled rather than `kubectl wait --for=condition=Established`, which fails at once ("accessor
+# error") when it reads a CRD created a moment ago that has no conditions yet.
+crds_established() {
+    local crd
+    for crd in "${CRDS[@]}"; do
+        [[ $(kubectl get crd "$crd.monitoring.coreos.com" \
+            -o jsonpath='{.status.conditions[?(@.type=="Established")].status}') == True ]] || return 1
+    done
 }
 
 wait_for() { # SECONDS WHAT COMMAND...
@@ -88,10 +103,7 @@ cmd_up() {
     wait_for 180 "namespace $NS and the CRDs of an earlier down to go" not_terminating
     log "CRDs of prometheus-operator $OPERATOR_VERSION ($mod)"
     kubectl apply --server-side --force-conflicts -f "$mod/example/prometheus-operator-crd/" >/dev/null
-    kubectl wait --for=condition=Established --timeout=60s \
-        crd/prometheuses.monitoring.coreos.com crd/servicemonitors.monitoring.coreos.com \
-        crd/podmonitors.monitoring.coreos.com crd/prometheusrules.monitoring.coreos.com \
-        crd/scrapeconfigs.monitoring.coreos.com >/dev/null
+    wait_for 60 "the CRDs Established" crds_established
 
     kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -n "$NS" -f - >/dev/null
     kubectl -n "$NS" create secret docker-registry regcred --docker-server="$REG" \
