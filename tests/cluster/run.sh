@@ -9,7 +9,8 @@
 #     registry: the smoke (the cluster itself) and the journey (the product on it), both from
 #     the Rust scenario runner (tests/cluster/scenarios: `h3i-scenarios smoke|journey`),
 #     gateway.sh (Gateway API), node-checks.sh (what only a real node answers, a real browser),
-#     monitoring.sh (the chart's monitors and rules under a real Prometheus Operator),
+#     `h3i-scenarios monitoring` (the chart's monitors and rules under a real Prometheus
+#     Operator),
 #     dns-check.sh (the cluster DNS, CoreDNS) and traefik-check.sh (Traefik as the TCP ingress);
 #   - the node agent (pods as local processes, the fast mode): skew.sh (CRD version skew both
 #     ways, certificate renewal), rollout.sh (a DaemonSet roll under clients), upgrade.sh (helm
@@ -31,7 +32,7 @@ step() { printf '\n=== %s (%s)\n' "$*" "$(date +%H:%M:%S)"; }
 if [[ $(id -u) -ne 0 ]]; then
     echo "=================================================================================="
     echo "CLUSTER TESTS SKIPPED (needs root): scripts/cluster.sh build/up, h3i-scenarios smoke"
-    echo "h3i-scenarios journey, gateway.sh, node-checks.sh, monitoring.sh, dns-check.sh, traefik-check.sh, skew.sh, rollout.sh, upgrade.sh and scale.sh did NOT run; nothing was proven on a real API server or real nodes."
+    echo "h3i-scenarios journey, gateway.sh, node-checks.sh, h3i-scenarios monitoring, dns-check.sh, traefik-check.sh, skew.sh, rollout.sh, upgrade.sh and scale.sh did NOT run; nothing was proven on a real API server or real nodes."
     echo "=================================================================================="
     [[ ${H3I_TESTS_REQUIRE_ROOT:-0} == 1 ]] && { echo "H3I_TESTS_REQUIRE_ROOT=1: failing" >&2; exit 1; }
     exit 0
@@ -92,8 +93,8 @@ step "tests/cluster/gateway.sh on real nodes (Gateway API: HTTPRoutes, Gateways,
 timed gateway tests/cluster/gateway.sh
 step "tests/cluster/node-checks.sh (what only a real node answers: image, capabilities, NodePort, Chromium, grace, probes, OOM)"
 timed node-checks tests/cluster/node-checks.sh
-step "tests/cluster/monitoring.sh (the chart's ServiceMonitor, PodMonitor and PrometheusRule under a real Prometheus Operator)"
-timed monitoring tests/cluster/monitoring.sh
+step "h3i-scenarios monitoring (the chart's ServiceMonitor, PodMonitor and PrometheusRule under a real Prometheus Operator)"
+timed monitoring "$SCENARIOS" monitoring
 step "tests/cluster/dns-check.sh (CoreDNS: pod network, hostNetwork with ClusterFirstWithHostNet and without)"
 timed dns-check tests/cluster/dns-check.sh
 step "tests/cluster/traefik-check.sh (Traefik as the TCP ingress: routing, ipAllowList, forwarded headers, PROXY protocol v2)"
