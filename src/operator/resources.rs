@@ -43,6 +43,11 @@ use super::{labels, placement};
 pub const MAX_LISTENER_NAME: usize = 63;
 /// Pod template annotation whose change rolls the DaemonSet: a hash of what needs new sockets.
 pub const SOCKET_HASH_ANNOTATION: &str = "h3-ingress.dev/socket-hash";
+/// Pod template annotation with the TCP port of the pod's `/metrics` (`metrics.address`). The
+/// container declares no port (see [`data_plane_container`]), so this is how the chart's
+/// PodMonitor finds it; it changes only with the socket hash (which covers that address), so
+/// it never rolls the pods by itself.
+pub const METRICS_PORT_ANNOTATION: &str = "h3-ingress.dev/metrics-port";
 /// Pod template label of data planes that hand their port over (SO_REUSEPORT, `proxy::handover`)
 /// to a newer pod on the node; pods without it (0.1.0) hold the port alone.
 pub const HANDOVER_LABEL: &str = "h3-ingress.dev/handover";
@@ -705,10 +710,15 @@ pub fn daemon_set(
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| params.default_image.clone());
     let container = data_plane_container(listener, config, image, &params.hosts_namespace);
-    let template_annotations: BTreeMap<String, String> =
-        [(SOCKET_HASH_ANNOTATION.to_string(), socket_hash(config))]
-            .into_iter()
-            .collect();
+    let template_annotations: BTreeMap<String, String> = [
+        (SOCKET_HASH_ANNOTATION.to_string(), socket_hash(config)),
+        (
+            METRICS_PORT_ANNOTATION.to_string(),
+            config.metrics_address.port().to_string(),
+        ),
+    ]
+    .into_iter()
+    .collect();
     Ok(DaemonSet {
         metadata: meta(
             listener,
@@ -1249,6 +1259,13 @@ pub(crate) mod tests {
             .annotations
             .unwrap();
         assert_eq!(ann[SOCKET_HASH_ANNOTATION], socket_hash(&base_c));
+        // The metrics port, for the chart's PodMonitor (no container port declares it).
+        assert_eq!(ann[METRICS_PORT_ANNOTATION], "9476");
+        let mut spec = base();
+        spec["metrics"] = serde_json::json!({"address": "0.0.0.0:9600"});
+        let d = desired(&listener("h", spec), &params(), &PodDefaults::default()).unwrap();
+        let ann = d.daemon_set.spec.template.metadata.unwrap().annotations;
+        assert_eq!(ann.unwrap()[METRICS_PORT_ANNOTATION], "9600");
     }
 
     #[test]

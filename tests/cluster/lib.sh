@@ -95,7 +95,7 @@ can() { kubectl auth can-i "$@" 2>/dev/null || true; } # yes / no, as the API se
 # ($tmp/pki/HOST.crt and .key, copied per node so that a rotation can replace them), advertising
 # $ALT_SVC, refusing other names (as an ingress without a catch-all); /whoami says which host and
 # node answered, other paths are files under $tmp/www; $NGINX_EXTRA, when set, is added to every
-# server (e.g. a throttled location).
+# server (e.g. a throttled location), $NGINX_HTTP_EXTRA to the http block (e.g. another server).
 nginx_conf() { # NODE DIR HOST...
     local node=$1 d=$2 h
     shift 2
@@ -118,6 +118,7 @@ http {
         listen [::]:443 ssl http2 default_server;
         ssl_reject_handshake on;
     }
+    ${NGINX_HTTP_EXTRA:-}
 CONF
     for h in "$@"; do
         cat <<CONF

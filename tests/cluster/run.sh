@@ -2,16 +2,17 @@
 # The cluster part of scripts/test.sh, runnable alone. Builds (cached per version in
 # /var/cache/h3-ingress, outside the repo) the control plane, helm, the node agent, the real
 # node components (kubelet, kube-proxy, containerd, runc, CNI, CoreDNS), Traefik
-# (scripts/addons-build.sh) and the registry, the trixie
-# chroot with curl 8.14 (the journey's second HTTP/3 client). Then two clusters, one after the
-# other:
+# (scripts/addons-build.sh) and the registry, the Prometheus Operator and Prometheus with their
+# images (scripts/promop-build.sh), the trixie chroot with curl 8.14 (the journey's second
+# HTTP/3 client). Then two clusters, one after the other:
 #   - real nodes (H3I_NODES=real), the product's OCI image pulled from the authenticated
 #     registry: the smoke (the cluster itself), the journey (the product on it) and arch (the
 #     image index's platforms, the architecture selectors), from the Rust scenario runner
 #     (tests/cluster/scenarios: `h3i-scenarios smoke|journey|arch`),
 #     gateway.sh (Gateway API), node-checks.sh (what only a real node answers, a real browser),
-#     dns-check.sh (the cluster DNS, CoreDNS), traefik-check.sh (Traefik as the TCP ingress) and
-#     coexist.sh (two releases side by side, a forceBuffers roll, one uninstalled);
+#     `h3i-scenarios monitoring` (the chart's monitors and rules under a real Prometheus
+#     Operator), dns-check.sh (the cluster DNS, CoreDNS), traefik-check.sh (Traefik as the TCP
+#     ingress) and coexist.sh (two releases side by side, a forceBuffers roll, one uninstalled);
 #   - the node agent (pods as local processes, the fast mode): skew.sh (CRD version skew both
 #     ways, certificate renewal), rollout.sh (a DaemonSet roll under clients), upgrade.sh (helm
 #     upgrade from the pinned previous release and back, under clients; its binary built once
@@ -33,7 +34,7 @@ step() { printf '\n=== %s (%s)\n' "$*" "$(date +%H:%M:%S)"; }
 if [[ $(id -u) -ne 0 ]]; then
     echo "=================================================================================="
     echo "CLUSTER TESTS SKIPPED (needs root): scripts/cluster.sh build/up, h3i-scenarios smoke"
-    echo "h3i-scenarios journey, gateway.sh, h3i-scenarios arch, node-checks.sh, dns-check.sh, traefik-check.sh, coexist.sh, skew.sh, rollout.sh, upgrade.sh and scale.sh did NOT run; nothing was proven on a real API server or real nodes."
+    echo "h3i-scenarios journey, gateway.sh, h3i-scenarios arch, node-checks.sh, h3i-scenarios monitoring, dns-check.sh, traefik-check.sh, coexist.sh, skew.sh, rollout.sh, upgrade.sh and scale.sh did NOT run; nothing was proven on a real API server or real nodes."
     echo "=================================================================================="
     [[ ${H3I_TESTS_REQUIRE_ROOT:-0} == 1 ]] && { echo "H3I_TESTS_REQUIRE_ROOT=1: failing" >&2; exit 1; }
     exit 0
@@ -66,6 +67,8 @@ trap 'exit 143' TERM
 
 step "cluster: build the control plane, helm, the node agent, the real nodes (CoreDNS with them), the registry and Traefik (cached per version)"
 timed build bash -c 'scripts/cluster.sh build && H3I_NODES=real scripts/cluster.sh build && scripts/addons-build.sh traefik >/dev/null'
+step "the Prometheus Operator, its config reloader and Prometheus, with their images (cached per version)"
+timed promop-build scripts/promop-build.sh
 step "the previous release's binary for tests/cluster/upgrade.sh (cached per commit)"
 timed release-build tests/cluster/upgrade.sh build
 step "trixie chroot with curl 8.14 (HTTP/3), the journey's second HTTP/3 client"
@@ -95,6 +98,8 @@ step "h3i-scenarios arch on real nodes (each node pulls its platform of the imag
 timed arch "$SCENARIOS" arch
 step "tests/cluster/node-checks.sh (what only a real node answers: image, capabilities, NodePort, Chromium, grace, probes, OOM)"
 timed node-checks tests/cluster/node-checks.sh
+step "h3i-scenarios monitoring (the chart's ServiceMonitor, PodMonitor and PrometheusRule under a real Prometheus Operator)"
+timed monitoring "$SCENARIOS" monitoring
 step "tests/cluster/dns-check.sh (CoreDNS: pod network, hostNetwork with ClusterFirstWithHostNet and without)"
 timed dns-check tests/cluster/dns-check.sh
 step "tests/cluster/traefik-check.sh (Traefik as the TCP ingress: routing, ipAllowList, forwarded headers, PROXY protocol v2)"

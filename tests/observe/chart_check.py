@@ -205,6 +205,8 @@ def properties(name: str, objs, notes: str, monitoring: bool, all_on: bool) -> N
         check(not present, f"{name}: {present} rendered without monitoring.coreos.com/v1")
     if all_on and not monitoring:
         check("WARNING" in notes and "were NOT created" in notes, f"{name}: NOTES do not warn about skipped monitors")
+    if "PodMonitor" in k:
+        pod_monitor(name, k["PodMonitor"][0])
     if "PrometheusRule" in k:
         groups = k["PrometheusRule"][0]["spec"]["groups"]
         alerts = [r for g in groups for r in g["rules"] if "alert" in r]
@@ -269,6 +271,24 @@ def architectures() -> None:
           "[arm64] narrows both; added to each of 2 user nodeSelectorTerms, the rest kept")
 
 
+def pod_monitor(name: str, pm: dict) -> None:
+    """The data plane declares no container port (src/operator/resources.rs): the PodMonitor must
+    not select by one (`port`, `portNumber`, `targetPort` keep only declared ports, so it would
+    scrape nothing) and must take the port from the annotation the operator writes."""
+    src = (helmlib.ROOT / "src/operator/resources.rs").read_text()
+    m = re.search(r'pub const METRICS_PORT_ANNOTATION: &str = "([^"]+)";', src)
+    check(m is not None, "src/operator/resources.rs has no METRICS_PORT_ANNOTATION")
+    if m is None:
+        return
+    meta = "__meta_kubernetes_pod_annotation_" + re.sub(r"[^a-zA-Z0-9_]", "_", m.group(1))
+    (ep,) = pm["spec"]["podMetricsEndpoints"]
+    check(not {"port", "portNumber", "targetPort"} & set(ep), f"{name}: PodMonitor selects a container port: {ep}")
+    sources = [l for r in ep["relabelings"] for l in r.get("sourceLabels", [])]
+    check(meta in sources, f"{name}: PodMonitor relabelings do not read {meta}")
+    targets = [r.get("targetLabel") for r in ep["relabelings"]]
+    check("__address__" in targets, f"{name}: PodMonitor does not set __address__")
+
+
 def negative_cases() -> None:
     """values.schema.json and template guards must reject what they are meant to reject."""
     typos = [
@@ -278,6 +298,9 @@ def negative_cases() -> None:
         {"metrics": {"prometheusRule": {"share": {"preset": "nginx"}}}},
         {"metrics": {"prometheusRule": {"disabledAlerts": ["H3IngressNoTraffic"]}}},
         {"metrics": {"podMonitor": {"interval": "15 seconds"}}},
+        {"metrics": {"podMonitor": {"port": "metrics"}}},
+        {"metrics": {"prometheusRule": {"alertFor": {"H3IngressNoTraffic": "5m"}}}},
+        {"metrics": {"prometheusRule": {"alertFor": {"H3IngressOperatorDown": "soon"}}}},
         {"image": {"digest": "latest"}},
         {"operator": {"replicas": 3}},
         {"listener": {"name": "Default"}},
@@ -316,13 +339,20 @@ def negative_cases() -> None:
         except HelmError as e:
             check(message in str(e), f"rendering {values} failed with an unexpected error: {e}")
     print(f"template guards: {len(guards)} invalid combinations refused with their message")
-    # Disabling an alert removes exactly it.
+    # Disabling an alert removes exactly it; alertFor changes exactly the `for:` it names.
+    source = yaml.safe_load((helmlib.ROOT / "charts/h3-ingress/rules/h3-ingress.rules.yaml").read_text())
+    source_for = {r["alert"]: r["for"] for g in source["groups"] for r in g["rules"] if "alert" in r}
     objs = helmlib.objects(helmlib.render(
-        {"metrics": {"prometheusRule": {"enabled": True, "disabledAlerts": ["H3IngressNoH3Traffic"]}}},
+        {"metrics": {"prometheusRule": {"enabled": True, "disabledAlerts": ["H3IngressNoH3Traffic"],
+                                        "alertFor": {"H3IngressDataPlaneTargetsMissing": "30s"}}}},
         api_versions=[helmlib.MONITORING_API]))
     (rule,) = [o for _, o in objs if o["kind"] == "PrometheusRule"]
-    alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
-    check("H3IngressNoH3Traffic" not in alerts and len(alerts) == 9, f"disabledAlerts left {alerts}")
+    rendered_for = {r["alert"]: r["for"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    check(set(rendered_for) == set(source_for) - {"H3IngressNoH3Traffic"},
+          f"disabledAlerts left {sorted(rendered_for)}")
+    want_for = dict(source_for, H3IngressDataPlaneTargetsMissing="30s")
+    check(all(rendered_for[a] == want_for[a] for a in rendered_for),
+          f"alertFor: rendered {rendered_for}, want {want_for}")
 
 
 def crd_upgrade_and_pull_policy() -> None:

@@ -8,7 +8,7 @@ Sources -> derived files:
 - the chart (rendered with default values)  -> deploy/operator.yaml (Helm-only labels and the
                                                uninstall hook removed)
 - charts/h3-ingress/rules/ + preset         -> deploy/prometheus/h3-ingress.rules.yml
-- the alert names of the rules file         -> values.schema.json enum of disabledAlerts
+- the alert names of the rules file         -> values.schema.json enums of disabledAlerts, alertFor
 - the `# --` comments of values.yaml        -> the values table of charts/h3-ingress/README.md
 """
 
@@ -116,8 +116,9 @@ def schema_json() -> str:
     schema = json.loads(path.read_text())
     rules = yaml.safe_load((ROOT / "charts/h3-ingress/rules/h3-ingress.rules.yaml").read_text())
     alerts = [r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r]
-    (schema["properties"]["metrics"]["properties"]["prometheusRule"]["properties"]
-     ["disabledAlerts"]["items"]["enum"]) = alerts
+    rule_values = schema["properties"]["metrics"]["properties"]["prometheusRule"]["properties"]
+    rule_values["disabledAlerts"]["items"]["enum"] = alerts
+    rule_values["alertFor"]["propertyNames"]["enum"] = alerts
     return json.dumps(schema, indent=2) + "\n"
 
 

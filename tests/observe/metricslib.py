@@ -1,7 +1,8 @@
 """Which metric names the binary exports, and which ones a PromQL expression uses.
 
 Exported names come either from a real scrape (`/metrics` text) or, before a proxy can run,
-from the registrations in src/proxy/observe/metrics.rs. Expression names come from a small PromQL
+from the registrations in src/proxy/observe/metrics.rs (the data plane's) and
+src/operator/metrics.rs (the operator's). Expression names come from a small PromQL
 tokenizer (string literals, label matchers and grouping clauses removed first); promtool
 separately proves that every expression parses.
 """
@@ -13,6 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 METRICS_RS = ROOT / "src" / "proxy" / "observe" / "metrics.rs"
+OPERATOR_METRICS_RS = ROOT / "src" / "operator" / "metrics.rs"
 
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 KEYWORDS = {

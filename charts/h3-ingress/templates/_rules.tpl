@@ -1,7 +1,7 @@
 {{/*
 The rule groups of rules/h3-ingress.rules.yaml with the TCP ingress denominator inserted right
-before the share rule (same group, so both are evaluated in one pass), disabled alerts removed
-and alertLabels merged in. Emitted as YAML `groups:`; used by the PrometheusRule.
+before the share rule (same group, so both are evaluated in one pass), disabled alerts removed,
+alertLabels merged in and the `for:` of alertFor set. Emitted as YAML `groups:`; used by the PrometheusRule.
 */}}
 {{- define "h3-ingress.ruleGroups" -}}
 {{- $cfg := .Values.metrics.prometheusRule -}}
@@ -25,7 +25,11 @@ and alertLabels merged in. Emitted as YAML `groups:`; used by the PrometheusRule
 {{- if $rule.alert -}}
 {{- if not (has $rule.alert $cfg.disabledAlerts) -}}
 {{- $labels := merge (deepCopy (default (dict) $rule.labels)) $cfg.alertLabels -}}
-{{- $rules = append $rules (set (deepCopy $rule) "labels" $labels) -}}
+{{- $alert := set (deepCopy $rule) "labels" $labels -}}
+{{- if hasKey $cfg.alertFor $rule.alert -}}
+{{- $_ := set $alert "for" (get $cfg.alertFor $rule.alert) -}}
+{{- end -}}
+{{- $rules = append $rules $alert -}}
 {{- end -}}
 {{- else -}}
 {{- $rules = append $rules $rule -}}

@@ -4,7 +4,7 @@
 use std::fmt::Debug;
 
 use h3_ingress::api::Http3Listener;
-use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::api::core::v1::{Event, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -28,6 +28,25 @@ where
 {
     let pp = PatchParams::apply(MANAGER).force();
     Ok(api.patch(name, &pp, &Patch::Apply(object)).await?)
+}
+
+/// Applies a `kubernetes.io/dockerconfigjson` Secret `name` in the Api's namespace holding
+/// `user`'s credentials for `registry` (what `kubectl create secret docker-registry` makes).
+pub async fn pull_secret(
+    api: &Api<Secret>,
+    name: &str,
+    registry: &str,
+    user: &str,
+    password: &str,
+) -> Result<Secret> {
+    let auth = crate::pods::base64(format!("{user}:{password}").as_bytes());
+    let config = serde_json::json!({"auths": {registry: {"username": user, "password": password, "auth": auth}}});
+    let data = crate::pods::base64(config.to_string().as_bytes());
+    let secret = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name, "namespace": api.namespace()},
+        "type": "kubernetes.io/dockerconfigjson",
+        "data": {".dockerconfigjson": data}});
+    apply(api, name, &secret).await
 }
 
 /// Creates an object; an existing one of that name fails.

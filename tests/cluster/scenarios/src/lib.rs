@@ -10,7 +10,7 @@
 //! - [`Env`] is what `scripts/cluster.sh env` says; [`env::cluster`] runs that script
 //! - [`cmd`] runs subprocesses (helm, kubectl where kubectl is what is tested, `ip netns exec`)
 //! - [`h3`] holds the HTTP/3 clients (aioquic, trixie curl), [`prom`] the admin endpoints and
-//!   metrics
+//!   metrics, [`promapi`] a Prometheus server's HTTP API (queries, targets, rules)
 //! - [`Pki`] and [`Nginx`] make a throw-away PKI and Debian nginx in each node's namespace
 //! - [`pods`] finds a pod's process and token; [`report`] prints what a failure shows
 
@@ -24,6 +24,7 @@ pub mod pki;
 pub mod pods;
 pub mod poll;
 pub mod prom;
+pub mod promapi;
 pub mod report;
 pub mod run;
 

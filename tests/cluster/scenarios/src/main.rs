@@ -6,6 +6,7 @@
 
 mod arch;
 mod journey;
+mod monitoring;
 mod smoke;
 
 use std::process::ExitCode;
@@ -13,13 +14,14 @@ use std::process::ExitCode;
 use h3i_scenarios::{drive, indent, is_root, ok, Env, Run, Scenario};
 
 const USAGE: &str =
-    "usage: h3i-scenarios SCENARIO\n\n  arch      the image index's platforms on real nodes, pods kept to nodes of its architectures\n  journey   the user's journey (tests/cluster/README.md)\n  smoke     the test cluster itself, end to end\n";
+    "usage: h3i-scenarios SCENARIO\n\n  arch        the image index's platforms on real nodes, pods kept to nodes of its\n              architectures\n  journey     the user's journey (tests/cluster/README.md)\n  monitoring  the chart's monitors, rules and dashboard under a real Prometheus Operator\n              (real nodes)\n  smoke       the test cluster itself, end to end\n";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("arch") => start::<arch::Arch>(),
         Some("journey") => start::<journey::Journey>(),
+        Some("monitoring") => start::<monitoring::Monitoring>(),
         Some("smoke") => start::<smoke::Smoke>(),
         _ => {
             eprint!("{USAGE}");

@@ -1,7 +1,9 @@
 //! The TCP ingress the data plane proxies to: Debian nginx in each node's network namespace on
 //! TCP 443 (v4 and v6), serving the given hosts with their certificates (copied per node so a
 //! rotation can replace them), advertising an Alt-Svc, refusing other names; `/whoami` says
-//! which host and node answered, other paths are files under the run's `www/`.
+//! which host and node answered, other paths are files under the run's `www/`. A run may add to
+//! every server block (a throttled location) and to the `http` block (another server, e.g.
+//! `stub_status` for an exporter).
 
 use std::path::{Path, PathBuf};
 
@@ -16,6 +18,16 @@ pub struct Nginx {
     alt_svc: String,
     /// Added to every server block (e.g. a throttled location).
     extra: String,
+    /// Added to the `http` block (e.g. a plain-HTTP server with `stub_status`).
+    http_extra: String,
+}
+
+/// What a run adds to nginx's configuration: `server` to every server block of a host,
+/// `http` to the `http` block.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Extra<'a> {
+    pub server: &'a str,
+    pub http: &'a str,
 }
 
 /// nginx's configuration for `node`, its files in `d`, serving `hosts` from `www`.
@@ -25,7 +37,7 @@ pub fn conf(
     hosts: &[&str],
     alt_svc: &str,
     www: &Path,
-    extra: &str,
+    extra: Extra<'_>,
 ) -> String {
     let d = d.display();
     let mut c = format!(
@@ -35,7 +47,9 @@ pub fn conf(
          fastcgi_temp_path {d}/tmp/fastcgi;\n    uwsgi_temp_path {d}/tmp/uwsgi;\n    \
          scgi_temp_path {d}/tmp/scgi;\n    default_type application/octet-stream;\n    \
          server {{\n        listen 443 ssl http2 default_server;\n        \
-         listen [::]:443 ssl http2 default_server;\n        ssl_reject_handshake on;\n    }}\n"
+         listen [::]:443 ssl http2 default_server;\n        ssl_reject_handshake on;\n    }}\n    \
+         {http}\n",
+        http = extra.http
     );
     for h in hosts {
         c += &format!(
@@ -43,8 +57,9 @@ pub fn conf(
              server_name {h};\n        ssl_certificate {d}/{h}.crt;\n        \
              ssl_certificate_key {d}/{h}.key;\n        add_header Alt-Svc '{alt_svc}' always;\n        \
              root {www};\n        location = /whoami {{ default_type text/plain; return 200 \"{h} on {node}\\n\"; }}\n        \
-             {extra}\n    }}\n",
-            www = www.display()
+             {server}\n    }}\n",
+            www = www.display(),
+            server = extra.server
         );
     }
     c + "}\n"
@@ -63,7 +78,14 @@ impl Nginx {
             dir: dir.to_path_buf(),
             alt_svc: alt_svc.to_string(),
             extra: extra.to_string(),
+            http_extra: String::new(),
         }
+    }
+
+    /// The same, with `http` added to nginx's `http` block.
+    pub fn with_http(mut self, http: &str) -> Nginx {
+        self.http_extra = http.to_string();
+        self
     }
 
     /// The files served (`DIR/www`).
@@ -86,7 +108,11 @@ impl Nginx {
             copy(&leaf.key, &d.join(format!("{host}.key")))?;
         }
         let names: Vec<&str> = hosts.iter().map(|(h, _)| *h).collect();
-        let text = conf(node, &d, &names, &self.alt_svc, &self.www(), &self.extra);
+        let extra = Extra {
+            server: &self.extra,
+            http: &self.http_extra,
+        };
+        let text = conf(node, &d, &names, &self.alt_svc, &self.www(), extra);
         let file = d.join("nginx.conf");
         std::fs::write(&file, text).context(|| format!("write {}", file.display()))?;
         let prefix = format!("{}/", d.display());
@@ -174,13 +200,18 @@ mod tests {
             &["a.test"],
             "h3=\":443\"; ma=3600",
             Path::new("/t/www"),
-            "",
+            Extra {
+                server: "location /slow/ { limit_rate 32k; }",
+                http: "server { listen 127.0.0.1:8080; location = /stub_status { stub_status; } }",
+            },
         );
         assert!(c.contains("ssl_reject_handshake on;"));
         assert!(c.contains("server_name a.test;"));
         assert!(c.contains("ssl_certificate /t/nginx-n1/a.test.crt;"));
         assert!(c.contains("add_header Alt-Svc 'h3=\":443\"; ma=3600' always;"));
         assert!(c.contains("return 200 \"a.test on n1\\n\";"));
+        assert!(c.contains("location /slow/ { limit_rate 32k; }"));
+        assert!(c.contains("location = /stub_status { stub_status; }"));
         assert_eq!(c.matches('{').count(), c.matches('}').count());
     }
 
@@ -194,7 +225,18 @@ mod tests {
         std::fs::create_dir_all(d.join("tmp")).unwrap();
         std::fs::copy(&leaf.crt, d.join("a.test.crt")).unwrap();
         std::fs::copy(&leaf.key, d.join("a.test.key")).unwrap();
-        let c = conf("n1", &d, &["a.test"], "h3=\":443\"", &dir.join("www"), "");
+        let extra = Extra {
+            server: "location /slow/ { limit_rate 32k; }",
+            http: "server { listen 127.0.0.1:8080; location = /stub_status { stub_status; } }",
+        };
+        let c = conf(
+            "n1",
+            &d,
+            &["a.test"],
+            "h3=\":443\"",
+            &dir.join("www"),
+            extra,
+        );
         std::fs::write(d.join("nginx.conf"), c).unwrap();
         let out = std::process::Command::new("nginx")
             .arg("-t")

@@ -159,27 +159,8 @@ impl Journey {
     }
 
     async fn pull_secret(&self, user: &str, password: &str) -> Result<()> {
-        let auth = h3i_scenarios::pods::base64(format!("{user}:{password}").as_bytes());
-        let config = json!({"auths": {"registry.h3i.test": {"username": user, "password": password, "auth": auth}}});
-        let secret = Secret {
-            type_: Some("kubernetes.io/dockerconfigjson".into()),
-            data: Some(
-                [(
-                    ".dockerconfigjson".to_string(),
-                    k8s_openapi::ByteString(config.to_string().into_bytes()),
-                )]
-                .into(),
-            ),
-            ..Default::default()
-        };
-        let mut v = serde_json::to_value(&secret).map_err(|source| h3i_scenarios::Error::Json {
-            context: "Secret".into(),
-            source,
-        })?;
-        v["apiVersion"] = json!("v1");
-        v["kind"] = json!("Secret");
-        v["metadata"] = json!({"name": "regcred", "namespace": NS_OP});
-        k8s::apply(&self.ns::<Secret>(NS_OP), "regcred", &v).await?;
+        let api = self.ns::<Secret>(NS_OP);
+        k8s::pull_secret(&api, "regcred", "registry.h3i.test", user, password).await?;
         Ok(())
     }
 
