@@ -6,10 +6,10 @@
 # chroot with curl 8.14 (the journey's second HTTP/3 client). Then two clusters, one after the
 # other:
 #   - real nodes (H3I_NODES=real), the product's OCI image pulled from the authenticated
-#     registry: the smoke (the cluster itself) and the journey (the product on it), both from
-#     the Rust scenario runner (tests/cluster/scenarios: `h3i-scenarios smoke|journey`),
-#     gateway.sh (Gateway API), node-checks.sh (what only a real node answers, a real browser),
-#     dns-check.sh (the cluster DNS, CoreDNS) and traefik-check.sh (Traefik as the TCP ingress);
+#     registry, from the Rust scenario runner (tests/cluster/scenarios: `h3i-scenarios NAME`):
+#     smoke (the cluster itself), journey (the product on it), gateway (Gateway API) and
+#     node-checks (what only a real node answers, a real browser); then dns-check.sh (the
+#     cluster DNS, CoreDNS) and traefik-check.sh (Traefik as the TCP ingress);
 #   - the node agent (pods as local processes, the fast mode): skew.sh (CRD version skew both
 #     ways, certificate renewal), rollout.sh (a DaemonSet roll under clients), upgrade.sh (helm
 #     upgrade from the pinned previous release and back, under clients; its binary built once
@@ -30,7 +30,7 @@ step() { printf '\n=== %s (%s)\n' "$*" "$(date +%H:%M:%S)"; }
 if [[ $(id -u) -ne 0 ]]; then
     echo "=================================================================================="
     echo "CLUSTER TESTS SKIPPED (needs root): scripts/cluster.sh build/up, h3i-scenarios smoke"
-    echo "h3i-scenarios journey, gateway.sh, node-checks.sh, dns-check.sh, traefik-check.sh, skew.sh, rollout.sh, upgrade.sh and scale.sh did NOT run; nothing was proven on a real API server or real nodes."
+    echo "h3i-scenarios journey, gateway and node-checks, dns-check.sh, traefik-check.sh, skew.sh, rollout.sh, upgrade.sh and scale.sh did NOT run; nothing was proven on a real API server or real nodes."
     echo "=================================================================================="
     [[ ${H3I_TESTS_REQUIRE_ROOT:-0} == 1 ]] && { echo "H3I_TESTS_REQUIRE_ROOT=1: failing" >&2; exit 1; }
     exit 0
@@ -85,10 +85,10 @@ step "h3i-scenarios smoke on real nodes (the cluster itself; left up for the jou
 timed smoke env H3I_SMOKE_KEEP=1 "$SCENARIOS" smoke
 step "h3i-scenarios journey on real nodes (the user's journey)"
 timed journey "$SCENARIOS" journey
-step "tests/cluster/gateway.sh on real nodes (Gateway API: HTTPRoutes, Gateways, ReferenceGrant)"
-timed gateway tests/cluster/gateway.sh
-step "tests/cluster/node-checks.sh (what only a real node answers: image, capabilities, NodePort, Chromium, grace, probes, OOM)"
-timed node-checks tests/cluster/node-checks.sh
+step "h3i-scenarios gateway on real nodes (Gateway API: HTTPRoutes, Gateways, ReferenceGrant)"
+timed gateway "$SCENARIOS" gateway
+step "h3i-scenarios node-checks (what only a real node answers: image, capabilities, NodePort, Chromium, grace, probes, OOM)"
+timed node-checks "$SCENARIOS" node-checks
 step "tests/cluster/dns-check.sh (CoreDNS: pod network, hostNetwork with ClusterFirstWithHostNet and without)"
 timed dns-check tests/cluster/dns-check.sh
 step "tests/cluster/traefik-check.sh (Traefik as the TCP ingress: routing, ipAllowList, forwarded headers, PROXY protocol v2)"

@@ -48,8 +48,6 @@ fn names() -> Vec<String> {
 /// Scripts still to be ported to the scenario runner: their assertions still spell names.
 /// This list only shrinks.
 const NOT_YET_PORTED: &[&str] = &[
-    "tests/cluster/gateway.sh",
-    "tests/cluster/node-checks.sh",
     "tests/cluster/skew.sh",
     "tests/cluster/rollout.sh",
     "tests/cluster/upgrade.sh",
