@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Client-side checks of the cluster scripts not yet ported to the scenario runner
-(node-checks.sh, skew.sh, rollout.sh, upgrade.sh; the journey's own are in
+(skew.sh, rollout.sh, upgrade.sh; the journey's own are in
 tests/cluster/scenarios/src/h3.rs and prom.rs): HTTP/3 requests to a data plane on a node
 address with two independent clients (aioquic through tests/py/h3client.py, and curl 8.14 with
 HTTP/3 from the Debian trixie chroot), steady traffic, and Prometheus scrapes.

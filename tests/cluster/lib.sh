@@ -1,11 +1,11 @@
 # shellcheck shell=bash
 # Helpers shared by the cluster scripts not yet ported to the scenario runner
-# (tests/cluster/scenarios) and tests/cluster/gateway.sh, which drive the
-# product on the test cluster of scripts/cluster.sh the same way: timed steps, checks that poll
-# the API server until a deadline, and a report of the cluster's state when a check fails.
+# (tests/cluster/scenarios), which drive the product on the test cluster of scripts/cluster.sh
+# the same way: timed steps, checks that poll the API server until a deadline, and a report of
+# the cluster's state when a check fails.
 #
-# They (and tests/cluster/scale.sh) also stand a Debian nginx in each node's namespace in for
-# the TCP ingress, with a throw-away PKI, and install the Gateway API CRDs.
+# They also stand a Debian nginx in each node's namespace in for the TCP ingress, with a
+# throw-away PKI, and (tests/cluster/scale.sh) install the Gateway API CRDs.
 #
 # Sourced by those scripts after they set their names. It uses, from the sourcing script:
 # T_START (the run's start, epoch seconds), CLUSTER (scripts/cluster.sh), NS_OP and RELEASE (the

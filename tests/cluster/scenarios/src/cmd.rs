@@ -86,6 +86,17 @@ pub async fn netns<S: AsRef<OsStr>>(node: &str, program: &str, args: &[S]) -> Re
     run("ip", &all).await
 }
 
+/// `kubectl auth can-i ARGS`: `yes` or `no`, as the API server judges (empty when kubectl
+/// failed to ask).
+pub async fn can_i(args: &[&str]) -> String {
+    let mut all = vec!["auth", "can-i"];
+    all.extend(args);
+    output("kubectl", &all)
+        .await
+        .map(|o| o.stdout.trim().to_string())
+        .unwrap_or_default()
+}
+
 /// The last `max` bytes of a text, cut at a character boundary.
 pub fn tail(text: &str, max: usize) -> &str {
     let mut start = text.len().saturating_sub(max);

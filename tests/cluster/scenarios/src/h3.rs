@@ -4,6 +4,7 @@
 //! (`H3I_TRIXIE_ROOT`, default `/work/trixie-root`).
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -393,11 +394,31 @@ pub async fn refused(t: &Target<'_>, kind: Refusal) -> Result<String> {
 /// Requests over fresh connections (`per_connection` on each) to every target, round robin,
 /// for `seconds`; every answer must be 200. Returns the line to print.
 pub async fn load(targets: &[Target<'_>], seconds: u64, per_connection: usize) -> Result<String> {
+    let never = AtomicBool::new(false);
+    load_until(
+        targets,
+        seconds,
+        per_connection,
+        Duration::from_millis(500),
+        &never,
+    )
+    .await
+}
+
+/// [`load`] with `pause` between rounds, ending early once `stop` is set (by a task running
+/// beside it: `tokio::join!`).
+pub async fn load_until(
+    targets: &[Target<'_>],
+    seconds: u64,
+    per_connection: usize,
+    pause: Duration,
+    stop: &AtomicBool,
+) -> Result<String> {
     let started = Instant::now();
     let path = targets.first().map_or("/", |t| t.path);
     let spec = Value::Array(vec![serde_json::json!({ "path": path }); per_connection]).to_string();
     let (mut good, mut bad, mut errors) = (0u64, 0u64, Vec::new());
-    while started.elapsed() < Duration::from_secs(seconds) {
+    while started.elapsed() < Duration::from_secs(seconds) && !stop.load(Ordering::Relaxed) {
         for t in targets {
             let rep = h3client(t, &["--requests", &spec]).await?;
             let reqs = rep["requests"].as_array().cloned().unwrap_or_default();
@@ -414,7 +435,7 @@ pub async fn load(targets: &[Target<'_>], seconds: u64, per_connection: usize) -
                 errors.push(format!("{}: {}", t.addr, rep["connection"]["handshake"]));
             }
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(pause).await;
     }
     let took = started.elapsed().as_secs_f64();
     if bad > 0 {
@@ -428,6 +449,51 @@ pub async fn load(targets: &[Target<'_>], seconds: u64, per_connection: usize) -
         "{good} HTTP/3 requests over {took:.0} s to {} node(s), all 200",
         targets.len()
     ))
+}
+
+/// One GET of `path` with aioquic on every address: 200 and what `want` says; the lines to
+/// print.
+pub async fn get_all(
+    ips: &[String],
+    host: &str,
+    port: u16,
+    path: &str,
+    cacert: &Path,
+    want: &Expect<'_>,
+) -> Result<Vec<String>> {
+    let mut lines = Vec::new();
+    for ip in ips {
+        let t = Target {
+            addr: ip,
+            host,
+            port,
+            path,
+            cacert,
+        };
+        lines.push(get(Client::Aioquic, &t, want).await?);
+    }
+    Ok(lines)
+}
+
+/// The handshake for `host` refused the way `kind` says on every address; the lines to print.
+pub async fn refused_all(
+    ips: &[String],
+    host: &str,
+    cacert: &Path,
+    kind: Refusal,
+) -> Result<Vec<String>> {
+    let mut lines = Vec::new();
+    for ip in ips {
+        let t = Target {
+            addr: ip,
+            host,
+            port: 443,
+            path: "/",
+            cacert,
+        };
+        lines.push(refused(&t, kind).await?);
+    }
+    Ok(lines)
 }
 
 #[cfg(test)]

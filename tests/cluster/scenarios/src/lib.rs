@@ -13,10 +13,15 @@
 //!   metrics, [`promapi`] a Prometheus server's HTTP API (queries, targets, rules)
 //! - [`Pki`] and [`Nginx`] make a throw-away PKI and Debian nginx in each node's namespace
 //! - [`pods`] finds a pod's process and token; [`report`] prints what a failure shows
+//! - [`app`] installs the chart, Secrets, Ingresses and listeners, and removes what a run left;
+//!   [`gateway_api`] installs the Gateway API's CRDs and reaches its objects
+//! - [`roll`] runs clients across a roll and judges what they saw
 
+pub mod app;
 pub mod cmd;
 pub mod env;
 pub mod error;
+pub mod gateway_api;
 pub mod h3;
 pub mod k8s;
 pub mod nginx;
@@ -26,6 +31,7 @@ pub mod poll;
 pub mod prom;
 pub mod promapi;
 pub mod report;
+pub mod roll;
 pub mod run;
 
 use std::os::unix::fs::MetadataExt;
@@ -95,4 +101,17 @@ pub fn scratch_dir(prefix: &str) -> Result<PathBuf> {
         source,
     })?;
     Ok(dir)
+}
+
+/// `n` bytes from the kernel's random source (files to serve and upload).
+pub fn random_bytes(n: usize) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let mut buf = vec![0u8; n];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .map_err(|source| Error::Io {
+            context: "read /dev/urandom".into(),
+            source,
+        })?;
+    Ok(buf)
 }

@@ -5,16 +5,22 @@
 //! `H3I_TESTS_REQUIRE_ROOT=1`.
 
 mod arch;
+mod gateway;
 mod journey;
 mod monitoring;
+mod nodes;
+mod rollout;
+mod scale;
+mod skew;
 mod smoke;
+mod upgrade;
 
 use std::process::ExitCode;
 
 use h3i_scenarios::{drive, indent, is_root, ok, Env, Run, Scenario};
 
 const USAGE: &str =
-    "usage: h3i-scenarios SCENARIO\n\n  arch        the image index's platforms on real nodes, pods kept to nodes of its\n              architectures\n  journey     the user's journey (tests/cluster/README.md)\n  monitoring  the chart's monitors, rules and dashboard under a real Prometheus Operator\n              (real nodes)\n  smoke       the test cluster itself, end to end\n";
+    "usage: h3i-scenarios SCENARIO\n\n  arch      the image index's platforms on real nodes, pods kept to nodes of its\n            architectures\n  journey   the user's journey (tests/cluster/README.md)\n  monitoring  the chart's monitors, rules and dashboard under a real Prometheus Operator\n  smoke     the test cluster itself, end to end\n  gateway   Gateway API: HTTPRoutes, Gateways, ReferenceGrant\n  node-checks  what only a real node answers (image, capabilities, NodePort, Chromium, grace, probes, OOM)\n  skew      CRD version skew both ways, certificate renewal\n  rollout   a DaemonSet roll under three clients per node\n  upgrade   helm upgrade from the previous release and back, under clients\n            (`upgrade build`: only build the previous release's binary)\n  scale HOSTS [options]   the scale harness against a 4-host baseline (`scale` alone: options)\n";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -23,6 +29,26 @@ fn main() -> ExitCode {
         Some("journey") => start::<journey::Journey>(),
         Some("monitoring") => start::<monitoring::Monitoring>(),
         Some("smoke") => start::<smoke::Smoke>(),
+        Some("gateway") => start::<gateway::Gateway>(),
+        Some("node-checks") => start::<nodes::Nodes>(),
+        Some("skew") => start::<skew::Skew>(),
+        Some("rollout") => start::<rollout::Rollout>(),
+        Some("upgrade") if args.get(1).is_some_and(|a| a == "build") => match upgrade::build_only()
+        {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("UPGRADE BUILD FAILED: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Some("upgrade") => start::<upgrade::Upgrade>(),
+        Some("scale") => match scale::Opts::parse(&args[1..]) {
+            Ok(_) => start::<scale::Scale>(),
+            Err(e) => {
+                eprint!("{e}\n\n{}", scale::opts::USAGE);
+                ExitCode::from(2)
+            }
+        },
         _ => {
             eprint!("{USAGE}");
             ExitCode::from(2)
@@ -45,6 +71,9 @@ fn start<S: Scenario + FromEnv>() -> ExitCode {
         };
     }
     let mut run = Run::new(S::TITLE);
+    if let Err(e) = S::before(&mut run) {
+        return failed_early(&run, &e);
+    }
     run.step("cluster up (scripts/cluster.sh up; warm: binaries cached)");
     let was_up = h3i_scenarios::env::cluster_healthy();
     match h3i_scenarios::env::cluster_up() {
@@ -122,4 +151,10 @@ fn failed_early(run: &Run, why: &dyn std::fmt::Display) -> ExitCode {
 /// How `main` makes a scenario from the cluster's environment and an admin client.
 pub trait FromEnv {
     fn from_env(env: Env, client: kube::Client) -> Self;
+
+    /// Steps before the cluster comes up (blocking: no runtime yet), e.g. what the cluster's
+    /// node agent must be started with.
+    fn before(_run: &mut Run) -> h3i_scenarios::Result<()> {
+        Ok(())
+    }
 }

@@ -56,6 +56,13 @@ impl Pki {
         })
     }
 
+    /// Writes the CA's key as `DIR/ca.key` (PKCS#8), for a tool that signs its own leaves.
+    pub fn write_ca_key(&self) -> Result<PathBuf> {
+        let path = self.dir.join("ca.key");
+        write(&path, &self.ca_key.serialize_pem())?;
+        Ok(path)
+    }
+
     /// `DIR/ca.crt`.
     pub fn ca(&self) -> PathBuf {
         self.dir.join("ca.crt")
