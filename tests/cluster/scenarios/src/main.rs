@@ -4,19 +4,20 @@
 //! (exit 1). Without root it prints `TITLE SKIPPED (needs root)` and exits 0, or 1 under
 //! `H3I_TESTS_REQUIRE_ROOT=1`.
 
+mod frontdoor;
 mod journey;
 
 use std::process::ExitCode;
 
 use h3i_scenarios::{drive, indent, is_root, ok, Env, Run, Scenario};
 
-const USAGE: &str =
-    "usage: h3i-scenarios SCENARIO\n\n  journey   the user's journey (tests/cluster/README.md)\n";
+const USAGE: &str = "usage: h3i-scenarios SCENARIO\n\n  journey     the user's journey (tests/cluster/README.md)\n  frontdoor   HTTP/3 keeps the TCP ingress's per-host rules (real nodes, Traefik)\n";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("journey") => start::<journey::Journey>(),
+        Some("frontdoor") => start::<frontdoor::Frontdoor>(),
         _ => {
             eprint!("{USAGE}");
             ExitCode::from(2)
@@ -75,7 +76,7 @@ fn start<S: Scenario + FromEnv>() -> ExitCode {
     })
 }
 
-/// `name=Ready name=NotReady ...` of the cluster's nodes.
+/// `name=Ready name=NotReady ...` of the cluster's nodes (kubernetes' own node condition).
 async fn nodes(client: &kube::Client) -> String {
     let api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
     let Ok(list) = api.list(&Default::default()).await else {
@@ -91,7 +92,7 @@ async fn nodes(client: &kube::Client) -> String {
             .iter()
             .any(|c| c.type_ == "Ready" && c.status == "True"); // kubernetes' own node condition
         if ready {
-            "Ready"
+            "Ready" // kubernetes' own node condition
         } else {
             "NotReady"
         } // kubernetes' own node condition

@@ -237,9 +237,9 @@ impl Journey {
             .conditions
             .iter()
             .flatten()
-            .find(|c| c.type_ == "Ready")
+            .find(|c| c.type_ == "Ready") // kubernetes' own pod condition
             .map(|c| c.status.clone())
-            .unwrap_or_default(); // kubernetes' own pod condition
+            .unwrap_or_default();
         let spec = p.spec.clone().unwrap_or_default();
         let image = spec.containers[0].image.clone().unwrap_or_default();
         let pull = spec
