@@ -9,10 +9,13 @@
 //! would do (an outside client gets 200 over HTTP/3, 403 over TCP);
 //! (b) with the listener's declaration they are served and an outside client gets 403 over
 //! HTTP/3 exactly as over TCP, an inside one 200 (nginx: forwarded headers, trusted; Traefik:
-//! trusted headers are refused for a Middleware that judges the peer, PROXY protocol serves it);
+//! trusted headers are refused for a Middleware that judges the peer, PROXY protocol serves it),
+//! an outside client's own `X-Forwarded-For`/`Forwarded`/`X-Real-IP` naming the inside address
+//! still gets 403 over HTTP/3, and Traefik's access log names the client;
 //! (c) `proxy-read-timeout: "120"` reaches the host's mirror;
 //! (d) hosts asking for client certificates (an annotation, a TLSOption) are refused with
-//! their reason. `H3I_FRONTDOOR_KEEP=1` keeps the objects, nginx and Traefik afterwards.
+//! their reason. Every answer is printed again at the end as one table.
+//! `H3I_FRONTDOOR_KEEP=1` keeps the objects, nginx and Traefik afterwards.
 
 mod setup;
 mod steps;

@@ -31,12 +31,15 @@ impl Frontdoor {
         }
     }
 
-    /// The listener lists `host` as not served for `reason`; returns its message.
-    async fn held(&self, listener: &str, host: &str, reason: &str) -> Result<String> {
-        let what = format!("{listener}: {host} not served, reason {reason}");
-        until(60, &what, || async {
+    /// The listener lists `host` as not served for `reason` with a message naming `names`;
+    /// returns the message. The message is waited for too: the operator's watch of Traefik's
+    /// kinds backs off up to 30 s while their CRDs are absent (installed after the operator),
+    /// and says meanwhile that it cannot read the Middleware.
+    async fn held(&self, listener: &str, host: &str, reason: &str, names: &str) -> Result<String> {
+        let what = format!("{listener}: {host} not served, reason {reason}, naming {names:?}");
+        until(90, &what, || async {
             let h = self.host_status(listener, host).await?;
-            Ok(h.is_some_and(|h| h.reason == reason))
+            Ok(h.is_some_and(|h| h.reason == reason && h.message.contains(names)))
         })
         .await?;
         let message = self
@@ -158,19 +161,15 @@ impl Frontdoor {
             "(a) as installed: allowlisted hosts held back with the annotation or Middleware named",
         );
         let m = self
-            .held(L_NGINX, GUARDED, reasons::CLIENT_ADDRESS_POLICY)
+            .held(L_NGINX, GUARDED, reasons::CLIENT_ADDRESS_POLICY, WHITELIST)
             .await?;
         ensure!(
             m.contains(WHITELIST) && m.contains("clientAddress.trusted: true"),
             "{m}"
         );
-        let m = self
-            .held(L_TRAEFIK, T_GUARDED, reasons::CLIENT_ADDRESS_POLICY)
+        let allow = format!("Middleware {NS_APP}/allow (ipAllowList");
+        self.held(L_TRAEFIK, T_GUARDED, reasons::CLIENT_ADDRESS_POLICY, &allow)
             .await?;
-        ensure!(
-            m.contains(&format!("Middleware {NS_APP}/allow (ipAllowList")),
-            "{m}"
-        );
         for l in [L_NGINX, L_TRAEFIK] {
             self.client_address(l, "False", reasons::UNTRUSTED_FORWARDED_HEADERS)
                 .await?;
@@ -264,13 +263,9 @@ impl Frontdoor {
             .await?;
         self.client_address(L_TRAEFIK, "True", reasons::TRUSTED_FORWARDED_HEADERS)
             .await?;
-        let m = self
-            .held(L_TRAEFIK, T_GUARDED, reasons::CLIENT_ADDRESS_POLICY)
+        let depth = "ipStrategy.depth: 1";
+        self.held(L_TRAEFIK, T_GUARDED, reasons::CLIENT_ADDRESS_POLICY, depth)
             .await?;
-        ensure!(
-            m.contains("ipStrategy.depth: 1"),
-            "the message should say what to set: {m}"
-        );
         self.h3_refused(T_GUARDED, UDP_TRAEFIK).await?;
         run.step(format!(
             "(b) {L_TRAEFIK} sends PROXY protocol to h3proxy (127.0.0.1:{TCP_TRAEFIK_PROXY}): served, the allowlist holds"
@@ -346,14 +341,17 @@ impl Frontdoor {
         );
         ok(format!("{NS_HOSTS}/{name}: {SLOW} responseTimeoutSeconds 120, responseBodyIdleTimeoutSeconds 120"));
         run.step(format!("(d) client certificates: {MTLS} (auth-tls-verify-client) and {T_MTLS} (TLSOption) refused"));
-        let m = self
-            .held(L_NGINX, MTLS, reasons::CLIENT_CERTIFICATE_REQUIRED)
+        let verify = "auth-tls-verify-client";
+        self.held(L_NGINX, MTLS, reasons::CLIENT_CERTIFICATE_REQUIRED, verify)
             .await?;
-        ensure!(m.contains("auth-tls-verify-client"), "{m}");
-        let m = self
-            .held(L_TRAEFIK, T_MTLS, reasons::CLIENT_CERTIFICATE_REQUIRED)
-            .await?;
-        ensure!(m.contains(&format!("TLSOption {NS_APP}/mtls")), "{m}");
+        let option = format!("TLSOption {NS_APP}/mtls");
+        self.held(
+            L_TRAEFIK,
+            T_MTLS,
+            reasons::CLIENT_CERTIFICATE_REQUIRED,
+            &option,
+        )
+        .await?;
         self.h3_refused(MTLS, UDP_NGINX).await?;
         self.h3_refused(T_MTLS, UDP_TRAEFIK).await
     }
