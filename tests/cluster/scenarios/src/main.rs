@@ -5,6 +5,7 @@
 //! `H3I_TESTS_REQUIRE_ROOT=1`.
 
 mod arch;
+mod frontdoor;
 mod gateway;
 mod journey;
 mod monitoring;
@@ -20,7 +21,7 @@ use std::process::ExitCode;
 use h3i_scenarios::{drive, indent, is_root, ok, Env, Run, Scenario};
 
 const USAGE: &str =
-    "usage: h3i-scenarios SCENARIO\n\n  arch      the image index's platforms on real nodes, pods kept to nodes of its\n            architectures\n  journey   the user's journey (tests/cluster/README.md)\n  monitoring  the chart's monitors, rules and dashboard under a real Prometheus Operator\n  smoke     the test cluster itself, end to end\n  gateway   Gateway API: HTTPRoutes, Gateways, ReferenceGrant\n  node-checks  what only a real node answers (image, capabilities, NodePort, Chromium, grace, probes, OOM)\n  skew      CRD version skew both ways, certificate renewal\n  rollout   a DaemonSet roll under three clients per node\n  upgrade   helm upgrade from the previous release and back, under clients\n            (`upgrade build`: only build the previous release's binary)\n  scale HOSTS [options]   the scale harness against a 4-host baseline (`scale` alone: options)\n";
+    "usage: h3i-scenarios SCENARIO\n\n  arch      the image index's platforms on real nodes, pods kept to nodes of its\n            architectures\n  journey   the user's journey (tests/cluster/README.md)\n  monitoring  the chart's monitors, rules and dashboard under a real Prometheus Operator\n  smoke     the test cluster itself, end to end\n  frontdoor HTTP/3 keeps the TCP ingress's per-host rules (real nodes, Traefik; not yet in run.sh)\n  gateway   Gateway API: HTTPRoutes, Gateways, ReferenceGrant\n  node-checks  what only a real node answers (image, capabilities, NodePort, Chromium, grace, probes, OOM)\n  skew      CRD version skew both ways, certificate renewal\n  rollout   a DaemonSet roll under three clients per node\n  upgrade   helm upgrade from the previous release and back, under clients\n            (`upgrade build`: only build the previous release's binary)\n  scale HOSTS [options]   the scale harness against a 4-host baseline (`scale` alone: options)\n";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -49,6 +50,7 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Some("frontdoor") => start::<frontdoor::Frontdoor>(),
         _ => {
             eprint!("{USAGE}");
             ExitCode::from(2)
