@@ -3,6 +3,7 @@
 //! the [`altsvc`] advice they are given, and which fields a parse did not know ([`unknown`]).
 //! No I/O here.
 
+mod advertise;
 pub mod altsvc;
 pub mod bounds;
 pub mod gateway;
@@ -15,6 +16,7 @@ mod service;
 mod settings;
 pub mod unknown;
 
+pub use advertise::*;
 pub use listener::*;
 pub use report::*;
 pub use service::*;
@@ -46,6 +48,10 @@ pub mod conditions {
     /// HTTP/3 only then (Firefox and Safari may with a private CA). A note: never part of
     /// Ready or Degraded.
     pub const PUBLIC_ROOTS: &str = "PublicRoots";
+    /// Only with `spec.advertise.dns`: whether every served host's DNS HTTPS record is in its
+    /// zone (and no record of a host no longer served is left). Never part of Ready or
+    /// Degraded: serving does not depend on it.
+    pub const DNS_ADVERTISED: &str = "DnsAdvertised";
 }
 
 /// Reasons for conditions and per-host states. CamelCase, stable: users alert on them.
@@ -106,6 +112,27 @@ pub mod reasons {
     pub const PRIVATE_ROOTS: &str = "PrivateRoots";
     /// No served host's certificate has been judged (none served yet).
     pub const NO_CERTIFICATES: &str = "NoCertificates";
+    // DnsAdvertised (also INVALID_SPEC: a field of spec.advertise.dns, named in the message)
+    /// The zones hold exactly the served hosts' records (True).
+    pub const PUBLISHED: &str = "Published";
+    /// Not tried yet since the listener (or its `advertise.dns`) appeared (Unknown).
+    pub const PUBLISH_PENDING: &str = "Pending";
+    /// The server did not answer, or not within the timeout (False; retried with back-off).
+    pub const SERVER_UNREACHABLE: &str = "ServerUnreachable";
+    /// The server refused our TSIG signature or key, or its answer did not verify with it
+    /// (False; the Secret is read again on each retry).
+    pub const TSIG_REFUSED: &str = "TsigRefused";
+    /// The server refused the update for another reason (REFUSED: no update ACL for the key,
+    /// NOTZONE, SERVFAIL...) or answered something unreadable (False).
+    pub const UPDATE_REFUSED: &str = "UpdateRefused";
+    /// The TSIG Secret or its key is missing, or the key is not base64 (False).
+    pub const TSIG_KEY_UNAVAILABLE: &str = "TsigKeyUnavailable";
+    /// Some served hosts' zone holds a record the operator did not make: left alone (False).
+    pub const RECORD_CONFLICT: &str = "Conflict";
+    /// Some served hosts are in none of `advertise.dns.zones` (False).
+    pub const OUTSIDE_ZONES: &str = "OutsideZones";
+    /// `spec.advertise.dns` was removed: the records were withdrawn (False).
+    pub const DISABLED: &str = "Disabled";
     // Per host
     pub const SERVING: &str = "Serving";
     pub const NO_TLS: &str = "NoTLS";

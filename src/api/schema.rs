@@ -40,6 +40,9 @@ pub const SCHEMA_HASHES: &[&str] = &[
     "sha256:04b3cadde5623ff1",
     // 4: metrics.hostLabel.
     "sha256:ace7e773dce49f47",
+    // 5: advertise.dns (server, zones, tsigKeyName, tsigSecretRef, algorithm, ttlSeconds) and
+    // status.advertise.dns.
+    "sha256:de1fbccfbcd2493f",
 ];
 
 /// This binary's schema revision.
