@@ -190,7 +190,9 @@ fn condition_events(
         let changed = prev.is_none_or(|p| p.status != c.status || p.reason != c.reason);
         // PublicRoots says what the certificates a user chose are, not something that went
         // wrong: the status and `kubectl h3-ingress status` carry it, no event.
-        if !changed || c.type_ == conditions::PUBLIC_ROOTS {
+        // Nor does DNS publishing the user switched off.
+        let switched_off = c.type_ == conditions::DNS_ADVERTISED && c.reason == reasons::DISABLED;
+        if !changed || c.type_ == conditions::PUBLIC_ROOTS || switched_off {
             continue;
         }
         // Degraded=True and the other conditions False are the bad states; Unknown (no

@@ -19,6 +19,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::advertise::dns::task::{Advertisers, KubeKeys, Timing};
 use super::context::{Caches, Context};
 use super::controller::{error_policy, reconcile, Error};
 use super::hosts::ingress::default_class;
@@ -122,6 +123,19 @@ pub async fn run_with(
             let _ = gateway_tx.send(change);
         }),
     ));
+    // A DNS task whose state changed asks for its listener's reconcile (the status says it).
+    let (advertise_tx, advertise_rx) = mpsc::unbounded_channel();
+    let advertise = Arc::new(Advertisers::new(
+        Arc::new(KubeKeys {
+            client: client.clone(),
+            namespace: opts.namespace.clone(),
+        }),
+        Arc::new(move |listener: &str| {
+            let _ = advertise_tx.send(listener.to_string());
+        }),
+        FIELD_MANAGER,
+        Timing::default(),
+    ));
     let caches = Caches {
         ingresses: w.ingress_store.clone(),
         listeners: w.listener_store.clone(),
@@ -149,7 +163,8 @@ pub async fn run_with(
             metrics,
         )
         .with_pod_defaults(opts.pod_defaults.clone())
-        .with_crd_check(crd),
+        .with_crd_check(crd)
+        .with_advertisers(advertise),
     );
     tokio::spawn(ready_once_filled(ctx.clone(), ready));
     // The first lists and Secret reads of a large cluster are a burst the allocator keeps.
@@ -165,6 +180,7 @@ pub async fn run_with(
         gateway_rx,
         crd_rx,
         leader_rx,
+        advertise_rx,
     };
     controller(&client, &opts, w, triggers, ctx.clone())
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
@@ -247,6 +263,8 @@ struct Triggers {
     /// The served CRD's verdict changed.
     crd_rx: mpsc::UnboundedReceiver<()>,
     leader_rx: watch::Receiver<bool>,
+    /// A listener's DNS task has news for its status.
+    advertise_rx: mpsc::UnboundedReceiver<String>,
 }
 
 /// The Controller with every trigger: a listener's own changes; its DaemonSet's; Ingress,
@@ -264,6 +282,7 @@ fn controller(
         gateway_rx,
         crd_rx,
         leader_rx,
+        advertise_rx,
     } = t;
     let (any_listener_tx, any_listener_rx) = mpsc::unbounded_channel();
     let refs = |names: Vec<String>| stream::iter(names.into_iter().map(|n| ObjectRef::new(&n)));
@@ -314,6 +333,7 @@ fn controller(
     .reconcile_on(ingresses)
     .reconcile_on(secrets)
     .reconcile_on(gateways)
+    .reconcile_on(stream_from_channel(advertise_rx).map(|n| ObjectRef::new(&n)))
     .reconcile_all_on(watches::class_trigger(client, w.class_writer))
     .reconcile_all_on(stream_from_channel(any_listener_rx))
     .reconcile_all_on(stream_from_channel(crd_rx))
