@@ -109,8 +109,12 @@ pub const HANDSHAKES_PER_SECOND: Bound = Bound::new("limits.handshakesPerSecond"
 pub const SOURCE_PREFIX_LENGTH_IPV4: Bound = Bound::new("limits.sourcePrefixLengthIpv4", 8, 32);
 pub const SOURCE_PREFIX_LENGTH_IPV6: Bound = Bound::new("limits.sourcePrefixLengthIpv6", 16, 128);
 
+/// TTL of the published HTTPS records: at least 10 s (resolvers clamp lower values anyway),
+/// at most an hour, which bounds how long a withdrawn record can still send clients to HTTP/3.
+pub const DNS_TTL_SECONDS: Bound = Bound::new("advertise.dns.ttlSeconds", 10, 3600);
+
 /// Every bound, for tests that hold the schema and the check to them.
-pub const ALL: [Bound; 33] = [
+pub const ALL: [Bound; 34] = [
     PORT,
     CONNECT_TIMEOUT_SECONDS,
     RESPONSE_TIMEOUT_SECONDS,
@@ -144,4 +148,5 @@ pub const ALL: [Bound; 33] = [
     HANDSHAKES_PER_SECOND,
     SOURCE_PREFIX_LENGTH_IPV4,
     SOURCE_PREFIX_LENGTH_IPV6,
+    DNS_TTL_SECONDS,
 ];

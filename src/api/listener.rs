@@ -12,6 +12,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::advertise::{AdvertiseSettings, AdvertiseStatus};
 use super::service::{ListenerService, Rollout};
 use super::settings::{
     AccessLogSettings, AddressValidationSettings, AltSvcSettings, HttpSettings, LimitsSettings,
@@ -167,6 +168,10 @@ pub struct Http3ListenerSpec {
     /// with neither gets `upstream.address`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gateway_upstreams: Vec<GatewayUpstream>,
+    /// DNS HTTPS records for the served hosts, kept only while they are served; off when
+    /// absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advertise: Option<AdvertiseSettings>,
     /// Fields of the served object this binary does not know (never serialised).
     #[serde(skip)]
     #[schemars(skip)]
@@ -251,6 +256,9 @@ pub struct Http3ListenerStatus {
     /// minute, so a busy listener does not write its status on every reconcile.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub counters_time: Option<Time>,
+    /// What `spec.advertise` keeps published, and where.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advertise: Option<AdvertiseStatus>,
     /// Fields of the served status this binary does not know (never serialised).
     #[serde(skip)]
     #[schemars(skip)]

@@ -3,6 +3,7 @@
 //! the [`altsvc`] advice they are given, and which fields a parse did not know ([`unknown`]).
 //! No I/O here.
 
+mod advertise;
 pub mod altsvc;
 pub mod bounds;
 pub mod gateway;
@@ -16,6 +17,7 @@ mod settings;
 pub mod traefik;
 pub mod unknown;
 
+pub use advertise::*;
 pub use listener::*;
 pub use report::*;
 pub use service::*;
@@ -98,6 +100,10 @@ pub mod conditions {
     /// ingress is declared to trust, False when the ingress sees the node's address. A note,
     /// never part of Ready or Degraded; its message counts the hosts held back for it.
     pub const CLIENT_ADDRESS: &str = "ClientAddress";
+    /// Only with `spec.advertise.dns`: whether every served host's DNS HTTPS record is in its
+    /// zone (and no record of a host no longer served is left). Never part of Ready or
+    /// Degraded: serving does not depend on it.
+    pub const DNS_ADVERTISED: &str = "DnsAdvertised";
 }
 
 /// Reasons for conditions and per-host states. CamelCase, stable: users alert on them.
@@ -179,6 +185,27 @@ pub mod reasons {
     /// No host is known to be private, but some Secrets hold the leaf without the
     /// intermediate that issued it: whether those chain to a public web root is unknown.
     pub const INCOMPLETE_CHAIN: &str = "IncompleteChain";
+    // DnsAdvertised (also INVALID_SPEC: a field of spec.advertise.dns, named in the message)
+    /// The zones hold exactly the served hosts' records (True).
+    pub const PUBLISHED: &str = "Published";
+    /// Not tried yet since the listener (or its `advertise.dns`) appeared (Unknown).
+    pub const PUBLISH_PENDING: &str = "Pending";
+    /// The server did not answer, or not within the timeout (False; retried with back-off).
+    pub const SERVER_UNREACHABLE: &str = "ServerUnreachable";
+    /// The server refused our TSIG signature or key, or its answer did not verify with it
+    /// (False; the Secret is read again on each retry).
+    pub const TSIG_REFUSED: &str = "TsigRefused";
+    /// The server refused the update for another reason (REFUSED: no update ACL for the key,
+    /// NOTZONE, SERVFAIL...) or answered something unreadable (False).
+    pub const UPDATE_REFUSED: &str = "UpdateRefused";
+    /// The TSIG Secret or its key is missing, or the key is not base64 (False).
+    pub const TSIG_KEY_UNAVAILABLE: &str = "TsigKeyUnavailable";
+    /// Some served hosts' zone holds a record the operator did not make: left alone (False).
+    pub const RECORD_CONFLICT: &str = "Conflict";
+    /// Some served hosts are in none of `advertise.dns.zones` (False).
+    pub const OUTSIDE_ZONES: &str = "OutsideZones";
+    /// `spec.advertise.dns` was removed: the records were withdrawn (False).
+    pub const DISABLED: &str = "Disabled";
     // Per host
     pub const SERVING: &str = "Serving";
     pub const NO_TLS: &str = "NoTLS";
@@ -409,8 +436,9 @@ mod tests {
     }
 
     /// Every enum of the CRD, where it is in the spec, and one value of each.
-    const ENUMS: [(&str, &str); 8] = [
+    const ENUMS: [(&str, &str); 9] = [
         ("addressValidation.mode", "auto"),
+        ("advertise.dns.algorithm", "hmac-sha384"),
         ("service.externalTrafficPolicy", "Local"),
         ("service.ipFamilyPolicy", "SingleStack"),
         ("service.type", "NodePort"),
@@ -425,6 +453,8 @@ mod tests {
             "upstream": {"address": "10.0.0.1:443"},
             "service": {"annotations": {"a": "b"}},
             "transport": {"initialWindowPackets": 10},
+            "advertise": {"dns": {"server": "10.0.0.53:53", "zones": ["example.com"],
+                                  "tsigKeyName": "k", "tsigSecretRef": {"name": "s", "key": "k"}}},
         });
         let mut at = &mut spec;
         for key in path.split('.') {

@@ -45,6 +45,9 @@ pub const SCHEMA_HASHES: &[&str] = &[
     "sha256:ead722d1432b3ec7",
     // 6: controllerName (which operator runs the listener), and its printer column.
     "sha256:25c20e19158e372a",
+    // 7: advertise.dns (server, zones, tsigKeyName, tsigSecretRef, algorithm, ttlSeconds) and
+    // status.advertise.dns.
+    "sha256:3133b5ad2a2977eb",
 ];
 
 /// This binary's schema revision.

@@ -14,6 +14,7 @@ use kube::runtime::reflector::Store;
 use kube::Client;
 use tokio::sync::watch;
 
+use super::advertise::dns::task::{Advertisers, KubeKeys, Timing};
 use super::hosts::ingress::{default_class, with_default_class};
 use super::hosts::policy::keys::TRAEFIK_CONTROLLER;
 use super::hosts::{GatewayObjects, TraefikObjects};
@@ -104,6 +105,8 @@ pub struct Context {
     pub me: Me,
     /// The bound on `/status` fetches, shared by every reconcile.
     pub status_gate: Gate,
+    /// The listeners' DNS publishing tasks (`spec.advertise.dns`).
+    pub advertise: Arc<Advertisers>,
 }
 
 impl Context {
@@ -116,7 +119,18 @@ impl Context {
         reporter: Reporter,
         metrics: Arc<OperatorMetrics>,
     ) -> Self {
+        let keys = KubeKeys {
+            client: client.clone(),
+            namespace: params.namespace.clone(),
+        };
+        let advertise = Advertisers::new(
+            Arc::new(keys),
+            Arc::new(|_: &str| {}),
+            super::FIELD_MANAGER,
+            Timing::default(),
+        );
         Self {
+            advertise: Arc::new(advertise),
             recorder: Recorder::new(client.clone(), reporter),
             client,
             pod_defaults: PodDefaults::default(),
@@ -166,6 +180,12 @@ impl Context {
     /// The check of the served CRD whose verdict the status carries as `CRDCurrent`.
     pub fn with_crd_check(mut self, crd: Arc<super::crd::CrdCheck>) -> Self {
         self.crd = crd;
+        self
+    }
+
+    /// The DNS publishing tasks, with how they ask for a reconcile.
+    pub fn with_advertisers(mut self, advertise: Arc<Advertisers>) -> Self {
+        self.advertise = advertise;
         self
     }
 

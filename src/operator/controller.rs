@@ -20,6 +20,8 @@ use kube::runtime::events::{Event as KubeEvent, EventType};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 
+use super::advertise::dns::listener as dns;
+use super::advertise::dns::task::Desired;
 use super::apply::{self, ApplyError};
 pub use super::context::{Caches, Context, Memory};
 use super::events::{self, PlannedEvent, Target};
@@ -34,7 +36,10 @@ use super::status::{self, Blocker, PodReport};
 use super::watches::owned_by;
 use super::{conflicts, labels, mirrors, placement, podstate, resources, text, FIELD_MANAGER};
 use crate::api::mirror::mirror_name;
-use crate::api::{host_states, reasons, HostStatus, Http3Listener, Http3ListenerStatus};
+use crate::api::{
+    conditions, host_states, reasons, AdvertiseStatus, HostStatus, Http3Listener,
+    Http3ListenerStatus,
+};
 
 /// How often a listener is reconciled without any change, to refresh the pods' reports.
 pub const REQUEUE: Duration = Duration::from_secs(60);
@@ -342,6 +347,9 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         // (Likewise the first verdict on the served CRD, operator::crd.)
         return Ok(Action::requeue(Duration::from_secs(5)));
     }
+    let listeners = ctx.caches.listeners.state();
+    ctx.advertise
+        .withdraw_gone(&listeners.iter().map(|l| l.name_any()).collect());
     match ctx.ownership(listener) {
         Ownership::Mine => {}
         Ownership::Other { namespace } => return hand_over(listener, &namespace, ctx).await,
@@ -419,6 +427,7 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
     };
     let hosts = status::host_statuses(&inputs);
     let mut next = status::aggregate(&inputs, &hosts);
+    advertise(ctx, listener, &hosts, &mut next, now);
     // Version skew: the CRDCurrent condition (operator::crd).
     let (crd, previous) = (ctx.crd.verdict(), listener.status.as_ref());
     super::crd::set_condition(&mut next, crd.as_ref(), previous, now, inputs.generation);
@@ -508,6 +517,51 @@ async fn refuse(
     Ok(Action::requeue(REQUEUE))
 }
 
+/// Hands the listener's DNS task the hosts it serves, and puts what the task last achieved
+/// in the status (`DnsAdvertised`, `status.advertise.dns`). Never waits for the DNS server.
+fn advertise(
+    ctx: &Context,
+    listener: &Http3Listener,
+    hosts: &[HostStatus],
+    next: &mut Http3ListenerStatus,
+    now: Timestamp,
+) {
+    let name = listener.name_any();
+    let spec = listener
+        .spec
+        .advertise
+        .as_ref()
+        .and_then(|a| a.dns.as_ref());
+    let settings = spec.map(dns::Settings::from_spec);
+    let ready = next.nodes.as_ref().map_or(0, |n| n.ready);
+    ctx.advertise.feed(
+        &name,
+        Desired {
+            settings: settings.clone().and_then(Result::ok),
+            hosts: dns::served(hosts, ready),
+            port: listener.spec.port,
+        },
+    );
+    let previous = listener.status.as_ref();
+    let had = previous
+        .is_some_and(|s| (s.conditions.iter()).any(|c| c.type_ == conditions::DNS_ADVERTISED));
+    let state = ctx.advertise.state(&name);
+    let Some(((ok, reason, message), dns)) = dns::verdict(settings.as_ref(), state.as_ref(), had)
+    else {
+        return;
+    };
+    next.conditions.push(status::condition_at(
+        conditions::DNS_ADVERTISED,
+        ok,
+        reason,
+        message,
+        listener.metadata.generation,
+        now,
+    ));
+    next.advertise = dns.map(|d| AdvertiseStatus { dns: Some(d) });
+    status::carry_transition_times(previous, next);
+}
+
 /// When to look at a listener again: promptly while its pods load new mirrors, up to
 /// [`SETTLE_ATTEMPTS`] times in a row, else after [`REQUEUE`].
 fn next_look(ctx: &Context, listener: &str, loading: bool) -> Duration {
@@ -562,13 +616,19 @@ pub async fn reconcile(listener: Arc<Http3Listener>, ctx: Arc<Context>) -> Resul
             .reconciles
             .with_label_values(&[results::STANDBY])
             .inc();
-        // Becoming leader re-reconciles every listener (see `run`).
+        // Becoming leader re-reconciles every listener (see `run`); the new leader owns the
+        // DNS records now.
+        ctx.advertise.stop_all();
         return Ok(Action::await_change());
     }
     if listener.metadata.deletion_timestamp.is_some() {
         // Being deleted (foreground): the garbage collector is removing what we made;
-        // applying it again would fight it.
+        // applying it again would fight it. Its DNS records go with it.
         ctx.forget(&listener.name_any());
+        let (name, listeners) = (listener.name_any(), ctx.caches.listeners.state());
+        let others = listeners.iter().map(|l| l.name_any());
+        ctx.advertise
+            .withdraw_gone(&others.filter(|n| *n != name).collect());
         return Ok(Action::await_change());
     }
     let _timer = ctx.metrics.reconcile_seconds.start_timer();

@@ -200,9 +200,12 @@ fn condition_events(
         let changed = prev.is_none_or(|p| p.status != c.status || p.reason != c.reason);
         // PublicRoots says what the certificates a user chose are, ClientAddress how the
         // listener was set up, not something that went wrong: the status and `kubectl
-        // h3-ingress status` carry them, no event (the hosts held back get their own).
+        // h3-ingress status` carry them, no event (the hosts held back get their own). Nor
+        // does DNS publishing the user switched off.
+        let switched_off = c.type_ == conditions::DNS_ADVERTISED && c.reason == reasons::DISABLED;
         if !changed
             || [conditions::PUBLIC_ROOTS, conditions::CLIENT_ADDRESS].contains(&c.type_.as_str())
+            || switched_off
         {
             continue;
         }

@@ -19,6 +19,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::advertise::dns::task::{Advertisers, KubeKeys, Timing};
 use super::context::{Caches, Context};
 use super::controller::{error_policy, reconcile, Error};
 use super::hosts::ingress::default_class;
@@ -133,6 +134,19 @@ pub async fn run_with(
             let _ = traefik_tx.send(change);
         }),
     ));
+    // A DNS task whose state changed asks for its listener's reconcile (the status says it).
+    let (advertise_tx, advertise_rx) = mpsc::unbounded_channel();
+    let advertise = Arc::new(Advertisers::new(
+        Arc::new(KubeKeys {
+            client: client.clone(),
+            namespace: opts.namespace.clone(),
+        }),
+        Arc::new(move |listener: &str| {
+            let _ = advertise_tx.send(listener.to_string());
+        }),
+        FIELD_MANAGER,
+        Timing::default(),
+    ));
     let caches = Caches {
         leases,
         ingresses: w.ingress_store.clone(),
@@ -163,7 +177,8 @@ pub async fn run_with(
         )
         .with_pod_defaults(opts.pod_defaults.clone())
         .with_crd_check(crd)
-        .with_controller_name(&opts.controller_name),
+        .with_controller_name(&opts.controller_name)
+        .with_advertisers(advertise),
     );
     tokio::spawn(ready_once_filled(ctx.clone(), ready));
     // The first lists and Secret reads of a large cluster are a burst the allocator keeps.
@@ -181,6 +196,7 @@ pub async fn run_with(
         traefik_rx,
         crd_rx,
         leader_rx,
+        advertise_rx,
     };
     controller(&client, &opts, w, triggers, ctx.clone())
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
@@ -263,6 +279,8 @@ struct Triggers {
     /// The served CRD's verdict changed.
     crd_rx: mpsc::UnboundedReceiver<()>,
     leader_rx: watch::Receiver<bool>,
+    /// A listener's DNS task has news for its status.
+    advertise_rx: mpsc::UnboundedReceiver<String>,
 }
 
 /// The Controller with every trigger: a listener's own changes; its DaemonSet's; Ingress,
@@ -282,6 +300,7 @@ fn controller(
         traefik_rx,
         crd_rx,
         leader_rx,
+        advertise_rx,
     } = t;
     let (any_listener_tx, any_listener_rx) = mpsc::unbounded_channel();
     let refs = |names: Vec<String>| stream::iter(names.into_iter().map(|n| ObjectRef::new(&n)));
@@ -339,6 +358,7 @@ fn controller(
     .reconcile_on(secrets)
     .reconcile_on(gateways)
     .reconcile_on(traefik)
+    .reconcile_on(stream_from_channel(advertise_rx).map(|n| ObjectRef::new(&n)))
     .reconcile_all_on(watches::class_trigger(client, w.class_writer))
     .reconcile_all_on(stream_from_channel(any_listener_rx))
     .reconcile_all_on(stream_from_channel(crd_rx))

@@ -148,6 +148,18 @@ fn condition(
     message: String,
     inp: &Inputs,
 ) -> Condition {
+    condition_at(type_, ok, reason, message, inp.generation, inp.now)
+}
+
+/// A condition as every condition of the status is written (`Unknown` for `None`).
+pub fn condition_at(
+    type_: &str,
+    ok: Option<bool>,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Condition {
     Condition {
         type_: type_.to_string(),
         status: match ok {
@@ -158,8 +170,8 @@ fn condition(
         .to_string(),
         reason: reason.to_string(),
         message,
-        observed_generation: inp.generation,
-        last_transition_time: Time(inp.now),
+        observed_generation: generation,
+        last_transition_time: Time(now),
     }
 }
 

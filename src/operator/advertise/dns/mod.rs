@@ -6,9 +6,13 @@
 //! - [`plan`]: the changes that make a zone hold exactly our records, guarded by ownership
 //! - [`client`]: one signed update over TCP, and what came of it; reads over TCP
 //! - [`publish`]: a listener's records kept in its zones (the I/O around the plan)
+//! - [`listener`]: what a listener's spec and status mean for its records, and its condition
+//! - [`task`]: one task per listener running its publisher, fed by the reconciles
 
 pub mod client;
+pub mod listener;
 pub mod plan;
 pub mod publish;
+pub mod task;
 pub mod tsig;
 pub mod wire;
