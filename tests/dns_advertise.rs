@@ -183,11 +183,17 @@ async fn records_follow_serving_in_batches_and_nothing_is_sent_at_rest() {
     );
     assert!(add_max <= Duration::from_secs(5) && del_max <= Duration::from_secs(5));
     assert_eq!(state(&h).reason, reasons::PUBLISHED);
+    a_thousand_hosts(&h, &k, &server).await;
+    the_users_records_are_left_alone(&h, &k, &server).await;
+}
 
+/// 1,000 hosts: published in batches, nothing sent at rest, withdrawn in batches.
+async fn a_thousand_hosts(h: &Harness, k: &KnotFixture, server: &str) {
+    let server = server.to_string();
     let many = hosts((0..1000).map(|i| format!("h{i:04}.{ZONE}")));
     let before = h.adv.updates_sent();
     h.adv.feed(LISTENER, desired(&server, &many));
-    let took = until(Duration::from_secs(120), || state(&h).published == 1000).await;
+    let took = until(Duration::from_secs(120), || state(h).published == 1000).await;
     let took = took.expect("1,000 records published");
     let updates = h.adv.updates_sent() - before;
     row("1,000 hosts published: time", ms(took), "");
@@ -211,7 +217,7 @@ async fn records_follow_serving_in_batches_and_nothing_is_sent_at_rest() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(60);
-    let (updates_before, serial_before) = (h.adv.updates_sent(), serial(&k));
+    let (updates_before, serial_before) = (h.adv.updates_sent(), serial(k));
     let notes_before = h.notified.load(Ordering::Relaxed);
     let start = Instant::now();
     let mut feeds = 0;
@@ -234,7 +240,7 @@ async fn records_follow_serving_in_batches_and_nothing_is_sent_at_rest() {
     );
     row(
         "at rest: zone serial changes",
-        (serial(&k) - serial_before).to_string(),
+        (serial(k) - serial_before).to_string(),
         "0",
     );
     row(
@@ -243,12 +249,12 @@ async fn records_follow_serving_in_batches_and_nothing_is_sent_at_rest() {
         "0",
     );
     assert_eq!(at_rest, 0);
-    assert_eq!(serial(&k), serial_before);
+    assert_eq!(serial(k), serial_before);
 
     let before = h.adv.updates_sent();
     h.adv.feed(LISTENER, desired(&server, &BTreeSet::new()));
     let took = until(Duration::from_secs(120), || {
-        state(&h).published == 0 && h.adv.updates_sent() > before
+        state(h).published == 0 && h.adv.updates_sent() > before
     })
     .await
     .expect("withdrawn");
@@ -262,7 +268,12 @@ async fn records_follow_serving_in_batches_and_nothing_is_sent_at_rest() {
         .query(&format!("h0500.{ZONE}"), "HTTPS")
         .unwrap()
         .is_empty());
+}
 
+/// A host with the user's own record is left alone and said; `advertise.dns` removed
+/// withdraws ours and keeps the user's.
+async fn the_users_records_are_left_alone(h: &Harness, k: &KnotFixture, server: &str) {
+    let server = server.to_string();
     // The user's own record: left alone and said.
     h.adv.feed(
         LISTENER,
@@ -272,7 +283,7 @@ async fn records_follow_serving_in_batches_and_nothing_is_sent_at_rest() {
         ),
     );
     until(Duration::from_secs(10), || {
-        state(&h).reason == reasons::RECORD_CONFLICT
+        state(h).reason == reasons::RECORD_CONFLICT
     })
     .await
     .expect("a conflict is reported");
@@ -286,14 +297,14 @@ async fn records_follow_serving_in_batches_and_nothing_is_sent_at_rest() {
     );
     row(
         "a host with the user's own record",
-        state(&h).reason.to_string(),
+        state(h).reason.to_string(),
         "Conflict",
     );
 
     // advertise.dns removed: everything of ours withdrawn, the user's record kept.
     h.adv.feed(LISTENER, Desired::default());
     until(Duration::from_secs(10), || {
-        state(&h).reason == reasons::DISABLED
+        state(h).reason == reasons::DISABLED
     })
     .await
     .expect("withdrawn when disabled");
@@ -304,7 +315,7 @@ async fn records_follow_serving_in_batches_and_nothing_is_sent_at_rest() {
     );
     row(
         "advertise.dns removed",
-        state(&h).reason.to_string(),
+        state(h).reason.to_string(),
         "Disabled",
     );
 }

@@ -61,8 +61,14 @@ fn check_request(data: &[u8]) {
     let Ok(v) = request::validate(&req) else {
         return;
     };
-    let p = request::upstream_parts(&req, &v, meta.client, meta.forwarded_for, meta.upstream_scheme)
-        .unwrap_or_else(|e| panic!("validated request does not translate: {e}"));
+    let p = request::upstream_parts(
+        &req,
+        &v,
+        meta.client,
+        meta.forwarded_for,
+        meta.upstream_scheme,
+    )
+    .unwrap_or_else(|e| panic!("validated request does not translate: {e}"));
     assert_eq!(p.method, req.method());
     // Routing: the upstream sees the authority that was validated and matched, and the
     // request target as sent.

@@ -44,7 +44,7 @@ pub const MAX_LISTENER_NAME: usize = 63;
 /// Pod template annotation whose change rolls the DaemonSet: a hash of what needs new sockets.
 pub const SOCKET_HASH_ANNOTATION: &str = "h3-ingress.dev/socket-hash";
 /// Pod template annotation with the TCP port of the pod's `/metrics` (`metrics.address`). The
-/// container declares no port (see [`data_plane_container`]), so this is how the chart's
+/// container declares no port (see `data_plane_container`), so this is how the chart's
 /// PodMonitor finds it; it changes only with the socket hash (which covers that address), so
 /// it never rolls the pods by itself.
 pub const METRICS_PORT_ANNOTATION: &str = "h3-ingress.dev/metrics-port";

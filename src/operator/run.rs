@@ -134,19 +134,7 @@ pub async fn run_with(
             let _ = traefik_tx.send(change);
         }),
     ));
-    // A DNS task whose state changed asks for its listener's reconcile (the status says it).
-    let (advertise_tx, advertise_rx) = mpsc::unbounded_channel();
-    let advertise = Arc::new(Advertisers::new(
-        Arc::new(KubeKeys {
-            client: client.clone(),
-            namespace: opts.namespace.clone(),
-        }),
-        Arc::new(move |listener: &str| {
-            let _ = advertise_tx.send(listener.to_string());
-        }),
-        FIELD_MANAGER,
-        Timing::default(),
-    ));
+    let (advertise, advertise_rx) = advertisers(&client, &opts.namespace);
     let caches = Caches {
         leases,
         ingresses: w.ingress_store.clone(),
@@ -480,6 +468,27 @@ fn tokio_stream_from_watch(
         let v = *rx.borrow_and_update();
         Some((v, (rx, false)))
     })
+}
+
+/// The listeners' DNS publishing tasks, and the names of the listeners whose task's state
+/// changed: each asks for its listener's reconcile (the status says it).
+fn advertisers(
+    client: &Client,
+    namespace: &str,
+) -> (Arc<Advertisers>, mpsc::UnboundedReceiver<String>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let advertise = Arc::new(Advertisers::new(
+        Arc::new(KubeKeys {
+            client: client.clone(),
+            namespace: namespace.to_string(),
+        }),
+        Arc::new(move |listener: &str| {
+            let _ = tx.send(listener.to_string());
+        }),
+        FIELD_MANAGER,
+        Timing::default(),
+    ));
+    (advertise, rx)
 }
 
 #[cfg(test)]

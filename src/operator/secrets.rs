@@ -11,7 +11,7 @@
 //!
 //! A read that fails (an error or no answer within [`READ_TIMEOUT`], anything but a 404) keeps
 //! the content last read: its hosts stay served with the last good certificate, and the
-//! status says so ([`reasons::SECRET_UNREADABLE`](crate::api::reasons::SECRET_UNREADABLE)),
+//! status says so ([`crate::api::reasons::SECRET_UNREADABLE`]),
 //! until a read succeeds. Only a Secret that is gone (a 404, or absent from the metadata
 //! watch) or whose certificate no longer passes (expired, not for the host) stops its hosts.
 //! Dropping a host on an API server's hiccup would make every data plane stop answering it,

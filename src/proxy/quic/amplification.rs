@@ -26,14 +26,14 @@
 //!
 //! At most [`MAX_ENTRIES`] sources are tracked at once. An entry lives until the accept loop
 //! decides on its Initial or, when quinn never makes that Initial a connection attempt (an
-//! invalid one, a duplicate), for [`UNPINNED_TTL`]; so a flood of Initials from a new spoofed
+//! invalid one, a duplicate), for `UNPINNED_TTL`; so a flood of Initials from a new spoofed
 //! source per datagram, faster than the accept loop decides, fills the table within a second
 //! or two, and from then on every datagram meets a full table. What a datagram costs here
 //! must therefore not depend on the table's size: every entry that can expire sits on one of
 //! two queues in deadline order (the unpinned ones by when they were last touched, the
 //! failed ones by when they stop being limited), linked through the table's slots, so the
 //! oldest is always at a head. Each Initial that would open an entry first evicts at most
-//! [`EVICTIONS_PER_INSERT`] expired entries from the heads; if the table is then still full,
+//! `EVICTIONS_PER_INSERT` expired entries from the heads; if the table is then still full,
 //! every entry in it is live, and the Initial gets none ([`Seen::Full`]): a constant amount
 //! of work either way (the tests count it), where a scan of 65,536 entries per Initial used
 //! to stall the receive path.
@@ -159,7 +159,7 @@ const EMPTY: Ends = Ends {
 /// Bytes in and out per source address. Pure: time comes in as an argument.
 ///
 /// Entries live in a table of slots, found by address through an index; each entry that can
-/// expire is also on one of two doubly linked queues in deadline order ([`Queue`]), so the
+/// expire is also on one of two doubly linked queues in deadline order (`Queue`), so the
 /// oldest is always at a head: eviction looks at two heads and unlinks in O(1), touching an
 /// entry moves it to its tail in O(1), and nothing ever scans the table.
 #[derive(Debug)]

@@ -457,7 +457,8 @@ impl Arch {
             "a new operator pod, Pending: FailedScheduling",
             || async move {
                 let now = this.operator_pods().await?;
-                let Some((new, _)) = now.iter().find(|(n, ph)| n != old && ph == "Pending") else {
+                let pending = "Pending"; // kubernetes' own pod phase
+                let Some((new, _)) = now.iter().find(|(n, ph)| n != old && ph == pending) else {
                     return fail(format!("{now:?}"));
                 };
                 let uid = pods_ref.get(new).await?.uid().unwrap_or_default();
