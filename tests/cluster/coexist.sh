@@ -21,8 +21,8 @@
 #
 #   tests/cluster/coexist.sh     brings the cluster up if needed (real nodes) and leaves it up;
 #                                its objects and nginx are removed on exit unless
-#                                H3I_COEXIST_KEEP=1. H3I_COEXIST_SECONDS shortens step 2 (the
-#                                committed run and CI use 300).
+#                                H3I_COEXIST_KEEP=1. H3I_COEXIST_SECONDS sets step 2 (300 by
+#                                default, as measured by hand; tests/cluster/run.sh gives 120).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 CLUSTER=$REPO/scripts/cluster.sh
