@@ -14,6 +14,25 @@ use serde_json::Value;
 
 use crate::Result;
 
+/// A scenario's typed handles on the API server: `ns::<K>(namespace)` and `all::<K>()` from
+/// its one client, written once for every scenario.
+pub trait Apis {
+    fn client(&self) -> &Client;
+
+    fn ns<K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>>(
+        &self,
+        ns: &str,
+    ) -> Api<K> {
+        Api::namespaced(self.client().clone(), ns)
+    }
+
+    fn all<K: Resource<Scope = k8s_openapi::ClusterResourceScope, DynamicType = ()>>(
+        &self,
+    ) -> Api<K> {
+        Api::all(self.client().clone())
+    }
+}
+
 /// Kubernetes' own `Ready` condition of pods and nodes, not the listener's (that one is
 /// `h3_ingress::api::conditions::READY`).
 pub const KUBE_READY: &str = "Ready"; // kubernetes' own

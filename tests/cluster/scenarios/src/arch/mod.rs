@@ -25,6 +25,7 @@
 mod image;
 mod steps;
 
+use h3i_scenarios::k8s::Apis;
 use std::path::PathBuf;
 
 use h3_ingress::api::Http3Listener;
@@ -38,7 +39,7 @@ use h3i_scenarios::{ensure, info, Env, Result, Run, Scenario};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Client, ResourceExt};
 
 use crate::FromEnv;
 use image::{Index, NodeCtr};
@@ -110,20 +111,13 @@ impl Scenario for Arch {
     }
 }
 
+impl Apis for Arch {
+    fn client(&self) -> &Client {
+        &self.client
+    }
+}
+
 impl Arch {
-    fn ns<K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>>(
-        &self,
-        ns: &str,
-    ) -> Api<K> {
-        Api::namespaced(self.client.clone(), ns)
-    }
-
-    fn all<K: Resource<Scope = k8s_openapi::ClusterResourceScope, DynamicType = ()>>(
-        &self,
-    ) -> Api<K> {
-        Api::all(self.client.clone())
-    }
-
     fn index(&self) -> &Index {
         self.index.as_ref().expect("prepare reads the index first")
     }

@@ -5,6 +5,7 @@ use h3_ingress::operator::placement::ARCH_LABEL;
 use h3_ingress::operator::resources::{data_plane_name, CONTAINER_NAME};
 use h3_ingress::operator::{labels, ARCHITECTURES};
 use h3i_scenarios::cmd::{repo, run as sh};
+use h3i_scenarios::k8s::Apis;
 use h3i_scenarios::poll::{until, wait_ok};
 use h3i_scenarios::{ensure, expect_eq, fail, indent, info, k8s, ok, Pki, Result, Run};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};

@@ -20,13 +20,14 @@
 mod setup;
 mod steps;
 
+use h3i_scenarios::k8s::Apis;
 use std::path::PathBuf;
 
 use h3_ingress::api::{HostStatus, Http3Listener};
 use h3i_scenarios::cmd::{output, repo};
 use h3i_scenarios::k8s;
 use h3i_scenarios::{fail, indent, Env, Result, Run, Scenario};
-use kube::{Api, Client, Resource};
+use kube::Client;
 use serde_json::{json, Value};
 
 use crate::FromEnv;
@@ -133,6 +134,12 @@ enum Origin<'a> {
     Node(&'a str),
 }
 
+impl Apis for Frontdoor {
+    fn client(&self) -> &Client {
+        &self.client
+    }
+}
+
 impl Frontdoor {
     /// Prints `line` and keeps it for the closing table.
     fn record(&self, line: String) {
@@ -140,19 +147,6 @@ impl Frontdoor {
         if let Ok(mut t) = self.table.lock() {
             t.push(line);
         }
-    }
-
-    fn ns<K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>>(
-        &self,
-        ns: &str,
-    ) -> Api<K> {
-        Api::namespaced(self.client.clone(), ns)
-    }
-
-    fn all<K: Resource<Scope = k8s_openapi::ClusterResourceScope, DynamicType = ()>>(
-        &self,
-    ) -> Api<K> {
-        Api::all(self.client.clone())
     }
 
     /// `ip netns exec NODE` before `program` when the request comes from a node.

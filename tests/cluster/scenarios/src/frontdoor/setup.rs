@@ -2,6 +2,7 @@
 //! ingress-nginx's allowlist directives, Traefik through tests/cluster/traefik.sh), the
 //! application's Secrets, Ingresses, Middleware and TLSOption, and the two listeners.
 
+use h3i_scenarios::k8s::Apis;
 use std::collections::BTreeMap;
 
 use h3i_scenarios::cmd::{output, repo, run as sh};

@@ -3,6 +3,7 @@
 use h3_ingress::api::mirror::{mirror_name, HostsDocument, HOSTS_KEY};
 use h3_ingress::api::{conditions, reasons, SecretRef};
 use h3i_scenarios::h3::{self, Refusal, Target};
+use h3i_scenarios::k8s::Apis;
 use h3i_scenarios::poll::{until, wait_ok};
 use h3i_scenarios::{ensure, expect_eq, indent, ok, Result, Run};
 use k8s_openapi::api::core::v1::Secret;

@@ -1,6 +1,7 @@
 //! The journey's control-plane half: port conflicts, leader hand-over, the optional Service,
 //! the CEL rule, an API server outage, RBAC, garbage collection and Pod Security admission.
 
+use h3i_scenarios::k8s::Apis;
 use std::time::{Duration, Instant};
 
 use h3_ingress::api::reasons;

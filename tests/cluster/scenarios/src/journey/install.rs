@@ -5,6 +5,7 @@ use h3_ingress::api::mirror;
 use h3_ingress::api::Http3Listener;
 use h3i_scenarios::cmd::{output, repo, run as sh};
 use h3i_scenarios::k8s;
+use h3i_scenarios::k8s::Apis;
 use h3i_scenarios::poll::{until, wait_ok};
 use h3i_scenarios::{ensure, expect_eq, fail, info, ok, pods, Pki, Result, Run};
 use k8s_openapi::api::apps::v1::DaemonSet;

@@ -9,6 +9,7 @@ mod control;
 mod install;
 mod serve;
 
+use h3i_scenarios::k8s::Apis;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -138,20 +139,13 @@ impl Scenario for Journey {
     }
 }
 
+impl Apis for Journey {
+    fn client(&self) -> &Client {
+        &self.client
+    }
+}
+
 impl Journey {
-    fn ns<K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>>(
-        &self,
-        ns: &str,
-    ) -> Api<K> {
-        Api::namespaced(self.client.clone(), ns)
-    }
-
-    fn all<K: Resource<Scope = k8s_openapi::ClusterResourceScope, DynamicType = ()>>(
-        &self,
-    ) -> Api<K> {
-        Api::all(self.client.clone())
-    }
-
     fn dp(&self) -> String {
         data_plane_name(LISTENER)
     }

@@ -6,6 +6,7 @@ use h3_ingress::api::{annotations, host_states, reasons};
 use h3_ingress::operator::resources::SOCKET_HASH_ANNOTATION;
 use h3i_scenarios::cmd::{output, run as sh};
 use h3i_scenarios::k8s;
+use h3i_scenarios::k8s::Apis;
 use h3i_scenarios::poll::wait_ok;
 use h3i_scenarios::prom::{http_get, metric};
 use h3i_scenarios::{ensure, expect_eq, info, ok, Result, Run};

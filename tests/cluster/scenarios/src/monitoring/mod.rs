@@ -21,6 +21,7 @@ mod scrape;
 mod stack;
 mod vanish;
 
+use h3i_scenarios::k8s::Apis;
 use std::path::PathBuf;
 
 use h3_ingress::operator::labels;
@@ -29,7 +30,7 @@ use h3i_scenarios::{info, Env, Nginx, Result, Run, Scenario};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-use kube::{Api, Client, Resource};
+use kube::{Api, Client};
 
 use crate::FromEnv;
 use checks::Checks;
@@ -162,20 +163,13 @@ impl Scenario for Monitoring {
     }
 }
 
+impl Apis for Monitoring {
+    fn client(&self) -> &Client {
+        &self.client
+    }
+}
+
 impl Monitoring {
-    fn ns<K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>>(
-        &self,
-        ns: &str,
-    ) -> Api<K> {
-        Api::namespaced(self.client.clone(), ns)
-    }
-
-    fn all<K: Resource<Scope = k8s_openapi::ClusterResourceScope, DynamicType = ()>>(
-        &self,
-    ) -> Api<K> {
-        Api::all(self.client.clone())
-    }
-
     /// The Prometheus Operator's objects of `kind` (`plural`) in `ns`.
     fn monitoring_api(
         &self,

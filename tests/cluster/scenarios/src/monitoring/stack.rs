@@ -2,6 +2,7 @@
 //! chart with its monitors, nginx and its exporters on each node, the application's objects and
 //! the listener.
 
+use h3i_scenarios::k8s::Apis;
 use std::collections::BTreeMap;
 use std::process::Stdio;
 

@@ -2,6 +2,7 @@
 //! listener's pods gone (H3IngressDataPlaneTargetsMissing) and the operator gone
 //! (H3IngressOperatorDown), each alert pending, firing, then quiet once they are back.
 
+use h3i_scenarios::k8s::Apis;
 use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
