@@ -347,9 +347,9 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         // (Likewise the first verdict on the served CRD, operator::crd.)
         return Ok(Action::requeue(Duration::from_secs(5)));
     }
-    let listeners = ctx.caches.listeners.state();
-    ctx.advertise
-        .withdraw_gone(&listeners.iter().map(|l| l.name_any()).collect());
+    // A deleted listener is never reconciled again: its records go with the next reconcile
+    // of any other one.
+    ctx.advertise.withdraw_gone(|n| listener_exists(ctx, n));
     match ctx.ownership(listener) {
         Ownership::Mine => {}
         Ownership::Other { namespace } => return hand_over(listener, &namespace, ctx).await,
@@ -607,6 +607,14 @@ async fn write_status(
     Ok(())
 }
 
+/// Whether the listener cache holds `name` (a lookup, not a scan of every listener).
+fn listener_exists(ctx: &Context, name: &str) -> bool {
+    ctx.caches
+        .listeners
+        .get(&kube::runtime::reflector::ObjectRef::new(name))
+        .is_some()
+}
+
 /// One reconciliation. A replica that does not hold the Lease makes no API call at all.
 pub async fn reconcile(listener: Arc<Http3Listener>, ctx: Arc<Context>) -> Result<Action, Error> {
     // Version skew: fields a newer CRD added are read past, and said once.
@@ -625,10 +633,9 @@ pub async fn reconcile(listener: Arc<Http3Listener>, ctx: Arc<Context>) -> Resul
         // Being deleted (foreground): the garbage collector is removing what we made;
         // applying it again would fight it. Its DNS records go with it.
         ctx.forget(&listener.name_any());
-        let (name, listeners) = (listener.name_any(), ctx.caches.listeners.state());
-        let others = listeners.iter().map(|l| l.name_any());
+        let name = listener.name_any();
         ctx.advertise
-            .withdraw_gone(&others.filter(|n| *n != name).collect());
+            .withdraw_gone(|n| n != name && listener_exists(&ctx, n));
         return Ok(Action::await_change());
     }
     let _timer = ctx.metrics.reconcile_seconds.start_timer();

@@ -177,15 +177,13 @@ impl Advertisers {
             .and_then(|r| r.state.lock().expect("not poisoned").clone())
     }
 
-    /// Withdraws the records of listeners that are gone.
-    pub fn withdraw_gone(&self, alive: &BTreeSet<String>) {
+    /// Withdraws the records of listeners that are gone (`alive` says which still exist).
+    /// It asks only about the listeners that publish records, so a reconcile pays for those,
+    /// not for every listener in the cluster.
+    pub fn withdraw_gone(&self, alive: impl Fn(&str) -> bool) {
         let gone: Vec<String> = {
             let running = self.running.lock().expect("not poisoned");
-            running
-                .keys()
-                .filter(|l| !alive.contains(*l))
-                .cloned()
-                .collect()
+            running.keys().filter(|l| !alive(l)).cloned().collect()
         };
         for l in gone {
             self.feed(&l, Desired::default());
