@@ -50,6 +50,56 @@ pub struct OperatorMetrics {
     pub crd_upgrades: IntCounterVec,
     /// Traefik objects in the operator's cache, by kind (`Middleware`, `TLSOption`).
     pub traefik_objects: IntGaugeVec,
+    /// The DNS publishers' work (`spec.advertise.dns`).
+    pub dns: DnsMetrics,
+}
+
+/// What the listeners' DNS publishing tasks did: RFC 2136 UPDATE messages sent, and the
+/// attempts that failed by the status reason they gave (a fixed set, every one exported
+/// from 0). Clones share the counters.
+#[derive(Clone)]
+pub struct DnsMetrics {
+    pub updates: IntCounter,
+    pub failures: IntCounterVec,
+}
+
+/// The reasons a DNS publishing attempt fails with, the values of the `reason` label.
+pub const DNS_FAILURE_REASONS: [&str; 4] = [
+    crate::api::reasons::SERVER_UNREACHABLE,
+    crate::api::reasons::TSIG_REFUSED,
+    crate::api::reasons::UPDATE_REFUSED,
+    crate::api::reasons::TSIG_KEY_UNAVAILABLE,
+];
+
+impl DnsMetrics {
+    /// Counters not (yet) in a registry: what a publisher counts into by default.
+    pub fn unregistered() -> Self {
+        let updates = IntCounter::new(
+            "h3_ingress_operator_dns_updates_total",
+            "RFC 2136 UPDATE messages sent to the authoritative servers of spec.advertise.dns (zero at rest)",
+        )
+        .expect("metric");
+        let failures = IntCounterVec::new(
+            Opts::new(
+                "h3_ingress_operator_dns_failures_total",
+                "DNS publishing attempts that failed, by the reason the listener's status gives",
+            ),
+            &["reason"],
+        )
+        .expect("metric");
+        for r in DNS_FAILURE_REASONS {
+            failures.with_label_values(&[r]);
+        }
+        Self { updates, failures }
+    }
+
+    /// Counts a failure; a reason outside the known set is counted under none (it would
+    /// be an unbounded label).
+    pub fn failed(&self, reason: &str) {
+        if DNS_FAILURE_REASONS.contains(&reason) {
+            self.failures.with_label_values(&[reason]).inc();
+        }
+    }
 }
 
 /// The kinds of `h3_ingress_operator_traefik_objects`.
@@ -128,8 +178,11 @@ impl OperatorMetrics {
         .expect("metric");
         let (build_info, crd_revision, crd_upgrades) = crd_metrics();
         let traefik_objects = traefik_metric();
+        let dns = DnsMetrics::unregistered();
         for c in [
-            Box::new(traefik_objects.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(dns.updates.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(dns.failures.clone()),
+            Box::new(traefik_objects.clone()),
             Box::new(applies.clone()),
             Box::new(mirror_writes.clone()),
             Box::new(mirror_deletes.clone()),
@@ -177,6 +230,7 @@ impl OperatorMetrics {
             crd_revision,
             crd_upgrades,
             traefik_objects,
+            dns,
         })
     }
 
@@ -281,6 +335,24 @@ mod tests {
     use crate::admin::route;
     use http::{Method, StatusCode};
     use http_body_util::BodyExt;
+
+    #[test]
+    fn dns_metrics_start_at_zero_for_every_reason_and_keep_the_label_bounded() {
+        let m = OperatorMetrics::new();
+        let text = m.render();
+        assert!(text.contains("h3_ingress_operator_dns_updates_total 0"));
+        for r in DNS_FAILURE_REASONS {
+            let line = format!("h3_ingress_operator_dns_failures_total{{reason=\"{r}\"}} 0");
+            assert!(text.contains(&line), "{line} missing");
+        }
+        m.dns.failed(crate::api::reasons::TSIG_REFUSED);
+        m.dns.failed("SomethingElse");
+        m.dns.updates.inc_by(3);
+        let text = m.render();
+        assert!(text.contains("h3_ingress_operator_dns_failures_total{reason=\"TsigRefused\"} 1"));
+        assert!(!text.contains("SomethingElse"));
+        assert!(text.contains("h3_ingress_operator_dns_updates_total 3"));
+    }
 
     #[tokio::test]
     async fn routes_and_metric_names() {

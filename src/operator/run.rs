@@ -134,7 +134,7 @@ pub async fn run_with(
             let _ = traefik_tx.send(change);
         }),
     ));
-    let (advertise, advertise_rx) = advertisers(&client, &opts.namespace);
+    let (advertise, advertise_rx) = advertisers(&client, &opts.namespace, &metrics);
     let caches = Caches {
         leases,
         ingresses: w.ingress_store.clone(),
@@ -475,19 +475,23 @@ fn tokio_stream_from_watch(
 fn advertisers(
     client: &Client,
     namespace: &str,
+    metrics: &OperatorMetrics,
 ) -> (Arc<Advertisers>, mpsc::UnboundedReceiver<String>) {
     let (tx, rx) = mpsc::unbounded_channel();
-    let advertise = Arc::new(Advertisers::new(
-        Arc::new(KubeKeys {
-            client: client.clone(),
-            namespace: namespace.to_string(),
-        }),
-        Arc::new(move |listener: &str| {
-            let _ = tx.send(listener.to_string());
-        }),
-        FIELD_MANAGER,
-        Timing::default(),
-    ));
+    let advertise = Arc::new(
+        Advertisers::new(
+            Arc::new(KubeKeys {
+                client: client.clone(),
+                namespace: namespace.to_string(),
+            }),
+            Arc::new(move |listener: &str| {
+                let _ = tx.send(listener.to_string());
+            }),
+            FIELD_MANAGER,
+            Timing::default(),
+        )
+        .with_metrics(metrics.dns.clone()),
+    );
     (advertise, rx)
 }
 

@@ -14,7 +14,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,6 +30,7 @@ use super::plan::Owner;
 use super::publish::{Publisher, Target};
 use super::tsig::Key;
 use crate::api::{reasons, TsigSecretRef};
+use crate::operator::metrics::DnsMetrics;
 
 /// What a listener's reconcile wants published.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -102,7 +102,7 @@ struct Shared {
     changed: Changed,
     owner: String,
     timing: Timing,
-    updates: AtomicU64,
+    metrics: DnsMetrics,
 }
 
 struct Running {
@@ -132,15 +132,24 @@ impl Advertisers {
                 changed,
                 owner: owner.to_string(),
                 timing,
-                updates: AtomicU64::new(0),
+                metrics: DnsMetrics::unregistered(),
             }),
             running: Mutex::new(BTreeMap::new()),
         }
     }
 
+    /// Counts into `metrics` (the operator's registry) from now on; call before any task
+    /// starts.
+    pub fn with_metrics(mut self, metrics: DnsMetrics) -> Self {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.metrics = metrics;
+        }
+        self
+    }
+
     /// UPDATE messages sent by every task so far.
     pub fn updates_sent(&self) -> u64 {
-        self.shared.updates.load(Ordering::Relaxed)
+        self.shared.metrics.updates.get()
     }
 
     /// Hands `listener`'s task what it should publish (starting the task if needed). Costs
@@ -237,6 +246,7 @@ async fn run(
             task.set(|st| *st = State::pending(&settings));
         }
         if let Err((reason, message)) = task.attempt(&settings, &desired).await {
+            task.shared.metrics.failed(reason);
             task.set(|st| st.failed(reason, message));
             task.wait_backoff().await;
             continue;
@@ -310,9 +320,7 @@ impl Task {
         let (_, publisher) = self.publisher.as_mut().expect("made above");
         match publisher.sync(&want).await {
             Ok(report) => {
-                self.shared
-                    .updates
-                    .fetch_add(report.updates as u64, Ordering::Relaxed);
+                self.shared.metrics.updates.inc_by(report.updates as u64);
                 self.set(|st| st.synced(&report, &bad, Timestamp::now()));
                 Ok(())
             }
@@ -344,6 +352,7 @@ impl Task {
                 Ok(false) => return true,
                 Err(e) => {
                     let reason = listener::reason_of(&e);
+                    self.shared.metrics.failed(reason);
                     self.set(|st| st.failed(reason, e.to_string()));
                     self.wait_backoff().await;
                     return true;
@@ -378,9 +387,7 @@ impl Task {
             }
             match publisher.sync(&BTreeMap::new()).await {
                 Ok(report) => {
-                    self.shared
-                        .updates
-                        .fetch_add(report.updates as u64, Ordering::Relaxed);
+                    self.shared.metrics.updates.inc_by(report.updates as u64);
                     return true;
                 }
                 Err(e) => {
