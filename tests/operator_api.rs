@@ -1066,21 +1066,66 @@ fn degraded() -> Expect {
     warning("SomeHostsNotServing", "Degraded is True")
 }
 
-/// The status patch and the events of the first reconcile of `listener()` with `ingress()`:
-/// Ready (one of two hosts), and Degraded (the missing Secret). A new Context knows no host
-/// status before, so no per-host event.
-fn first_status(log: Arc<Mutex<Vec<Value>>>) -> Vec<Expect> {
-    vec![
-        status_patch(log),
-        event(
-            "default",
-            "Http3Listener",
-            "Normal",
-            "SomeHostsServing",
-            "Ready is True: 1 of 2 hosts served",
-        ),
-        degraded(),
+/// The same event on the listener and on the Ingress `shop/web` (a host's transition).
+fn on_both(type_: &'static str, reason: &'static str, note_start: &'static str) -> [Expect; 2] {
+    [
+        event("default", "Http3Listener", type_, reason, note_start),
+        event("shop", "Ingress", type_, reason, note_start),
     ]
+}
+
+/// Why `missing.example.com` is not served: its Secret does not exist.
+const MISSING_NOTE: &str =
+    "HTTP/3 not served for missing.example.com: Secret shop/missing not found";
+
+/// A listener's first status announces `missing.example.com`, whose Secret does not exist.
+fn missing_refused() -> [Expect; 2] {
+    on_both("Warning", reasons::SECRET_NOT_FOUND, MISSING_NOTE)
+}
+
+/// `a.example.com` served.
+fn a_enabled() -> [Expect; 2] {
+    on_both("Normal", "Http3Enabled", "HTTP/3 enabled for a.example.com")
+}
+
+/// An event the recorder already published on the object in `ns` with this reason, published
+/// again: kube's recorder keys events by reason (not note), so it PATCHes the first one's
+/// series to `count`, the first one's note (`note_start`) unchanged.
+fn repeated(
+    ns: &'static str,
+    reason: &'static str,
+    note_start: &'static str,
+    count: u64,
+) -> Expect {
+    let path = format!("/apis/events.k8s.io/v1/namespaces/{ns}/events/*");
+    expect("PATCH", path, move |_, body| {
+        assert_eq!(body["reason"], reason, "{body}");
+        assert!(
+            body["note"].as_str().unwrap().starts_with(note_start),
+            "{body}"
+        );
+        assert_eq!(body["series"]["count"], count, "{body}");
+        (200, body)
+    })
+}
+
+/// The status patch and the events of the first reconcile of `listener()` with `ingress()`.
+/// The listener has no status yet, so each host is announced on it and on the Ingress:
+/// `a.example.com` served, `missing.example.com` not (its Secret is missing). Then Ready
+/// (one of two hosts) and Degraded (the missing Secret).
+fn first_status(log: Arc<Mutex<Vec<Value>>>) -> Vec<Expect> {
+    let mut script = vec![status_patch(log)];
+    script.extend(a_enabled());
+    script.extend(missing_refused());
+    script.push(event(
+        "default",
+        "Http3Listener",
+        "Normal",
+        "SomeHostsServing",
+        "Ready is True: 1 of 2 hosts served",
+    ));
+    script.push(degraded());
+    script
 }
 
 fn status_of(patch: &Value) -> Http3ListenerStatus {
@@ -1159,10 +1204,10 @@ async fn leader_writes_the_mirror_applies_objects_writes_status_and_publishes_ev
             mirror_deletes: 0,
             secret_reads: 1,
             status_writes: 1,
-            events: 2,
+            events: 6,
         }
     );
-    assert_eq!(m.events.with_label_values(&["Warning"]).get(), 1);
+    assert_eq!(m.events.with_label_values(&["Warning"]).get(), 3);
     assert_eq!(m.reconciles.with_label_values(&["ok"]).get(), 1);
 }
 
@@ -1330,14 +1375,10 @@ async fn a_failed_secret_read_keeps_the_last_good_certificate_until_a_404() {
         expect("GET", WEB_TLS, |_, _| not_found("secrets \"web-tls\"")),
         mirror_delete(mirror_of("web-tls")),
         status_patch(log.clone()),
-        warning("SecretNotFound", "HTTP/3 not served for a.example.com"),
-        event(
-            "shop",
-            "Ingress",
-            "Warning",
-            "SecretNotFound",
-            "HTTP/3 not served",
-        ),
+        // The listener and the Ingress already had a SecretNotFound (missing.example.com's):
+        // kube's recorder counts this one in its series, under its note.
+        repeated("default", reasons::SECRET_NOT_FOUND, MISSING_NOTE, 2),
+        repeated("shop", reasons::SECRET_NOT_FOUND, MISSING_NOTE, 2),
         warning("NoHostsServing", "Ready is False"),
     ];
     let (_, answered) = h.run(script).await;
@@ -1662,11 +1703,10 @@ async fn hosts_are_pending_until_the_pods_report_the_mirrors_as_written() {
     let secret = tls_secret(SECRET_RV);
     let log = Arc::new(Mutex::new(Vec::new()));
     let mut script = first_script(&secret);
-    script.extend([
-        status_patch(log.clone()),
-        warning("NoHostsServing", "Ready is False"),
-        degraded(),
-    ]);
+    // The pending host gets no event of its own; the refused one does.
+    script.push(status_patch(log.clone()));
+    script.extend(missing_refused());
+    script.extend([warning("NoHostsServing", "Ready is False"), degraded()]);
     let (action, answered) = h.run(script).await;
     assert_eq!(action, Action::requeue(SETTLE_REQUEUE));
     let s = status_of(&log.lock().unwrap()[0]);
@@ -1732,11 +1772,11 @@ async fn a_pods_mirror_failure_becomes_the_hosts_reason() {
     let secret = tls_secret(SECRET_RV);
     let log = Arc::new(Mutex::new(Vec::new()));
     let mut script = first_script(&secret);
-    script.extend([
-        status_patch(log.clone()),
-        warning("NoHostsServing", "Ready is False"),
-        degraded(),
-    ]);
+    script.push(status_patch(log.clone()));
+    let invalid = "HTTP/3 not served for a.example.com: h3-ingress-public-x7k2p on node-1: the private key does not match the certificate";
+    script.extend(on_both("Warning", reasons::CERTIFICATE_INVALID, invalid));
+    script.extend(missing_refused());
+    script.extend([warning("NoHostsServing", "Ready is False"), degraded()]);
     h.run(script).await;
     let s = status_of(&log.lock().unwrap()[0]);
     let a = &s.hosts[0];
@@ -1907,6 +1947,7 @@ async fn refused(
     let mut script = before;
     script.push(refusal);
     script.push(status_patch(log.clone()));
+    script.extend(missing_refused());
     script.push(warning(ready_reason, "Ready is False"));
     script.push(degraded());
     let err = h.run_failing(script).await;
@@ -2031,6 +2072,7 @@ async fn pods_the_daemon_set_cannot_create_are_explained_from_its_failed_create_
     let psa = "Error creating: pods \"h3-ingress-public-4xv8q\" is forbidden: violates PodSecurity \"restricted:latest\": host namespaces (hostNetwork=true), hostPort (container \"h3-ingress\" uses hostPorts 443, 9476)";
     script.push(failed_create_events(psa));
     script.push(status_patch(log.clone()));
+    script.extend(missing_refused());
     script.push(warning("PodsNotCreated", "Ready is False"));
     script.push(degraded());
     h.run(script).await;
@@ -2110,12 +2152,12 @@ async fn a_port_conflict_applies_nothing_and_names_the_older_listener() {
     h.listener.metadata.creation_timestamp = at(2_000);
     let log = Arc::new(Mutex::new(Vec::new()));
     // The Secret is read (the hosts' status), then nothing is written but the status.
-    let script = vec![
+    let mut script = vec![
         secret_read(tls_secret(SECRET_RV)),
         status_patch(log.clone()),
-        warning("PortConflict", "Ready is False"),
-        degraded(),
     ];
+    script.extend(missing_refused());
+    script.extend([warning("PortConflict", "Ready is False"), degraded()]);
     h.run(script).await;
     let s = status_of(&log.lock().unwrap()[0]);
     assert_eq!(condition(&s, "Ready"), ("False", "PortConflict"));
@@ -2329,14 +2371,7 @@ async fn a_host_with_an_allowlist_is_held_back_until_the_listener_declares_trust
     let note = "HTTP/3 not served for a.example.com: nginx.ingress.kubernetes.io/whitelist-source-range: \"10.0.0.0/8\" on Ingress shop/web";
     // The same annotation holds back the Ingress's other host too: its events repeat the
     // first ones' (kube's recorder counts them in the first one's series).
-    let again = |ns: &'static str, reason: &'static str| {
-        let path = format!("/apis/events.k8s.io/v1/namespaces/{ns}/events/*");
-        expect("PATCH", path, move |_, body| {
-            assert_eq!(body["reason"], reason);
-            assert_eq!(body["series"]["count"], 2);
-            (200, body)
-        })
-    };
+    let again = |ns| repeated(ns, reasons::CLIENT_ADDRESS_POLICY, note, 2);
     let script = vec![
         mirror_delete(mirror_of("web-tls")),
         status_patch(log.clone()),
@@ -2348,8 +2383,8 @@ async fn a_host_with_an_allowlist_is_held_back_until_the_listener_declares_trust
             reasons::CLIENT_ADDRESS_POLICY,
             note,
         ),
-        again("default", reasons::CLIENT_ADDRESS_POLICY),
-        again("shop", reasons::CLIENT_ADDRESS_POLICY),
+        again("default"),
+        again("shop"),
         warning(reasons::NO_HOSTS_SERVING, "Ready is False"),
     ];
     let (_, answered) = h.run(script).await;
@@ -2374,18 +2409,12 @@ async fn a_host_with_an_allowlist_is_held_back_until_the_listener_declares_trust
     let log = Arc::new(Mutex::new(Vec::new()));
     // a.example.com is written again and pending until the pods load it (no event while
     // pending); the other host's reason is its own again.
-    let missing = "HTTP/3 not served for missing.example.com: Secret shop/missing not found";
+    // Its SecretNotFound events repeat those of the listener's first status.
     let script = vec![
         mirror_write(&secret, "301"),
         status_patch(log.clone()),
-        warning(reasons::SECRET_NOT_FOUND, missing),
-        event(
-            "shop",
-            "Ingress",
-            "Warning",
-            reasons::SECRET_NOT_FOUND,
-            missing,
-        ),
+        repeated("default", reasons::SECRET_NOT_FOUND, MISSING_NOTE, 2),
+        repeated("shop", reasons::SECRET_NOT_FOUND, MISSING_NOTE, 2),
     ];
     let (_, answered) = h.run(script).await;
     h.feed(&answered);

@@ -52,7 +52,8 @@ pub struct Caches {
 }
 
 /// What the operator remembers of a listener between reconciles. Lost on restart (then the
-/// first reconcile rebuilds it, publishing no per-host event).
+/// first reconcile rebuilds it, publishing no per-host event for a listener that already has
+/// a status: `events::hosts_before`).
 #[derive(Debug, Default, Clone)]
 pub struct Memory {
     /// The Secrets, Ingresses (`namespace/name`) and Gateways its hosts came from at the last

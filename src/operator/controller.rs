@@ -578,16 +578,18 @@ fn next_look(ctx: &Context, listener: &str, loading: bool) -> Duration {
 }
 
 /// Patches the status when it changed (timestamps aside) and publishes the events the change
-/// deserves; an unchanged status makes no API call.
+/// deserves; an unchanged status makes no API call. `remembered` is the hosts as this operator
+/// last published them (`Memory::hosts`).
 async fn write_status(
     ctx: &Context,
     listener: &Http3Listener,
     next: Http3ListenerStatus,
-    previous_hosts: Option<&[HostStatus]>,
+    remembered: Option<&[HostStatus]>,
     hosts: &[HostStatus],
 ) -> Result<(), Error> {
     let previous = listener.status.as_ref();
-    let planned = events::plan(previous_hosts, hosts, previous, &next);
+    let before = events::hosts_before(remembered, previous.is_some());
+    let planned = events::plan(before, hosts, previous, &next);
     if status::needs_write(previous, &next) {
         let patch = serde_json::json!({
             "apiVersion": Http3Listener::api_version(&()),

@@ -98,9 +98,23 @@ fn both(out: &mut Vec<PlannedEvent>, h: &HostStatus, warning: bool, reason: &str
 /// events, not 20,000.
 pub const MAX_HOST_EVENTS: usize = 20;
 
-/// Events for host transitions between `old_hosts` (as last published; `None` after a restart,
-/// when no per-host event is planned) and `new_hosts`, and for condition transitions between
-/// the stored status `old` and `new`.
+/// The hosts the next status is compared with for per-host events: those this operator last
+/// published (`remembered`); none at all for a listener never given a status (`published`
+/// false), so its first reconcile announces every host it refuses or serves; and unknown
+/// (`None`, no per-host event) after an operator restart, when the listener has a status but
+/// memory is empty: replaying an event per host on every restart would be noise.
+pub fn hosts_before(remembered: Option<&[HostStatus]>, published: bool) -> Option<&[HostStatus]> {
+    match (remembered, published) {
+        (Some(hosts), _) => Some(hosts),
+        (None, false) => Some(&[]),
+        (None, true) => None,
+    }
+}
+
+/// Events for host transitions between `old_hosts` (see [`hosts_before`]: empty for a new
+/// listener, whose every host is then a transition; `None` after an operator restart, when no
+/// per-host event is planned) and `new_hosts`, and for condition transitions between the
+/// stored status `old` and `new`.
 ///
 /// `ConfigPending` is the normal gap between "can be served" and "a pod serves it" and would
 /// make every rollout noisy, so it produces no event of its own.
@@ -487,6 +501,107 @@ mod tests {
         );
         // After an operator restart nothing is known of the hosts before: no host event.
         assert!(plan(None, &hosts, None, &new).is_empty());
+    }
+
+    #[test]
+    fn a_new_listener_compares_with_no_hosts_a_restart_with_unknown_ones() {
+        let known = [host("a.example.com", None, "Serving", reasons::SERVING, "")];
+        // Never published, nothing remembered: a new listener.
+        assert_eq!(hosts_before(None, false), Some(&[][..]));
+        // Published, nothing remembered: the operator restarted.
+        assert_eq!(hosts_before(None, true), None);
+        // Remembered: the last published hosts, whatever the listener carries.
+        assert_eq!(hosts_before(Some(&known), true), Some(&known[..]));
+        assert_eq!(hosts_before(Some(&known), false), Some(&known[..]));
+    }
+
+    #[test]
+    fn a_new_listener_announces_its_hosts_and_a_restart_does_not() {
+        let hosts = vec![
+            host(
+                "a.example.com",
+                Some("shop/web"),
+                "Serving",
+                reasons::SERVING,
+                "",
+            ),
+            host(
+                "missing.example.com",
+                Some("shop/web"),
+                "NotServing",
+                reasons::SECRET_NOT_FOUND,
+                "Secret shop/missing not found",
+            ),
+        ];
+        let new = status(hosts.clone(), vec![]);
+        let first = plan(hosts_before(None, false), &hosts, None, &new);
+        assert_eq!(
+            summary(&first),
+            [
+                "listener N Http3Enabled: HTTP/3 enabled for a.example.com",
+                "shop/web N Http3Enabled: HTTP/3 enabled for a.example.com",
+                "listener W SecretNotFound: HTTP/3 not served for missing.example.com: Secret shop/missing not found",
+                "shop/web W SecretNotFound: HTTP/3 not served for missing.example.com: Secret shop/missing not found",
+            ]
+        );
+        // The same hosts after a restart, the status already published: nothing to say.
+        let restarted = plan(hosts_before(None, true), &hosts, Some(&new), &new);
+        assert!(restarted.is_empty(), "{restarted:?}");
+        // Remembered: only what changed since.
+        let served = vec![
+            hosts[0].clone(),
+            host(
+                "missing.example.com",
+                Some("shop/web"),
+                "Serving",
+                reasons::SERVING,
+                "",
+            ),
+        ];
+        let next = status(served.clone(), vec![]);
+        assert_eq!(
+            summary(&plan(
+                hosts_before(Some(&hosts), true),
+                &served,
+                Some(&new),
+                &next
+            )),
+            [
+                "listener N Http3Enabled: HTTP/3 enabled for missing.example.com",
+                "shop/web N Http3Enabled: HTTP/3 enabled for missing.example.com",
+            ]
+        );
+    }
+
+    #[test]
+    fn ten_thousand_hosts_on_a_new_listener_cost_a_few_events() {
+        let hosts: Vec<HostStatus> = (0..10_000)
+            .map(|i| {
+                let name = format!("h{i}.test");
+                match i % 2 {
+                    0 => host(&name, Some("default/web"), "Serving", reasons::SERVING, ""),
+                    _ => host(
+                        &name,
+                        Some("default/web"),
+                        "NotServing",
+                        reasons::SECRET_NOT_FOUND,
+                        "",
+                    ),
+                }
+            })
+            .collect();
+        let new = status(hosts.clone(), vec![]);
+        let events = plan(hosts_before(None, false), &hosts, None, &new);
+        // Listener and Ingress for each of the first hosts, then one summary on the listener.
+        assert_eq!(events.len(), 2 * MAX_HOST_EVENTS + 1);
+        let last = events.last().unwrap();
+        assert_eq!(
+            (&last.target, last.reason.as_str()),
+            (&Target::Listener, event_reasons::HOSTS_CHANGED)
+        );
+        assert!(last
+            .note
+            .starts_with(&format!("{} more hosts", 10_000 - MAX_HOST_EVENTS)));
     }
 
     #[test]
