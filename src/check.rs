@@ -225,13 +225,13 @@ async fn target(opts: &CheckOptions) -> Result<Target, CheckError> {
 }
 
 fn client_tls(opts: &CheckOptions, alpn: &[u8]) -> Result<rustls::ClientConfig, CheckError> {
-    let provider = crate::proxy::quic::tls::provider();
+    let provider = crate::pki::provider();
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])?;
     let mut cfg = if opts.insecure {
         builder
             .dangerous()
-            .with_custom_certificate_verifier(crate::proxy::quic::tls::AnyServerCertificate::new())
+            .with_custom_certificate_verifier(crate::pki::AnyServerCertificate::new())
             .with_no_client_auth()
     } else {
         let mut roots = rustls::RootCertStore::empty();

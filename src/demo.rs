@@ -179,7 +179,7 @@ pub async fn start(
     let key_der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(ck.signing_key.serialize_der()));
 
     let (v4, v6, port) = bind_pair(DEMO_PORT).await?;
-    let mut tls = rustls::ServerConfig::builder_with_provider(proxy::quic::tls::provider())
+    let mut tls = rustls::ServerConfig::builder_with_provider(crate::pki::provider())
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
         .with_single_cert(vec![cert_der.clone()], key_der.clone_key())?;

@@ -26,6 +26,7 @@ pub mod lifecycle;
 pub mod logging;
 pub mod memory;
 pub mod operator;
+pub mod pki;
 pub mod plugin;
 pub mod probe;
 pub mod proxy;

@@ -16,7 +16,7 @@ pub fn any_certificate_client_pinging(keep_alive: Option<std::time::Duration>) -
         .with_protocol_versions(&[&rustls::version::TLS13])
         .unwrap()
         .dangerous()
-        .with_custom_certificate_verifier(h3_ingress::proxy::quic::tls::AnyServerCertificate::new())
+        .with_custom_certificate_verifier(h3_ingress::pki::AnyServerCertificate::new())
         .with_no_client_auth();
     tls.alpn_protocols = vec![b"h3".to_vec()];
     let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();

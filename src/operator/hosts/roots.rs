@@ -12,7 +12,9 @@
 use std::time::Duration;
 
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, TrustAnchor, UnixTime};
+use rustls::pki_types::{CertificateDer, TrustAnchor, UnixTime};
+
+use crate::pki;
 
 /// The public web roots (Mozilla's root program, as the `webpki-roots` crate ships it): the
 /// nearest stand-in for Chrome's own list that needs no I/O.
@@ -41,24 +43,7 @@ pub fn chain_verifies(
         return false;
     };
     let now = UnixTime::since_unix_epoch(Duration::from_secs(secs));
-    let chained = ee
-        .verify_for_usage(
-            webpki::ALL_VERIFICATION_ALGS,
-            anchors,
-            intermediates,
-            now,
-            webpki::KeyUsage::server_auth(),
-            None,
-            None,
-        )
-        .is_ok();
-    let probe = match host.strip_prefix("*.") {
-        Some(parent) => format!("h3-ingress-name-check.{parent}"),
-        None => host.to_string(),
-    };
-    let named = ServerName::try_from(probe.as_str())
-        .is_ok_and(|name| ee.verify_is_valid_for_subject_name(&name).is_ok());
-    chained && named
+    pki::server_path(&ee, anchors, intermediates, now).is_ok() && pki::names_host(&ee, host)
 }
 
 /// What a Secret's chain (`tls.crt`) says about the trust anchors.

@@ -3,15 +3,13 @@
 
 use std::sync::Arc;
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-use rustls::{DigitallySignedStruct, SignatureScheme};
 
 use tracing::Level;
 
 use crate::config::HostTable;
+use crate::pki::provider;
 use crate::proxy::observe::logs::{limited, Reason};
 use crate::proxy::observe::metrics::{handshake, Metrics};
 
@@ -62,68 +60,6 @@ impl ResolvesServerCert for SniResolver {
         }
         None
     }
-}
-
-/// Accepts any server certificate but still checks the handshake signatures against it.
-/// For `upstream.verify: insecure`, `check --insecure`, and tests that compare the served
-/// certificate themselves.
-#[derive(Debug)]
-pub struct AnyServerCertificate(Arc<rustls::crypto::CryptoProvider>);
-
-impl AnyServerCertificate {
-    pub fn new() -> Arc<Self> {
-        Arc::new(Self(provider()))
-    }
-}
-
-impl ServerCertVerifier for AnyServerCertificate {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
-/// The rustls provider used everywhere (ring).
-pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
 }
 
 /// The QUIC server crypto for a set of hosts.

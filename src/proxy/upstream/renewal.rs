@@ -226,16 +226,7 @@ pub fn is_renewal(
     let pool: Vec<CertificateDer<'_>> = ours[1..].iter().chain(intermediates).cloned().collect();
     let root = our_root(ours_leaf, &pool, now, known_roots)?;
     let ee = webpki::EndEntityCert::try_from(presented).map_err(|_| NotRenewal::Unparsable)?;
-    ee.verify_for_usage(
-        webpki::ALL_VERIFICATION_ALGS,
-        std::slice::from_ref(&root),
-        &pool,
-        now,
-        webpki::KeyUsage::server_auth(),
-        None,
-        None,
-    )
-    .map_err(|e| match e {
+    crate::pki::server_path(&ee, std::slice::from_ref(&root), &pool, now).map_err(|e| match e {
         webpki::Error::UnknownIssuer
         | webpki::Error::InvalidSignatureForPublicKey
         | webpki::Error::UnsupportedSignatureAlgorithmForPublicKeyContext(_)
@@ -266,22 +257,14 @@ fn our_root(
 ) -> Result<TrustAnchor<'static>, NotRenewal> {
     let ee = webpki::EndEntityCert::try_from(leaf).map_err(|_| NotRenewal::Unparsable)?;
     let path_to = |anchors: &[TrustAnchor<'_>]| {
-        ee.verify_for_usage(
-            webpki::ALL_VERIFICATION_ALGS,
-            anchors,
-            pool,
-            now,
-            webpki::KeyUsage::server_auth(),
-            None,
-            None,
-        )
-        .ok()
-        .map(|path| {
-            (
-                path.intermediate_certificates().count(),
-                path.anchor().to_owned(),
-            )
-        })
+        crate::pki::server_path(&ee, anchors, pool, now)
+            .ok()
+            .map(|path| {
+                (
+                    path.intermediate_certificates().count(),
+                    path.anchor().to_owned(),
+                )
+            })
     };
     let mut roots: Vec<TrustAnchor<'_>> = pool
         .iter()

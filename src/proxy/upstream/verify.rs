@@ -23,7 +23,7 @@ struct ServedCertificateVerifier {
     renewals: Arc<Renewals>,
     grace: Duration,
     /// Handshake signatures are checked exactly as for any certificate.
-    signatures: Arc<crate::proxy::quic::tls::AnyServerCertificate>,
+    signatures: Arc<crate::pki::AnyServerCertificate>,
 }
 
 impl ServerCertVerifier for ServedCertificateVerifier {
@@ -126,7 +126,7 @@ pub fn client_tls(
     hosts: &HostTable,
     renewals: &Arc<Renewals>,
 ) -> Result<Arc<rustls::ClientConfig>, UpstreamSetupError> {
-    let provider = crate::proxy::quic::tls::provider();
+    let provider = crate::pki::provider();
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()?;
     let mut cfg = match config.verify {
@@ -136,12 +136,12 @@ pub fn client_tls(
                 hosts: hosts.clone(),
                 renewals: renewals.clone(),
                 grace: config.served_certificate_grace,
-                signatures: crate::proxy::quic::tls::AnyServerCertificate::new(),
+                signatures: crate::pki::AnyServerCertificate::new(),
             }))
             .with_no_client_auth(),
         UpstreamVerify::Insecure => builder
             .dangerous()
-            .with_custom_certificate_verifier(crate::proxy::quic::tls::AnyServerCertificate::new())
+            .with_custom_certificate_verifier(crate::pki::AnyServerCertificate::new())
             .with_no_client_auth(),
         UpstreamVerify::System => {
             let mut roots = rustls::RootCertStore::empty();
