@@ -127,30 +127,21 @@ impl OperatorMetrics {
             .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
         )
         .expect("metric");
-        let status_writes = IntCounter::new(
+        let counter = |name: &str, help: &str| IntCounter::new(name, help).expect("metric");
+        let status_writes = counter(
             "h3_ingress_operator_status_writes_total",
             "Http3Listener status patches (written only when the status changed)",
-        )
-        .expect("metric");
-        let events = IntCounterVec::new(
-            Opts::new(
-                "h3_ingress_operator_events_total",
-                "Kubernetes Events published, by type",
-            ),
-            &["type"],
-        )
-        .expect("metric");
-        let pod_report_errors = IntCounter::new(
+        );
+        let events = events_metric();
+        let pod_report_errors = counter(
             "h3_ingress_operator_pod_report_errors_total",
             "Data plane /status reads that failed",
-        )
-        .expect("metric");
-        let leader = IntGauge::new(
+        );
+        let gauge = |name: &str, help: &str| IntGauge::new(name, help).expect("metric");
+        let leader = gauge(
             "h3_ingress_operator_leader",
             "1 while this replica holds the leader Lease",
-        )
-        .expect("metric");
-        let counter = |name: &str, help: &str| IntCounter::new(name, help).expect("metric");
+        );
         let applies = counter(
             "h3_ingress_operator_applies_total",
             "Objects applied because they changed (an unchanged object is not applied)",
@@ -171,11 +162,10 @@ impl OperatorMetrics {
             "h3_ingress_operator_secret_read_errors_total",
             "Source Secret reads that failed (an error or a timeout, not a 404); their hosts keep the last good certificate",
         );
-        let hosts = IntGauge::new(
+        let hosts = gauge(
             "h3_ingress_operator_hosts",
             "Hosts the listeners want, served or not",
-        )
-        .expect("metric");
+        );
         let (build_info, crd_revision, crd_upgrades) = crd_metrics();
         let traefik_objects = traefik_metric();
         let dns = DnsMetrics::unregistered();
@@ -209,9 +199,6 @@ impl OperatorMetrics {
         }
         for r in [results::OK, results::ERROR, results::STANDBY] {
             reconciles.with_label_values(&[r]);
-        }
-        for t in ["Normal", "Warning"] {
-            events.with_label_values(&[t]);
         }
         Arc::new(Self {
             registry,
@@ -252,6 +239,22 @@ impl OperatorMetrics {
             .expect("text encoding cannot fail");
         String::from_utf8(buf).expect("prometheus text is UTF-8")
     }
+}
+
+/// `h3_ingress_operator_events_total{type}`, both types exported from 0.
+fn events_metric() -> IntCounterVec {
+    let events = IntCounterVec::new(
+        Opts::new(
+            "h3_ingress_operator_events_total",
+            "Kubernetes Events published, by type",
+        ),
+        &["type"],
+    )
+    .expect("metric");
+    for t in ["Normal", "Warning"] {
+        events.with_label_values(&[t]);
+    }
+    events
 }
 
 /// `h3_ingress_operator_traefik_objects{kind}`, every kind exported from 0.
