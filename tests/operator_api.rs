@@ -1154,7 +1154,7 @@ fn count(state: &str, reason: &str, n: i64) -> HostCount {
 fn missing_host() -> HostStatus {
     HostStatus {
         name: "missing.example.com".into(),
-        ingress: Some("shop/web".into()),
+        origin: h3_ingress::api::HostOrigin::ingress("shop/web"),
         secret: Some("shop/missing".into()),
         state: "NotServing".into(),
         reason: reasons::SECRET_NOT_FOUND.into(),

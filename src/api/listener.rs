@@ -13,6 +13,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::advertise::{AdvertiseSettings, AdvertiseStatus};
+use super::origin::HostOrigin;
 use super::service::{ListenerService, Rollout};
 use super::settings::{
     AccessLogSettings, AddressValidationSettings, AltSvcSettings, HttpSettings, LimitsSettings,
@@ -289,18 +290,9 @@ impl Http3Listener {
 #[serde(rename_all = "camelCase")]
 pub struct HostStatus {
     pub name: String,
-    /// `namespace/name` of the Ingress that asked for this host, if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ingress: Option<String>,
-    /// `namespace/name` of the HTTPRoute that asked for this host (Gateway API), if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub http_route: Option<String>,
-    /// `namespace/name` of the Gateway whose listener this host comes through, if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gateway: Option<String>,
-    /// The name of that Gateway listener (its `sectionName`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gateway_listener: Option<String>,
+    /// The Ingress, or the HTTPRoute and Gateway listener, that asked for this host.
+    #[serde(flatten)]
+    pub origin: HostOrigin,
     /// `namespace/name` of the TLS Secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
@@ -316,26 +308,6 @@ pub struct HostStatus {
     /// The DNS HTTPS record to publish so first visits can use HTTP/3 (RFC 9460).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub dns_https_record: String,
-}
-
-impl HostStatus {
-    /// Where the host came from, as people read it: `Ingress ns/name`, `HTTPRoute ns/name,
-    /// Gateway ns/name listener L`, `Gateway ns/name listener L`, or `spec.hosts`.
-    pub fn source(&self) -> String {
-        let gateway = || {
-            format!(
-                "Gateway {} listener {}",
-                self.gateway.as_deref().unwrap_or("-"),
-                self.gateway_listener.as_deref().unwrap_or("-")
-            )
-        };
-        match (&self.ingress, &self.http_route, &self.gateway) {
-            (Some(i), _, _) => format!("Ingress {i}"),
-            (None, Some(r), _) => format!("HTTPRoute {r}, {}", gateway()),
-            (None, None, Some(_)) => gateway(),
-            (None, None, None) => "spec.hosts".to_string(),
-        }
-    }
 }
 
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]

@@ -10,6 +10,7 @@ pub mod gateway;
 pub mod keys;
 mod listener;
 pub mod mirror;
+mod origin;
 mod report;
 pub mod schema;
 mod service;
@@ -19,6 +20,7 @@ pub mod unknown;
 
 pub use advertise::*;
 pub use listener::*;
+pub use origin::*;
 pub use report::*;
 pub use service::*;
 pub use settings::*;

@@ -39,18 +39,10 @@ pub struct HostReport {
     pub reason: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
-    /// `namespace/name` of the Ingress that asked for the host (Kubernetes mode).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ingress: Option<String>,
-    /// `namespace/name` of the HTTPRoute that asked for the host (Gateway API).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub http_route: Option<String>,
-    /// `namespace/name` of the Gateway whose listener the host comes through (Gateway API).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gateway: Option<String>,
-    /// That Gateway listener's name (its `sectionName`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gateway_listener: Option<String>,
+    /// The Ingress, or the HTTPRoute and Gateway listener, that asked for the host
+    /// (Kubernetes mode).
+    #[serde(flatten)]
+    pub origin: super::HostOrigin,
     /// `namespace/name` of the Secret, or the certificate file (standalone mode).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,

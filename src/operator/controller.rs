@@ -320,14 +320,14 @@ fn gather(listener: &Http3Listener, ctx: &Context) -> (Vec<WantedHost>, PolicySc
         if let CertSource::Secret(s) = &w.cert {
             seen.secrets.insert(s.clone());
         }
-        if let Some(i) = &w.ingress {
+        if let Some(i) = &w.origin.ingress {
             seen.ingresses.insert(i.clone());
             seen.ingress_hosts
                 .insert(w.name.trim_end_matches('.').to_ascii_lowercase());
         }
-        if let Some(g) = &w.gateway {
-            seen.gateways.insert(g.gateway.clone());
-            seen.routes.extend(g.http_route.clone());
+        if let Some(g) = &w.origin.gateway {
+            seen.gateways.insert(g.clone());
+            seen.routes.extend(w.origin.http_route.clone());
         }
     }
     (wanted, scan, seen)
@@ -382,7 +382,10 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
     let resolved = resolve_wanted(wanted, &scan.policies, &ctx.caches.secrets, now.as_second());
     let gateways = ctx.gateway_objects().gateways;
     let upstream = |h: &ServedHost| {
-        let (gw, section) = (h.gateway.as_deref()?, h.gateway_listener.as_deref()?);
+        let (gw, section) = (
+            h.origin.gateway.as_deref()?,
+            h.origin.gateway_listener.as_deref()?,
+        );
         gateway_upstream(listener, &gateways, gw, section)
     };
     let secrets = &ctx.caches.secrets;

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::api::{conditions, host_states, reasons, HostStatus, Http3ListenerStatus};
+use crate::api::{conditions, host_states, reasons, HostOrigin, HostStatus, Http3ListenerStatus};
 
 /// Event reasons (besides the per-host reasons of `api::reasons`, which are reused).
 pub mod event_reasons {
@@ -37,29 +37,14 @@ pub struct PlannedEvent {
 }
 
 /// A host entry's identity: its name and where it came from.
-type HostKey = (
-    String,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-);
+type HostKey = (String, HostOrigin);
 
 fn by_key(hosts: Option<&[HostStatus]>) -> BTreeMap<HostKey, &HostStatus> {
     hosts
         .map(|hosts| {
             hosts
                 .iter()
-                .map(|h| {
-                    let key = (
-                        h.name.clone(),
-                        h.ingress.clone(),
-                        h.http_route.clone(),
-                        h.gateway.clone(),
-                        h.gateway_listener.clone(),
-                    );
-                    (key, h)
-                })
+                .map(|h| ((h.name.clone(), h.origin.clone()), h))
                 .collect()
         })
         .unwrap_or_default()
@@ -67,7 +52,8 @@ fn by_key(hosts: Option<&[HostStatus]>) -> BTreeMap<HostKey, &HostStatus> {
 
 /// The object the host came from, if any: its Ingress, HTTPRoute, or annotated Gateway.
 fn source_target(h: &HostStatus) -> Option<Target> {
-    match (&h.ingress, &h.http_route, &h.gateway) {
+    let o = &h.origin;
+    match (&o.ingress, &o.http_route, &o.gateway) {
         (Some(i), _, _) => Some(Target::Ingress(i.clone())),
         (None, Some(r), _) => Some(Target::HttpRoute(r.clone())),
         (None, None, Some(g)) => Some(Target::Gateway(g.clone())),
@@ -255,7 +241,10 @@ mod tests {
     fn host(name: &str, ingress: Option<&str>, state: &str, reason: &str, msg: &str) -> HostStatus {
         HostStatus {
             name: name.into(),
-            ingress: ingress.map(str::to_string),
+            origin: HostOrigin {
+                ingress: ingress.map(str::to_string),
+                ..Default::default()
+            },
             state: state.into(),
             reason: reason.into(),
             message: msg.into(),
@@ -311,9 +300,7 @@ mod tests {
     #[test]
     fn gateway_api_hosts_are_announced_on_their_httproute_or_annotated_gateway() {
         let routed = HostStatus {
-            http_route: Some("apps/web".into()),
-            gateway: Some("infra/gw".into()),
-            gateway_listener: Some("https".into()),
+            origin: HostOrigin::gateway(Some("apps/web".into()), "infra/gw".into(), "https".into()),
             ..host(
                 "a.example.com",
                 None,
@@ -323,8 +310,7 @@ mod tests {
             )
         };
         let from_gateway = HostStatus {
-            gateway: Some("infra/gw".into()),
-            gateway_listener: Some("https".into()),
+            origin: HostOrigin::gateway(None, "infra/gw".into(), "https".into()),
             ..host("b.example.com", None, "Serving", reasons::SERVING, "")
         };
         let new = status(vec![routed.clone(), from_gateway], vec![]);
@@ -339,7 +325,11 @@ mod tests {
         );
         // The same host through another listener section is another entry.
         let moved = HostStatus {
-            gateway_listener: Some("https-2".into()),
+            origin: HostOrigin::gateway(
+                Some("apps/web".into()),
+                "infra/gw".into(),
+                "https-2".into(),
+            ),
             ..routed
         };
         let after = status(vec![moved], vec![]);

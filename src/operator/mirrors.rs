@@ -64,7 +64,7 @@ pub fn desired(
                     .map(|h| MirroredHost {
                         name: h.name.clone(),
                         upstream: upstream(h),
-                        source: h.source.clone(),
+                        source: h.origin.text(),
                         response_timeout_seconds: h.timeouts.response,
                         request_body_idle_timeout_seconds: h.timeouts.request_body_idle,
                         response_body_idle_timeout_seconds: h.timeouts.response_body_idle,
@@ -290,9 +290,7 @@ mod tests {
         ServedHost {
             name: host.into(),
             secret: sref(secret),
-            source: format!("Ingress shop/{host}"),
-            gateway: None,
-            gateway_listener: None,
+            origin: crate::api::HostOrigin::ingress(format!("shop/{host}")),
             timeouts: Default::default(),
         }
     }

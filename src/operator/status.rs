@@ -263,10 +263,7 @@ fn host_status(
 ) -> HostStatus {
     let mut h = HostStatus {
         name: wanted.name.clone(),
-        ingress: wanted.ingress.clone(),
-        http_route: wanted.http_route.clone(),
-        gateway: wanted.gateway.clone(),
-        gateway_listener: wanted.gateway_listener.clone(),
+        origin: wanted.origin.clone(),
         secret: wanted.secret.clone(),
         state: wanted.state.clone(),
         reason: wanted.reason.clone(),
@@ -1052,7 +1049,7 @@ mod tests {
             name: name.into(),
             state: state.into(),
             reason: reason.into(),
-            ingress: Some("default/web".into()),
+            origin: crate::api::HostOrigin::ingress("default/web"),
             secret: Some("default/web-tls".into()),
             ..Default::default()
         }

@@ -706,10 +706,7 @@ fn host_rows(
             state: h.state.clone(),
             reason: h.reason.clone(),
             message: h.message.clone(),
-            ingress: h.ingress.clone(),
-            http_route: h.http_route.clone(),
-            gateway: h.gateway.clone(),
-            gateway_listener: h.gateway_listener.clone(),
+            origin: h.origin.clone(),
             secret: h.secret.clone(),
             ..Default::default()
         };
@@ -724,14 +721,7 @@ fn source_of(h: &HostReport) -> String {
     if !h.source.is_empty() {
         return h.source.clone();
     }
-    crate::api::HostStatus {
-        ingress: h.ingress.clone(),
-        http_route: h.http_route.clone(),
-        gateway: h.gateway.clone(),
-        gateway_listener: h.gateway_listener.clone(),
-        ..Default::default()
-    }
-    .source()
+    h.origin.text()
 }
 
 /// `Listener NAME: UDP port, pods ready, hosts serving[, UDP drops and buffers]`.
@@ -1064,7 +1054,7 @@ Listener nginx: UDP port 8443, pods ready 2/3, hosts serving 1/3, UDP drops 17, 
         let status = l.status.as_mut().unwrap();
         status.hosts.push(crate::api::HostStatus {
             name: "admin.example.com".into(),
-            ingress: Some("web/admin".into()),
+            origin: crate::api::HostOrigin::ingress("web/admin"),
             secret: Some("web/admin-tls".into()),
             state: host_states::NOT_SERVING.into(),
             reason: reasons::CLIENT_ADDRESS_POLICY.into(),

@@ -22,10 +22,11 @@ use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::wanted::{CertSource, GatewayOrigin, WantedHost};
+use super::wanted::{CertSource, WantedHost};
 use crate::api::gateway::{
     Gateway, GatewayListener, HTTPRoute, ObjectReference, ParentReference, ReferenceGrant, GROUP,
 };
+use crate::api::HostOrigin;
 use crate::api::{annotations, reasons, Http3Listener, SecretRef};
 
 /// The `name` of the status entry of a route that attaches without naming any host.
@@ -340,8 +341,7 @@ fn narrow(meta: &ObjectMeta, found: Vec<WantedHost>, what: &str) -> Vec<WantedHo
         if matched.is_empty() {
             out.push(WantedHost {
                 name: want.clone(),
-                ingress: None,
-                gateway: found.first().and_then(|w| w.gateway.clone()),
+                origin: found.first().map(|w| w.origin.clone()).unwrap_or_default(),
                 cert: refused(
                     reasons::ROUTE_NOT_ACCEPTED,
                     format!(
@@ -454,11 +454,8 @@ fn through_gateway(
             continue;
         }
         any_listener = true;
-        let origin = GatewayOrigin {
-            http_route: Some(route_key.to_string()),
-            gateway: gw_key.clone(),
-            listener: l.name.clone(),
-        };
+        let origin =
+            HostOrigin::gateway(Some(route_key.to_string()), gw_key.clone(), l.name.clone());
         for name in intersect_hostnames(l.hostname.as_deref(), &route.spec.hostnames) {
             let cert = if is_accepted {
                 listener_cert(gw, l, &objs.grants)
@@ -474,8 +471,7 @@ fn through_gateway(
             };
             out.push(WantedHost {
                 name,
-                ingress: None,
-                gateway: Some(origin.clone()),
+                origin: origin.clone(),
                 cert,
             });
         }
@@ -529,12 +525,11 @@ fn unattached(
         .into_iter()
         .map(|name| WantedHost {
             name,
-            ingress: None,
-            gateway: Some(GatewayOrigin {
-                http_route: Some(route_key.to_string()),
-                gateway: gw_key.to_string(),
-                listener: section.to_string(),
-            }),
+            origin: HostOrigin::gateway(
+                Some(route_key.to_string()),
+                gw_key.to_string(),
+                section.to_string(),
+            ),
             cert: refused(reasons::ROUTE_NOT_ACCEPTED, why.clone(), None),
         })
         .collect()
@@ -573,12 +568,7 @@ pub fn gateway_hosts(
                 .filter(|h| !h.is_empty())?;
             Some(WantedHost {
                 name: name.to_ascii_lowercase(),
-                ingress: None,
-                gateway: Some(GatewayOrigin {
-                    http_route: None,
-                    gateway: gw_key.clone(),
-                    listener: l.name.clone(),
-                }),
+                origin: HostOrigin::gateway(None, gw_key.clone(), l.name.clone()),
                 cert: listener_cert(gw, l, &objs.grants),
             })
         })
@@ -888,11 +878,11 @@ mod tests {
             (h.state.as_str(), h.reason.as_str()),
             (host_states::SERVING, reasons::SERVING)
         );
-        assert_eq!(h.http_route.as_deref(), Some("apps/web"));
-        assert_eq!(h.gateway.as_deref(), Some("infra/gw"));
-        assert_eq!(h.gateway_listener.as_deref(), Some("https"));
+        assert_eq!(h.origin.http_route.as_deref(), Some("apps/web"));
+        assert_eq!(h.origin.gateway.as_deref(), Some("infra/gw"));
+        assert_eq!(h.origin.gateway_listener.as_deref(), Some("https"));
         assert_eq!(h.secret.as_deref(), Some("infra/wild"));
-        assert_eq!(h.ingress, None);
+        assert_eq!(h.origin.ingress, None);
         assert!(r.serves("a.example.com"));
         let mut l = listener("public", None);
         l.spec.gateway_class_name = Some("gw".into());
@@ -1003,7 +993,7 @@ mod tests {
         );
         let h = the(&r, "a.example.com");
         assert_eq!(
-            (h.reason.as_str(), h.gateway_listener.as_deref()),
+            (h.reason.as_str(), h.origin.gateway_listener.as_deref()),
             (reasons::SERVING, Some("https"))
         );
         // sectionName and port pick the listener: the HTTP one only is refused.
@@ -1336,7 +1326,13 @@ mod tests {
         let mine: Vec<(Option<String>, Option<String>, String)> = r
             .reports
             .iter()
-            .map(|h| (h.ingress.clone(), h.http_route.clone(), h.reason.clone()))
+            .map(|h| {
+                (
+                    h.origin.ingress.clone(),
+                    h.origin.http_route.clone(),
+                    h.reason.clone(),
+                )
+            })
             .collect();
         assert_eq!(
             mine,
@@ -1408,7 +1404,7 @@ mod tests {
         let got: Vec<(String, String)> = r
             .reports
             .iter()
-            .map(|h| (h.http_route.clone().unwrap(), h.reason.clone()))
+            .map(|h| (h.origin.http_route.clone().unwrap(), h.reason.clone()))
             .collect();
         assert_eq!(
             got,
@@ -1495,8 +1491,8 @@ mod tests {
                 (
                     h.name.as_str(),
                     h.reason.as_str(),
-                    h.gateway_listener.as_deref(),
-                    h.http_route.as_deref(),
+                    h.origin.gateway_listener.as_deref(),
+                    h.origin.http_route.as_deref(),
                 )
             })
             .collect();

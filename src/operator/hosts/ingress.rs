@@ -7,7 +7,7 @@ use std::sync::Arc;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass, IngressSpec, IngressTLS};
 
 use super::wanted::{CertSource, WantedHost};
-use crate::api::{annotations, Http3Listener, SecretRef};
+use crate::api::{annotations, HostOrigin, Http3Listener, SecretRef};
 use crate::config::host_matches;
 
 /// The pre-`ingressClassName` way of naming the class; controllers still honour it.
@@ -129,8 +129,7 @@ pub fn wanted_hosts(ing: &Ingress) -> Vec<WantedHost> {
             };
             WantedHost {
                 name,
-                ingress: Some(key.clone()),
-                gateway: None,
+                origin: HostOrigin::ingress(key.clone()),
                 cert,
             }
         })

@@ -38,10 +38,10 @@ use k8s_openapi::api::networking::v1::Ingress;
 pub use gateway::GatewayObjects;
 pub use resolve::{Certificates, ResolvedHosts, ServedHost};
 pub use traefik::TraefikObjects;
-pub use wanted::{CertSource, GatewayOrigin, WantedHost};
+pub use wanted::{CertSource, WantedHost};
 
 use crate::api::gateway::HTTPRoute;
-use crate::api::{Http3Listener, SecretRef};
+use crate::api::{HostOrigin, Http3Listener, SecretRef};
 use gateway::wanted_from_gateway_api;
 use ingress::{ingress_class, ingress_key, own_hosts, selected_ingresses, targets_listener};
 use owners::{wanted_hosts, TlsOwners};
@@ -91,8 +91,7 @@ pub fn gather_wanted<'a>(
         .iter()
         .map(|h| WantedHost {
             name: h.name.clone(),
-            ingress: None,
-            gateway: None,
+            origin: HostOrigin::default(),
             cert: CertSource::Secret(h.secret_ref.clone()),
         })
         .collect();
@@ -181,7 +180,7 @@ pub fn policies_for_listener<'a>(
         .collect();
     let mut route_sources: HashMap<&str, Vec<policy::SourcePolicy>> = HashMap::new();
     for w in wanted {
-        let Some(key) = w.gateway.as_ref().and_then(|g| g.http_route.as_deref()) else {
+        let Some(key) = w.origin.http_route.as_deref() else {
             continue;
         };
         let Some(route) = routes.get(key) else {

@@ -191,7 +191,7 @@ mod tests {
         let l = listener("public", Some("nginx"));
         let w = gather_wanted(&l, ingresses.iter().copied(), &none());
         assert_eq!(w.hosts.len(), 1, "{:?}", w.hosts);
-        assert_eq!(w.hosts[0].ingress.as_deref(), Some("shop/web"));
+        assert_eq!(w.hosts[0].origin.ingress.as_deref(), Some("shop/web"));
         w.hosts[0].cert.clone()
     }
 

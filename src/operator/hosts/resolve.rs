@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Secret;
 
 use super::policy::{Carried, Policies};
 use super::wanted::{CertSource, WantedHost};
-use crate::api::{host_states, reasons, HostReport, SecretRef};
+use crate::api::{host_states, reasons, HostOrigin, HostReport, SecretRef};
 use crate::config::{normalize_host_name, HostEntry, HostError};
 
 /// Keys of a `kubernetes.io/tls` Secret.
@@ -26,12 +26,8 @@ pub struct ServedHost {
     /// Normalised: lowercase, no trailing dot; possibly `*.domain`.
     pub name: String,
     pub secret: SecretRef,
-    /// Where it comes from, as people read it (`Ingress shop/web`).
-    pub source: String,
-    /// `namespace/name` of the Gateway it comes through (Gateway API hosts).
-    pub gateway: Option<String>,
-    /// The name of that Gateway's listener (section).
-    pub gateway_listener: Option<String>,
+    /// The Ingress, or the HTTPRoute and Gateway listener, it comes from.
+    pub origin: HostOrigin,
     /// Its own upstream timeouts, where they differ from the listener's.
     pub timeouts: Carried,
 }
@@ -166,13 +162,9 @@ fn not_serving(
 
 /// A report naming the host and where it came from; state and reason still empty.
 fn report_of(w: &WantedHost) -> HostReport {
-    let g = w.gateway.as_ref();
     HostReport {
         name: normalized(&w.name),
-        ingress: w.ingress.clone(),
-        http_route: g.and_then(|g| g.http_route.clone()),
-        gateway: g.map(|g| g.gateway.clone()),
-        gateway_listener: g.map(|g| g.listener.clone()),
+        origin: w.origin.clone(),
         ..Default::default()
     }
 }
@@ -185,14 +177,6 @@ pub fn normalized(name: &str) -> String {
 /// `namespace/name`, the form status and events use.
 pub fn secret_key(s: &SecretRef) -> String {
     format!("{}/{}", s.namespace, s.name)
-}
-
-fn source_text(w: &WantedHost) -> String {
-    match (&w.ingress, &w.gateway) {
-        (Some(i), _) => format!("Ingress {i}"),
-        (None, Some(g)) => g.text(),
-        (None, None) => "spec.hosts".to_string(),
-    }
 }
 
 /// Resolves wanted hosts against their policies and the Secrets' certificates, in the order
@@ -248,7 +232,7 @@ pub fn resolve_wanted(
         }
         // A broken certificate still claims the name: a later source with another Secret
         // would silently take over a host its owner is fixing.
-        owners.insert(lower.clone(), (source_text(&w), Some(sref.clone())));
+        owners.insert(lower.clone(), (w.origin.text(), Some(sref.clone())));
         if let Err(e) = normalize_host_name(&w.name) {
             reports.push(not_serving(&w, Some(sref), e.reason(), e.to_string()));
             continue;
@@ -277,9 +261,7 @@ pub fn resolve_wanted(
                 served.push(ServedHost {
                     name: lower,
                     secret: sref.clone(),
-                    source: source_text(&w),
-                    gateway: w.gateway.as_ref().map(|g| g.gateway.clone()),
-                    gateway_listener: w.gateway.as_ref().map(|g| g.listener.clone()),
+                    origin: w.origin.clone(),
                     timeouts,
                 });
             }
@@ -290,20 +272,6 @@ pub fn resolve_wanted(
     ResolvedHosts { served, reports }
 }
 
-type ReportOrder<'a> = (
-    &'a str,
-    &'a Option<String>,
-    &'a Option<String>,
-    &'a Option<String>,
-    &'a Option<String>,
-);
-
-fn report_order(h: &HostReport) -> ReportOrder<'_> {
-    (
-        &h.name,
-        &h.ingress,
-        &h.http_route,
-        &h.gateway,
-        &h.gateway_listener,
-    )
+fn report_order(h: &HostReport) -> (&str, &HostOrigin) {
+    (&h.name, &h.origin)
 }

@@ -74,7 +74,7 @@ fn every_reason_is_reported_per_host() {
         .unwrap();
     assert_eq!(missing.message, "Secret default/missing not found");
     assert_eq!(missing.secret.as_deref(), Some("default/missing"));
-    assert_eq!(missing.ingress.as_deref(), Some("default/web"));
+    assert_eq!(missing.origin.ingress.as_deref(), Some("default/web"));
     let wrong = r
         .reports
         .iter()
@@ -154,7 +154,7 @@ fn conflicting_hosts_go_to_spec_hosts_then_the_oldest_ingress() {
         .reports
         .iter()
         .filter(|h| h.name == "shared.example.com")
-        .map(|h| (h.ingress.clone().unwrap(), h.reason.clone()))
+        .map(|h| (h.origin.ingress.clone().unwrap(), h.reason.clone()))
         .collect();
     assert_eq!(
         shared,
@@ -171,7 +171,7 @@ fn conflicting_hosts_go_to_spec_hosts_then_the_oldest_ingress() {
         .reports
         .iter()
         .filter(|h| h.name == "pinned.example.com")
-        .map(|h| (h.ingress.clone(), h.reason.clone()))
+        .map(|h| (h.origin.ingress.clone(), h.reason.clone()))
         .collect();
     assert_eq!(
         pinned,
@@ -308,14 +308,14 @@ fn a_host_is_served_with_the_certificate_of_the_oldest_ingress_of_its_class_with
     let served: Vec<_> = r
         .served
         .iter()
-        .map(|h| (h.name.as_str(), secret_key(&h.secret), h.source.as_str()))
+        .map(|h| (h.name.as_str(), secret_key(&h.secret), h.origin.text()))
         .collect();
     assert_eq!(
         served,
         [(
             "shop.example.com",
             "legacy/old-tls".to_string(),
-            "Ingress shop/web"
+            "Ingress shop/web".to_string()
         )]
     );
     assert_eq!(

@@ -4,7 +4,7 @@
 //! [`super::gateway`] for the Gateway API) produce these, and `spec.hosts` is read where they
 //! are gathered ([`super::wanted_for_listener`]); neither source imports the other.
 
-use crate::api::SecretRef;
+use crate::api::{HostOrigin, SecretRef};
 
 /// Where a wanted host's certificate should come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,29 +27,8 @@ pub enum CertSource {
 pub struct WantedHost {
     /// As written (normalised later, so a bad name is reported, not dropped).
     pub name: String,
-    /// `namespace/name` of the Ingress, `None` for `spec.hosts` and the Gateway API.
-    pub ingress: Option<String>,
-    /// The HTTPRoute, Gateway and Gateway listener, for Gateway API hosts.
-    pub gateway: Option<GatewayOrigin>,
+    /// The Ingress, or the HTTPRoute and Gateway listener, that asks for it (none for
+    /// `spec.hosts`).
+    pub origin: HostOrigin,
     pub cert: CertSource,
-}
-
-/// Where a Gateway API host came from: the route (none when the Gateway itself is annotated),
-/// the Gateway and its listener.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GatewayOrigin {
-    pub http_route: Option<String>,
-    pub gateway: String,
-    pub listener: String,
-}
-
-impl GatewayOrigin {
-    /// "HTTPRoute ns/name, Gateway ns/name listener https", as status and events say it.
-    pub fn text(&self) -> String {
-        let gw = format!("Gateway {} listener {}", self.gateway, self.listener);
-        match &self.http_route {
-            Some(r) => format!("HTTPRoute {r}, {gw}"),
-            None => gw,
-        }
-    }
 }
