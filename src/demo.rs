@@ -210,7 +210,7 @@ pub async fn start(
         key_der,
         config::file::unix_now(),
     )?);
-    let cfg: ProxyConfig = config::build((&file).into(), hosts, "")?;
+    let cfg: ProxyConfig = config::build(file.listener_settings(), &[], hosts, "")?;
 
     let (ready_tx, ready_rx) = oneshot::channel();
     let (_updates_tx, updates_rx) = mpsc::channel(1);

@@ -461,7 +461,7 @@ fn in_process_config(port: u16) -> h3_ingress::config::ProxyConfig {
     let mut table = HostTable::default();
     let now = config::file::unix_now();
     table.insert(HostEntry::from_der("a.test", vec![ck.cert.der().clone()], key, now).unwrap());
-    config::build((&file).into(), table, "").unwrap()
+    config::build(file.listener_settings(), &[], table, "").unwrap()
 }
 
 /// One in-process generation: its task, its shutdown token, what it shares.

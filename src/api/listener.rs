@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::advertise::{AdvertiseSettings, AdvertiseStatus};
 use super::origin::HostOrigin;
 use super::service::{ListenerService, Rollout};
+use super::settings::with_listener_settings;
 use super::settings::{
     AccessLogSettings, AddressValidationSettings, AltSvcSettings, HttpSettings, LimitsSettings,
     MetricsSettings, SocketSettings, TransportSettings, Upstream,
@@ -30,158 +31,137 @@ fn default_port() -> u16 {
     super::settings::DEFAULT_PORT
 }
 
-/// An HTTP/3 (QUIC) listener run by a hostNetwork DaemonSet in front of an existing TCP ingress.
-///
-/// Cluster-scoped because it owns a UDP port on every selected node.
-#[derive(CustomResource, Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
-#[kube(
-    group = "h3-ingress.dev",
-    version = "v1alpha1",
-    kind = "Http3Listener",
-    shortname = "h3l",
-    status = "Http3ListenerStatus",
-    derive = "PartialEq",
-    doc = "An HTTP/3 listener that proxies to the cluster's existing TCP ingress",
-    printcolumn(name = "Port", type_ = "integer", json_path = ".spec.port"),
-    printcolumn(
-        name = "Hosts",
-        type_ = "string",
-        json_path = ".status.hostsSummary",
-        description = "hosts served / hosts wanted"
-    ),
-    printcolumn(
-        name = "Pods",
-        type_ = "string",
-        json_path = ".status.nodes.summary",
-        description = "data plane pods ready / desired"
-    ),
-    printcolumn(
-        name = "Ready",
-        type_ = "string",
-        json_path = ".status.conditions[?(@.type==\"Ready\")].status",
-        description = "the Ready condition"
-    ),
-    printcolumn(
-        name = "Reason",
-        type_ = "string",
-        json_path = ".status.conditions[?(@.type==\"Ready\")].reason",
-        priority = "1",
-        description = "why Ready is what it is"
-    ),
-    printcolumn(
-        name = "Controller",
-        type_ = "string",
-        json_path = ".spec.controllerName",
-        priority = "1",
-        description = "the operator that runs it (spec.controllerName)"
-    ),
-    printcolumn(
-        name = "UDP-Drops",
-        type_ = "integer",
-        json_path = ".status.udp.drops",
-        description = "UDP datagrams the kernel dropped on our sockets, summed over pods"
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
-)]
-// `remote = "Self"`: the derived (de)serialisers become inherent functions, which
-// `collect_unknown_fields!` wraps to record the fields a newer CRD adds (`api::unknown`).
-#[serde(rename_all = "camelCase", remote = "Self")]
-// The API server checks this after defaulting, as `config::build` does for the file.
-#[schemars(extend("x-kubernetes-validations" = [{
-    "rule": "self.addressValidation.halfOpenThreshold < self.limits.halfOpenConnections",
-    "message": "addressValidation.halfOpenThreshold must be below limits.halfOpenConnections"
-}]))]
-pub struct Http3ListenerSpec {
-    /// The operator that runs this listener: the one started with this `--controller-name`
-    /// (the chart's `controllerName`), as an IngressClass names its controller. An operator
-    /// reconciles only its own listeners; a name no running operator has, or one that two
-    /// operators have, is refused in the status (`Ready=False`, `NoController` or
-    /// `ControllerConflict`). Changing it hands the listener over: the new operator starts its
-    /// data plane, and the old one removes its own once the new one's pods are ready.
-    #[serde(default = "default_controller_name")]
-    #[schemars(regex(pattern = super::CONTROLLER_NAME_PATTERN), length(min = 3, max = 253))]
-    pub controller_name: String,
-    /// Ingresses of this class (with annotation `h3-ingress.dev/enabled: "true"`) are served.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ingress_class_name: Option<String>,
-    /// HTTPRoutes (annotated `h3-ingress.dev/enabled: "true"`) attached to Gateways of this
-    /// class, and Gateways of this class annotated the same way, are served.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gateway_class_name: Option<String>,
-    /// UDP port the QUIC sockets bind on every node.
-    #[serde(default = "default_port")]
-    #[schemars(range(min = bounds::PORT.min, max = bounds::PORT.max))]
-    pub port: u16,
-    #[serde(default)]
-    pub addresses: Addresses,
-    pub upstream: Upstream,
-    #[serde(default)]
-    pub socket: SocketSettings,
-    #[serde(default)]
-    pub transport: TransportSettings,
-    #[serde(default)]
-    pub alt_svc: AltSvcSettings,
-    #[serde(default)]
-    pub metrics: MetricsSettings,
-    #[serde(default)]
-    pub http: HttpSettings,
-    #[serde(default)]
-    pub address_validation: AddressValidationSettings,
-    #[serde(default)]
-    pub limits: LimitsSettings,
-    #[serde(default)]
-    pub access_log: AccessLogSettings,
-    /// Hosts not defined by an Ingress, each with its TLS Secret.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub hosts: Vec<ListenerHost>,
-    /// Nodes that run the data plane (normally the ingress node pool).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub node_selector: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tolerations: Vec<Toleration>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resources: Option<ResourceRequirements>,
-    /// Data plane image; defaults to the operator's own image.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image: Option<String>,
-    /// Run a privileged init container that raises net.core.rmem_max/wmem_max to 7500000
-    /// on each node, so the requested socket buffers are granted. Off by default; status
-    /// reports clamped buffers either way.
-    #[serde(default)]
-    pub tune_node_buffer_limits: bool,
-    /// Image of the init container `tuneNodeBufferLimits` adds (it needs `sh`, `cat` and `[`);
-    /// defaults to the operator's `--tune-image` (`busybox:1.36.1`). Pin it by digest
-    /// (`busybox@sha256:...`) where tags may move.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tune_image: Option<String>,
-    /// A Service that brings UDP to the data plane from outside the nodes; none by default
-    /// (clients reach the nodes' own addresses).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub service: Option<ListenerService>,
-    #[serde(default)]
-    pub rollout: Rollout,
-    /// Where to forward the hosts of a Gateway (`gatewayClassName`) instead of the address its
-    /// controller reports in `status.addresses` (the port is the Gateway listener's). A Gateway
-    /// with neither gets `upstream.address`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub gateway_upstreams: Vec<GatewayUpstream>,
-    /// DNS HTTPS records for the served hosts, kept only while they are served; off when
-    /// absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub advertise: Option<AdvertiseSettings>,
-    /// Fields of the served object this binary does not know (never serialised).
-    #[serde(skip)]
-    #[schemars(skip)]
-    pub unknown_fields: UnknownFields,
-    /// Values of its enums this binary does not know, taken out while parsing (never
-    /// serialised); validation refuses a spec that has any.
-    #[serde(skip)]
-    #[schemars(skip)]
-    pub unknown_values: UnknownValues,
+with_listener_settings! {
+    /// An HTTP/3 (QUIC) listener run by a hostNetwork DaemonSet in front of an existing TCP ingress.
+    ///
+    /// Cluster-scoped because it owns a UDP port on every selected node.
+    #[derive(CustomResource, Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+    #[kube(
+        group = "h3-ingress.dev",
+        version = "v1alpha1",
+        kind = "Http3Listener",
+        shortname = "h3l",
+        status = "Http3ListenerStatus",
+        derive = "PartialEq",
+        doc = "An HTTP/3 listener that proxies to the cluster's existing TCP ingress",
+        printcolumn(name = "Port", type_ = "integer", json_path = ".spec.port"),
+        printcolumn(
+            name = "Hosts",
+            type_ = "string",
+            json_path = ".status.hostsSummary",
+            description = "hosts served / hosts wanted"
+        ),
+        printcolumn(
+            name = "Pods",
+            type_ = "string",
+            json_path = ".status.nodes.summary",
+            description = "data plane pods ready / desired"
+        ),
+        printcolumn(
+            name = "Ready",
+            type_ = "string",
+            json_path = ".status.conditions[?(@.type==\"Ready\")].status",
+            description = "the Ready condition"
+        ),
+        printcolumn(
+            name = "Reason",
+            type_ = "string",
+            json_path = ".status.conditions[?(@.type==\"Ready\")].reason",
+            priority = "1",
+            description = "why Ready is what it is"
+        ),
+        printcolumn(
+            name = "Controller",
+            type_ = "string",
+            json_path = ".spec.controllerName",
+            priority = "1",
+            description = "the operator that runs it (spec.controllerName)"
+        ),
+        printcolumn(
+            name = "UDP-Drops",
+            type_ = "integer",
+            json_path = ".status.udp.drops",
+            description = "UDP datagrams the kernel dropped on our sockets, summed over pods"
+        ),
+        printcolumn(
+            name = "Age",
+            type_ = "date",
+            json_path = ".metadata.creationTimestamp"
+        )
+    )]
+    // `remote = "Self"`: the derived (de)serialisers become inherent functions, which
+    // `collect_unknown_fields!` wraps to record the fields a newer CRD adds (`api::unknown`).
+    #[serde(rename_all = "camelCase", remote = "Self")]
+    // The API server checks this after defaulting, as `config::build` does for the file.
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self.addressValidation.halfOpenThreshold < self.limits.halfOpenConnections",
+        "message": "addressValidation.halfOpenThreshold must be below limits.halfOpenConnections"
+    }]))]
+    pub struct Http3ListenerSpec {
+        /// The operator that runs this listener: the one started with this `--controller-name`
+        /// (the chart's `controllerName`), as an IngressClass names its controller. An operator
+        /// reconciles only its own listeners; a name no running operator has, or one that two
+        /// operators have, is refused in the status (`Ready=False`, `NoController` or
+        /// `ControllerConflict`). Changing it hands the listener over: the new operator starts its
+        /// data plane, and the old one removes its own once the new one's pods are ready.
+        #[serde(default = "default_controller_name")]
+        #[schemars(regex(pattern = super::CONTROLLER_NAME_PATTERN), length(min = 3, max = 253))]
+        pub controller_name: String,
+        /// Ingresses of this class (with annotation `h3-ingress.dev/enabled: "true"`) are served.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub ingress_class_name: Option<String>,
+        /// HTTPRoutes (annotated `h3-ingress.dev/enabled: "true"`) attached to Gateways of this
+        /// class, and Gateways of this class annotated the same way, are served.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub gateway_class_name: Option<String>,
+        /// Hosts not defined by an Ingress, each with its TLS Secret.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub hosts: Vec<ListenerHost>,
+        /// Nodes that run the data plane (normally the ingress node pool).
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        pub node_selector: BTreeMap<String, String>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub tolerations: Vec<Toleration>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub resources: Option<ResourceRequirements>,
+        /// Data plane image; defaults to the operator's own image.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub image: Option<String>,
+        /// Run a privileged init container that raises net.core.rmem_max/wmem_max to 7500000
+        /// on each node, so the requested socket buffers are granted. Off by default; status
+        /// reports clamped buffers either way.
+        #[serde(default)]
+        pub tune_node_buffer_limits: bool,
+        /// Image of the init container `tuneNodeBufferLimits` adds (it needs `sh`, `cat` and `[`);
+        /// defaults to the operator's `--tune-image` (`busybox:1.36.1`). Pin it by digest
+        /// (`busybox@sha256:...`) where tags may move.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub tune_image: Option<String>,
+        /// A Service that brings UDP to the data plane from outside the nodes; none by default
+        /// (clients reach the nodes' own addresses).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub service: Option<ListenerService>,
+        #[serde(default)]
+        pub rollout: Rollout,
+        /// Where to forward the hosts of a Gateway (`gatewayClassName`) instead of the address its
+        /// controller reports in `status.addresses` (the port is the Gateway listener's). A Gateway
+        /// with neither gets `upstream.address`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub gateway_upstreams: Vec<GatewayUpstream>,
+        /// DNS HTTPS records for the served hosts, kept only while they are served; off when
+        /// absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub advertise: Option<AdvertiseSettings>,
+        /// Fields of the served object this binary does not know (never serialised).
+        #[serde(skip)]
+        #[schemars(skip)]
+        pub unknown_fields: UnknownFields,
+        /// Values of its enums this binary does not know, taken out while parsing (never
+        /// serialised); validation refuses a spec that has any.
+        #[serde(skip)]
+        #[schemars(skip)]
+        pub unknown_values: UnknownValues,
+    }
 }
 
 /// The upstream of one Gateway's hosts.

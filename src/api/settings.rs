@@ -1,7 +1,9 @@
 //! Listener settings shared by the standalone YAML file and the `Http3Listener` spec.
 //!
 //! The same structs are deserialised from a file (`h3-ingress proxy --config`) and from the
-//! custom resource, so a field has one name, one default and one meaning everywhere. Defaults
+//! custom resource, and the fields that hold them are declared once ([`with_listener_settings`]
+//! writes them into both `FileConfig` and the spec), so a field has one name, one default,
+//! one bound and one meaning everywhere. Defaults
 //! are serde defaults, which schemars copies into the CRD schema, so the API server applies the
 //! very same values. No type here refuses unknown fields: the file parser refuses them itself
 //! and the Kubernetes path reads past them ([`super::unknown`]).
@@ -48,6 +50,81 @@ fn default_alt_svc_max_age() -> u32 {
 fn default_metrics_address() -> String {
     DEFAULT_METRICS_ADDRESS.to_string()
 }
+
+/// The listener-wide settings, borrowed from either the CRD's spec or the standalone file:
+/// what the data plane's validation (`config::build`) reads.
+#[derive(Debug, Clone, Copy)]
+pub struct ListenerSettings<'a> {
+    pub port: u16,
+    pub addresses: &'a Addresses,
+    pub upstream: &'a Upstream,
+    pub socket: &'a SocketSettings,
+    pub transport: &'a TransportSettings,
+    pub alt_svc: &'a AltSvcSettings,
+    pub metrics: &'a MetricsSettings,
+    pub http: &'a HttpSettings,
+    pub address_validation: &'a AddressValidationSettings,
+    pub limits: &'a LimitsSettings,
+    pub access_log: &'a AccessLogSettings,
+}
+
+/// Declares a struct whose first fields are the listener-wide settings: the contract the
+/// `Http3Listener` spec and the standalone file share, written here once (names, defaults,
+/// bounds, the CRD's descriptions), then the struct's own fields; and its
+/// `listener_settings()`, which borrows them as [`ListenerSettings`]. At the call site
+/// `default_port`, `bounds` and the settings types must be in scope (serde and schemars
+/// resolve their paths there).
+macro_rules! with_listener_settings {
+    ($(#[$meta:meta])* pub struct $name:ident { $($rest:tt)* }) => {
+        $(#[$meta])*
+        pub struct $name {
+            /// UDP port the QUIC sockets bind on every node.
+            #[serde(default = "default_port")]
+            #[schemars(range(min = bounds::PORT.min, max = bounds::PORT.max))]
+            pub port: u16,
+            #[serde(default)]
+            pub addresses: Addresses,
+            pub upstream: Upstream,
+            #[serde(default)]
+            pub socket: SocketSettings,
+            #[serde(default)]
+            pub transport: TransportSettings,
+            #[serde(default)]
+            pub alt_svc: AltSvcSettings,
+            #[serde(default)]
+            pub metrics: MetricsSettings,
+            #[serde(default)]
+            pub http: HttpSettings,
+            #[serde(default)]
+            pub address_validation: AddressValidationSettings,
+            #[serde(default)]
+            pub limits: LimitsSettings,
+            #[serde(default)]
+            pub access_log: AccessLogSettings,
+            $($rest)*
+        }
+
+        impl $name {
+            /// Its listener-wide settings, borrowed.
+            pub fn listener_settings(&self) -> $crate::api::ListenerSettings<'_> {
+                $crate::api::ListenerSettings {
+                    port: self.port,
+                    addresses: &self.addresses,
+                    upstream: &self.upstream,
+                    socket: &self.socket,
+                    transport: &self.transport,
+                    alt_svc: &self.alt_svc,
+                    metrics: &self.metrics,
+                    http: &self.http,
+                    address_validation: &self.address_validation,
+                    limits: &self.limits,
+                    access_log: &self.access_log,
+                }
+            }
+        }
+    };
+}
+pub(crate) use with_listener_settings;
 
 /// Which local addresses get a UDP socket. One socket per family, never a dual-stack socket:
 /// an AF_INET6 socket that also carries IPv4 cannot set Don't Fragment on its IPv4 datagrams,
@@ -723,34 +800,14 @@ pub struct FileHost {
     pub key_file: String,
 }
 
-/// The standalone configuration file of `h3-ingress proxy --config FILE`.
-#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct FileConfig {
-    /// UDP port of both sockets.
-    #[serde(default = "default_port")]
-    pub port: u16,
-    #[serde(default)]
-    pub addresses: Addresses,
-    pub upstream: Upstream,
-    #[serde(default)]
-    pub socket: SocketSettings,
-    #[serde(default)]
-    pub transport: TransportSettings,
-    #[serde(default)]
-    pub alt_svc: AltSvcSettings,
-    #[serde(default)]
-    pub metrics: MetricsSettings,
-    #[serde(default)]
-    pub http: HttpSettings,
-    #[serde(default)]
-    pub address_validation: AddressValidationSettings,
-    #[serde(default)]
-    pub limits: LimitsSettings,
-    #[serde(default)]
-    pub keys: KeysSettings,
-    #[serde(default)]
-    pub access_log: AccessLogSettings,
-    #[serde(default)]
-    pub hosts: Vec<FileHost>,
+with_listener_settings! {
+    /// The standalone configuration file of `h3-ingress proxy --config FILE`.
+    #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+    #[serde(rename_all = "camelCase")]
+    pub struct FileConfig {
+        #[serde(default)]
+        pub keys: KeysSettings,
+        #[serde(default)]
+        pub hosts: Vec<FileHost>,
+    }
 }

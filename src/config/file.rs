@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{build, ConfigError, FieldError, HostEntry, HostTable, ProxyConfig, Settings};
+use super::{build, ConfigError, FieldError, HostEntry, HostTable, ProxyConfig};
 use crate::api::unknown::{path_string, UnknownFields};
 use crate::api::FileConfig;
 
@@ -105,7 +105,7 @@ pub fn from_parts(
             message: "is empty; give a path or leave keys.file out".into(),
         });
     }
-    let built = build(Settings::from(file), table, "");
+    let built = build(file.listener_settings(), &[], table, "");
     match built {
         Ok(c) if errors.is_empty() => Ok(c),
         Ok(_) => Err(ConfigError { errors }),

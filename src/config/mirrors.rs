@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Secret;
 
 use super::{
     self as config, normalize_host_name, parse_host_port, Certificate, ConfigError, HostError,
-    HostTable, HostTimeouts, ProxyConfig, Replaced, Settings, UpstreamAddress,
+    HostTable, HostTimeouts, ProxyConfig, Replaced, UpstreamAddress,
 };
 use crate::api::bounds::{self, Bound};
 use crate::api::mirror::{self, HostsDocument};
@@ -404,7 +404,12 @@ pub fn build(
         failures,
         failed_hosts,
     } = resolve(mirrors, now_unix);
-    let mut c = config::build(Settings::from(&listener.spec), table, "spec")?;
+    let mut c = config::build(
+        listener.spec.listener_settings(),
+        listener.spec.unknown_values.values(),
+        table,
+        "spec",
+    )?;
     c.host_reports = failed_hosts;
     c.mirrors = Some(MirrorReport {
         synced: true,

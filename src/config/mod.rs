@@ -24,9 +24,9 @@ pub use hosts::{
 use crate::api::bounds::{self, Bound};
 use crate::api::unknown::UnknownValue;
 use crate::api::{
-    AccessLogSettings, AddressValidationSettings, Addresses, AltSvcSettings, ClientAddressVia,
-    ClientForwardedFor, FileConfig, HostReport, Http3ListenerSpec, HttpSettings, LimitsSettings,
-    MetricsSettings, MirrorReport, SocketSettings, TransportSettings, Upstream, UpstreamVerify,
+    AddressValidationSettings, Addresses, ClientAddressVia, ClientForwardedFor, HostReport,
+    HttpSettings, LimitsSettings, ListenerSettings, MetricsSettings, MirrorReport, SocketSettings,
+    TransportSettings, Upstream, UpstreamVerify,
 };
 
 /// One validation problem: the field path (`upstream.address`) and what is wrong with it.
@@ -200,63 +200,6 @@ impl ProxyConfig {
     }
 }
 
-/// The listener-wide settings both sources share, borrowed from either.
-#[derive(Debug, Clone, Copy)]
-pub struct Settings<'a> {
-    pub port: u16,
-    pub addresses: &'a Addresses,
-    pub upstream: &'a Upstream,
-    pub socket: &'a SocketSettings,
-    pub transport: &'a TransportSettings,
-    pub alt_svc: &'a AltSvcSettings,
-    pub metrics: &'a MetricsSettings,
-    pub http: &'a HttpSettings,
-    pub address_validation: &'a AddressValidationSettings,
-    pub limits: &'a LimitsSettings,
-    pub access_log: &'a AccessLogSettings,
-    /// Enum values the parse did not know (a listener from a newer CRD; the file refuses
-    /// them while parsing): each is a field error.
-    pub unknown_values: &'a [UnknownValue],
-}
-
-impl<'a> From<&'a FileConfig> for Settings<'a> {
-    fn from(c: &'a FileConfig) -> Self {
-        Settings {
-            port: c.port,
-            addresses: &c.addresses,
-            upstream: &c.upstream,
-            socket: &c.socket,
-            transport: &c.transport,
-            alt_svc: &c.alt_svc,
-            metrics: &c.metrics,
-            http: &c.http,
-            address_validation: &c.address_validation,
-            limits: &c.limits,
-            access_log: &c.access_log,
-            unknown_values: &[],
-        }
-    }
-}
-
-impl<'a> From<&'a Http3ListenerSpec> for Settings<'a> {
-    fn from(c: &'a Http3ListenerSpec) -> Self {
-        Settings {
-            port: c.port,
-            addresses: &c.addresses,
-            upstream: &c.upstream,
-            socket: &c.socket,
-            transport: &c.transport,
-            alt_svc: &c.alt_svc,
-            metrics: &c.metrics,
-            http: &c.http,
-            address_validation: &c.address_validation,
-            limits: &c.limits,
-            access_log: &c.access_log,
-            unknown_values: c.unknown_values.values(),
-        }
-    }
-}
-
 /// One field error per enum value this binary does not know, under `prefix` (`"spec"`).
 pub fn unknown_value_errors(values: &[UnknownValue], prefix: &str) -> Vec<FieldError> {
     let mut errs = Errors::new(prefix);
@@ -306,12 +249,13 @@ impl Errors {
 /// Pure: no file, socket or API access. Every section is checked, so one error report lists
 /// every problem.
 pub fn build(
-    settings: Settings<'_>,
+    settings: ListenerSettings<'_>,
+    unknown_values: &[UnknownValue],
     hosts: HostTable,
     prefix: &str,
 ) -> Result<ProxyConfig, ConfigError> {
     let mut errs = Errors::new(prefix);
-    errs.list = unknown_value_errors(settings.unknown_values, prefix);
+    errs.list = unknown_value_errors(unknown_values, prefix);
     errs.check(bounds::PORT, settings.port);
     let (ipv4, ipv6) = addresses(settings.addresses, &mut errs);
     let upstream = upstream(settings.upstream, &mut errs);
@@ -665,6 +609,7 @@ pub fn parse_host_port(s: &str) -> Result<UpstreamAddress, &'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::{FileConfig, Http3ListenerSpec};
 
     fn file(yaml: &str) -> FileConfig {
         file::parse(yaml).expect("parses")
@@ -679,7 +624,12 @@ mod tests {
             "transport": {"congestionControl": "l4s"},
         }))
         .unwrap();
-        let errors = messages(build(Settings::from(&spec), HostTable::default(), "spec"));
+        let errors = messages(build(
+            spec.listener_settings(),
+            spec.unknown_values.values(),
+            HostTable::default(),
+            "spec",
+        ));
         assert_eq!(errors.len(), 2, "{errors:?}");
         assert!(
             errors[0].starts_with(
@@ -711,7 +661,7 @@ mod tests {
     #[test]
     fn defaults_match_the_documented_values() {
         let f = file("upstream: {address: '127.0.0.1:443'}");
-        let c = build((&f).into(), HostTable::default(), "").unwrap();
+        let c = build(f.listener_settings(), &[], HostTable::default(), "").unwrap();
         assert_eq!(c.listen.port, 443);
         assert_eq!(c.listen.ipv4, Some(Ipv4Addr::UNSPECIFIED));
         assert_eq!(c.listen.ipv6, Some(Ipv6Addr::UNSPECIFIED));
@@ -734,7 +684,7 @@ mod tests {
     #[test]
     fn null_family_disables_it() {
         let f = file("upstream: {address: 'ingress:443'}\naddresses: {ipv6: null}");
-        let c = build((&f).into(), HostTable::default(), "").unwrap();
+        let c = build(f.listener_settings(), &[], HostTable::default(), "").unwrap();
         assert_eq!(c.listen.ipv4, Some(Ipv4Addr::UNSPECIFIED));
         assert_eq!(c.listen.ipv6, None);
         assert_eq!(c.upstream.address.host, "ingress");
@@ -743,7 +693,7 @@ mod tests {
     #[test]
     fn both_families_null_is_an_error() {
         let f = file("upstream: {address: '127.0.0.1:443'}\naddresses: {ipv4: null, ipv6: null}");
-        let m = messages(build((&f).into(), HostTable::default(), ""));
+        let m = messages(build(f.listener_settings(), &[], HostTable::default(), ""));
         assert_eq!(m.len(), 1);
         assert!(m[0].starts_with("addresses: "), "{m:?}");
     }
@@ -753,7 +703,7 @@ mod tests {
         let f = file(
             "upstream: {address: foo}\naddresses: {ipv4: '::1', ipv6: '1.2.3.4'}\nmetrics: {address: nope}\nsocket: {receiveBufferBytes: 10}",
         );
-        let m = messages(build((&f).into(), HostTable::default(), ""));
+        let m = messages(build(f.listener_settings(), &[], HostTable::default(), ""));
         for want in [
             "upstream.address: \"foo\" is not host:port (no port)",
             "addresses.ipv4: \"::1\" is not an IPv4 address",
@@ -768,14 +718,19 @@ mod tests {
     #[test]
     fn crd_paths_carry_the_spec_prefix() {
         let f = file("upstream: {address: 'x:0'}");
-        let m = messages(build((&f).into(), HostTable::default(), "spec"));
+        let m = messages(build(
+            f.listener_settings(),
+            &[],
+            HostTable::default(),
+            "spec",
+        ));
         assert!(m[0].starts_with("spec.upstream.address: \"x:0\""), "{m:?}");
     }
 
     #[test]
     fn mapped_ipv6_is_refused() {
         let f = file("upstream: {address: '127.0.0.1:443'}\naddresses: {ipv6: '::ffff:1.2.3.4'}");
-        let m = messages(build((&f).into(), HostTable::default(), ""));
+        let m = messages(build(f.listener_settings(), &[], HostTable::default(), ""));
         assert!(m[0].contains("IPv4-mapped"), "{m:?}");
     }
 
@@ -798,8 +753,8 @@ mod tests {
     fn restart_changes_are_listed() {
         let a = file("upstream: {address: '127.0.0.1:443'}");
         let b = file("upstream: {address: '127.0.0.1:443'}\nport: 8443\nsocket: {receiveBufferBytes: 212992}");
-        let ca = build((&a).into(), HostTable::default(), "").unwrap();
-        let cb = build((&b).into(), HostTable::default(), "").unwrap();
+        let ca = build(a.listener_settings(), &[], HostTable::default(), "").unwrap();
+        let cb = build(b.listener_settings(), &[], HostTable::default(), "").unwrap();
         let changes = ca.restart_required_changes(&cb);
         assert_eq!(changes.len(), 2, "{changes:?}");
         assert!(changes[0].starts_with("port 443 -> 8443"));
@@ -822,7 +777,7 @@ mod tests {
                 *target = value.into();
                 // A value the field's type cannot hold never reaches the check.
                 let f: FileConfig = serde_json::from_value(v).ok()?;
-                let errors = match build((&f).into(), HostTable::default(), "") {
+                let errors = match build(f.listener_settings(), &[], HostTable::default(), "") {
                     Ok(_) => Vec::new(),
                     Err(e) => e.errors,
                 };
@@ -850,7 +805,7 @@ mod tests {
     fn the_proxy_protocol_target_follows_the_client_address_settings() {
         let target = |upstream: &str| {
             let f = file(&format!("upstream: {upstream}"));
-            build((&f).into(), HostTable::default(), "")
+            build(f.listener_settings(), &[], HostTable::default(), "")
                 .map(|c| c.upstream.proxy_protocol.map(|a| a.to_string()))
         };
         let main = "address: '127.0.0.1:443'";
@@ -876,7 +831,7 @@ mod tests {
         let f = file(&format!(
             "upstream: {{{main}, clientAddress: {{via: ProxyProtocol, clientForwardedFor: Append}}}}"
         ));
-        let c = build((&f).into(), HostTable::default(), "").unwrap();
+        let c = build(f.listener_settings(), &[], HostTable::default(), "").unwrap();
         assert_eq!(c.upstream.forwarded_for, ClientForwardedFor::Append);
     }
 
@@ -885,7 +840,12 @@ mod tests {
         let f = file(
             "upstream: {address: '127.0.0.1:443', proxyProtocol: true, clientAddress: {via: ProxyProtocol, proxyProtocolAddress: 'pp:99999'}}",
         );
-        let m = messages(build((&f).into(), HostTable::default(), "spec"));
+        let m = messages(build(
+            f.listener_settings(),
+            &[],
+            HostTable::default(),
+            "spec",
+        ));
         assert_eq!(
             m,
             [
@@ -894,7 +854,7 @@ mod tests {
             ]
         );
         let f = file("upstream: {address: '127.0.0.1:443', clientAddress: {proxyProtocolAddress: 'pp:8443'}}");
-        let m = messages(build((&f).into(), HostTable::default(), ""));
+        let m = messages(build(f.listener_settings(), &[], HostTable::default(), ""));
         assert_eq!(
             m,
             ["upstream.clientAddress.proxyProtocolAddress: \"pp:8443\" needs upstream.clientAddress.via: ProxyProtocol (it is ForwardedHeaders)"]
@@ -916,7 +876,7 @@ mod tests {
         let f = file(
             "upstream: {address: '127.0.0.1:443'}\ntransport: {streamReceiveWindowBytes: 8388608, connectionReceiveWindowBytes: 4194304}",
         );
-        let m = messages(build((&f).into(), HostTable::default(), ""));
+        let m = messages(build(f.listener_settings(), &[], HostTable::default(), ""));
         assert!(
             m[0].starts_with("transport.connectionReceiveWindowBytes: 4194304 is smaller"),
             "{m:?}"

@@ -35,7 +35,7 @@ use kube::{Resource, ResourceExt};
 use crate::api::{
     check_rollout, Http3Listener, ListenerService, ServiceType, RECOMMENDED_SYSCTL_BUFFER_MAX,
 };
-use crate::config::{build, ConfigError, HostTable, ProxyConfig, Settings};
+use crate::config::{build, ConfigError, HostTable, ProxyConfig};
 
 use super::{labels, placement};
 
@@ -332,7 +332,8 @@ pub fn validate(listener: &Http3Listener) -> Result<ProxyConfig, BuildError> {
         })?;
     }
     Ok(build(
-        Settings::from(&listener.spec),
+        listener.spec.listener_settings(),
+        listener.spec.unknown_values.values(),
         HostTable::default(),
         "spec",
     )?)

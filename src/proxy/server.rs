@@ -641,7 +641,7 @@ mod tests {
             let now = config::file::unix_now();
             table.insert(HostEntry::from_der(h, vec![ck.cert.der().clone()], key, now).unwrap());
         }
-        config::build((&file).into(), table, "").unwrap()
+        config::build(file.listener_settings(), &[], table, "").unwrap()
     }
 
     fn shared(c: ProxyConfig) -> Arc<Shared> {
