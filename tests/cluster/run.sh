@@ -11,7 +11,9 @@
 #     image index's platforms, the architecture selectors), node-checks (what only a real node
 #     answers, a real browser) and monitoring (the chart's monitors and rules under a real
 #     Prometheus Operator); then dns-check.sh (the cluster DNS, CoreDNS), traefik-check.sh
-#     (Traefik as the TCP ingress) and coexist.sh (two releases side by side, a forceBuffers
+#     (Traefik as the TCP ingress), h3i-scenarios frontdoor (HTTP/3 keeps the TCP ingress's
+#     per-host rules: allowlists, spoofed forwarding headers, client certificates, timeouts;
+#     Debian nginx and Traefik) and coexist.sh (two releases side by side, a forceBuffers
 #     roll, one uninstalled);
 #   - the node agent (pods as local processes, the fast mode): skew.sh (CRD version skew both
 #     ways, certificate renewal), rollout.sh (a DaemonSet roll under clients), upgrade.sh (helm
@@ -34,7 +36,7 @@ step() { printf '\n=== %s (%s)\n' "$*" "$(date +%H:%M:%S)"; }
 if [[ $(id -u) -ne 0 ]]; then
     echo "=================================================================================="
     echo "CLUSTER TESTS SKIPPED (needs root): scripts/cluster.sh build/up, h3i-scenarios smoke"
-    echo "h3i-scenarios journey, gateway, arch, node-checks and monitoring, dns-check.sh, traefik-check.sh, coexist.sh, skew.sh, rollout.sh, upgrade.sh and scale.sh did NOT run; nothing was proven on a real API server or real nodes."
+    echo "h3i-scenarios journey, gateway, arch, node-checks and monitoring, dns-check.sh, traefik-check.sh, h3i-scenarios frontdoor, coexist.sh, skew.sh, rollout.sh, upgrade.sh and scale.sh did NOT run; nothing was proven on a real API server or real nodes."
     echo "=================================================================================="
     [[ ${H3I_TESTS_REQUIRE_ROOT:-0} == 1 ]] && { echo "H3I_TESTS_REQUIRE_ROOT=1: failing" >&2; exit 1; }
     exit 0
@@ -106,6 +108,8 @@ step "tests/cluster/dns-check.sh (CoreDNS: pod network, hostNetwork with Cluster
 timed dns-check tests/cluster/dns-check.sh
 step "tests/cluster/traefik-check.sh (Traefik as the TCP ingress: routing, ipAllowList, forwarded headers, PROXY protocol v2)"
 timed traefik-check tests/cluster/traefik-check.sh
+step "h3i-scenarios frontdoor (HTTP/3 meets the TCP ingress's rules: nginx and Traefik allowlists answer 200/403 as over TCP, a spoofed X-Forwarded-For still 403, Traefik logs the client, client-certificate hosts refused with their reason, a host's read timeout in its mirror)"
+timed frontdoor "$SCENARIOS" frontdoor
 # Side by side for 2 minutes in CI (the fight it guards against showed within 60 s; run it
 # with H3I_COEXIST_SECONDS=300 for the 5 minutes of docs/behaviour.md's measurement).
 step "tests/cluster/coexist.sh (two releases side by side for ${H3I_COEXIST_SECONDS:=120} s, a forceBuffers roll on UDP 8443, helm uninstall of one)"

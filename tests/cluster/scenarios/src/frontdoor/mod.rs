@@ -15,7 +15,8 @@
 //! (c) `proxy-read-timeout: "120"` reaches the host's mirror;
 //! (d) hosts asking for client certificates (an annotation, a TLSOption) are refused with
 //! their reason. Every answer is printed again at the end as one table.
-//! `H3I_FRONTDOOR_KEEP=1` keeps the objects, nginx and Traefik afterwards.
+//! `H3I_FRONTDOOR_KEEP=1` keeps the objects, nginx and Traefik afterwards; otherwise they go
+//! and the run waits for its namespaces to be gone (the next test finds the UDP ports free).
 
 mod setup;
 mod steps;
@@ -122,7 +123,10 @@ impl Scenario for Frontdoor {
             );
             return;
         }
-        self.remove_objects(false).await;
+        self.remove_objects().await;
+        if let Err(e) = self.namespaces_gone().await {
+            println!("frontdoor cleanup: {e}");
+        }
         let _ = std::fs::remove_dir_all(&self.tmp);
     }
 }

@@ -103,13 +103,8 @@ impl Frontdoor {
         let ns = self.all::<Namespace>();
         if k8s::exists(&ns, NS_OP).await? || k8s::exists(&ns, NS_APP).await? {
             info("removing a previous run's objects");
-            self.remove_objects(true).await;
-            for n in [NS_APP, NS_OP] {
-                until(90, &format!("namespace {n} deleted"), || async {
-                    Ok(!k8s::exists(&ns, n).await?)
-                })
-                .await?;
-            }
+            self.remove_objects().await;
+            self.namespaces_gone().await?;
         }
         for node in &self.env.nodes {
             for pid in h3i_scenarios::nginx::stop_leftovers(node, "/tmp/h3i-frontdoor.") {
@@ -125,14 +120,26 @@ impl Frontdoor {
         Ok(())
     }
 
+    /// Waits for both namespaces to be gone: their data-plane pods with them, so the next
+    /// test on these nodes finds UDP 443 and 9443 free.
+    pub(super) async fn namespaces_gone(&self) -> Result<()> {
+        let ns = self.all::<Namespace>();
+        for n in [NS_APP, NS_OP] {
+            until(90, &format!("namespace {n} deleted"), || async {
+                Ok(!k8s::exists(&ns, n).await?)
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
     /// Deletes the listeners, the release, the namespaces, nginx and Traefik; never fails.
-    pub(super) async fn remove_objects(&self, wait: bool) {
+    pub(super) async fn remove_objects(&self) {
         let ls = self.all::<Http3Listener>();
         for l in [L_NGINX, L_TRAEFIK] {
             let _ = k8s::delete(&ls, l).await;
         }
-        let w = if wait { "--wait" } else { "--wait=false" };
-        let _ = output("helm", &["uninstall", RELEASE, "-n", NS_OP, w]).await;
+        let _ = output("helm", &["uninstall", RELEASE, "-n", NS_OP, "--wait"]).await;
         for n in [NS_APP, NS_OP] {
             let _ = k8s::delete(&self.all::<Namespace>(), n).await;
         }
