@@ -347,8 +347,6 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         // (Likewise the first verdict on the served CRD, operator::crd.)
         return Ok(Action::requeue(Duration::from_secs(5)));
     }
-    // A deleted listener is never reconciled again: its records go with the next reconcile
-    // of any other one.
     ctx.advertise.withdraw_gone(|n| listener_exists(ctx, n));
     match ctx.ownership(listener) {
         Ownership::Mine => {}
@@ -612,7 +610,9 @@ async fn write_status(
     Ok(())
 }
 
-/// Whether the listener cache holds `name` (a lookup, not a scan of every listener).
+/// Whether the listener cache holds `name` (a lookup, not a scan of every listener). A
+/// deleted listener is never reconciled again: its DNS records go with the next reconcile of
+/// any other one, which asks this of the listeners that publish records.
 fn listener_exists(ctx: &Context, name: &str) -> bool {
     ctx.caches
         .listeners
