@@ -169,7 +169,7 @@ async fn publish(ctx: &Context, listener: &Http3Listener, planned: Vec<PlannedEv
             type_,
             reason: ev.reason.clone(),
             note: Some(text::cut(&ev.note, MAX_NOTE)),
-            action: events::ACTION.to_string(),
+            action: events::action(ev.host.as_deref()),
             secondary: None,
         };
         match ctx.recorder.publish(&event, &reference).await {

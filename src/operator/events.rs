@@ -14,8 +14,22 @@ pub mod event_reasons {
     pub const HOSTS_CHANGED: &str = "HostsChanged";
 }
 
-/// The `action` of every event the operator publishes.
+/// The `action` of the events about the listener as a whole.
 pub const ACTION: &str = "Reconcile";
+/// The API server's limit on an Event's `action`.
+pub const MAX_ACTION: usize = 128;
+
+/// The `action` of an event: `Serve HOST` for one about a host, else [`ACTION`]. kube's
+/// recorder counts an event with the reason, action and object of an earlier one as a repeat
+/// of it (its note is not compared), so the host in the action gives each host its own
+/// series: a second host refused for the same reason on the same Ingress is an event of its
+/// own, naming it, not a count on the first one's.
+pub fn action(host: Option<&str>) -> String {
+    match host {
+        Some(h) => super::text::cut(&format!("Serve {h}"), MAX_ACTION),
+        None => ACTION.to_string(),
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
@@ -31,6 +45,8 @@ pub enum Target {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlannedEvent {
     pub target: Target,
+    /// The host it is about, if any (see [`action`]).
+    pub host: Option<String>,
     pub warning: bool,
     pub reason: String,
     pub note: String,
@@ -65,6 +81,7 @@ fn source_target(h: &HostStatus) -> Option<Target> {
 fn both(out: &mut Vec<PlannedEvent>, h: &HostStatus, warning: bool, reason: &str, note: String) {
     out.push(PlannedEvent {
         target: Target::Listener,
+        host: Some(h.name.clone()),
         warning,
         reason: reason.to_string(),
         note: note.clone(),
@@ -72,6 +89,7 @@ fn both(out: &mut Vec<PlannedEvent>, h: &HostStatus, warning: bool, reason: &str
     if let Some(target) = source_target(h) {
         out.push(PlannedEvent {
             target,
+            host: Some(h.name.clone()),
             warning,
             reason: reason.to_string(),
             note,
@@ -178,6 +196,7 @@ fn host_events(old: &[HostStatus], new: &[HostStatus]) -> Vec<PlannedEvent> {
     if transitions > MAX_HOST_EVENTS {
         out.push(PlannedEvent {
             target: Target::Listener,
+            host: None,
             warning: false,
             reason: event_reasons::HOSTS_CHANGED.to_string(),
             note: format!(
@@ -220,6 +239,7 @@ fn condition_events(
         if bad || (c.type_ == conditions::READY && c.status == "True") {
             out.push(PlannedEvent {
                 target: Target::Listener,
+                host: None,
                 warning: bad,
                 reason: c.reason.clone(),
                 note: if c.message.is_empty() {
@@ -295,6 +315,48 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    #[test]
+    fn each_host_has_its_own_action_so_its_events_are_its_own_series() {
+        assert_eq!(action(None), ACTION);
+        assert_eq!(action(Some("a.example.com")), "Serve a.example.com");
+        let long = format!("{}.example.com", "a".repeat(300));
+        assert!(action(Some(&long)).len() <= MAX_ACTION);
+        let new = status(
+            vec![
+                host(
+                    "a.example.com",
+                    Some("shop/web"),
+                    "NotServing",
+                    reasons::SECRET_NOT_FOUND,
+                    "x",
+                ),
+                host(
+                    "b.example.com",
+                    Some("shop/web"),
+                    "NotServing",
+                    reasons::SECRET_NOT_FOUND,
+                    "y",
+                ),
+            ],
+            vec![],
+        );
+        let planned = plan(Some(&[]), &new.hosts, None, &new);
+        let hosts: Vec<Option<&str>> = planned
+            .iter()
+            .filter(|e| e.reason == reasons::SECRET_NOT_FOUND)
+            .map(|e| e.host.as_deref())
+            .collect();
+        assert_eq!(
+            hosts,
+            [
+                Some("a.example.com"),
+                Some("a.example.com"),
+                Some("b.example.com"),
+                Some("b.example.com")
+            ]
+        );
     }
 
     #[test]
