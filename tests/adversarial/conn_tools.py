@@ -95,6 +95,41 @@ async def blast(port: int, packets: list[tuple[str, int, bytes]], rate: float) -
     return time.monotonic() - t0
 
 
+class Flood:
+    """rawflood.py sending `pool` distinct valid Initials to the proxy at `rate` a second for
+    `seconds`, from `sources` spoofed sources (0: a new one per datagram), in its own
+    process. It builds its messages first; `ready()` waits for that, `go()` starts it."""
+
+    def __init__(self, env: lib.Env, rate: int, seconds: int, sources: int, pool: int = 4096):
+        path = env.dir / "initials.bin"
+        path.write_bytes(b"".join(make_initials(pool)))
+        self.out = env.dir / f"flood-{rate}-{sources}.json"
+        self.go_file = self.out.with_suffix(".go")
+        self.seconds = seconds
+        self.proc = subprocess.Popen([sys.executable, str(lib.HERE / "rawflood.py"), str(env.proxy.port),
+                                      str(path), str(rate), str(seconds), str(sources), str(self.out),
+                                      str(self.go_file)])
+
+    async def ready(self, timeout: float = 45):
+        if await lib.wait_until(self.out.with_suffix(".ready").exists, timeout, 0.05) is None:
+            raise RuntimeError(f"the flood's messages not ready within {timeout:.0f} s")
+
+    def go(self):
+        self.go_file.write_text("go")
+
+    async def wait(self):
+        """Until the sender is done (its time plus a margin)."""
+        await asyncio.get_running_loop().run_in_executor(None, self.proc.wait, self.seconds + 20)
+
+    def sent(self) -> dict:
+        """What it sent: {"sent", "seconds", "rate"}."""
+        return json.loads(self.out.read_text())
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+
 # ---------------------------------------------------------------- CPU
 
 

@@ -9,7 +9,6 @@ Usage: flood_diag.py BINARY RATE SOURCES [LEAD [WARMUP]]
 """
 
 import asyncio
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -56,16 +55,11 @@ async def get_once(env, logger=None) -> int | None:
 
 async def main(binary: str, rate: int, sources: int, lead: float, warmup: int):
     env = lib.make_env(Path(binary))
+    flood = None
     try:
         p = env.proxy
-        path = env.dir / "initials.bin"
-        path.write_bytes(b"".join(conn_tools.make_initials(4096)))
-        out = env.dir / "flood.json"
-        go = out.with_suffix(".go")
-        sender = subprocess.Popen([sys.executable, str(lib.HERE / "rawflood.py"), str(p.port), str(path),
-                                   str(rate), "8", str(sources), str(out), str(go)])
-        while not out.with_suffix(".ready").exists():
-            await asyncio.sleep(0.05)
+        flood = conn_tools.Flood(env, rate, 8, sources)
+        await flood.ready()
         for _ in range(warmup):
             await get_once(env)
         m0 = p.metrics()
@@ -79,19 +73,21 @@ async def main(binary: str, rate: int, sources: int, lead: float, warmup: int):
         if lead < 0:
             task = asyncio.create_task(client())
             await asyncio.sleep(-lead)
-            go.write_text("go")
+            flood.go()
             print(since(), "flood starts", flush=True)
         else:
-            go.write_text("go")
+            flood.go()
             await asyncio.sleep(lead)
             task = asyncio.create_task(client())
         await task
-        sender.wait(30)
+        await flood.wait()
         m1 = p.metrics()
         for k in sorted(m1):
             if ("limits_total" in k or "handshakes_total" in k or "drops" in k) and m1[k] != m0.get(k, 0):
                 print(k, m1[k] - m0.get(k, 0))
     finally:
+        if flood is not None:
+            flood.stop()
         env.close()
 
 

@@ -13,10 +13,7 @@ its own: the flood stays off the machine's loopback, and the replies to the spoo
 nowhere. The figures are only comparable at low load: each line gives the load average."""
 
 import asyncio
-import json
 import os
-import subprocess
-import sys
 
 import conn_tools
 import lib
@@ -39,21 +36,11 @@ def counters(p: lib.Proxy) -> dict:
             "drops": sum(v for k, v in m.items() if k.startswith("h3_ingress_udp_socket_drops_total"))}
 
 
-async def wait_file(path, timeout: float, what: str):
-    if await lib.wait_until(path.exists, timeout, 0.05) is None:
-        raise RuntimeError(f"{what} not ready within {timeout:.0f} s")
-
-
 async def flood_run(env: lib.Env, rate: int, sources: int) -> lib.Outcome:
     p = env.proxy
-    path = env.dir / "initials.bin"
-    path.write_bytes(b"".join(conn_tools.make_initials(POOL)))
-    out = env.dir / f"flood-{rate}-{sources}.json"
-    go = out.with_suffix(".go")
-    sender = subprocess.Popen([sys.executable, str(lib.HERE / "rawflood.py"), str(p.port), str(path),
-                               str(rate), str(SECONDS), str(sources), str(out), str(go)])
+    flood = conn_tools.Flood(env, rate, SECONDS, sources, POOL)
     try:
-        await wait_file(out.with_suffix(".ready"), 45, "the flood's messages")
+        await flood.ready()
         before = counters(p)
         rss0 = p.rss_mb()
         p.sampler.reset()
@@ -61,14 +48,13 @@ async def flood_run(env: lib.Env, rate: int, sources: int) -> lib.Outcome:
         await asyncio.sleep(1.0)
         load = os.getloadavg()[0]
         cpu0 = conn_tools.cpu_seconds(p.proc.pid)
-        go.write_text("go")
-        await asyncio.get_running_loop().run_in_executor(None, sender.wait, SECONDS + 20)
+        flood.go()
+        await flood.wait()
         cpu = conn_tools.cpu_seconds(p.proc.pid) - cpu0
     finally:
-        if sender.poll() is None:
-            sender.kill()
+        flood.stop()
     r = legit.finish()
-    sent = json.loads(out.read_text())
+    sent = flood.sent()
     after = counters(p)
     d = {k: after[k] - before[k] for k in before}
     total = r["served"] + r["failed"]
