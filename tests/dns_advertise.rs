@@ -24,6 +24,7 @@ use h3_ingress::operator::advertise::dns::listener::{Settings, State};
 use h3_ingress::operator::advertise::dns::task::{
     Advertisers, Desired, KeyFuture, KeySource, Timing,
 };
+use h3_ingress::operator::metrics::DnsMetrics;
 use support::knot::{KnotFixture, KnotOptions};
 
 const SECRET: &[u8; 32] = b"0123456789abcdef0123456789abcdef";
@@ -71,6 +72,7 @@ fn harness(timing: Timing) -> Harness {
         }),
         "h3-ingress-test",
         timing,
+        DnsMetrics::unregistered(),
     );
     Harness {
         adv,

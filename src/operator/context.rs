@@ -129,8 +129,8 @@ impl Context {
             Arc::new(|_: &str| {}),
             super::FIELD_MANAGER,
             Timing::default(),
-        )
-        .with_metrics(metrics.dns.clone());
+            metrics.dns.clone(),
+        );
         Self {
             advertise: Arc::new(advertise),
             recorder: Recorder::new(client.clone(), reporter),

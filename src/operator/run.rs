@@ -478,20 +478,18 @@ fn advertisers(
     metrics: &OperatorMetrics,
 ) -> (Arc<Advertisers>, mpsc::UnboundedReceiver<String>) {
     let (tx, rx) = mpsc::unbounded_channel();
-    let advertise = Arc::new(
-        Advertisers::new(
-            Arc::new(KubeKeys {
-                client: client.clone(),
-                namespace: namespace.to_string(),
-            }),
-            Arc::new(move |listener: &str| {
-                let _ = tx.send(listener.to_string());
-            }),
-            FIELD_MANAGER,
-            Timing::default(),
-        )
-        .with_metrics(metrics.dns.clone()),
-    );
+    let advertise = Arc::new(Advertisers::new(
+        Arc::new(KubeKeys {
+            client: client.clone(),
+            namespace: namespace.to_string(),
+        }),
+        Arc::new(move |listener: &str| {
+            let _ = tx.send(listener.to_string());
+        }),
+        FIELD_MANAGER,
+        Timing::default(),
+        metrics.dns.clone(),
+    ));
     (advertise, rx)
 }
 

@@ -119,12 +119,14 @@ pub struct Advertisers {
 
 impl Advertisers {
     /// `owner`: who the registry records name (two installs never take each other's);
-    /// `changed`: called with a listener's name when its [`State`] changed.
+    /// `changed`: called with a listener's name when its [`State`] changed; `metrics`: where
+    /// every task counts its UPDATEs and failures.
     pub fn new(
         keys: Arc<dyn KeySource>,
         changed: Changed,
         owner: &str,
         timing: Timing,
+        metrics: DnsMetrics,
     ) -> Advertisers {
         Advertisers {
             shared: Arc::new(Shared {
@@ -132,19 +134,10 @@ impl Advertisers {
                 changed,
                 owner: owner.to_string(),
                 timing,
-                metrics: DnsMetrics::unregistered(),
+                metrics,
             }),
             running: Mutex::new(BTreeMap::new()),
         }
-    }
-
-    /// Counts into `metrics` (the operator's registry) from now on; call before any task
-    /// starts.
-    pub fn with_metrics(mut self, metrics: DnsMetrics) -> Self {
-        if let Some(shared) = Arc::get_mut(&mut self.shared) {
-            shared.metrics = metrics;
-        }
-        self
     }
 
     /// UPDATE messages sent by every task so far.
