@@ -59,6 +59,8 @@ const ALERT_OPERATOR: &str = "H3IngressOperatorDown";
 /// nginx's stub_status (127.0.0.1 of each node) and the exporter's port (the node's address).
 const STUB_PORT: u16 = 8080;
 const EXPORTER_PORT: u16 = 9113;
+/// The ScrapeConfig (in `PROM_NS`) that has Prometheus scrape those exporters.
+const SCRAPE_CONFIG: &str = "nginx-stub-status";
 /// The roll's old pods drain a slow download beside the new ones: 640 KiB at 32 KiB/s, about
 /// 20 s, within `http.drainTimeoutSeconds` (an old pod without requests in flight leaves at once).
 const SLOW_BYTES: usize = 640 << 10;

@@ -75,6 +75,29 @@ impl Monitoring {
         )
     }
 
+    /// The TCP ingress's exporters (the share's denominator) scraped through the ScrapeConfig.
+    /// Prometheus learns of it only once the kubelet has synced the operator-written config
+    /// Secret into its pod (minutes at worst: 166 s measured once), so this is waited for on
+    /// its own, before any query needs its series.
+    async fn exporters_up(&mut self, secs: u64) -> Result<()> {
+        let q = format!("up{{job=\"scrapeConfig/{PROM_NS}/{SCRAPE_CONFIG}\"}}");
+        let mut want: Vec<String> = (self.env.ips.iter())
+            .map(|ip| format!("{ip}:{EXPORTER_PORT} up=1"))
+            .collect();
+        want.sort();
+        let answer = poll(secs, || async {
+            let mut got: Vec<String> = (self.prom.query(&q).await?.iter())
+                .map(|s| format!("{} up={}", s.label("instance"), s.value))
+                .collect();
+            got.sort();
+            Ok((got == want, format!("{got:?}")))
+        })
+        .await;
+        let expected = format!("{want:?}");
+        self.checks
+            .record("TCP ingress exporters up", &q, &expected, answer)
+    }
+
     /// Each data plane target has every series the product's data plane registry exports
     /// before any traffic, the operator's every series of its registry.
     async fn series(&mut self) -> Result<()> {
@@ -148,8 +171,9 @@ impl Monitoring {
     }
 
     pub(super) async fn targets(&mut self, run: &mut Run) -> Result<()> {
-        run.step("targets: every data plane pod and the operator scraped (up == 1), each with its series");
+        run.step("targets: every data plane pod, the operator and the TCP ingress's exporters scraped (up == 1), each with its series");
         self.targets_up(150).await?;
+        self.exporters_up(300).await?;
         self.series().await
     }
 
