@@ -11,7 +11,8 @@
 //! HTTP/3 exactly as over TCP, an inside one 200 (nginx: forwarded headers, trusted; Traefik:
 //! trusted headers are refused for a Middleware that judges the peer, PROXY protocol serves it),
 //! an outside client's own `X-Forwarded-For`/`Forwarded`/`X-Real-IP` naming the inside address
-//! still gets 403 over HTTP/3, and Traefik's access log names the client;
+//! still gets 403 over HTTP/3, Traefik's access log names the client, and a `rateLimit`
+//! Middleware gives two HTTP/3 clients their own buckets;
 //! (c) `proxy-read-timeout: "120"` reaches the host's mirror;
 //! (d) hosts asking for client certificates (an annotation, a TLSOption) are refused with
 //! their reason. Every answer is printed again at the end as one table.
@@ -53,9 +54,12 @@ const GUARDED: &str = "guarded.fd.h3i.test";
 const OPEN: &str = "open.fd.h3i.test";
 const MTLS: &str = "mtls.fd.h3i.test";
 const SLOW: &str = "slow.fd.h3i.test";
-/// Traefik hosts: an ipAllowList Middleware; a TLSOption with clientAuth.
+/// Traefik hosts: an ipAllowList Middleware; a TLSOption with clientAuth; a rateLimit
+/// Middleware (per source, Traefik's default criterion) of `RATE_BURST` requests a minute.
 const T_GUARDED: &str = "tguard.fd.h3i.test";
 const T_MTLS: &str = "tmtls.fd.h3i.test";
+const T_RATE: &str = "trate.fd.h3i.test";
+const RATE_BURST: u64 = 2;
 const WHITELIST: &str = "nginx.ingress.kubernetes.io/whitelist-source-range";
 
 pub struct Frontdoor {

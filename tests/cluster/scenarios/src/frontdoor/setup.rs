@@ -18,7 +18,7 @@ use super::*;
 
 /// Every host of the run, with the ingress (class) serving it over TCP.
 const NGINX_HOSTS: [&str; 4] = [GUARDED, OPEN, MTLS, SLOW];
-const TRAEFIK_HOSTS: [&str; 2] = [T_GUARDED, T_MTLS];
+const TRAEFIK_HOSTS: [&str; 3] = [T_GUARDED, T_MTLS, T_RATE];
 
 fn io(context: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {
     move |source| Error::Io {
@@ -289,7 +289,8 @@ impl Frontdoor {
             "namespace {NS_APP}: an Ingress per host (class nginx: {GUARDED} with {WHITELIST}, \
              {OPEN} without, {MTLS} with auth-tls-verify-client, {SLOW} with proxy-read-timeout \
              \"120\"; class traefik: {T_GUARDED} with an ipAllowList Middleware, {T_MTLS} with \
-             a clientAuth TLSOption); listeners {L_NGINX} and {L_TRAEFIK} as installed"
+             a clientAuth TLSOption, {T_RATE} with a rateLimit Middleware); listeners {L_NGINX} \
+             and {L_TRAEFIK} as installed"
         ));
         let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS_APP}});
         k8s::apply(&self.all::<Namespace>(), NS_APP, &ns).await?;
@@ -319,6 +320,11 @@ impl Frontdoor {
             json!({"ipAllowList": {"sourceRange": allow}}),
         )
         .await?;
+        let rate = json!({"rateLimit": {"average": 1, "period": "1m", "burst": RATE_BURST}});
+        self.traefik_object("Middleware", "rate", rate).await?;
+        let limited = json!({"traefik.ingress.kubernetes.io/router.middlewares":
+            format!("{NS_APP}-rate@kubernetescrd")});
+        self.ingress("traefik", T_RATE, limited).await?;
         let tls = json!({"clientAuth": {"secretNames": ["client-ca"],
             "clientAuthType": "RequireAndVerifyClientCert"}});
         self.traefik_object("TLSOption", "mtls", tls).await?;
@@ -335,7 +341,8 @@ impl Frontdoor {
         self.apply_listener(L_TRAEFIK, "traefik", UDP_TRAEFIK, 9486, traefik_up)
             .await?;
         ok(format!(
-            "6 Ingresses, Middleware {NS_APP}/allow (ipAllowList {}), TLSOption {NS_APP}/mtls; \
+            "7 Ingresses, Middlewares {NS_APP}/allow (ipAllowList {}) and {NS_APP}/rate \
+             (rateLimit {RATE_BURST}/min), TLSOption {NS_APP}/mtls; \
              listeners {L_NGINX} (UDP {UDP_NGINX} -> 127.0.0.1:{TCP_NGINX}) and {L_TRAEFIK} \
              (UDP {UDP_TRAEFIK} -> 127.0.0.1:{TCP_TRAEFIK})",
             allow.join(", ")
