@@ -83,8 +83,7 @@ fn admit(
         m.limits.with_label_values(&[limit]).inc();
         m.handshakes.with_label_values(&[result]).inc();
     };
-    let tracked = serving.guard.deciding(remote);
-    if !attempt.validated && !tracked {
+    if !attempt.validated && !serving.guard.tracks(remote) {
         // Its Initial found the amplification ledger full: no handshake before the address
         // proves itself, since nothing would keep what we send it within 3x. A Retry needs
         // no entry (`quic::amplification`); `never` sends none, so the attempt is dropped.

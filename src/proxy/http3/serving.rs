@@ -52,10 +52,7 @@ impl Serving {
     /// Serving `first` on `port`.
     pub fn new(first: Generation, metrics: Arc<Metrics>, port: u16) -> Self {
         let admission = Admission::new(metrics.half_open_connections.clone());
-        let guard = Guard::new(
-            metrics.limits.with_label_values(&[limit::AMPLIFICATION]),
-            metrics.limits.with_label_values(&[limit::ACCEPT_BACKLOG]),
-        );
+        let guard = Guard::new(metrics.limits.with_label_values(&[limit::AMPLIFICATION]));
         let budget = Budget::new(
             first.config.limits.buffered_request_bytes,
             metrics.buffered_request_bytes.clone(),

@@ -152,12 +152,8 @@ pub mod limit {
     pub const CONNECTION_AGE: &str = "connection_age";
     /// A datagram to an unvalidated address withheld to stay within 3x what it sent.
     pub const AMPLIFICATION: &str = "amplification";
-    /// An attempt whose Initial found the amplification ledger full: a Retry before any
-    /// handshake (none under `addressValidation.mode: never`).
+    /// An Initial dropped because too many sources were awaiting a decision.
     pub const INITIAL_BACKLOG: &str = "initial_backlog";
-    /// An Initial without a token from a new source dropped at the socket while the accept
-    /// loop was behind (`quic::backlog`), so attempts with a Retry token get in.
-    pub const ACCEPT_BACKLOG: &str = "accept_backlog";
 
     pub const ALL: &[&str] = &[
         HEADERS_FRAME,
@@ -179,7 +175,6 @@ pub mod limit {
         CONNECTION_AGE,
         AMPLIFICATION,
         INITIAL_BACKLOG,
-        ACCEPT_BACKLOG,
     ];
 }
 

@@ -48,9 +48,7 @@
 //! token (at most 81: type, address, original destination CID, time, AEAD tag and nonce) and
 //! the 16-byte integrity tag, 144 bytes at most: under 0.13x of what the source sent. The
 //! client then comes back with the token, validated, and needs no entry either.
-use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
-use std::hash::BuildHasher;
 use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -62,7 +60,6 @@ use std::time::{Duration, Instant};
 use quinn::udp::{RecvMeta, Transmit};
 use quinn::{AsyncUdpSocket, UdpPoller};
 
-use super::backlog::Backlog;
 use super::header::{self, Cid, TYPE_HANDSHAKE};
 
 /// RFC 9000 section 8.1.
@@ -70,10 +67,6 @@ pub const FACTOR: u64 = 3;
 /// Sources with an Initial awaiting a decision or an unvalidated handshake; beyond this, an
 /// Initial from a further source gets no entry (and so no handshake before a Retry).
 pub const MAX_ENTRIES: usize = 65_536;
-/// Slots remembering shed Initials (8 bytes each, 2 MiB): at 160,000 shed a second a slot is
-/// overwritten about 0.6 times a second, so a client's resent Initial, 0.2 to a few seconds
-/// later, still finds its own mostly.
-pub const SHED_SLOTS: usize = 1 << 18;
 /// An Initial the accept loop never decided on (quinn dropped it) is forgotten after this.
 const UNPINNED_TTL: Duration = Duration::from_secs(2);
 /// After a failed handshake quinn may still send a CONNECTION_CLOSE; it stays limited this long.
@@ -179,10 +172,6 @@ pub struct Ledger {
     limited: usize,
     /// Queue heads examined by eviction, in all: the tests hold it to a constant per datagram.
     steps: u64,
-    /// Initials shed lately ([`Ledger::first_shed`]): a keyed hash of source and destination
-    /// CID per slot, the newest in each; allocated by the first shed.
-    shed: Vec<u64>,
-    shed_keys: RandomState,
 }
 
 impl Default for Ledger {
@@ -194,8 +183,6 @@ impl Default for Ledger {
             queues: [EMPTY; 2],
             limited: 0,
             steps: 0,
-            shed: Vec::new(),
-            shed_keys: RandomState::new(),
         }
     }
 }
@@ -236,29 +223,6 @@ impl Ledger {
     /// would go unlimited, so it must get a Retry first.
     pub fn tracks(&self, addr: SocketAddr) -> bool {
         self.index.contains_key(&canonical(addr))
-    }
-
-    /// How long since the last datagram from `addr`, if it has an entry: for a source whose
-    /// Initial awaits the accept loop, how long that decision has been waiting.
-    pub fn waited(&self, addr: SocketAddr, now: Instant) -> Option<Duration> {
-        let i = *self.index.get(&canonical(addr))?;
-        Some(now.saturating_duration_since(self.slots[i as usize].entry.touched))
-    }
-
-    /// Whether a new attempt the socket sheds ([`super::backlog`]) is shed for the first time;
-    /// false, and it is let through, when the same source sent an Initial to the same
-    /// connection ID before and that was shed: a real client resending after its probe
-    /// timeout. A spoofer sending from a new source per datagram never repeats one (one that
-    /// repeats each datagram only halves what shedding saves, back to the cost without it).
-    pub fn first_shed(&mut self, from: SocketAddr, dcid: &[u8]) -> bool {
-        if self.shed.is_empty() {
-            self.shed = vec![0; SHED_SLOTS];
-        }
-        let key = self.shed_keys.hash_one((canonical(from), dcid)) | 1;
-        let slot = &mut self.shed[key as usize % SHED_SLOTS];
-        let first = *slot != key;
-        *slot = key;
-        first
     }
 
     /// Queue heads examined by eviction so far.
@@ -496,26 +460,15 @@ pub struct Guard {
     limited: AtomicUsize,
     /// Transmits (partly) withheld.
     pub withheld: prometheus::IntCounter,
-    /// Initials shed because the accept loop was behind ([`Backlog`]).
-    pub shed: prometheus::IntCounter,
-    /// Per address family (IPv4, IPv6): when new attempts are shed.
-    backlogs: [Backlog; 2],
 }
 
 impl Guard {
-    pub fn new(withheld: prometheus::IntCounter, shed: prometheus::IntCounter) -> Arc<Self> {
-        let now = Instant::now();
+    pub fn new(withheld: prometheus::IntCounter) -> Arc<Self> {
         Arc::new(Self {
             ledger: Mutex::new(Ledger::default()),
             limited: AtomicUsize::new(0),
             withheld,
-            shed,
-            backlogs: [Backlog::new(now), Backlog::new(now)],
         })
-    }
-
-    fn backlog(&self, addr: SocketAddr) -> &Backlog {
-        &self.backlogs[usize::from(canonical(addr).is_ipv6())]
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut Ledger) -> R) -> R {
@@ -537,14 +490,9 @@ impl Guard {
         self.with(|l| l.release(addr));
     }
 
-    /// The accept loop is deciding on an attempt from `addr`: whether it has an entry
-    /// ([`Ledger::tracks`]). How long it waited tells the receive path whether to shed
-    /// ([`Backlog`]).
-    pub fn deciding(&self, addr: SocketAddr) -> bool {
-        let now = Instant::now();
-        let waited = self.with(|l| l.waited(addr, now));
-        self.backlog(addr).decided(waited, now);
-        waited.is_some()
+    /// Whether `addr` has an entry ([`Ledger::tracks`]).
+    pub fn tracks(&self, addr: SocketAddr) -> bool {
+        self.with(|l| l.tracks(addr))
     }
 
     /// Number of tracked sources (tests, `/status` debugging).
@@ -566,20 +514,14 @@ impl GuardedSocket {
     }
 
     /// Counts the long-header datagrams of one receive batch (each of a GRO buffer's). Every
-    /// datagram is delivered (an Initial the full ledger has no entry for is refused a
-    /// handshake by the accept loop instead, [`Guard::deciding`]) but a new attempt shed while
-    /// the accept loop is behind, which quinn then reads as empty.
-    fn account(&self, bufs: &[IoSliceMut<'_>], meta: &mut [RecvMeta]) {
+    /// datagram is delivered: an Initial the full ledger has no entry for is refused a
+    /// handshake by the accept loop instead ([`Guard::tracks`]).
+    fn account(&self, bufs: &[IoSliceMut<'_>], meta: &[RecvMeta]) {
         let now = Instant::now();
-        for (m, buf) in meta.iter_mut().zip(bufs) {
+        for (m, buf) in meta.iter().zip(bufs) {
             let Some(data) = buf.get(..m.len).filter(|d| !d.is_empty()) else {
                 continue;
             };
-            if self.sheds(m, data, now) {
-                self.guard.shed.inc();
-                m.len = 0;
-                continue;
-            }
             let datagrams = data.chunks(m.stride.max(1));
             let mut long = datagrams
                 .filter(|d| header::is_long_header(d[0]))
@@ -593,24 +535,6 @@ impl GuardedSocket {
                 }
             });
         }
-    }
-}
-
-impl GuardedSocket {
-    /// Whether a received buffer is a new attempt to shed ([`Backlog`]): one datagram (GRO
-    /// merges only datagrams of one source, and a new source sends one Initial), an Initial
-    /// without a token, from a source without an entry, not shed before
-    /// ([`Ledger::first_shed`]), while its family's accept loop is behind.
-    fn sheds(&self, m: &RecvMeta, data: &[u8], now: Instant) -> bool {
-        header::is_initial(data[0])
-            && m.stride >= data.len()
-            && self.guard.backlog(m.addr).shedding(now)
-            && header::initial(data).is_some_and(|h| {
-                h.token_len == 0
-                    && self
-                        .guard
-                        .with(|l| !l.tracks(m.addr) && l.first_shed(m.addr, h.dcid))
-            })
     }
 }
 
@@ -672,7 +596,7 @@ impl AsyncUdpSocket for GuardedSocket {
             Poll::Ready(Ok(n)) => n,
             other => return other,
         };
-        self.account(&bufs[..n], &mut meta[..n]);
+        self.account(&bufs[..n], &meta[..n]);
         Poll::Ready(Ok(n))
     }
 
@@ -695,79 +619,7 @@ impl AsyncUdpSocket for GuardedSocket {
 
 #[cfg(test)]
 mod tests {
-    use super::super::backlog::{BEHIND, SHED_FOR};
     use super::*;
-    use quinn::Runtime;
-
-    fn initial(token: &[u8]) -> Vec<u8> {
-        let mut p = header::tests::packet(header::TYPE_INITIAL, b"server-1", b"client", 1160);
-        if !token.is_empty() {
-            // Replace the empty token (one zero byte after the IDs) by a one-byte length and it.
-            let at = 1 + 4 + 9 + 7;
-            p.splice(
-                at..=at,
-                std::iter::once(token.len() as u8).chain(token.iter().copied()),
-            );
-        }
-        p
-    }
-
-    fn meta(from: SocketAddr, len: usize) -> RecvMeta {
-        RecvMeta {
-            addr: from,
-            len,
-            stride: len,
-            ecn: None,
-            dst_ip: None,
-        }
-    }
-
-    #[tokio::test]
-    async fn a_late_decision_sheds_new_tokenless_initials_of_its_family_once_each() {
-        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        let inner = quinn::TokioRuntime.wrap_udp_socket(udp).unwrap();
-        let guard = Guard::new(
-            prometheus::IntCounter::new("w", "w").unwrap(),
-            prometheus::IntCounter::new("s", "s").unwrap(),
-        );
-        let socket = GuardedSocket::new(inner, guard.clone());
-        let (fresh, token) = (initial(b""), initial(&[9; 40]));
-        assert_eq!(header::initial(&token).map(|h| h.token_len), Some(40));
-        let (a, b, c) = (
-            addr("192.0.2.1:1000"),
-            addr("192.0.2.2:1000"),
-            addr("192.0.2.3:1000"),
-        );
-        let sheds =
-            |from: SocketAddr, d: &[u8], now: Instant| socket.sheds(&meta(from, d.len()), d, now);
-        let now = Instant::now();
-        assert!(!sheds(b, &fresh, now), "calm: nothing shed");
-        // An attempt from `a` decided 100 ms after its Initial came: the loop is behind.
-        guard.with(|l| l.received(a, fresh.len(), true, now - BEHIND * 2));
-        assert!(guard.deciding(a));
-        let now = Instant::now();
-        assert!(sheds(b, &fresh, now), "a new source");
-        assert!(!sheds(b, &fresh, now), "the same, resent");
-        assert!(sheds(c, &fresh, now), "another source");
-        assert!(!sheds(c, &token, now), "it carries a token");
-        assert!(!sheds(a, &fresh, now), "a source with an entry");
-        assert!(
-            !sheds(addr("[2001:db8::1]:1000"), &fresh, now),
-            "the other family"
-        );
-        let mut gro = fresh.clone();
-        gro.extend_from_slice(&fresh);
-        let two = RecvMeta {
-            stride: fresh.len(),
-            ..meta(addr("192.0.2.4:1000"), gro.len())
-        };
-        assert!(!socket.sheds(&two, &gro, now), "a GRO batch");
-        assert!(
-            !sheds(addr("192.0.2.5:1000"), &fresh, now + SHED_FOR),
-            "it ends"
-        );
-        assert_eq!(guard.with(|l| l.shed.len()), SHED_SLOTS, "a fixed table");
-    }
 
     fn addr(s: &str) -> SocketAddr {
         s.parse().unwrap()

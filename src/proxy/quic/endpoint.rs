@@ -10,7 +10,6 @@ use quinn::crypto::HandshakeTokenKey;
 use tracing::{error, info, warn};
 
 use super::amplification::{Guard, GuardedSocket};
-use super::backlog::MAX_INCOMING;
 use super::cc::CcStats;
 use super::keys::Keys;
 use super::socket::{self, BoundSocket};
@@ -33,6 +32,9 @@ pub struct Family {
     pub token_key: Arc<dyn HandshakeTokenKey>,
 }
 
+/// Connection attempts quinn queues for the accept loop. The loop decides on each at once, so
+/// the queue is short; quinn's default (65536) would let a flood park that many Initials.
+pub const MAX_INCOMING: usize = 4096;
 /// Datagrams quinn buffers for one attempt before it is decided (a ClientHello spanning a few
 /// datagrams, 0-RTT that we refuse anyway); quinn's default is 10 MB.
 pub const INCOMING_BUFFER_BYTES: u64 = 64 * 1024;

@@ -126,30 +126,6 @@ pub fn long_header(b: &[u8]) -> Option<LongHeader<'_>> {
     })
 }
 
-/// What a server reads of a client's Initial before deciding on it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Initial<'a> {
-    pub dcid: &'a [u8],
-    /// 0 in a client's first Initial; a Retry's or a NEW_TOKEN frame's token otherwise.
-    pub token_len: u64,
-}
-
-/// The Initial packet at the start of `b`, or `None` when `b` does not start with an Initial
-/// of a known version. Reads no further than the token's length.
-pub fn initial(b: &[u8]) -> Option<Initial<'_>> {
-    if !is_initial(*b.first()?) {
-        return None;
-    }
-    let version = u32::from_be_bytes(b.get(1..5)?.try_into().ok()?);
-    if !known_version(version) {
-        return None;
-    }
-    let (dcid, at) = cid_at(b, 5)?;
-    let (_, at) = cid_at(b, at)?;
-    let (token_len, _) = varint(b.get(at..)?)?;
-    Some(Initial { dcid, token_len })
-}
-
 /// The long-header packets coalesced at the start of a datagram, in order; stops at the
 /// first packet it cannot read (a short header, which always comes last, included).
 pub fn coalesced(datagram: &[u8]) -> impl Iterator<Item = LongHeader<'_>> {
@@ -218,29 +194,6 @@ pub(crate) mod tests {
         long_cid[5] = 21;
         assert!(long_header(&long_cid).is_none());
         assert_eq!(coalesced(&[0x40, 0, 0]).count(), 0);
-    }
-
-    #[test]
-    fn an_initial_token_length_is_read_and_other_packets_have_none() {
-        let initial_token_len = |b: &[u8]| initial(b).map(|i| i.token_len);
-        let first = packet(TYPE_INITIAL, b"server-1", b"client", 1000);
-        assert_eq!(initial(&first).map(|i| i.dcid), Some(&b"server-1"[..]));
-        assert_eq!(initial_token_len(&first), Some(0));
-        let mut with_token = first[..1 + 4 + 9 + 7].to_vec();
-        with_token.extend_from_slice(&[0x40, 0x50]);
-        with_token.extend_from_slice(&[7; 0x50]);
-        assert_eq!(initial_token_len(&with_token), Some(0x50));
-        let handshake = packet(TYPE_HANDSHAKE, b"server-1", b"client", 40);
-        assert_eq!(initial_token_len(&handshake), None);
-        let mut unknown = first.clone();
-        unknown[1..5].copy_from_slice(&0x1a2a_3a4a_u32.to_be_bytes());
-        assert_eq!(initial_token_len(&unknown), None);
-        assert_eq!(
-            initial_token_len(&first[..10]),
-            None,
-            "truncated in the IDs"
-        );
-        assert_eq!(initial_token_len(&[]), None);
     }
 
     #[test]

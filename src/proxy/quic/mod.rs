@@ -8,8 +8,7 @@
 //! - [`tls`]: certificates chosen by SNI from the host table
 //! - [`admission`]: Retry or refusal at a cap for each attempt; [`amplification`]: replies to
 //!   unvalidated addresses held to 3x at the socket ([`header`] reads the datagrams' long
-//!   headers for it); [`backlog`]: new attempts shed at the socket while the accept loop is
-//!   behind, so those with a Retry token get in
+//!   headers for it)
 //! - [`keys`], [`cid`]: the endpoint's identity (reset, Retry and connection-ID keys) and the
 //!   process slot in every connection ID, so restarts and rollouts keep connections
 //!
@@ -17,7 +16,6 @@
 
 pub mod admission;
 pub mod amplification;
-pub mod backlog;
 pub mod cc;
 pub mod cid;
 pub mod endpoint;
