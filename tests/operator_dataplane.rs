@@ -575,10 +575,24 @@ mod live {
 
         /// Status and body of `path`; `Err` when the stream was reset mid-body.
         async fn get_path(&mut self, host: &str, path: &str) -> (u16, Result<String, String>) {
+            self.get_path_fin_after(host, path, Duration::ZERO).await
+        }
+
+        /// As [`Self::get_path`], with the request stream's FIN sent `fin_after` after the
+        /// HEADERS (in a later packet, as some clients send it).
+        async fn get_path_fin_after(
+            &mut self,
+            host: &str,
+            path: &str,
+            fin_after: Duration,
+        ) -> (u16, Result<String, String>) {
             let req = http::Request::get(format!("https://{host}{path}"))
                 .body(())
                 .unwrap();
             let mut s = self.send.send_request(req).await.expect("request");
+            if !fin_after.is_zero() {
+                tokio::time::sleep(fin_after).await;
+            }
             s.finish().await.unwrap();
             let resp = s.recv_response().await.expect("response");
             let mut body = Vec::new();
@@ -982,6 +996,16 @@ mod live {
         assert_eq!((status, body.as_deref()), (200, Ok("waited")));
         let (status, _) = plain.get_path("a.example.com", "/wait/2000").await;
         assert_eq!(status, 504, "the listener's 1 s response timeout");
+        // The FIN after the HEADERS, in a packet of its own: the timeout holds all the same
+        // (it once never started, and this answered 200 whenever the FIN came late).
+        let late = Duration::from_millis(100);
+        let (status, _) = plain
+            .get_path_fin_after("a.example.com", "/wait/2000", late)
+            .await;
+        assert_eq!(
+            status, 504,
+            "the 1 s response timeout, FIN after the HEADERS"
+        );
 
         let (status, body) = slow.get_path("slow.example.com", "/stall/2000").await;
         assert_eq!((status, body.as_deref()), (200, Ok("first last")));
@@ -990,7 +1014,7 @@ mod live {
         assert!(body.is_err(), "reset after 1 s of body silence: {body:?}");
 
         let metrics = r.admin("/metrics").await;
-        for (limit, want) in [("response_timeout", 1), ("response_body_idle_timeout", 1)] {
+        for (limit, want) in [("response_timeout", 2), ("response_body_idle_timeout", 1)] {
             let series = format!("h3_ingress_limits_total{{limit=\"{limit}\"}} {want}");
             assert!(metrics.lines().any(|l| l == series), "{series}");
         }

@@ -406,8 +406,18 @@ impl RequestPump {
 struct ChannelBody {
     rx: mpsc::Receiver<Result<Frame<Bytes>, BoxError>>,
     remaining: Option<u64>,
-    /// Cancelled when the upstream has read the end of the body.
+    /// Cancelled when the upstream has read the end of the body, or will read no more of it.
     sent: CancellationToken,
+}
+
+/// The HTTP/1 client drops a body it will not send without reading it: a GET or HEAD of
+/// unknown length goes out with `content-length: 0`, which is what a GET whose stream FIN
+/// came in a later packet than its HEADERS looks like. The response timeout must run from
+/// then too, or such a request would wait for its upstream with no limit at all.
+impl Drop for ChannelBody {
+    fn drop(&mut self) {
+        self.sent.cancel();
+    }
 }
 
 impl Body for ChannelBody {
