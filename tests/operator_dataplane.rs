@@ -290,7 +290,15 @@ fn start_source_with(
     }
     tokio::spawn(api_server(handle, world.clone()));
     let (tx, rx) = mpsc::channel(4);
-    let source = tokio::spawn(watch_listener(client, "public".into(), NS.into(), tx));
+    let (prober, _) = tokio::sync::watch::channel(false);
+    let source = tokio::spawn(watch_listener(
+        client,
+        "public".into(),
+        NS.into(),
+        None,
+        tx,
+        prober,
+    ));
     (world, rx, source)
 }
 
@@ -718,6 +726,19 @@ mod live {
     }
 
     async fn launch_all(upstream: Value, mirrors: Vec<Value>, sha1: String) -> Running {
+        launch_spec(upstream, json!({}), mirrors, sha1).await
+    }
+
+    /// This data plane's pod name, as the downward API gives it.
+    const POD: &str = "dp-a";
+
+    /// As [`launch_all`], with `spec_extra`'s fields added to the listener's spec.
+    async fn launch_spec(
+        upstream: Value,
+        spec_extra: Value,
+        mirrors: Vec<Value>,
+        sha1: String,
+    ) -> Running {
         let port = free_udp_port();
         let mut l = listener();
         l["spec"] = json!({
@@ -727,6 +748,9 @@ mod live {
             "upstream": upstream,
             "metrics": {"address": "127.0.0.1:0"}
         });
+        for (k, v) in spec_extra.as_object().unwrap() {
+            l["spec"][k] = v.clone();
+        }
         let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<RespBody>>();
         let world = Arc::new(Mutex::new(World::default()));
         {
@@ -744,13 +768,17 @@ mod live {
         let source = KubeSource {
             listener: "public".into(),
             hosts_namespace: NS.into(),
+            pod: Some(POD.into()),
         };
         let task = tokio::spawn(kube_with(client, source, shutdown.clone(), Some(ready_tx)));
         let proxy = tokio::time::timeout(Duration::from_secs(10), ready_rx)
             .await
             .expect("the proxy starts on the first configuration")
             .unwrap();
-        assert_eq!(proxy.udp_addrs[0].port(), port);
+        assert_eq!(
+            Some(u64::from(proxy.udp_addrs[0].port())),
+            l["spec"]["port"].as_u64()
+        );
         Running {
             proxy,
             world,
@@ -812,6 +840,17 @@ mod live {
             l["metadata"]["resourceVersion"] = json!(format!("{}", 200 + generation));
             l["spec"]["upstream"]["address"] = json!(address);
             l["status"] = json!({"hostsSummary": "1/1"});
+            wait_for_watch(&self.world, LISTENERS)
+                .await
+                .send(event("MODIFIED", &l))
+                .unwrap();
+        }
+
+        /// A status write that names `prober` (or no pod) to probe for Alt-Svc.
+        async fn name_prober(&self, prober: Option<&str>, version: u64) {
+            let mut l = self.listener.clone();
+            l["metadata"]["resourceVersion"] = json!(format!("{}", 300 + version));
+            l["status"] = json!({"altSvcProber": prober});
             wait_for_watch(&self.world, LISTENERS)
                 .await
                 .send(event("MODIFIED", &l))
@@ -1021,6 +1060,107 @@ mod live {
         for c in [slow, plain] {
             c.conn.close(0u32.into(), b"done");
         }
+        r.stop().await;
+    }
+
+    /// A plain-HTTP TCP ingress that answers `Alt-Svc: h3=":PORT"` and records every request
+    /// as `METHOD PATH HOST USER-AGENT`.
+    async fn recording_upstream(port: u16) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let log = seen.clone();
+        tokio::spawn(async move {
+            loop {
+                let (s, _) = l.accept().await.unwrap();
+                let log = log.clone();
+                let svc = hyper::service::service_fn(move |req: http::Request<_>| {
+                    let h = |name| {
+                        let v = req.headers().get(name).and_then(|v| v.to_str().ok());
+                        v.unwrap_or("-").to_string()
+                    };
+                    let line = format!(
+                        "{} {} {} {}",
+                        req.method(),
+                        req.uri(),
+                        h("host"),
+                        h("user-agent")
+                    );
+                    log.lock().unwrap().push(line);
+                    let (_tx, rx) = mpsc::unbounded_channel::<Bytes>();
+                    let mut resp = hyper::Response::new(streaming(rx));
+                    let alt = format!("h3=\":{port}\"; ma=60");
+                    resp.headers_mut().insert("alt-svc", alt.parse().unwrap());
+                    async move { Ok::<_, Infallible>(resp) }
+                });
+                tokio::spawn(async move {
+                    let io = hyper_util::rt::TokioIo::new(s);
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, svc)
+                        .await;
+                });
+            }
+        });
+        (addr, seen)
+    }
+
+    /// One pod per listener probes the TCP ingress for Alt-Svc: the one the listener's status
+    /// names. Before that, and while another pod is named, this one sends nothing and exports
+    /// no Alt-Svc series; named, it probes `altSvc.probePath` with its documented user agent;
+    /// unnamed again, it forgets what it found.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_the_pod_the_status_names_probes_for_alt_svc() {
+        let port = free_udp_port();
+        let (up, seen) = recording_upstream(port).await;
+        let c = cert(&["a.example.com"]);
+        let m = mirror_secret("m-a", "10", &c, &["a.example.com"]);
+        let upstream = json!({"address": up.to_string(), "tls": false});
+        let spec = json!({"port": port, "altSvc": {"probePath": "/h3-probe?from=h3i"}});
+        let r = launch_spec(upstream, spec, vec![m], c.sha).await;
+        let probes = || seen.lock().unwrap().len();
+        let series = "h3_ingress_alt_svc_advertised{host=\"a.example.com\"} 1";
+        let exported = |text: &str| text.lines().any(|l| l == series);
+
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(probes(), 0, "no pod named yet");
+        r.name_prober(Some("dp-b"), 1).await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(probes(), 0, "another pod named");
+        assert!(!exported(&r.admin("/metrics").await));
+
+        r.name_prober(Some(POD), 2).await;
+        let mut found = false;
+        for _ in 0..100 {
+            if exported(&r.admin("/metrics").await) {
+                found = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(found, "named, it probes and exports the result");
+        let ua = h3_ingress::proxy::altsvc::USER_AGENT;
+        assert_eq!(
+            seen.lock().unwrap().clone(),
+            vec![format!("HEAD /h3-probe?from=h3i a.example.com {ua}")]
+        );
+        assert!(ua.starts_with("h3-ingress-alt-svc-probe/"), "{ua}");
+        assert!(r
+            .admin("/hosts")
+            .await
+            .contains("\"altSvcAdvertised\":true"));
+
+        r.name_prober(Some("dp-b"), 3).await;
+        let mut gone = false;
+        for _ in 0..100 {
+            if !exported(&r.admin("/metrics").await) {
+                gone = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(gone, "handed on, it forgets its results");
+        assert!(!r.admin("/hosts").await.contains("altSvcAdvertised"));
+        assert_eq!(probes(), 1, "and sends no more");
         r.stop().await;
     }
 

@@ -1,4 +1,5 @@
-//! The allowed range of every numeric setting, written once.
+//! The allowed range of every numeric setting (and the length of the one free-text path),
+//! written once.
 //!
 //! Each [`Bound`] feeds both checks of its field: the CRD schema, through
 //! `#[schemars(range(min = B.min, max = B.max))]` on the field in `super::settings`, so the
@@ -24,6 +25,9 @@ impl Bound {
         (self.min..=self.max).contains(&value)
     }
 }
+
+/// The longest `altSvc.probePath`, in bytes (a path, not a document).
+pub const MAX_ALT_SVC_PROBE_PATH_BYTES: usize = 1024;
 
 /// UDP port of the QUIC sockets (0 would let the kernel pick one no client knows).
 pub const PORT: Bound = Bound::new("port", 1, 65_535);

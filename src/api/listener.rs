@@ -240,6 +240,11 @@ pub struct Http3ListenerStatus {
     /// What `spec.advertise` keeps published, and where.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub advertise: Option<AdvertiseStatus>,
+    /// The one data-plane pod (by name) that probes the TCP ingress for each host's Alt-Svc
+    /// and exports the per-host facts; the others leave it alone. The operator names a ready
+    /// pod and keeps it while it stays ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alt_svc_prober: Option<String>,
     /// Fields of the served status this binary does not know (never serialised).
     #[serde(skip)]
     #[schemars(skip)]

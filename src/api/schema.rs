@@ -48,6 +48,8 @@ pub const SCHEMA_HASHES: &[&str] = &[
     // 7: advertise.dns (server, zones, tsigKeyName, tsigSecretRef, algorithm, ttlSeconds) and
     // status.advertise.dns.
     "sha256:3133b5ad2a2977eb",
+    // 8: altSvc.probePath and status.altSvcProber (one Alt-Svc prober per listener).
+    "sha256:ccbcd59bab4c091c",
 ];
 
 /// This binary's schema revision.

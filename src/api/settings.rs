@@ -22,6 +22,8 @@ pub const DEFAULT_BUFFER_BYTES: u32 = 4 * 1024 * 1024;
 /// kernel's 208 KB default drops datagrams on fast uploads (docs/field-reports.md, 002).
 pub const RECOMMENDED_SYSCTL_BUFFER_MAX: u32 = 7_500_000;
 pub const DEFAULT_ALT_SVC_MAX_AGE: u32 = 86_400;
+/// Where the Alt-Svc prober sends its `HEAD` unless `altSvc.probePath` says otherwise.
+pub const DEFAULT_ALT_SVC_PROBE_PATH: &str = "/";
 /// Metrics and health port. Chosen to stay clear of the ports hostNetwork daemons commonly
 /// hold on a node: node-exporter 9100, Prometheus 9090, ingress-nginx 10254, kubelet
 /// 10248/10250/10255, kube-proxy 10249/10256, Calico 9091, Cilium 9962-9965. `[::]` is one
@@ -46,6 +48,9 @@ fn default_buffer() -> u32 {
 }
 fn default_alt_svc_max_age() -> u32 {
     DEFAULT_ALT_SVC_MAX_AGE
+}
+fn default_alt_svc_probe_path() -> String {
+    DEFAULT_ALT_SVC_PROBE_PATH.to_string()
 }
 fn default_metrics_address() -> String {
     DEFAULT_METRICS_ADDRESS.to_string()
@@ -480,19 +485,28 @@ impl Default for TransportSettings {
     }
 }
 
-/// The `Alt-Svc` header added to h3 responses that lack one.
+/// The `Alt-Svc` header added to h3 responses that lack one, and the probe that asks the
+/// TCP ingress whether it sends one.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct AltSvcSettings {
     /// `ma=` of the advertised `h3` alternative, in seconds.
     #[serde(default = "default_alt_svc_max_age")]
     pub max_age_seconds: u32,
+    /// Path (and query) of the `HEAD` request one data-plane pod per listener sends each host
+    /// through the TCP ingress, at most every 5 minutes, with the user agent
+    /// `h3-ingress-alt-svc-probe/VERSION`: point it at a cheap page where `/` is an
+    /// application's login redirect or an expensive render.
+    #[serde(default = "default_alt_svc_probe_path")]
+    #[schemars(length(min = 1, max = bounds::MAX_ALT_SVC_PROBE_PATH_BYTES), regex(pattern = r"^/[!-~]*$"))]
+    pub probe_path: String,
 }
 
 impl Default for AltSvcSettings {
     fn default() -> Self {
         Self {
             max_age_seconds: DEFAULT_ALT_SVC_MAX_AGE,
+            probe_path: default_alt_svc_probe_path(),
         }
     }
 }

@@ -134,6 +134,8 @@ pub struct ProxyConfig {
     /// mode gets its key file from `proxy --keys-file` instead).
     pub keys_file: Option<PathBuf>,
     pub alt_svc_max_age: u32,
+    /// `altSvc.probePath`: what the Alt-Svc prober asks each host for.
+    pub alt_svc_probe_path: http::uri::PathAndQuery,
     pub hosts: HostTable,
     /// `metrics.hostLabel`: whether per-host metric series carry the host's name.
     pub metrics_host_label: bool,
@@ -265,11 +267,14 @@ pub fn build(
     connections(settings.address_validation, settings.limits, &mut errs);
     limits(settings.limits, settings.http, &mut errs);
     let metrics_address = metrics_address(settings.metrics, &mut errs);
+    let probe_path = probe_path(&settings.alt_svc.probe_path, &mut errs);
 
     if !errs.list.is_empty() {
         return Err(ConfigError { errors: errs.list });
     }
-    let (Some(upstream), Some(metrics_address)) = (upstream, metrics_address) else {
+    let (Some(upstream), Some(metrics_address), Some(alt_svc_probe_path)) =
+        (upstream, metrics_address, probe_path)
+    else {
         unreachable!("every None above pushed an error");
     };
     let socket = settings.socket;
@@ -290,6 +295,7 @@ pub fn build(
         limits: settings.limits.clone(),
         keys_file: None,
         alt_svc_max_age: settings.alt_svc.max_age_seconds,
+        alt_svc_probe_path,
         metrics_host_label: settings.metrics.host_label,
         access_log: settings.access_log.enabled,
         host_reports: Vec::new(),
@@ -575,6 +581,29 @@ fn metrics_address(m: &MetricsSettings, errs: &mut Errors) -> Option<SocketAddr>
     }
 }
 
+/// `altSvc.probePath`: an absolute path (with a query if wanted) of printable ASCII, as the
+/// CRD's pattern says, so the file and a spec written before the pattern get the same answer.
+fn probe_path(p: &str, errs: &mut Errors) -> Option<http::uri::PathAndQuery> {
+    const FIELD: &str = "altSvc.probePath";
+    let max = bounds::MAX_ALT_SVC_PROBE_PATH_BYTES;
+    if p.len() > max {
+        errs.push(FIELD, format!("{} bytes is longer than {max}", p.len()));
+        return None;
+    }
+    let printable = p.bytes().all(|b| b.is_ascii_graphic());
+    match p.parse::<http::uri::PathAndQuery>() {
+        Ok(pq) if p.starts_with('/') && printable => Some(pq),
+        _ => {
+            let shown: String = p.chars().take(80).collect();
+            errs.push(
+                FIELD,
+                format!("{shown:?} is not an absolute path such as /healthz"),
+            );
+            None
+        }
+    }
+}
+
 /// Parses `host:port`, `ip:port` or `[ipv6]:port`.
 pub fn parse_host_port(s: &str) -> Result<UpstreamAddress, &'static str> {
     if let Ok(sa) = s.parse::<SocketAddr>() {
@@ -673,12 +702,30 @@ mod tests {
         assert_eq!(c.upstream.proxy_protocol, None);
         assert_eq!(c.upstream.forwarded_for, ClientForwardedFor::Replace);
         assert_eq!(c.alt_svc_max_age, 86_400);
+        assert_eq!(c.alt_svc_probe_path.as_str(), "/");
         assert_eq!(c.metrics_address.port(), 9476);
         assert!(c.transport.stream_receive_window_bytes >= 1 << 20);
         assert!(c.transport.connection_receive_window_bytes >= 16 << 20);
         assert_eq!(c.transport.idle_timeout_seconds, 30);
         assert_eq!(c.http.max_field_section_size_bytes, 65_536);
         assert_eq!(c.http.drain_timeout_seconds, 30);
+    }
+
+    #[test]
+    fn probe_path_is_an_absolute_printable_path_named_in_its_error() {
+        let ok =
+            file("upstream: {address: 'ingress:443'}\naltSvc: {probePath: '/healthz?probe=1'}");
+        let c = build(ok.listener_settings(), &[], HostTable::default(), "").unwrap();
+        assert_eq!(c.alt_svc_probe_path.as_str(), "/healthz?probe=1");
+        let long = format!("/{}", "a".repeat(bounds::MAX_ALT_SVC_PROBE_PATH_BYTES));
+        for bad in ["healthz", "/a b", "http://x/", long.as_str()] {
+            let f = file(&format!(
+                "upstream: {{address: 'ingress:443'}}\naltSvc: {{probePath: '{bad}'}}"
+            ));
+            let e = build(f.listener_settings(), &[], HostTable::default(), "spec").unwrap_err();
+            assert_eq!(e.errors.len(), 1, "{bad}: {e}");
+            assert_eq!(e.errors[0].path, "spec.altSvc.probePath", "{bad}");
+        }
     }
 
     #[test]

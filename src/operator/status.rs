@@ -947,10 +947,29 @@ pub fn aggregate(inp: &Inputs, hosts: &[HostStatus]) -> Http3ListenerStatus {
         nodes: Some(nodes),
         udp,
         counters_time,
+        alt_svc_prober: alt_svc_prober(inp),
         ..Default::default()
     };
     carry_transition_times(inp.previous, &mut status);
     status
+}
+
+/// The data-plane pod that probes the TCP ingress for Alt-Svc: the one named before while it
+/// is ready and answers (a new name costs every host a probe), else the first such pod by
+/// name; none while no pod is.
+fn alt_svc_prober(inp: &Inputs) -> Option<String> {
+    let mut able: Vec<&str> = inp
+        .pods
+        .iter()
+        .filter(|p| p.ready && p.report.is_ok())
+        .map(|p| p.pod.as_str())
+        .collect();
+    let previous = inp.previous.and_then(|s| s.alt_svc_prober.as_deref());
+    if let Some(p) = previous.filter(|p| able.contains(p)) {
+        return Some(p.to_string());
+    }
+    able.sort_unstable();
+    able.first().map(|p| p.to_string())
 }
 
 /// The status of a listener that no operator runs, or that two claim (`operator::ownership`),
@@ -1196,6 +1215,39 @@ mod tests {
             "no node runs the data plane: none is a Linux node of architecture arm64 (...); \
              `kubectl get nodes -L kubernetes.io/arch` shows each node's architecture"
         );
+    }
+
+    #[test]
+    fn one_ready_pod_probes_alt_svc_and_keeps_the_job_while_it_stays_ready() {
+        let hosts = [want("a.example.com", "Serving", reasons::SERVING)];
+        let d = ds(3, 3);
+        let prober = |pods: &[PodReport], previous: Option<&str>| {
+            let before = previous.map(|p| Http3ListenerStatus {
+                alt_svc_prober: Some(p.to_string()),
+                ..Default::default()
+            });
+            agg(&inputs(&hosts, Some(&d), pods, before.as_ref(), 1)).alt_svc_prober
+        };
+        let up = |name: &str| pod(name, "D", vec![socket("ipv4", false)], 0);
+        let all = [up("p3"), up("p1"), up("p2")];
+        assert_eq!(prober(&all, None).as_deref(), Some("p1"), "first by name");
+        assert_eq!(prober(&all, Some("p2")).as_deref(), Some("p2"), "kept");
+        let unready = PodReport {
+            ready: false,
+            ..up("p2")
+        };
+        let silent = PodReport {
+            report: Err("timed out".into()),
+            ..up("p1")
+        };
+        let pods = [up("p3"), silent, unready];
+        assert_eq!(
+            prober(&pods, Some("p2")).as_deref(),
+            Some("p3"),
+            "handed on"
+        );
+        assert_eq!(prober(&pods[1..], Some("p2")), None, "no pod able");
+        assert_eq!(prober(&[], None), None);
     }
 
     #[test]

@@ -1256,6 +1256,28 @@ Listener nginx: UDP port 8443, pods ready 2/3, hosts serving 1/3, UDP drops 17, 
     }
 
     #[test]
+    fn reads_hosts_from_the_alt_svc_prober_while_it_is_ready() {
+        let pods = vec![
+            pod("dp-b", "node-b", Some("10.0.0.2"), true, "Running"),
+            pod("dp-d", "node-d", Some("10.0.0.4"), true, "Running"),
+            pod("dp-e", "node-e", Some("10.0.0.5"), false, "Running"),
+        ];
+        let with_prober = |p: Option<&str>| {
+            let mut l = listener();
+            l.status.get_or_insert_with(Default::default).alt_svc_prober = p.map(str::to_string);
+            l
+        };
+        let chosen = |p| pods::view_pod(&with_prober(p), &pods).map(|(name, _, _)| name);
+        assert_eq!(chosen(Some("dp-d")).as_deref(), Some("h3-ingress/dp-d"));
+        assert_eq!(
+            chosen(Some("dp-e")).as_deref(),
+            Some("h3-ingress/dp-b"),
+            "not ready"
+        );
+        assert_eq!(chosen(None).as_deref(), Some("h3-ingress/dp-b"));
+    }
+
+    #[test]
     fn node_addresses() {
         assert_eq!(node_address("10.0.0.2", 443), "10.0.0.2:443");
         assert_eq!(node_address("10.0.0.2:8443", 443), "10.0.0.2:8443");

@@ -1,6 +1,7 @@
-//! The per-host view of a listener: one ready data plane pod's `/hosts`, read through the API
-//! server's pod proxy (`pods/proxy`, as `kubectl get --raw` would), so the plugin needs no
-//! route to the nodes' admin port and the listener's status need not list every host.
+//! The per-host view of a listener: one ready data plane pod's `/hosts` (the Alt-Svc prober's
+//! where it can), read through the API server's pod proxy (`pods/proxy`, as `kubectl get
+//! --raw` would), so the plugin needs no route to the nodes' admin port and the listener's
+//! status need not list every host.
 
 use std::collections::BTreeMap;
 
@@ -25,13 +26,25 @@ pub async fn host_views(client: &Client, listeners: &[Http3Listener]) -> Views {
     out
 }
 
+/// The pod whose `/hosts` to read: the Alt-Svc prober the status names (only it knows each
+/// host's Alt-Svc) while it is ready, else the first ready pod.
+pub(super) fn view_pod(l: &Http3Listener, pods: &[Pod]) -> Option<(String, String, String)> {
+    let prober = l.status.as_ref().and_then(|s| s.alt_svc_prober.as_deref());
+    let named: Vec<Pod> = pods
+        .iter()
+        .filter(|p| prober.is_some() && p.metadata.name.as_deref() == prober)
+        .cloned()
+        .collect();
+    pick_node(&named).or_else(|| pick_node(pods))
+}
+
 async fn view(client: &Client, l: &Http3Listener, name: &str) -> Result<Vec<HostReport>, String> {
     let pods = Api::<Pod>::all(client.clone())
         .list(&ListParams::default().labels(&label_selector(name)))
         .await
         .map_err(|e| format!("listing the data plane pods: {e}"))?
         .items;
-    let (pod, _, _) = pick_node(&pods).ok_or("no ready data plane pod")?;
+    let (pod, _, _) = view_pod(l, &pods).ok_or("no ready data plane pod")?;
     let (ns, pod_name) = pod.split_once('/').unwrap_or(("", &pod));
     let port = l
         .spec

@@ -4,10 +4,15 @@
 //! from the TCP ingress, which this proxy does not control. `/hosts` and metrics say per host
 //! whether it is there and, when not, how to add it.
 //!
-//! Every pod probes, so the probes' cost must not grow with the hosts: one `HEAD` per
+//! One process per listener probes (`Shared::alt_svc_prober`: under Kubernetes the pod the
+//! listener's status names, standalone the proxy itself), so the applications' logs see one
+//! prober, not one per node, and the per-host Alt-Svc series come from one pod. A pod that
+//! stops being the prober forgets its results and their series.
+//!
+//! The probes' cost must not grow with the hosts either: one `HEAD` of `altSvc.probePath` per
 //! [`INTERVAL`] at most, hosts never probed first (in name order), then the host probed
 //! longest ago, and no host more often than every [`PERIOD`]. Up to `PERIOD / INTERVAL` (300)
-//! hosts, each is probed every 5 minutes as before; beyond that each host's turn comes every
+//! hosts, each is probed every 5 minutes; beyond that each host's turn comes every
 //! `hosts x INTERVAL` (10,000 hosts: 2 h 47 min; a new host is probed within seconds unless
 //! thousands of hosts arrive at once).
 
@@ -29,6 +34,8 @@ use crate::config::HostTable;
 pub const PERIOD: Duration = Duration::from_secs(300);
 /// At most one probe per this interval, whatever the number of hosts.
 pub const INTERVAL: Duration = Duration::from_secs(1);
+/// The probes' `User-Agent`, for the TCP ingress's and the applications' logs.
+pub const USER_AGENT: &str = concat!("h3-ingress-alt-svc-probe/", env!("CARGO_PKG_VERSION"));
 
 /// Asks the probe loop to look for new hosts now (after a configuration change).
 pub fn probe_soon(shared: &Shared) {
@@ -67,16 +74,37 @@ pub fn next_host<'a>(
         .map(|(name, _)| name)
 }
 
+/// Waits until `role` changes; forever once nobody can change it (a standalone proxy).
+async fn role_change(role: &mut tokio::sync::watch::Receiver<bool>) {
+    if role.changed().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// What a pod that is not (or no longer) the prober shows: no probe results, no series.
+fn forget(shared: &Shared) {
+    shared.alt_svc_probes.lock().expect("probe lock").clear();
+    shared.serving.metrics.per_host.forget_probes();
+}
+
 pub async fn probe_loop(shared: Arc<Shared>, shutdown: CancellationToken) {
     // Give the ingress a moment after start-up.
     tokio::select! {
         _ = tokio::time::sleep(Duration::from_millis(500)) => {}
         _ = shutdown.cancelled() => return,
     }
+    let mut role = shared.alt_svc_prober.clone();
     let mut log = CauseLog::new(logs::WINDOW);
     let mut budget = tokio::time::interval(INTERVAL);
     budget.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        if !*role.borrow_and_update() {
+            forget(&shared);
+            tokio::select! {
+                _ = role_change(&mut role) => continue,
+                _ = shutdown.cancelled() => return,
+            }
+        }
         let gen = shared.serving.current.load_full();
         let host = {
             let mut probed = shared.alt_svc_probes.lock().expect("probe lock");
@@ -91,10 +119,11 @@ pub async fn probe_loop(shared: Arc<Shared>, shutdown: CancellationToken) {
                     _ = shutdown.cancelled() => return,
                 }
             }
-            // Nothing due: wait for a turn or a new configuration.
+            // Nothing due: wait for a turn, a new configuration or another prober.
             None => tokio::select! {
                 _ = budget.tick() => {}
                 _ = shared.probe_now.notified() => {}
+                _ = role_change(&mut role) => {}
                 _ = shutdown.cancelled() => return,
             },
         }
@@ -114,8 +143,12 @@ async fn probe(shared: &Shared, gen: &Generation, name: &str, log: &mut CauseLog
     };
     let req = Request::builder()
         .method(Method::HEAD)
-        .uri(format!("{}://{host}/", gen.upstream.scheme()))
-        .header(header::USER_AGENT, "h3-ingress-alt-svc-probe")
+        .uri(format!(
+            "{}://{host}{}",
+            gen.upstream.scheme(),
+            gen.config.alt_svc_probe_path
+        ))
+        .header(header::USER_AGENT, USER_AGENT)
         .body(Empty::new().map_err(|never| match never {}).boxed())
         .expect("probe request is valid");
     // The probe has no body: the response timeout runs from the start.

@@ -34,6 +34,10 @@ pub struct ProxyArgs {
     /// type h3-ingress.dev/host-certificate that the operator writes).
     #[arg(long, env = "H3I_HOSTS_NAMESPACE", requires = "listener")]
     pub hosts_namespace: Option<String>,
+    /// Kubernetes mode: this pod's name (the downward API's POD_NAME), so it knows when the
+    /// listener's status names it to probe the TCP ingress for Alt-Svc.
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
     /// Kubernetes mode: the secret the QUIC endpoint keys are derived from (the operator
     /// mounts the listener's keys Secret here). Standalone mode uses `keys.file`.
     #[arg(long, requires = "listener")]
@@ -101,6 +105,7 @@ pub async fn run(args: ProxyArgs, shutdown: CancellationToken) -> Result<(), Run
         rank: args.rank,
         probe: Some(probe),
         identity: None,
+        alt_svc_prober: None,
     };
     match (args.config, args.listener, args.hosts_namespace) {
         (Some(path), _, _) => file(path, shutdown, opts).await,
@@ -109,6 +114,7 @@ pub async fn run(args: ProxyArgs, shutdown: CancellationToken) -> Result<(), Run
             let source = KubeSource {
                 listener,
                 hosts_namespace,
+                pod: args.pod_name,
             };
             kube(source, shutdown, opts).await
         }
@@ -139,6 +145,8 @@ pub async fn file(
 pub struct KubeSource {
     pub listener: String,
     pub hosts_namespace: String,
+    /// This pod's name: the listener's status names one pod to probe for Alt-Svc.
+    pub pod: Option<String>,
 }
 
 /// [`kube_with_options`] on the cluster this process runs in (or KUBECONFIG's).
@@ -197,15 +205,20 @@ pub async fn kube_with_options(
     let KubeSource {
         listener: name,
         hosts_namespace,
+        pod,
     } = source;
     opts.identity = Some(format!("listener={name}"));
     let (tx, mut updates) = mpsc::channel(UPDATE_QUEUE);
+    let (prober_tx, prober) = tokio::sync::watch::channel(false);
+    opts.alt_svc_prober = Some(prober);
     info!(listener = %name, %hosts_namespace, "waiting for the Http3Listener and its certificate mirrors");
     let watch = tokio::spawn(source::kube::watch_listener(
         client,
         name.clone(),
         hosts_namespace,
+        pod,
         tx,
+        prober_tx,
     ));
     tokio::spawn(memory::trim_periodically(shutdown.clone()));
     let initial = loop {

@@ -64,6 +64,9 @@ pub struct ServeOptions {
     pub probe: Option<Arc<super::probe::ProbeState>>,
     /// Who shares the port with whom besides port and addresses (Kubernetes: the listener).
     pub identity: Option<String>,
+    /// Whether this process probes the TCP ingress for Alt-Svc, as it changes (Kubernetes:
+    /// the pod the listener's status names); `None`: always (a standalone proxy is alone).
+    pub alt_svc_prober: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl Default for ServeOptions {
@@ -74,6 +77,7 @@ impl Default for ServeOptions {
             rank: 0,
             probe: None,
             identity: None,
+            alt_svc_prober: None,
         }
     }
 }
@@ -97,7 +101,7 @@ pub async fn serve(
     updates: mpsc::Receiver<ConfigUpdate>,
     shutdown: CancellationToken,
     ready: Option<oneshot::Sender<RunningProxy>>,
-    opts: ServeOptions,
+    mut opts: ServeOptions,
 ) -> Result<(), ProxyError> {
     let metrics = Metrics::new();
     let cc_stats = CcStats::new();
@@ -123,7 +127,11 @@ pub async fn serve(
         config: initial,
         upstream,
     };
-    let shared = Arc::new(Shared::new(first, metrics, cc_stats, listen.port, vec![]));
+    let mut shared = Shared::new(first, metrics, cc_stats, listen.port, vec![]);
+    if let Some(p) = opts.alt_svc_prober.take() {
+        shared.alt_svc_prober = p;
+    }
+    let shared = Arc::new(shared);
     publish(&shared, &handover.view.borrow());
     if let Some(p) = &opts.probe {
         p.set(shared.clone());

@@ -72,6 +72,9 @@ pub struct Shared {
     generations: AtomicU64,
     /// Wakes the Alt-Svc probe early (after a configuration change).
     pub probe_now: tokio::sync::Notify,
+    /// Whether this process probes for Alt-Svc (one pod per listener does): true unless the
+    /// Kubernetes source says another pod is the prober.
+    pub alt_svc_prober: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Shared {
@@ -94,6 +97,7 @@ impl Shared {
             draining: AtomicBool::new(false),
             generations: AtomicU64::new(id),
             probe_now: tokio::sync::Notify::new(),
+            alt_svc_prober: tokio::sync::watch::channel(true).1,
         }
     }
 

@@ -797,6 +797,16 @@ impl PerHost {
         h.expiry = Some(expiry);
     }
 
+    /// Drops what probes recorded (this process no longer probes): a host known only from a
+    /// probe loses its series, the others keep their request counts.
+    pub fn forget_probes(&self) {
+        let mut s = self.lock();
+        s.hosts.retain(|_, h| {
+            h.alt_svc = None;
+            h.requests() > 0
+        });
+    }
+
     /// Keeps the series of the hosts `hosts` still serves (their expiry updated: a rotated
     /// certificate), retires the others, and applies `host_label`.
     pub fn follow(&self, hosts: &crate::config::HostTable, host_label: bool) {
@@ -1155,6 +1165,25 @@ mod tests {
         );
         assert!(text.contains("h3_ingress_alt_svc_hosts{result=\"advertised\"} 1"));
         assert!(!text.contains("gro"), "{text}");
+    }
+
+    #[test]
+    fn a_pod_that_stops_probing_drops_the_probe_series_and_keeps_its_requests() {
+        let m = Metrics::new();
+        m.follow_config_hosts(&table(2), true);
+        m.per_host
+            .count_request("h0.test", Some(7), 200, FAMILY_IPV4);
+        m.per_host.probed("h0.test", 7, true);
+        m.per_host.probed("h1.test", 7, false);
+        m.per_host.forget_probes();
+        let text = m.render();
+        assert!(!text.contains("h3_ingress_alt_svc_advertised{"), "{text}");
+        assert!(!text.contains("host=\"h1.test\""), "probed only: {text}");
+        assert!(text.contains(
+            "h3_ingress_requests_total{family=\"ipv4\",host=\"h0.test\",status_class=\"2xx\"} 1"
+        ));
+        assert!(text.contains("h3_ingress_alt_svc_hosts{result=\"advertised\"} 0"));
+        assert!(text.contains("h3_ingress_alt_svc_hosts{result=\"missing\"} 0"));
     }
 
     /// `n` hosts `h0.test`... sharing one certificate (building them costs no key parsing).

@@ -14,7 +14,11 @@
 //! bad file; if the API server goes away nothing is sent, so the proxy keeps serving the last
 //! good configuration.
 //!
-//! The decisions are the pure [`step`], [`Reported::update`] and [`Debounce`];
+//! The listener's status is dropped on arrival, but for one field: the pod the operator named
+//! to probe the TCP ingress for Alt-Svc ([`probes`]), passed on to the prober, not into the
+//! configuration (a status write never rebuilds it).
+//!
+//! The decisions are the pure [`step`], [`Reported::update`], [`Debounce`] and [`probes`];
 //! [`watch_listener`] is the I/O around them.
 
 use std::collections::{BTreeMap, HashSet};
@@ -26,7 +30,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, ResourceExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -54,6 +58,18 @@ pub enum WatchError {
     NoName(String),
     #[error("--hosts-namespace is empty: the namespace of the listener's certificate mirrors")]
     NoNamespace,
+}
+
+/// Whether this pod (`own`, its name, unknown outside a pod) is the one the listener's status
+/// names to probe for Alt-Svc. Nobody probes while no pod is named: the operator names one
+/// as soon as a pod is ready. Pure.
+pub fn probes(named: Option<&str>, own: Option<&str>) -> bool {
+    named.is_some() && named == own
+}
+
+/// The prober the listener's status names.
+fn prober_of(l: &Http3Listener) -> Option<String> {
+    l.status.as_ref().and_then(|s| s.alt_svc_prober.clone())
 }
 
 /// What the watches have seen so far.
@@ -244,6 +260,9 @@ struct Relist {
 struct Inputs {
     listener: Option<Http3Listener>,
     listing: Option<Http3Listener>,
+    /// The Alt-Svc prober named by the listener's status ([`prober_of`]), and by the listing.
+    prober: Option<String>,
+    listing_prober: Option<String>,
     listener_synced: bool,
     mirrors: MirrorSet,
     mirrors_synced: bool,
@@ -259,6 +278,8 @@ impl Inputs {
         Inputs {
             listener: None,
             listing: None,
+            prober: None,
+            listing_prober: None,
             listener_synced: false,
             mirrors: MirrorSet::new(),
             mirrors_synced: false,
@@ -272,13 +293,23 @@ impl Inputs {
     fn on_listener(&mut self, ev: watcher::Event<Http3Listener>) {
         match ev {
             watcher::Event::Init => self.listing = None,
-            watcher::Event::InitApply(l) => self.listing = Some(strip(l)),
+            watcher::Event::InitApply(l) => {
+                self.listing_prober = prober_of(&l);
+                self.listing = Some(strip(l));
+            }
             watcher::Event::InitDone => {
                 self.listener = self.listing.take();
+                self.prober = self.listing_prober.take();
                 self.listener_synced = true;
             }
-            watcher::Event::Apply(l) => self.listener = Some(strip(l)),
-            watcher::Event::Delete(_) => self.listener = None,
+            watcher::Event::Apply(l) => {
+                self.prober = prober_of(&l);
+                self.listener = Some(strip(l));
+            }
+            watcher::Event::Delete(_) => {
+                self.listener = None;
+                self.prober = None;
+            }
         }
         if let Some(l) = &self.listener {
             // Version skew: fields a newer CRD added are read past, and said once.
@@ -474,14 +505,29 @@ fn watches(
     (listeners, secrets)
 }
 
+/// Says on `prober` whether this pod (`pod`) is the listener's Alt-Svc prober now, with one
+/// line when that changes.
+fn tell_prober(prober: &watch::Sender<bool>, named: Option<&str>, pod: Option<&str>) {
+    let mine = probes(named, pod);
+    if prober.send_if_modified(|v| std::mem::replace(v, mine) != mine) {
+        match named {
+            Some(p) if mine => info!(pod = %p, "this pod probes the TCP ingress for Alt-Svc"),
+            Some(p) => info!(prober = %p, "another pod probes the TCP ingress for Alt-Svc"),
+            None => info!("no pod is named to probe the TCP ingress for Alt-Svc yet"),
+        }
+    }
+}
+
 /// Watches the listener `listener` and its certificate mirrors in `namespace`, and sends
-/// every new configuration, and every new reason none can be built, on `tx`. Returns when
-/// the receiver is dropped.
+/// every new configuration, and every new reason none can be built, on `tx`, and on `prober`
+/// whether this pod (`pod`) probes for Alt-Svc. Returns when the receiver is dropped.
 pub async fn watch_listener(
     client: Client,
     listener: String,
     namespace: String,
+    pod: Option<String>,
     tx: mpsc::Sender<ConfigUpdate>,
+    prober: watch::Sender<bool>,
 ) -> Result<(), WatchError> {
     if listener.is_empty() {
         return Err(WatchError::NoName(listener));
@@ -501,7 +547,10 @@ pub async fn watch_listener(
         let build = tokio::select! {
             ev = listeners.next() => {
                 match ev {
-                    Some(Ok(ev)) => inputs.on_listener(ev),
+                    Some(Ok(ev)) => {
+                        inputs.on_listener(ev);
+                        tell_prober(&prober, inputs.prober.as_deref(), pod.as_deref());
+                    }
                     Some(Err(e)) => log_failure(&mut lines, "listener", &namespace, &e),
                     None => return Ok(()),
                 }
@@ -658,6 +707,38 @@ mod tests {
         assert!(invalid(r.update(keep(gone), None)));
         assert!(r.update(Step::Unchanged, Some(4)).is_none());
         assert!(invalid(r.update(keep(gone), None)));
+    }
+
+    #[test]
+    fn only_the_named_pod_probes_and_status_writes_name_it() {
+        assert!(probes(Some("dp-a"), Some("dp-a")));
+        assert!(!probes(Some("dp-a"), Some("dp-b")));
+        assert!(!probes(None, Some("dp-a")), "nobody named yet");
+        assert!(!probes(None, None), "outside a pod, with no name");
+        assert!(!probes(Some("dp-a"), None));
+
+        let named = |p: Option<&str>| {
+            let mut l = listener();
+            l.status = Some(crate::api::Http3ListenerStatus {
+                alt_svc_prober: p.map(str::to_string),
+                ..Default::default()
+            });
+            l
+        };
+        let mut i = Inputs::new();
+        i.on_listener(watcher::Event::Init);
+        i.on_listener(watcher::Event::InitApply(named(Some("dp-a"))));
+        assert_eq!(i.prober, None, "not before the list is done");
+        i.on_listener(watcher::Event::InitDone);
+        assert_eq!(i.prober.as_deref(), Some("dp-a"));
+        i.on_listener(watcher::Event::Apply(named(Some("dp-b"))));
+        assert_eq!(i.prober.as_deref(), Some("dp-b"));
+        assert!(
+            i.listener.as_ref().unwrap().status.is_none(),
+            "the rest is dropped"
+        );
+        i.on_listener(watcher::Event::Delete(named(Some("dp-b"))));
+        assert_eq!(i.prober, None);
     }
 
     #[test]
