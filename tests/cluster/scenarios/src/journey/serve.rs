@@ -125,6 +125,17 @@ impl Journey {
             .await?
             .and_then(|l| l.status)
             .unwrap_or_default();
+        // One pod per listener probes the TCP ingress for Alt-Svc; the plugin read its /hosts.
+        let pods = k8s::names(&self.ns::<Pod>(NS_OP), &self.dp_selector()).await?;
+        let prober = st.alt_svc_prober.clone().unwrap_or_default();
+        ensure!(
+            pods.contains(&prober),
+            "status.altSvcProber {prober:?} is not one of the data plane pods {pods:?}"
+        );
+        ok(format!(
+            "status.altSvcProber: {prober}, one of {} data plane pods",
+            pods.len()
+        ));
         ensure!(
             st.hosts.is_empty(),
             "the status lists hosts although every host is served: {:?}",
