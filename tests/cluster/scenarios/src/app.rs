@@ -240,30 +240,29 @@ pub async fn pods(client: &Client, selector: &str) -> Result<Vec<Pod>> {
 pub async fn remove_leftovers(client: &Client, namespaces: &[&str]) -> Result<()> {
     info("removing objects a previous run left");
     let ls = Api::<Http3Listener>::all(client.clone());
-    for l in k8s::names(&ls, "").await? {
+    for l in listeners_left(&ls).await? {
         k8s::delete(&ls, &l).await?;
     }
     let _ = until(60, "listeners deleted", || async {
-        Ok(k8s::names(&ls, "").await?.is_empty())
+        Ok(listeners_left(&ls).await?.is_empty())
     })
     .await;
     let _ = output("helm", &["uninstall", RELEASE, "-n", NS_OP, "--wait"]).await;
     let nss = Api::<Namespace>::all(client.clone());
+    // The operator's namespace too: the previous scenario's clean-up deleted it without
+    // waiting, and a namespace still terminating refuses the next install's objects.
+    let all: Vec<&str> = namespaces.iter().copied().chain([NS_OP]).collect();
     for n in namespaces {
         k8s::delete(&nss, n).await?;
     }
-    until(
-        90,
-        &format!("namespaces {namespaces:?} deleted"),
-        || async {
-            for n in namespaces {
-                if k8s::exists(&nss, n).await? {
-                    return Ok(false);
-                }
+    until(90, &format!("namespaces {all:?} deleted"), || async {
+        for n in &all {
+            if k8s::exists(&nss, n).await? {
+                return Ok(false);
             }
-            Ok(true)
-        },
-    )
+        }
+        Ok(true)
+    })
     .await?;
     k8s::delete(
         &Api::<CustomResourceDefinition>::all(client.clone()),
@@ -285,6 +284,15 @@ pub async fn anything_left(client: &Client, namespaces: &[&str]) -> Result<bool>
         schema::CRD_NAME,
     )
     .await
+}
+
+/// The listeners still there; none once the previous run's clean-up has deleted the CRD (the
+/// API server then answers 404 for the whole resource path).
+async fn listeners_left(ls: &Api<Http3Listener>) -> Result<Vec<String>> {
+    match k8s::names(ls, "").await {
+        Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 => Ok(Vec::new()),
+        other => other,
+    }
 }
 
 /// A run's clean-up: every listener, the release, the namespaces and the CRD, without waiting
