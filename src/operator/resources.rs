@@ -435,7 +435,7 @@ pub const STARTUP_PROBE_FAILURES: i32 = 150;
 /// The grace a data plane that failed its liveness probe gets before SIGKILL, instead of the
 /// pod's drain grace: a process that cannot answer its probe cannot drain either. On real
 /// nodes a SIGSTOPped data plane was replaced 74 s after it hung with the pod's 45 s; the
-/// probe's own grace takes that to about 30 s plus this (`tests/cluster/node-checks.sh`).
+/// probe's own grace takes that to about 30 s plus this (`h3i-scenarios node-checks`).
 pub const LIVENESS_KILL_GRACE_SECONDS: i64 = 5;
 
 /// `h3-ingress probe CHECK`, run in the container: the question goes to this pod's own

@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Where a pod's process, logs and token are, for the node agent (default) and for real
 # nodes (H3I_NODE_MODE=real from `scripts/cluster.sh env`, scripts/cluster-nodes.sh).
-# Sourced by tests/cluster/gateway.sh and node-checks.sh after `eval "$(scripts/cluster.sh env)"`.
+# Sourced by tests/cluster/coexist.sh after `eval "$(scripts/cluster.sh env)"`.
 # The agent keeps pid, log and kubeconfig files under $H3I_POD_LOGS/NS/POD; a real kubelet
 # runs containers (found through containerd's cgroups) and keeps logs under its own
 # podLogsDir, and mounts the ServiceAccount token into the container.

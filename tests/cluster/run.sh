@@ -94,12 +94,12 @@ step "h3i-scenarios smoke on real nodes (the cluster itself; left up for the jou
 timed smoke env H3I_SMOKE_KEEP=1 "$SCENARIOS" smoke
 step "h3i-scenarios journey on real nodes (the user's journey)"
 timed journey "$SCENARIOS" journey
-step "tests/cluster/gateway.sh on real nodes (Gateway API: HTTPRoutes, Gateways, ReferenceGrant)"
-timed gateway tests/cluster/gateway.sh
+step "h3i-scenarios gateway on real nodes (Gateway API: HTTPRoutes, Gateways, ReferenceGrant)"
+timed gateway "$SCENARIOS" gateway
 step "h3i-scenarios arch on real nodes (each node pulls its platform of the image index; the arm64 binary under qemu; pods kept off nodes of other architectures)"
 timed arch "$SCENARIOS" arch
-step "tests/cluster/node-checks.sh (what only a real node answers: image, capabilities, NodePort, Chromium, grace, probes, OOM)"
-timed node-checks tests/cluster/node-checks.sh
+step "h3i-scenarios node-checks (what only a real node answers: image, capabilities, NodePort, Chromium, grace, probes, OOM)"
+timed node-checks "$SCENARIOS" node-checks
 step "h3i-scenarios monitoring (the chart's ServiceMonitor, PodMonitor and PrometheusRule under a real Prometheus Operator)"
 timed monitoring "$SCENARIOS" monitoring
 step "tests/cluster/dns-check.sh (CoreDNS: pod network, hostNetwork with ClusterFirstWithHostNet and without)"
