@@ -252,7 +252,7 @@ pub async fn remove_leftovers(client: &Client, namespaces: &[&str]) -> Result<()
     // The operator's namespace too: the previous scenario's clean-up deleted it without
     // waiting, and a namespace still terminating refuses the next install's objects.
     let all: Vec<&str> = namespaces.iter().copied().chain([NS_OP]).collect();
-    for n in namespaces {
+    for n in &all {
         k8s::delete(&nss, n).await?;
     }
     until(90, &format!("namespaces {all:?} deleted"), || async {
@@ -264,11 +264,15 @@ pub async fn remove_leftovers(client: &Client, namespaces: &[&str]) -> Result<()
         Ok(true)
     })
     .await?;
-    k8s::delete(
-        &Api::<CustomResourceDefinition>::all(client.clone()),
-        schema::CRD_NAME,
-    )
-    .await
+    // Waited for as `kubectl delete` waits: a CRD still terminating is skipped by the next
+    // `helm install` (it exists) and then vanishes under its listeners.
+    let crds = Api::<CustomResourceDefinition>::all(client.clone());
+    k8s::delete(&crds, schema::CRD_NAME).await?;
+    until(60, "the CRD deleted", || async {
+        Ok(!k8s::exists(&crds, schema::CRD_NAME).await?)
+    })
+    .await?;
+    Ok(())
 }
 
 /// Whether the operator's namespace, one of `namespaces` or the CRD exists.

@@ -74,6 +74,10 @@ impl Pki {
         let mut params = CertificateParams::new(vec![host.to_string()]).map_err(rc)?;
         params.distinguished_name.push(DnType::CommonName, host);
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        // Valid from now, as `openssl x509 -req` makes it: the data plane takes a certificate
+        // the TCP ingress presents for a renewal only when it starts later than the one it
+        // holds (rcgen's default start, 1975, is the same for every leaf).
+        params.not_before = std::time::SystemTime::now().into();
         let key = KeyPair::generate().map_err(rc)?;
         let issuer = Issuer::from_params(&self.ca_params, &self.ca_key);
         let cert = params.signed_by(&key, &issuer).map_err(rc)?;

@@ -205,13 +205,13 @@ pub struct Want<'a> {
     pub max_new_ms: f64,
 }
 
-/// The request ids nginx logged (`id=` in the query string) in these access logs.
-pub fn processed_ids(logs: &[PathBuf]) -> BTreeSet<String> {
+/// The request ids nginx logged (`id=` in the query string) in these access logs. A log that
+/// cannot be read fails: read as empty, it would hide every retried request that was processed.
+pub fn processed_ids(logs: &[PathBuf]) -> Result<BTreeSet<String>> {
     let mut ids = BTreeSet::new();
     for p in logs {
-        let text = std::fs::read(p)
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-            .unwrap_or_default();
+        let bytes = std::fs::read(p).context(|| format!("read the access log {}", p.display()))?;
+        let text = String::from_utf8_lossy(&bytes);
         for line in text.lines() {
             if let Some(at) = line.find("id=") {
                 let id = line[at + 3..].split_whitespace().next().unwrap_or_default();
@@ -224,7 +224,7 @@ pub fn processed_ids(logs: &[PathBuf]) -> BTreeSet<String> {
             }
         }
     }
-    ids
+    Ok(ids)
 }
 
 /// The kept connection's counts: requests, failed, retried attempts, broken connections,
@@ -238,8 +238,9 @@ pub struct Kept {
     pub lost: Vec<String>,
 }
 
+/// A result whose `error` is null; one without the key is a client that broke its format.
 fn is_ok(r: &Value) -> bool {
-    r["error"].is_null()
+    r.get("error").is_some_and(Value::is_null)
 }
 
 /// Judges the kept connection's requests and connections against the processed ids.
@@ -379,7 +380,7 @@ pub fn verdict(
     logs: &[PathBuf],
     want: &Want,
 ) -> Result<(Vec<String>, Vec<String>)> {
-    let processed = processed_ids(logs);
+    let processed = processed_ids(logs)?;
     let mut owner: BTreeMap<String, &str> = BTreeMap::new();
     for (node, doc) in results {
         let reqs = doc["new"]
@@ -501,7 +502,8 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let log = dir.join("access.log");
         std::fs::write(&log, "1.2.3.4 - - [x] \"GET /whoami?id=p-n1-kept-3-a1&z=1 HTTP/2.0\" 200 5\n\"GET /?id=q-new-2\" 200\n").unwrap();
-        let ids = processed_ids(&[log]);
+        let ids = processed_ids(std::slice::from_ref(&log)).unwrap();
+        assert!(processed_ids(&[dir.join("missing.log")]).is_err());
         assert_eq!(
             ids,
             BTreeSet::from(["p-n1-kept-3-a1".to_string(), "q-new-2".to_string()])

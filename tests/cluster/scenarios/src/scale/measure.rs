@@ -539,7 +539,7 @@ impl Scale {
 
     pub(super) async fn table(&mut self, run: &mut Run) -> Result<()> {
         run.step("the table");
-        let elapsed = run.secs().to_string();
+        let elapsed = self.started.elapsed().as_secs().to_string();
         let results = self.results().to_string_lossy().to_string();
         let hosts = self.opts.hosts.to_string();
         let assert = format!("--assert={}", self.opts.assert);

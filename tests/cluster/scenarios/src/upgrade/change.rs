@@ -64,9 +64,10 @@ impl Upgrade {
     pub(super) async fn prepare(&mut self) -> Result<()> {
         let (tag, bin) = pinned::from_tag_binaries();
         let env_tags = std::env::var("H3I_TAG_BINARIES").unwrap_or_default();
+        let want = std::env::var(pinned::WANT_TAG_BINARIES).unwrap_or_default();
         ensure!(
-            !tag.is_empty() && env_tags == format!("{tag}={}", bin.display()),
-            "the cluster's agent does not map {tag} (env: {env_tags})"
+            !tag.is_empty() && env_tags == want && want == format!("{tag}={}", bin.display()),
+            "the cluster's agent does not map {want} (env: {env_tags})"
         );
         self.work.tag = pinned::tag_of(&self.work.bin)?;
         let c12 = std::env::var("H3I_UPGRADE_PINNED_COMMIT").unwrap_or_default();

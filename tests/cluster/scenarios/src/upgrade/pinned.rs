@@ -205,13 +205,17 @@ pub fn before(run: &mut Run) -> Result<()> {
     ));
     // Single-threaded here: main calls this before the runtime starts.
     std::env::set_var("H3I_BINARY", &work);
-    std::env::set_var(
-        "H3I_TAG_BINARIES",
-        format!("{pinned_tag}={}", bin.display()),
-    );
+    let mapping = format!("{pinned_tag}={}", bin.display());
+    std::env::set_var("H3I_TAG_BINARIES", &mapping);
+    // What the cluster's agent must map: `scripts/cluster.sh env`, exported after this, repeats
+    // the running agent's own mapping, which differs when the cluster was up already.
+    std::env::set_var(WANT_TAG_BINARIES, mapping);
     std::env::set_var("H3I_UPGRADE_PINNED_COMMIT", &c12);
     Ok(())
 }
+
+/// The variable [`before`] leaves the mapping it asked the agent for in.
+pub const WANT_TAG_BINARIES: &str = "H3I_UPGRADE_WANT_TAG_BINARIES";
 
 /// The pinned tag and binary from `H3I_TAG_BINARIES` (as [`before`] set it and the cluster's
 /// environment repeats it).
