@@ -154,10 +154,10 @@ fn check_kept(report: &Value, nginx: &NginxFixture) -> (usize, usize) {
     (logical, retried)
 }
 
-/// As tests/cluster/rollcheck.py judges it: a kept connection ends only by the old process's
-/// close after GOAWAY (H3_NO_ERROR), or by the client after a request was refused unprocessed
-/// (H3_REQUEST_REJECTED) or cut by that close; anything else (a timeout, a response without
-/// headers) is a broken connection.
+/// As the cluster scenarios judge it (`roll::kept_verdict` in tests/cluster/scenarios): a kept
+/// connection ends only by the old process's close after GOAWAY (H3_NO_ERROR), or by the
+/// client after a request was refused unprocessed (H3_REQUEST_REJECTED) or cut by that close;
+/// anything else (a timeout, a response without headers) is a broken connection.
 fn kept_ended_cleanly(close: &Value) -> bool {
     let reason = close["reason"].as_str().unwrap_or_default();
     match close["by"].as_str() {

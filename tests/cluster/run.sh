@@ -10,15 +10,15 @@
 #     smoke (the cluster itself), journey (the product on it), gateway (Gateway API), arch (the
 #     image index's platforms, the architecture selectors), node-checks (what only a real node
 #     answers, a real browser) and monitoring (the chart's monitors and rules under a real
-#     Prometheus Operator); then dns-check.sh (the cluster DNS, CoreDNS), traefik-check.sh
-#     (Traefik as the TCP ingress), h3i-scenarios frontdoor (HTTP/3 keeps the TCP ingress's
-#     per-host rules: allowlists, spoofed forwarding headers, client certificates, timeouts;
-#     Debian nginx and Traefik) and coexist.sh (two releases side by side, a forceBuffers
-#     roll, one uninstalled);
-#   - the node agent (pods as local processes, the fast mode): skew.sh (CRD version skew both
-#     ways, certificate renewal), rollout.sh (a DaemonSet roll under clients), upgrade.sh (helm
-#     upgrade from the pinned previous release and back, under clients; its binary built once
-#     into the cache), and with H3I_CLUSTER_SCALE=1 scale.sh 1000 (the scale harness, its targets asserted);
+#     Prometheus Operator), dns-check (the cluster DNS, CoreDNS), traefik-check (Traefik as
+#     the TCP ingress), frontdoor (HTTP/3 keeps the TCP ingress's per-host rules: allowlists,
+#     spoofed forwarding headers, client certificates, timeouts; Debian nginx and Traefik)
+#     and coexist (two releases side by side, a forceBuffers roll, one uninstalled);
+#   - the node agent (pods as local processes, the fast mode), from the same runner: skew (CRD
+#     version skew both ways, certificate renewal), rollout (a DaemonSet roll under clients),
+#     upgrade (helm upgrade from the pinned previous release and back, under clients; its
+#     binary built once into the cache), and with H3I_CLUSTER_SCALE=1 scale 1000 (the scale
+#     harness, its targets asserted);
 # then `scripts/cluster.sh down` whatever happened: on success, on a failed step, on Ctrl-C or
 # a CI job's SIGTERM.
 #
@@ -36,7 +36,7 @@ step() { printf '\n=== %s (%s)\n' "$*" "$(date +%H:%M:%S)"; }
 if [[ $(id -u) -ne 0 ]]; then
     echo "=================================================================================="
     echo "CLUSTER TESTS SKIPPED (needs root): scripts/cluster.sh build/up, h3i-scenarios smoke"
-    echo "h3i-scenarios journey, gateway, arch, node-checks and monitoring, dns-check.sh, traefik-check.sh, h3i-scenarios frontdoor, coexist.sh, skew.sh, rollout.sh, upgrade.sh and scale.sh did NOT run; nothing was proven on a real API server or real nodes."
+    echo "h3i-scenarios journey, gateway, arch, node-checks and monitoring, dns-check, traefik-check, frontdoor, coexist, skew, rollout, upgrade and scale did NOT run; nothing was proven on a real API server or real nodes."
     echo "=================================================================================="
     [[ ${H3I_TESTS_REQUIRE_ROOT:-0} == 1 ]] && { echo "H3I_TESTS_REQUIRE_ROOT=1: failing" >&2; exit 1; }
     exit 0
@@ -71,8 +71,6 @@ step "cluster: build the control plane, helm, the node agent, the real nodes (Co
 timed build bash -c 'scripts/cluster.sh build && H3I_NODES=real scripts/cluster.sh build && scripts/addons-build.sh traefik >/dev/null'
 step "the Prometheus Operator, its config reloader and Prometheus, with their images (cached per version)"
 timed promop-build scripts/promop-build.sh
-step "the previous release's binary for tests/cluster/upgrade.sh (cached per commit)"
-timed release-build tests/cluster/upgrade.sh build
 step "trixie chroot with curl 8.14 (HTTP/3), the journey's second HTTP/3 client"
 # shellcheck disable=SC2016 # the inner bash expands it
 timed trixie bash -c 'set -o pipefail; scripts/trixie-chroot.sh "${H3I_TRIXIE_ROOT:-/work/trixie-root}" | tail -n 3'
@@ -81,6 +79,8 @@ timed trixie bash -c 'set -o pipefail; scripts/trixie-chroot.sh "${H3I_TRIXIE_RO
 step "the scenario runner: cargo build -p h3i-scenarios"
 timed scenarios nice -n 10 cargo build --locked -p h3i-scenarios
 SCENARIOS=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug/h3i-scenarios
+step "the previous release's binary for h3i-scenarios upgrade (cached per commit)"
+timed release-build "$SCENARIOS" upgrade build
 # The image the real nodes pull: an index of the amd64 and arm64 static binaries
 # (tests/observe/run.sh builds both in scripts/test.sh; built here when missing).
 [[ -x target/static/h3-ingress ]] || timed static scripts/build-static.sh
@@ -102,37 +102,37 @@ step "h3i-scenarios node-checks (what only a real node answers: image, capabilit
 timed node-checks "$SCENARIOS" node-checks
 step "h3i-scenarios monitoring (the chart's ServiceMonitor, PodMonitor and PrometheusRule under a real Prometheus Operator)"
 timed monitoring "$SCENARIOS" monitoring
-step "tests/cluster/dns-check.sh (CoreDNS: pod network, hostNetwork with ClusterFirstWithHostNet and without)"
-timed dns-check tests/cluster/dns-check.sh
-step "tests/cluster/traefik-check.sh (Traefik as the TCP ingress: routing, ipAllowList, forwarded headers, PROXY protocol v2)"
-timed traefik-check tests/cluster/traefik-check.sh
+step "h3i-scenarios dns-check (CoreDNS: pod network, hostNetwork with ClusterFirstWithHostNet and without)"
+timed dns-check "$SCENARIOS" dns-check
+step "h3i-scenarios traefik-check (Traefik as the TCP ingress: routing, ipAllowList, forwarded headers, PROXY protocol v2)"
+timed traefik-check "$SCENARIOS" traefik-check
 step "h3i-scenarios frontdoor (HTTP/3 meets the TCP ingress's rules: nginx and Traefik allowlists answer 200/403 as over TCP, a spoofed X-Forwarded-For still 403, Traefik logs the client, client-certificate hosts refused with their reason, a host's read timeout in its mirror)"
 timed frontdoor "$SCENARIOS" frontdoor
 # Side by side for 2 minutes in CI (the fight it guards against showed within 60 s; run it
 # with H3I_COEXIST_SECONDS=300 for the 5 minutes of docs/behaviour.md's measurement).
-step "tests/cluster/coexist.sh (two releases side by side for ${H3I_COEXIST_SECONDS:=120} s, a forceBuffers roll on UDP 8443, helm uninstall of one)"
+step "h3i-scenarios coexist (two releases side by side for ${H3I_COEXIST_SECONDS:=120} s, a forceBuffers roll on UDP 8443, helm uninstall of one)"
 export H3I_COEXIST_SECONDS
-timed coexist tests/cluster/coexist.sh
+timed coexist "$SCENARIOS" coexist
 step "real nodes: down"
 timed down-real scripts/cluster.sh down
 
 # Then the node agent (the fast mode: pods as local processes) for what runs many pods or
 # many versions: the agent runs each tag's binary without building an image per release.
-# skew.sh, rollout.sh and upgrade.sh always; scale.sh only with H3I_CLUSTER_SCALE=1 (about 4
+# skew, rollout and upgrade always; scale only with H3I_CLUSTER_SCALE=1 (about 4
 # minutes more would take CI past an hour; it ran against this tree and passed: its figures are
 # in docs/verification.md), said loudly when it does not run.
-step "tests/cluster/skew.sh (a newer and an older CRD under the running binary, certificate renewal)"
-timed skew tests/cluster/skew.sh
-step "tests/cluster/rollout.sh (a socket setting rolls the DaemonSet under three clients per node)"
-timed rollout tests/cluster/rollout.sh
-step "tests/cluster/upgrade.sh (helm upgrade from the previous release and back, under three clients per node)"
-timed upgrade tests/cluster/upgrade.sh
+step "h3i-scenarios skew (a newer and an older CRD under the running binary, certificate renewal)"
+timed skew "$SCENARIOS" skew
+step "h3i-scenarios rollout (a socket setting rolls the DaemonSet under three clients per node)"
+timed rollout "$SCENARIOS" rollout
+step "h3i-scenarios upgrade (helm upgrade from the previous release and back, under three clients per node)"
+timed upgrade "$SCENARIOS" upgrade
 if [[ ${H3I_CLUSTER_SCALE:-0} == 1 ]]; then
-    step "tests/cluster/scale.sh ${H3I_SCALE_HOSTS:-1000} (the scale harness against a 4-host baseline, targets asserted)"
-    timed scale tests/cluster/scale.sh "${H3I_SCALE_HOSTS:-1000}"
+    step "h3i-scenarios scale ${H3I_SCALE_HOSTS:-1000} (the scale harness against a 4-host baseline, targets asserted)"
+    timed scale "$SCENARIOS" scale "${H3I_SCALE_HOSTS:-1000}"
 else
     echo "=================================================================================="
-    echo "SCALE HARNESS NOT RUN (H3I_CLUSTER_SCALE=1 runs it): tests/cluster/scale.sh"
+    echo "SCALE HARNESS NOT RUN (H3I_CLUSTER_SCALE=1 runs it): h3i-scenarios scale"
     echo "${H3I_SCALE_HOSTS:-1000} did NOT run; the 1,000-host targets were not proven by this run."
     echo "=================================================================================="
 fi

@@ -10,10 +10,6 @@
 #                                          returns once every node's Traefik answers on its
 #                                          ports with the new arguments
 #   tests/cluster/traefik.sh down           remove all that `up` installed, CRDs included
-#   tests/cluster/traefik.sh check          the proof that Traefik works here: routing on
-#                                          every node, ipAllowList, forwarded headers, PROXY
-#                                          protocol v2 (it runs `up` with what it needs and
-#                                          `down` at the end unless H3I_TRAEFIK_KEEP=1)
 #   tests/cluster/traefik.sh access-log NODE
 #                                          the host path of NODE's access log
 #
@@ -39,13 +35,18 @@ CLUSTER=$REPO/scripts/cluster.sh
 NS=traefik
 CLASS=traefik
 PING_PORT=9000
-# shellcheck disable=SC2034 # T_START and NS_OP are lib.sh's
-T_START=$(date +%s) NS_OP=$NS
-
 die() { printf 'traefik.sh: ERROR: %s\n' "$*" >&2; exit 1; }
-fail() { die "$@"; }
-# shellcheck source=tests/cluster/lib.sh
-source "$REPO/tests/cluster/lib.sh"
+jp() { kubectl get "$@" 2>/dev/null; } # kubectl get ... -o jsonpath=..., quiet on NotFound
+# until_ok SECONDS WHAT COMMAND...: COMMAND until it succeeds, every 0.5 s, at most SECONDS.
+until_ok() {
+    local secs=$1 what=$2 deadline
+    shift 2
+    deadline=$(($(date +%s) + secs))
+    while ! "$@" >/dev/null 2>&1; do
+        (($(date +%s) < deadline)) || die "$what (not within ${secs}s)"
+        sleep 0.5
+    done
+}
 
 cluster_env() {
     [[ $(id -u) -eq 0 ]] || die "run as root (the cluster's node namespaces)"
@@ -251,7 +252,6 @@ cmd_down() {
 case ${1:-} in
     up) shift; cmd_up "$@" ;;
     down) cmd_down ;;
-    check) exec "$REPO/tests/cluster/traefik-check.sh" ;;
     access-log) cluster_env; echo "$LOGDIR/${2:?access-log NODE}.access.log" ;;
-    *) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+    *) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

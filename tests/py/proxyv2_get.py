@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """One HTTPS GET over TCP that starts with a PROXY protocol header, as a proxy in front of a
-TCP ingress sends it (tests/cluster/traefik.sh check: Traefik's entryPoint with
+TCP ingress sends it (h3i-scenarios traefik-check: Traefik's entryPoint with
 proxyProtocol.trustedIPs). curl's --haproxy-protocol sends only version 1 (text); this sends
 version 2 (binary, HAProxy's proxy-protocol.txt section 2.2) by default, or version 1.
 

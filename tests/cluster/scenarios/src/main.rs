@@ -5,6 +5,8 @@
 //! `H3I_TESTS_REQUIRE_ROOT=1`.
 
 mod arch;
+mod coexist;
+mod dns;
 mod frontdoor;
 mod gateway;
 mod journey;
@@ -14,6 +16,7 @@ mod rollout;
 mod scale;
 mod skew;
 mod smoke;
+mod traefik;
 mod upgrade;
 
 use std::process::ExitCode;
@@ -21,12 +24,14 @@ use std::process::ExitCode;
 use h3i_scenarios::{drive, indent, is_root, ok, Env, Run, Scenario};
 
 const USAGE: &str =
-    "usage: h3i-scenarios SCENARIO\n\n  arch      the image index's platforms on real nodes, pods kept to nodes of its\n            architectures\n  journey   the user's journey (tests/cluster/README.md)\n  monitoring  the chart's monitors, rules and dashboard under a real Prometheus Operator\n  smoke     the test cluster itself, end to end\n  frontdoor HTTP/3 keeps the TCP ingress's per-host rules (real nodes, nginx and Traefik)\n  gateway   Gateway API: HTTPRoutes, Gateways, ReferenceGrant\n  node-checks  what only a real node answers (image, capabilities, NodePort, Chromium, grace, probes, OOM)\n  skew      CRD version skew both ways, certificate renewal\n  rollout   a DaemonSet roll under three clients per node\n  upgrade   helm upgrade from the previous release and back, under clients\n            (`upgrade build`: only build the previous release's binary)\n  scale HOSTS [options]   the scale harness against a 4-host baseline (`scale` alone: options)\n";
+    "usage: h3i-scenarios SCENARIO\n\n  arch      the image index's platforms on real nodes, pods kept to nodes of its\n            architectures\n  coexist   two installations side by side, a forceBuffers roll, one uninstalled\n  dns-check the cluster DNS (CoreDNS) from the pod network and from hostNetwork pods\n  journey   the user's journey (tests/cluster/README.md)\n  monitoring  the chart's monitors, rules and dashboard under a real Prometheus Operator\n  smoke     the test cluster itself, end to end\n  traefik-check  Traefik as the TCP ingress: routing, ipAllowList, forwarded headers, PROXY protocol\n  frontdoor HTTP/3 keeps the TCP ingress's per-host rules (real nodes, nginx and Traefik)\n  gateway   Gateway API: HTTPRoutes, Gateways, ReferenceGrant\n  node-checks  what only a real node answers (image, capabilities, NodePort, Chromium, grace, probes, OOM)\n  skew      CRD version skew both ways, certificate renewal\n  rollout   a DaemonSet roll under three clients per node\n  upgrade   helm upgrade from the previous release and back, under clients\n            (`upgrade build`: only build the previous release's binary)\n  scale HOSTS [options]   the scale harness against a 4-host baseline (`scale` alone: options)\n";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("arch") => start::<arch::Arch>(),
+        Some("coexist") => start::<coexist::Coexist>(),
+        Some("dns-check") => start::<dns::Dns>(),
         Some("journey") => start::<journey::Journey>(),
         Some("monitoring") => start::<monitoring::Monitoring>(),
         Some("smoke") => start::<smoke::Smoke>(),
@@ -51,6 +56,7 @@ fn main() -> ExitCode {
             }
         },
         Some("frontdoor") => start::<frontdoor::Frontdoor>(),
+        Some("traefik-check") => start::<traefik::TraefikCheck>(),
         _ => {
             eprint!("{USAGE}");
             ExitCode::from(2)

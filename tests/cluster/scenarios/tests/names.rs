@@ -45,15 +45,6 @@ fn names() -> Vec<String> {
     all
 }
 
-/// Scripts CI still runs in bash: their assertions still spell names.
-const NOT_YET_PORTED: &[&str] = &[
-    "tests/cluster/skew.sh",
-    "tests/cluster/rollout.sh",
-    "tests/cluster/upgrade.sh",
-    "tests/cluster/scale.sh",
-    "tests/cluster/coexist.sh",
-];
-
 fn files(dir: &Path, out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(dir).unwrap().flatten() {
         let p = e.path();
@@ -106,7 +97,7 @@ fn no_condition_or_reason_name_is_written_outside_src_api() {
     let mut bad = Vec::new();
     for p in &all {
         let rel = p.strip_prefix(&root).unwrap().to_string_lossy().to_string();
-        if NOT_YET_PORTED.contains(&rel.as_str()) || rel.ends_with("tests/names.rs") {
+        if rel.ends_with("tests/names.rs") {
             continue;
         }
         bad.extend(offences(&std::fs::read_to_string(p).unwrap(), &rel, &names));
@@ -136,14 +127,4 @@ fn the_guard_catches_what_it_should() {
         &names
     )
     .is_empty());
-}
-
-#[test]
-fn the_not_yet_ported_list_names_existing_files() {
-    for f in NOT_YET_PORTED {
-        assert!(
-            repo().join(f).exists(),
-            "{f} is gone: take it off NOT_YET_PORTED"
-        );
-    }
 }

@@ -351,7 +351,7 @@ impl Frontdoor {
     }
 
     /// busybox httpd behind a Service Traefik reaches through kube-proxy (as
-    /// tests/cluster/traefik-check.sh does).
+    /// `h3i-scenarios traefik-check` does).
     async fn backend(&self) -> Result<()> {
         let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "www", "namespace": NS_APP},

@@ -5,9 +5,6 @@
 //! with surge. Verdicts per node (`roll::verdict`), then the old processes drained: gone only
 //! after their last connection ended, and within the drain deadline.
 //! `H3I_ROLLOUT_KEEP=1` keeps its objects and nginx.
-//!
-//! Not yet run on a cluster: a port of `tests/cluster/rollout.sh`, which `tests/cluster/run.sh`
-//! still runs until this scenario has passed end to end with the same checks.
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

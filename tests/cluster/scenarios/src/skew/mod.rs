@@ -6,9 +6,6 @@
 //! (c) with `upstream.verify: servedCertificate` (the default), a host's certificate rotated in
 //! both orders while HTTP/3 requests run on both nodes, and a control with no grace.
 //! `H3I_SKEW_KEEP=1` keeps its objects and nginx.
-//!
-//! Not yet run on a cluster: a port of `tests/cluster/skew.sh`, which `tests/cluster/run.sh`
-//! still runs until this scenario has passed end to end with the same checks.
 
 mod crd;
 mod renewal;

@@ -11,9 +11,6 @@
 //! condition, polled every 0.5 s from before the change until the roll is done, never anything
 //! but True; what CRDCurrent says once the new operator has written it.
 //! `H3I_UPGRADE_KEEP=1` keeps its objects and nginx.
-//!
-//! Not yet run on a cluster: a port of `tests/cluster/upgrade.sh`, which `tests/cluster/run.sh`
-//! still runs until this scenario has passed end to end with the same checks.
 
 mod change;
 mod pinned;
