@@ -114,6 +114,25 @@ pub async fn helm_upgrade(
         .map_err(|e| Error::Check(format!("helm upgrade: {e}")))
 }
 
+/// `helm rollback RELEASE REVISION` (`--wait`): the chart and values of that revision, as a
+/// user goes back after an upgrade. Helm leaves the CRD as it is.
+pub async fn helm_rollback(revision: u32, timeout: &str) -> Result<String> {
+    let revision = revision.to_string();
+    let args = [
+        "rollback",
+        RELEASE,
+        &revision,
+        "-n",
+        NS_OP,
+        "--wait",
+        "--timeout",
+        timeout,
+    ];
+    sh("helm", &args)
+        .await
+        .map_err(|e| Error::Check(format!("helm rollback: {e}")))
+}
+
 /// A `kubernetes.io/dockerconfigjson` Secret for the cluster's registry.
 pub async fn pull_secret(client: &Client, ns: &str, user: &str, password: &str) -> Result<()> {
     let auth = crate::pods::base64(format!("{user}:{password}").as_bytes());
@@ -142,7 +161,8 @@ pub async fn tls_secret(client: &Client, ns: &str, name: &str, leaf: &Leaf) -> R
     secret(client, ns, name, "kubernetes.io/tls", data).await
 }
 
-async fn secret(
+/// A Secret of `type_` with these data keys (their bytes; base64 is done here).
+pub async fn secret(
     client: &Client,
     ns: &str,
     name: &str,

@@ -15,16 +15,21 @@ use serde_json::{json, Value};
 
 use super::*;
 
+/// A `transport.congestionControl` value only the newer CRD admits.
+pub const FUTURE_CC: &str = "l4s";
+
 /// The binary's CRD one schema revision later, with a defaulted `spec.upstream.futureSetting`
-/// (`newer`), or one earlier (revision 0: not annotated, as before revisions) without
+/// and a [`FUTURE_CC`] value for `spec.transport.congestionControl` (`newer`), or one earlier
+/// (revision 0: not annotated, as before revisions) without
 /// `spec.upstream.servedCertificateGraceSeconds`.
 pub fn crd_variant(newer: bool) -> Result<Value> {
     let mut crd = serde_json::to_value(h3_ingress::api::crd()).map_err(|source| Error::Json {
         context: "the binary's CRD".into(),
         source,
     })?;
-    const UPSTREAM: &str =
-        "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/upstream/properties";
+    const SPEC: &str = "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties";
+    let upstream = format!("{SPEC}/upstream/properties");
+    let cc = format!("{SPEC}/transport/properties/congestionControl/enum");
     let Some(ann) = crd
         .pointer_mut("/metadata/annotations")
         .and_then(Value::as_object_mut)
@@ -45,7 +50,13 @@ pub fn crd_variant(newer: bool) -> Result<Value> {
         ann.remove(schema::annotations::SCHEMA_REVISION);
         ann.remove(schema::annotations::SCHEMA_HASH);
     }
-    let Some(up) = crd.pointer_mut(UPSTREAM).and_then(Value::as_object_mut) else {
+    if newer {
+        let Some(values) = crd.pointer_mut(&cc).and_then(Value::as_array_mut) else {
+            return fail("the binary's CRD has no spec.transport.congestionControl enum");
+        };
+        values.push(json!(FUTURE_CC));
+    }
+    let Some(up) = crd.pointer_mut(&upstream).and_then(Value::as_object_mut) else {
         return fail("the binary's CRD has no spec.upstream properties");
     };
     if newer {
@@ -182,7 +193,7 @@ impl Skew {
 
     pub(super) async fn newer_crd(&mut self, run: &mut Run) -> Result<()> {
         run.step(format!(
-            "(a) a newer CRD (revision {}, defaulted spec.upstream.futureSetting) replaces the served one",
+            "(a) a newer CRD (revision {}, defaulted spec.upstream.futureSetting, transport.congestionControl may be {FUTURE_CC}) replaces the served one",
             self.rev + 1
         ));
         self.replace_crd(crd_variant(true)?).await?;
@@ -475,6 +486,11 @@ mod tests {
             ["properties"]["upstream"]["properties"];
         assert_eq!(up["futureSetting"]["default"], 7);
         assert!(up.get("servedCertificateGraceSeconds").is_some());
+        let cc = newer["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["transport"]["properties"]["congestionControl"]["enum"]
+            .as_array()
+            .unwrap();
+        assert!(cc.contains(&json!(FUTURE_CC)) && cc.contains(&json!("cubic")));
         let older = crd_variant(false).unwrap();
         assert!(older["metadata"]["annotations"]
             .get(schema::annotations::SCHEMA_REVISION)

@@ -1,7 +1,10 @@
 //! Version skew and certificate renewal, with the chart, a Debian nginx on each node standing
 //! in for the TCP ingress, and an Http3Listener serving two hosts from annotated Ingresses:
 //! (a) a newer CRD (the next schema revision, with a defaulted `spec.upstream.futureSetting`)
-//! replaces the served one under the running binary, whose pods are restarted under it;
+//! replaces the served one under the running binary, whose pods are restarted under it; a
+//! second listener then uses a value only that CRD admits (as after a `helm rollback` of the
+//! binary): it alone is refused, also by a restarted operator, which goes on reconciling the
+//! first;
 //! (b) an older CRD with `crd.upgrade=false`, then `crd.upgrade=true`;
 //! (c) with `upstream.verify: servedCertificate` (the default), a host's certificate rotated in
 //! both orders while HTTP/3 requests run on both nodes, and a control with no grace.
@@ -9,6 +12,7 @@
 
 mod crd;
 mod renewal;
+mod values;
 
 use std::path::PathBuf;
 
@@ -74,6 +78,7 @@ impl Scenario for Skew {
         self.install(run).await?;
         self.newer_crd(run).await?;
         self.newer_crd_restart(run).await?;
+        self.newer_value(run).await?;
         self.older_crd(run).await?;
         self.crd_upgrade(run).await?;
         self.rotation(run).await?;

@@ -161,24 +161,28 @@ impl Upgrade {
         rows
     }
 
-    /// helm upgrade to `side` and the waits for the roll: (helm, operator, new pods Ready,
-    /// roll done) in seconds after the change began, and the new operator pod.
+    /// The change to `side` (`via` helm upgrade or rollback) and the waits for the roll: (helm,
+    /// operator, new pods Ready, roll done) in seconds after the change began, and the new
+    /// operator pod.
     async fn change_body(
         &self,
         old: &[String],
         side: &Side,
+        via: Via,
         t_change: f64,
     ) -> Result<([f64; 4], String)> {
-        app::helm_upgrade(
-            &side.chart,
-            false,
-            &[
-                format!("image.repository={}", app::IMAGE_REPO),
-                format!("image.tag={}", side.tag),
-            ],
-            "180s",
-        )
-        .await?;
+        match via {
+            Via::Upgrade => {
+                let sets = [
+                    format!("image.repository={}", app::IMAGE_REPO),
+                    format!("image.tag={}", side.tag),
+                ];
+                app::helm_upgrade(&side.chart, false, &sets, "180s").await?;
+            }
+            Via::Rollback => {
+                app::helm_rollback(INSTALL_REVISION, "180s").await?;
+            }
+        }
         let t_helm = epoch() - t_change;
         wait_ok(120, &format!("the operator runs {}", side.tag), || async {
             Ok(self.operator_runs(side).await?.is_some())
@@ -202,16 +206,32 @@ impl Upgrade {
         Ok(([t_helm, t_op, t_new, epoch() - t_change], op))
     }
 
-    /// helm upgrade to `side` under three clients per node, until the operator and both data
+    /// The change to `side` under three clients per node, until the operator and both data
     /// plane pods run its binary; then the verdicts.
-    pub(super) async fn change(&mut self, run: &mut Run, name: &str, side: &Side) -> Result<()> {
+    pub(super) async fn change(
+        &mut self,
+        run: &mut Run,
+        name: &str,
+        side: &Side,
+        via: Via,
+    ) -> Result<()> {
         let shown = side
             .chart
             .strip_prefix(&self.tmp)
             .unwrap_or(&side.chart)
             .display()
             .to_string();
-        run.step(format!("{name}: three clients on each node; helm upgrade to the chart of {shown} with image tag {} under them", side.tag));
+        let how = match via {
+            Via::Upgrade => format!("helm upgrade to the chart of {shown} with image tag"),
+            Via::Rollback => format!(
+                "helm rollback to revision {INSTALL_REVISION} (the install: the chart of {shown}, image tag"
+            ),
+        };
+        let close = if via == Via::Rollback { ")" } else { "" };
+        run.step(format!(
+            "{name}: three clients on each node; {how} {}{close} under them",
+            side.tag
+        ));
         let old: Vec<String> = self.dp_pods().await?.iter().map(|p| p.name_any()).collect();
         let old_op = self.op_pod.clone();
         let loops_end = epoch() + CLIENT_SECONDS as f64;
@@ -222,7 +242,7 @@ impl Upgrade {
         let t_change = epoch() + 3.0;
         let body = async {
             tokio::time::sleep(Duration::from_secs(3)).await;
-            let r = self.change_body(&old, side, t_change).await;
+            let r = self.change_body(&old, side, via, t_change).await;
             stop.store(true, Ordering::Relaxed);
             r
         };
@@ -239,7 +259,8 @@ impl Upgrade {
         );
         let new = app::pod_names(&self.dp_pods().await?);
         ok(format!(
-            "{name}: helm upgrade --wait returned after {t_helm:.1} s; operator {old_op} -> {op} ({}) after {t_op:.1} s; new data plane pods Ready on both nodes after {t_new:.1} s; the old ones gone (drained) after {t_rolled:.1} s: {} -> {new}",
+            "{name}: helm {} --wait returned after {t_helm:.1} s; operator {old_op} -> {op} ({}) after {t_op:.1} s; new data plane pods Ready on both nodes after {t_new:.1} s; the old ones gone (drained) after {t_rolled:.1} s: {} -> {new}",
+            via.verb(),
             side.tag,
             old.join(" ")
         ));

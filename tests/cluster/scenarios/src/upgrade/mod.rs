@@ -1,12 +1,13 @@
-//! `helm upgrade` from the previous release to the working tree and back, under clients. The
-//! previous release is the chart and the binary of one pinned commit of this repository
+//! `helm upgrade` from the previous release to the working tree and `helm rollback` back, under
+//! clients. The previous release is the chart and the binary of one pinned commit of this repository
 //! ([`pinned::PINNED_COMMIT`]), built once into the shared cache; the node agent runs that build for the
 //! image tag it is installed with (`H3I_TAG_BINARIES`) and `H3I_BINARY` for the working tree's.
 //!
 //! The release is installed from the pinned chart with the pinned tag, with a Debian nginx per
 //! node (a throttled `/slow/` path), one annotated Ingress and an Http3Listener. Then twice,
-//! under three clients per node (`h3i_scenarios::roll`): up (the working tree's chart and tag),
-//! down (back to the pinned ones). Checks per change: the operator and both data plane pods end
+//! under three clients per node (`h3i_scenarios::roll`): up (`helm upgrade` to the working
+//! tree's chart and tag), down (`helm rollback` to the install's revision: the pinned chart,
+//! tag and values, the working tree's CRD left served, as helm leaves it). Checks per change: the operator and both data plane pods end
 //! up running the expected binary; the clients' verdict per node; the listener's Ready
 //! condition, polled every 0.5 s from before the change until the roll is done, never anything
 //! but True; what CRDCurrent says once the new operator has written it.
@@ -41,6 +42,27 @@ const SLOW_BYTES: usize = 2_097_152;
 const SLOW_RATE: &str = "32k";
 /// The request loops must outlast the change (checked).
 const CLIENT_SECONDS: u64 = 100;
+
+/// The revision `helm install` makes, which `down` rolls back to.
+const INSTALL_REVISION: u32 = 1;
+
+/// How a change reaches the release.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Via {
+    /// `helm upgrade` to a side's chart and tag.
+    Upgrade,
+    /// `helm rollback` to [`INSTALL_REVISION`].
+    Rollback,
+}
+
+impl Via {
+    fn verb(self) -> &'static str {
+        match self {
+            Via::Upgrade => "upgrade",
+            Via::Rollback => "rollback",
+        }
+    }
+}
 
 /// One side of the upgrade: its chart, image tag and the binary the agent runs for it.
 #[derive(Clone, Debug, Default)]
@@ -112,8 +134,8 @@ impl Scenario for Upgrade {
         self.prepare().await?;
         self.install(run).await?;
         let (up, down) = (self.work.clone(), self.pinned.clone());
-        self.change(run, "up", &up).await?;
-        self.change(run, "down", &down).await?;
+        self.change(run, "up", &up, Via::Upgrade).await?;
+        self.change(run, "down", &down, Via::Rollback).await?;
         self.after(run).await
     }
 
