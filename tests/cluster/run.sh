@@ -10,13 +10,14 @@
 #     smoke (the cluster itself), journey (the product on it), gateway (Gateway API), arch (the
 #     image index's platforms, the architecture selectors), node-checks (what only a real node
 #     answers, a real browser) and monitoring (the chart's monitors and rules under a real
-#     Prometheus Operator), dns-check (the cluster DNS, CoreDNS), traefik-check (Traefik as
+#     Prometheus Operator), dns-check (the cluster DNS, CoreDNS), advertise (DNS HTTPS records
+#     kept in Knot DNS only while the host is served, timed), traefik-check (Traefik as
 #     the TCP ingress), frontdoor (HTTP/3 keeps the TCP ingress's per-host rules: allowlists,
 #     spoofed forwarding headers, client certificates, timeouts; Debian nginx and Traefik)
 #     and coexist (two releases side by side, a forceBuffers roll, one uninstalled);
 #   - the node agent (pods as local processes, the fast mode), from the same runner: skew (CRD
 #     version skew both ways, certificate renewal), rollout (a DaemonSet roll under clients),
-#     upgrade (helm upgrade from the pinned previous release and back, under clients; its
+#     upgrade (helm upgrade from the pinned previous release, helm rollback back, under clients; its
 #     binary built once into the cache), and with H3I_CLUSTER_SCALE=1 scale 1000 (the scale
 #     harness, its targets asserted);
 # then `scripts/cluster.sh down` whatever happened: on success, on a failed step, on Ctrl-C or
@@ -36,7 +37,7 @@ step() { printf '\n=== %s (%s)\n' "$*" "$(date +%H:%M:%S)"; }
 if [[ $(id -u) -ne 0 ]]; then
     echo "=================================================================================="
     echo "CLUSTER TESTS SKIPPED (needs root): scripts/cluster.sh build/up, h3i-scenarios smoke"
-    echo "h3i-scenarios journey, gateway, arch, node-checks and monitoring, dns-check, traefik-check, frontdoor, coexist, skew, rollout, upgrade and scale did NOT run; nothing was proven on a real API server or real nodes."
+    echo "h3i-scenarios journey, gateway, arch, node-checks and monitoring, dns-check, advertise, traefik-check, frontdoor, coexist, skew, rollout, upgrade and scale did NOT run; nothing was proven on a real API server or real nodes."
     echo "=================================================================================="
     [[ ${H3I_TESTS_REQUIRE_ROOT:-0} == 1 ]] && { echo "H3I_TESTS_REQUIRE_ROOT=1: failing" >&2; exit 1; }
     exit 0
@@ -104,6 +105,8 @@ step "h3i-scenarios monitoring (the chart's ServiceMonitor, PodMonitor and Prome
 timed monitoring "$SCENARIOS" monitoring
 step "h3i-scenarios dns-check (CoreDNS: pod network, hostNetwork with ClusterFirstWithHostNet and without)"
 timed dns-check "$SCENARIOS" dns-check
+step "h3i-scenarios advertise (DNS HTTPS records in Knot DNS: published after the host is served, withdrawn when it is not, each within 5 s)"
+timed advertise "$SCENARIOS" advertise
 step "h3i-scenarios traefik-check (Traefik as the TCP ingress: routing, ipAllowList, forwarded headers, PROXY protocol v2)"
 timed traefik-check "$SCENARIOS" traefik-check
 step "h3i-scenarios frontdoor (HTTP/3 meets the TCP ingress's rules: nginx and Traefik allowlists answer 200/403 as over TCP, a spoofed X-Forwarded-For still 403, Traefik logs the client, client-certificate hosts refused with their reason, a host's read timeout in its mirror)"
@@ -125,7 +128,7 @@ step "h3i-scenarios skew (a newer and an older CRD under the running binary, cer
 timed skew "$SCENARIOS" skew
 step "h3i-scenarios rollout (a socket setting rolls the DaemonSet under three clients per node)"
 timed rollout "$SCENARIOS" rollout
-step "h3i-scenarios upgrade (helm upgrade from the previous release and back, under three clients per node)"
+step "h3i-scenarios upgrade (helm upgrade from the previous release, then helm rollback, under three clients per node)"
 timed upgrade "$SCENARIOS" upgrade
 if [[ ${H3I_CLUSTER_SCALE:-0} == 1 ]]; then
     step "h3i-scenarios scale ${H3I_SCALE_HOSTS:-1000} (the scale harness against a 4-host baseline, targets asserted)"
