@@ -121,9 +121,9 @@ timed down-real scripts/cluster.sh down
 
 # Then the node agent (the fast mode: pods as local processes) for what runs many pods or
 # many versions: the agent runs each tag's binary without building an image per release.
-# skew, rollout and upgrade always; scale only with H3I_CLUSTER_SCALE=1 (about 4
-# minutes more would take CI past an hour; it ran against this tree and passed: its figures are
-# in docs/verification.md), said loudly when it does not run.
+# skew, rollout and upgrade always; scale only with H3I_CLUSTER_SCALE=1 (about 5
+# minutes more would take CI past an hour; its Rust port ran on this tree and passed: its
+# figures are in docs/verification.md), said loudly when it does not run.
 step "h3i-scenarios skew (a newer and an older CRD under the running binary, certificate renewal)"
 timed skew "$SCENARIOS" skew
 step "h3i-scenarios rollout (a socket setting rolls the DaemonSet under three clients per node)"
