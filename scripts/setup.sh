@@ -21,7 +21,7 @@ APT_PACKAGES=(
     prometheus-nginx-exporter # lab: compare against nginx's own metrics
     caddy                     # independent HTTP/3 server for the h3client self-test
     ngtcp2-client             # second independent HTTP/3 client (gtlsclient)
-    knot                      # tests/dns_update.rs, tests/dns_advertise.rs: an authoritative server taking RFC 2136 updates
+    knot                      # tests/dns_update.rs, tests/dns_advertise.rs, h3i-scenarios advertise: an authoritative server taking RFC 2136 updates
     knot-dnsutils             # ... and kdig, which reads its zone back
     debootstrap               # scripts/trixie-chroot.sh (lab only)
     iproute2                  # ip netns / ip link for lab and root tests
