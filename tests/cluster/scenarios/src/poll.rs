@@ -8,16 +8,35 @@ use crate::{ok, Error, Result};
 
 /// Asks `cond` every 0.5 s until it returns `Ok(true)`, at most `secs` seconds; fails with
 /// `what (not within Ns; last: ...)`. Returns the seconds it took.
-pub async fn until<F, Fut>(secs: u64, what: &str, mut cond: F) -> Result<u64>
+pub async fn until<F, Fut>(secs: u64, what: &str, cond: F) -> Result<u64>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<bool>>,
 {
-    let t0 = Instant::now();
+    let every = Duration::from_millis(500);
+    let (_, end) = timed(Instant::now(), every, secs, what, cond).await?;
+    Ok(end as u64)
+}
+
+/// Asks `cond` every `every` until it returns `Ok(true)`, until `secs` seconds after `t0`;
+/// fails as [`until`] does. Returns when the ask that held started and ended, in seconds
+/// after `t0` (a timing measured with it is exact to one ask).
+pub async fn timed<F, Fut>(
+    t0: Instant,
+    every: Duration,
+    secs: u64,
+    what: &str,
+    mut cond: F,
+) -> Result<(f64, f64)>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool>>,
+{
     let deadline = t0 + Duration::from_secs(secs);
     loop {
+        let started = t0.elapsed().as_secs_f64();
         let last = match cond().await {
-            Ok(true) => return Ok(t0.elapsed().as_secs()),
+            Ok(true) => return Ok((started, t0.elapsed().as_secs_f64())),
             Ok(false) => None,
             Err(e) => Some(e.to_string()),
         };
@@ -28,7 +47,7 @@ where
                 last,
             });
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(every).await;
     }
 }
 

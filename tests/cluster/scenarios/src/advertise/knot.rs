@@ -118,6 +118,11 @@ impl Knot {
         format!("{}:{PORT}", self.ip)
     }
 
+    /// Leaves knotd running after this handle goes (a kept run).
+    pub fn keep_running(mut self) {
+        self.child.take();
+    }
+
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();

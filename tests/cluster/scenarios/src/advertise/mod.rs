@@ -104,7 +104,7 @@ impl Scenario for Advertise {
                 self.tmp.display()
             );
             if let Some(k) = self.knot.take() {
-                std::mem::forget(k);
+                k.keep_running();
             }
             return;
         }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use h3_ingress::api::{annotations, conditions, Http3Listener};
 use h3_ingress::operator::advertise::dns::plan::REGISTRY_LABEL;
 use h3i_scenarios::h3::{self, Expect};
-use h3i_scenarios::poll::wait_ok;
+use h3i_scenarios::poll::{self, wait_ok};
 use h3i_scenarios::{ensure, info, ok, Error, Pki};
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::Api;
@@ -23,27 +23,12 @@ const POLL: Duration = Duration::from_millis(100);
 
 /// Seconds from `t0` to the start of the first poll of `cond` that held (an error counts as
 /// not yet), polled every [`POLL`] for at most `secs`.
-async fn first_true<F, Fut>(t0: Instant, secs: u64, what: &str, mut cond: F) -> Result<f64>
+async fn first_true<F, Fut>(t0: Instant, secs: u64, what: &str, cond: F) -> Result<f64>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<bool>>,
 {
-    loop {
-        let started = t0.elapsed().as_secs_f64();
-        let last = match cond().await {
-            Ok(true) => return Ok(started),
-            Ok(false) => None,
-            Err(e) => Some(e.to_string()),
-        };
-        if t0.elapsed() > Duration::from_secs(secs) {
-            return Err(Error::Timeout {
-                what: what.to_string(),
-                secs,
-                last,
-            });
-        }
-        tokio::time::sleep(POLL).await;
-    }
+    Ok(poll::timed(t0, POLL, secs, what, cond).await?.0)
 }
 
 impl Advertise {

@@ -25,17 +25,6 @@ use serde_json::json;
 use super::record::{now, one_value, Recorder};
 use super::*;
 
-/// `name=h3-ingress,component=operator`: any installation's operator objects.
-fn operator_objects() -> String {
-    format!(
-        "{}={},{}={}",
-        labels::NAME,
-        labels::NAME_VALUE,
-        labels::COMPONENT,
-        labels::COMPONENT_OPERATOR
-    )
-}
-
 fn dp_label() -> String {
     format!("{}={}", labels::COMPONENT, labels::COMPONENT_DATA_PLANE)
 }
@@ -65,7 +54,9 @@ impl Coexist {
             })
             .await?;
         }
-        let sel = operator_objects();
+        // `name=h3-ingress,component=operator`: every installation's operator objects (the
+        // operator labels its Leases with the same pair).
+        let sel = h3_ingress::operator::watches::operator_lease_selector();
         wait_ok(
             120,
             "no other installation's operator ClusterRole or Lease left",
