@@ -2,6 +2,10 @@
 //! HTTP/3, only while they do. `advertise.dns` keeps a DNS HTTPS record (RFC 9460,
 //! `alpn="h3,h2"`) for every host the listener serves in the user's zones, by RFC 2136
 //! dynamic update signed with TSIG; `status.advertise.dns` says what is published and where.
+//! `advertise.altSvc` makes the TCP ingress itself send `Alt-Svc` for the hosts served, where
+//! it has a declarative per-router header (Traefik's `headers` Middleware), and `Alt-Svc:
+//! clear` while they are not; `status.advertise.altSvc` counts them and names the Ingresses
+//! that need the user's hand.
 //! Kubernetes-only (the standalone file has no operator to publish anything).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -24,7 +28,23 @@ pub struct AdvertiseSettings {
     /// DNS HTTPS records for the served hosts; none published when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dns: Option<DnsAdvertise>,
+    /// `Alt-Svc` sent by the TCP ingress for the served hosts; not managed when absent (the
+    /// status then gives a recipe per host, as before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alt_svc: Option<AltSvcAdvertise>,
 }
+
+/// Managed `Alt-Svc` on the TCP side. For each Ingress of a Traefik IngressClass whose hosts
+/// the listener serves, the operator keeps a `headers` Middleware of its own in the Ingress's
+/// namespace (`h3-ingress-alt-svc-<ingress>`, owned by the Ingress): `Alt-Svc: h3=":PORT";
+/// ma=MAX_AGE` while every host of the Ingress is served, `Alt-Svc: clear` otherwise. It adds
+/// the Middleware to the Ingress's `traefik.ingress.kubernetes.io/router.middlewares` only
+/// when that annotation is absent (with a field manager of its own, never forcing); an
+/// Ingress that lists its own Middlewares keeps them, and the status names the reference for
+/// the user to add to the list. HTTPRoutes and other controllers get the recipe.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AltSvcAdvertise {}
 
 /// An authoritative DNS server that takes RFC 2136 updates signed with a TSIG key, and the
 /// zones on it where the served hosts get their HTTPS record. Records the operator did not
@@ -93,6 +113,33 @@ pub const MAX_ADVERTISE_HOSTS: usize = 20;
 pub struct AdvertiseStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dns: Option<DnsAdvertiseStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alt_svc: Option<AltSvcAdvertiseStatus>,
+}
+
+/// What the TCP ingress is made to send. Counts, and at most [`MAX_ADVERTISE_HOSTS`] names
+/// per list.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AltSvcAdvertiseStatus {
+    /// Ingresses whose Middleware sends `Alt-Svc: h3` (all their hosts served).
+    pub advertised: i64,
+    /// Ingresses whose Middleware sends `Alt-Svc: clear` (some host of theirs not served).
+    pub withdrawn: i64,
+    /// `namespace/name: reference` of Ingresses whose own `router.middlewares` does not list
+    /// the operator's Middleware: add the reference to the list.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub needs_reference: Vec<String>,
+    /// Served hosts whose TCP ingress the operator cannot make send the header (HTTPRoutes,
+    /// Ingresses of other controllers): their host status keeps the recipe.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unmanaged: Vec<String>,
+    /// Names the two lists leave out.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub omitted: i64,
+    /// The last error applying the Middlewares or Ingresses, retried on the next reconcile.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub error: String,
 }
 
 /// What the operator keeps in the zones for this listener. Its size does not grow with the

@@ -50,6 +50,8 @@ pub const SCHEMA_HASHES: &[&str] = &[
     "sha256:3133b5ad2a2977eb",
     // 8: altSvc.probePath and status.altSvcProber (one Alt-Svc prober per listener).
     "sha256:ccbcd59bab4c091c",
+    // 9: advertise.altSvc and status.advertise.altSvc (managed Alt-Svc on Traefik).
+    "sha256:c33a8bb48e71d526",
 ];
 
 /// This binary's schema revision.

@@ -4,7 +4,9 @@
 //! `inFlightReq`, `chain`, plugins) and TLSOption (`clientAuth`: a Middleware's
 //! `passTLSClientCert` only passes on what the TLSOption asked for). Serde
 //! ignores every other field, so the operator's cache of them holds little beyond their names,
-//! and newer Traefik releases still parse. Read-only views: h3-ingress never writes them.
+//! and newer Traefik releases still parse. The one Middleware h3-ingress writes is its own
+//! `headers` one (`spec.advertise.altSvc`): `headers.customResponseHeaders` is read and
+//! written, and judges no address.
 //!
 //! The field names and defaults are Traefik v3.7.13's (`pkg/config/dynamic/middlewares.go`,
 //! `pkg/provider/kubernetes/crd/traefikio/v1alpha1/{middleware,tlsoption}.go`);
@@ -45,6 +47,9 @@ pub struct MiddlewareSpec {
     pub in_flight_req: Option<SourceLimited>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chain: Option<Chain>,
+    /// Response headers only (the operator's own Alt-Svc Middleware): no address judged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<Headers>,
     /// Plugin middlewares by plugin name; what they judge is not knowable.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub plugin: BTreeMap<String, Present>,
@@ -60,6 +65,14 @@ impl<'de> Deserialize<'de> for Present {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         serde::de::IgnoredAny::deserialize(d).map(|_| Present {})
     }
+}
+
+/// `headers`: of its many fields only the custom response headers are kept.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Headers {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub custom_response_headers: BTreeMap<String, String>,
 }
 
 /// `ipAllowList` / `ipWhiteList`.

@@ -20,6 +20,7 @@ use kube::runtime::events::{Event as KubeEvent, EventType};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 
+use super::advertise::altsvc;
 use super::advertise::dns::listener as dns;
 use super::advertise::dns::task::Desired;
 use super::apply::{self, ApplyError};
@@ -429,6 +430,7 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
     let hosts = status::host_statuses(&inputs);
     let mut next = status::aggregate(&inputs, &hosts);
     advertise(ctx, listener, &hosts, &mut next, now);
+    let alt_svc_failed = advertise_alt_svc(ctx, listener, &hosts, &mut next).await;
     // Version skew: the CRDCurrent condition (operator::crd).
     let (crd, previous) = (ctx.crd.verdict(), listener.status.as_ref());
     super::crd::set_condition(&mut next, crd.as_ref(), previous, now, inputs.generation);
@@ -450,6 +452,9 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
             if unreadable {
                 // Read again soon: the new content (a renewal) waits for it.
                 next = next.min(UNREADABLE_REQUEUE);
+            }
+            if alt_svc_failed {
+                next = next.min(ERROR_REQUEUE);
             }
             Ok(Action::requeue(next))
         }
@@ -559,8 +564,46 @@ fn advertise(
         listener.metadata.generation,
         now,
     ));
-    next.advertise = dns.map(|d| AdvertiseStatus { dns: Some(d) });
+    next.advertise = dns.map(|d| AdvertiseStatus {
+        dns: Some(d),
+        alt_svc: None,
+    });
     status::carry_transition_times(previous, next);
+}
+
+/// Longest API error kept in `status.advertise.altSvc.error`.
+const MAX_ERROR_BYTES: usize = 512;
+
+/// Makes the TCP ingress send or withdraw `Alt-Svc` (`spec.advertise.altSvc`) for the hosts
+/// just found served, and says so in `status.advertise.altSvc`; true when a write failed
+/// (retried soon). Serving never waits on it beyond the calls themselves.
+async fn advertise_alt_svc(
+    ctx: &Context,
+    listener: &Http3Listener,
+    hosts: &[HostStatus],
+    next: &mut Http3ListenerStatus,
+) -> bool {
+    let traefik = ctx.traefik_objects();
+    let world = altsvc::listener::World {
+        hosts,
+        ready: next.nodes.as_ref().map_or(0, |n| n.ready),
+        ingresses: &ctx.ingresses(),
+        traefik_classes: &ctx.traefik_classes(),
+        middlewares: &traefik.middlewares,
+    };
+    let plan = altsvc::listener::plan_for(listener, &world);
+    let name = listener.name_any();
+    let by = altsvc::apply::Writer {
+        listener: &name,
+        operator_ns: &ctx.params.namespace,
+    };
+    let applied = altsvc::apply::apply(&ctx.client, by, &plan).await;
+    let failed = applied.error.is_some();
+    if let Some(mut s) = plan.status {
+        s.error = text::cut(&applied.error.unwrap_or_default(), MAX_ERROR_BYTES);
+        next.advertise.get_or_insert_with(Default::default).alt_svc = Some(s);
+    }
+    failed
 }
 
 /// When to look at a listener again: promptly while its pods load new mirrors, up to

@@ -169,6 +169,10 @@ pub async fn run_with(
         .with_advertisers(advertise),
     );
     tokio::spawn(ready_once_filled(ctx.clone(), ready));
+    tokio::spawn(super::advertise::altsvc::sweep::run(
+        ctx.clone(),
+        shutdown.clone(),
+    ));
     // The first lists and Secret reads of a large cluster are a burst the allocator keeps.
     tokio::spawn(crate::memory::trim_periodically(shutdown.clone()));
     tracing::info!(

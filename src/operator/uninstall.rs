@@ -4,7 +4,9 @@
 //! with the certificate mirrors goes with the release).
 //!
 //! In order: scale the operator's Deployment to 0 and wait for its pods to be gone (nothing may
-//! re-apply what follows); delete this operator's DaemonSets, ServiceAccounts and Services (its
+//! re-apply what follows); withdraw the Alt-Svc its listeners had the TCP ingress send
+//! (`spec.advertise.altSvc`: its Middlewares say `clear`, its own `router.middlewares` entries
+//! go, then the Middlewares no router names); delete this operator's DaemonSets, ServiceAccounts and Services (its
 //! namespace), Roles, RoleBindings and mirrors (its hosts namespace), and ClusterRoles and
 //! ClusterRoleBindings labelled with its namespace (or, from before release-scoped names, bound
 //! to its ServiceAccounts only); write `Ready=False`/`NoController` on the listeners with its
@@ -25,6 +27,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
+use super::advertise::altsvc::sweep::withdraw_release;
 use super::ownership::{self, legacy_binding_here, made_here};
 use super::watches::owned_selector;
 use super::{status, FIELD_MANAGER};
@@ -98,6 +101,14 @@ pub async fn run(args: &UninstallArgs) -> Result<(), UninstallError> {
         .filter(|h| !h.trim().is_empty())
         .unwrap_or_else(|| format!("{ns}-hosts"));
     stop_operator(&client, ns, &args.operator_deployment).await?;
+    // Before the data planes go: no TCP ingress may keep sending Alt-Svc: h3 for them.
+    let withdrawn = withdraw_release(&client, ns)
+        .await
+        .map_err(api_error("withdrawing", "the Alt-Svc Middlewares"))?;
+    tracing::info!(
+        api_calls = withdrawn,
+        "Alt-Svc withdrawn from the Ingresses this operator managed"
+    );
     let mut deleted = 0;
     deleted += delete_listed::<DaemonSet>(&client, ns).await?;
     deleted += delete_listed::<ServiceAccount>(&client, ns).await?;

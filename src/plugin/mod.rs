@@ -636,7 +636,46 @@ fn render_listener(l: &Http3Listener, view: Option<&Result<Vec<HostReport>, Stri
         );
     }
     out.push_str(&hosts_block(&rows, &Roots::of(&status)));
+    out.push_str(&advertise_block(&status));
     out.push_str(&dns_records_block(&rows, l.spec.port));
+    out
+}
+
+/// What `spec.advertise` keeps published, and where (nothing when it is off).
+fn advertise_block(status: &Http3ListenerStatus) -> String {
+    let mut out = String::new();
+    let Some(a) = &status.advertise else {
+        return out;
+    };
+    if let Some(d) = &a.dns {
+        let _ = writeln!(
+            out,
+            "  Advertised in DNS: {} HTTPS records in {} on {}",
+            d.published,
+            d.zones.join(", "),
+            d.server
+        );
+    }
+    if let Some(t) = &a.alt_svc {
+        let _ = writeln!(
+            out,
+            "  Advertised by Traefik (Alt-Svc): {} Ingresses send h3, {} send clear",
+            t.advertised, t.withdrawn
+        );
+        for n in &t.needs_reference {
+            let _ = writeln!(out, "    add to router.middlewares of {n}");
+        }
+        if !t.unmanaged.is_empty() {
+            let _ = writeln!(
+                out,
+                "    not managed (recipe per host): {}",
+                t.unmanaged.join(", ")
+            );
+        }
+        if !t.error.is_empty() {
+            let _ = writeln!(out, "    last error: {}", t.error);
+        }
+    }
     out
 }
 
@@ -879,6 +918,39 @@ fn dns_records_block(rows: &[HostReport], port: u16) -> String {
         let _ = writeln!(out, "    {r}");
     }
     out
+}
+
+#[cfg(test)]
+mod advertise_tests {
+    use super::*;
+    use crate::api::{AdvertiseStatus, AltSvcAdvertiseStatus};
+
+    #[test]
+    fn the_alt_svc_block_names_what_the_user_must_add() {
+        let status = Http3ListenerStatus {
+            advertise: Some(AdvertiseStatus {
+                dns: None,
+                alt_svc: Some(AltSvcAdvertiseStatus {
+                    advertised: 2,
+                    withdrawn: 1,
+                    needs_reference: vec![
+                        "shop/web: shop-h3-ingress-alt-svc-web@kubernetescrd".into()
+                    ],
+                    ..Default::default()
+                }),
+            }),
+            ..Default::default()
+        };
+        let b = advertise_block(&status);
+        assert!(b.contains("2 Ingresses send h3, 1 send clear"), "{b}");
+        assert!(
+            b.contains(
+                "add to router.middlewares of shop/web: shop-h3-ingress-alt-svc-web@kubernetescrd"
+            ),
+            "{b}"
+        );
+        assert_eq!(advertise_block(&Http3ListenerStatus::default()), "");
+    }
 }
 
 #[cfg(test)]

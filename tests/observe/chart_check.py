@@ -49,6 +49,10 @@ CONTRACT = rules(
     ("networking.k8s.io", ["ingresses", "ingressclasses"], ["get", "list", "watch"]),
     ("gateway.networking.k8s.io", ["gateways", "httproutes", "referencegrants"], ["get", "list", "watch"]),
     ("traefik.io", ["middlewares", "tlsoptions"], ["get", "list", "watch"]),
+    # rbac.advertiseAltSvc (default): spec.advertise.altSvc's own Middlewares, and
+    # router.middlewares on Ingresses that have none.
+    ("traefik.io", ["middlewares"], ["create", "patch", "delete"]),
+    ("networking.k8s.io", ["ingresses"], ["patch"]),
     ("", ["secrets"], ["get", "list", "watch"]),
     ("", ["events"], ["create", "patch"]),
     ("events.k8s.io", ["events"], ["create", "patch"]),
@@ -362,6 +366,11 @@ def crd_upgrade_and_pull_policy() -> None:
         k = by_kind(helmlib.objects(helmlib.render(values)))
         (dep,) = k["Deployment"]
         return k["ClusterRole"][0], dep["spec"]["template"]["spec"]["containers"][0]
+    cr, _ = operator({"rbac": {"advertiseAltSvc": False}})
+    no_alt_svc = CONTRACT - rules(("traefik.io", ["middlewares"], ["create", "patch", "delete"]),
+                                  ("networking.k8s.io", ["ingresses"], ["patch"]))
+    check(grants(cr) == no_alt_svc, f"rbac.advertiseAltSvc=false: ClusterRole extra "
+          f"{sorted(grants(cr) - no_alt_svc)}, missing {sorted(no_alt_svc - grants(cr))}")
     cr, c = operator({"crd": {"upgrade": False}})
     check(grants(cr) == CONTRACT_NO_CRD_UPGRADE,
           f"crd.upgrade=false: ClusterRole extra {sorted(grants(cr) - CONTRACT_NO_CRD_UPGRADE)}, "

@@ -630,3 +630,25 @@ fn a_held_back_name_is_refused_from_every_source_and_served_ones_carry_their_tim
     let r = resolve_wanted(wanted, &scan.policies, &secrets, now());
     assert!(r.serves("a.example.com") && r.serves("b.example.com"));
 }
+
+#[test]
+fn the_operators_own_alt_svc_middleware_holds_nothing_back_even_before_it_is_cached() {
+    let i = ing(vec![]);
+    let own = crate::operator::hosts::traefik::alt_svc_reference(
+        i.metadata.namespace.as_deref().unwrap(),
+        i.metadata.name.as_deref().unwrap(),
+    );
+    let list = format!("{own},shop-missing@kubernetescrd");
+    let mut named = i.clone();
+    (named.metadata.annotations.as_mut().unwrap()).insert(MIDDLEWARES.into(), list);
+    let p = host_policy(&named, &traefik(vec![], vec![]));
+    assert_eq!(p.address.len(), 1, "{p:?}");
+    assert!(p.address[0].what.contains("shop-missing"), "{p:?}");
+    // Another Ingress naming it is judged as any reference: it is not that Ingress's.
+    let mut other = named.clone();
+    other.metadata.name = Some("other".into());
+    assert_eq!(
+        host_policy(&other, &traefik(vec![], vec![])).address.len(),
+        2
+    );
+}

@@ -6,7 +6,7 @@ use k8s_openapi::api::networking::v1::Ingress;
 use super::ingress::ingress_key;
 use super::policy::{gateway_duration, keys, nginx_time, AddressRule, Judges, SourcePolicy};
 use super::policy::{Timed, Timeouts};
-use super::traefik::{Demands, Index};
+use super::traefik::{alt_svc_reference, Demands, Index};
 use crate::api::bounds;
 use crate::api::gateway::{HTTPRoute, HTTPRouteRule};
 use crate::api::traefik::GROUP as TRAEFIK_GROUP;
@@ -234,7 +234,14 @@ fn traefik_annotations(ing: &Ingress, index: &Index, traefik_class: bool, out: &
     ] {
         if let Some(names) = get(ing, key) {
             let short = key.rsplit('/').next().unwrap_or(key);
-            index.by_names(names, &format!("{short} of {on}"), out);
+            // The operator's own Alt-Svc Middleware judges no address; until the cache holds
+            // it (it was written a moment before the Ingress named it) it is not "missing".
+            let ns = ing.metadata.namespace.as_deref().unwrap_or_default();
+            let name = ing.metadata.name.as_deref().unwrap_or_default();
+            let names: Vec<&str> = (names.split(','))
+                .filter(|r| index.knows(r) || r.trim() != alt_svc_reference(ns, name))
+                .collect();
+            index.by_names(&names.join(","), &format!("{short} of {on}"), out);
         }
     }
     let named = get(ing, keys::TRAEFIK_ROUTER_TLS_OPTIONS);

@@ -48,6 +48,37 @@ pub fn normalize(name: &str) -> String {
         .join("-")
 }
 
+/// Prefix of the Middlewares the operator keeps for `spec.advertise.altSvc`
+/// (`operator::advertise::altsvc`); the Ingress's name follows.
+pub const ALT_SVC_PREFIX: &str = "h3-ingress-alt-svc-";
+/// Longest Kubernetes object name.
+const MAX_NAME: usize = 253;
+
+/// The operator's Alt-Svc Middleware for the Ingress `name` (a name too long for the prefix
+/// is cut and given a hash of the whole, so two long names stay apart).
+pub fn alt_svc_middleware(name: &str) -> String {
+    let full = format!("{ALT_SVC_PREFIX}{name}");
+    if full.len() <= MAX_NAME {
+        return full;
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::hash::Hash::hash(name, &mut h);
+    let hash = std::hash::Hasher::finish(&h);
+    let mut cut = full[..MAX_NAME - 17].to_string();
+    while cut.ends_with(['.', '-']) {
+        cut.pop();
+    }
+    format!("{cut}-{hash:016x}")
+}
+
+/// How a router names the operator's Alt-Svc Middleware for Ingress `namespace/name`
+/// (Traefik's default naming; with `safeNaming` it is `namespace_middleware@kubernetescrd`,
+/// which the user adds).
+pub fn alt_svc_reference(namespace: &str, name: &str) -> String {
+    let id = normalize(&format!("{namespace}-{}", alt_svc_middleware(name)));
+    format!("{id}@{CRD_PROVIDER}")
+}
+
 /// The ids a Middleware is known by: legacy and safe naming.
 pub fn middleware_ids(namespace: &str, name: &str) -> [String; 2] {
     [
@@ -122,6 +153,11 @@ impl<'a> Index<'a> {
         for reference in names.split(',').map(str::trim).filter(|r| !r.is_empty()) {
             self.by_name(reference, by, out, 0);
         }
+    }
+
+    /// Whether a router's reference names a Middleware the cache holds.
+    pub fn knows(&self, reference: &str) -> bool {
+        crd_id(reference).is_some_and(|id| self.by_id.contains_key(id))
     }
 
     fn by_name(&self, reference: &str, by: &str, out: &mut Demands, depth: usize) {

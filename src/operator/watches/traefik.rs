@@ -19,7 +19,10 @@ use tokio::task::JoinHandle;
 use super::filter::hash_of;
 use super::optional::{follow, Flags, Kind};
 use crate::api::traefik::{Middleware, TLSOption};
-use crate::operator::hosts::traefik::{middleware_ids, tls_option_ids, TraefikObjects};
+use crate::operator::hosts::traefik::{
+    middleware_ids, tls_option_ids, TraefikObjects, ALT_SVC_PREFIX,
+};
+use crate::operator::labels;
 
 /// What changed: the names (as the policy's lookups record them) a changed object answers to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,8 +63,12 @@ pub fn tls_option_change(t: &TLSOption) -> TraefikChange {
 
 /// What the policy reads of a Middleware: its kept spec, and whether it is being deleted.
 pub fn middleware_key(m: &Middleware) -> u64 {
+    let mut spec = m.spec.clone();
+    if !is_alt_svc_middleware(&m.metadata) {
+        spec.headers = None;
+    }
     hash_of(&(
-        serde_json::to_string(&m.spec).unwrap_or_default(),
+        serde_json::to_string(&spec).unwrap_or_default(),
         m.metadata.deletion_timestamp.is_some(),
     ))
 }
@@ -73,14 +80,49 @@ pub fn tls_option_key(t: &TLSOption) -> u64 {
     ))
 }
 
-/// Everything but the object's identity goes: the policy reads names and the kept spec.
+/// Whether an object is one of the operator's own Alt-Svc Middlewares (its name and label).
+pub fn is_alt_svc_middleware(m: &kube::api::ObjectMeta) -> bool {
+    m.name
+        .as_deref()
+        .is_some_and(|n| n.starts_with(ALT_SVC_PREFIX))
+        && (m.labels.as_ref())
+            .and_then(|l| l.get(labels::MANAGED_BY))
+            .map(String::as_str)
+            == Some(labels::MANAGED_BY_VALUE)
+}
+
+/// [`strip`], and a Middleware's response headers unless it is the operator's own (only those
+/// are read: the policy judges no header).
+pub fn strip_middleware(m: &mut Middleware) {
+    if !is_alt_svc_middleware(&m.metadata) {
+        m.spec.headers = None;
+    }
+    strip(m);
+}
+
+/// Everything but the object's identity goes: the policy reads names and the kept spec. The
+/// operator's own Alt-Svc Middlewares keep their listener label and owner (their Ingress), so
+/// a listener's deletion can be told from the cache
+/// (`operator::advertise::altsvc::orphans`).
 pub fn strip<K: Resource>(o: &mut K) {
+    let ours = is_alt_svc_middleware(o.meta());
     let m = o.meta_mut();
     m.managed_fields = None;
     m.annotations = None;
-    m.labels = None;
-    m.owner_references = None;
     m.finalizers = None;
+    if ours {
+        let keep = [
+            labels::MANAGED_BY,
+            labels::INSTANCE,
+            labels::OPERATOR_NAMESPACE,
+        ];
+        if let Some(l) = m.labels.as_mut() {
+            l.retain(|k, _| keep.contains(&k.as_str()));
+        }
+    } else {
+        m.labels = None;
+        m.owner_references = None;
+    }
 }
 
 const ABSENT: &str = "hosts whose Ingress names a Traefik Middleware are held back unless \
@@ -115,7 +157,7 @@ impl TraefikWatch {
                 key: middleware_key,
                 describe: middleware_change,
                 synced: TraefikChange::Synced,
-                strip: strip::<Middleware>,
+                strip: strip_middleware,
             },
             flags[0].clone(),
             on_change.clone(),
