@@ -11,7 +11,8 @@
 #     image index's platforms, the architecture selectors), node-checks (what only a real node
 #     answers, a real browser) and monitoring (the chart's monitors and rules under a real
 #     Prometheus Operator), dns-check (the cluster DNS, CoreDNS), advertise (DNS HTTPS records
-#     kept in Knot DNS only while the host is served, timed), traefik-check (Traefik as
+#     kept in Knot DNS only while the host is served, timed), alt-svc (Alt-Svc the operator
+#     keeps on Traefik, timed the same way), traefik-check (Traefik as
 #     the TCP ingress), frontdoor (HTTP/3 keeps the TCP ingress's per-host rules: allowlists,
 #     spoofed forwarding headers, client certificates, timeouts; Debian nginx and Traefik)
 #     and coexist (two releases side by side, a forceBuffers roll, one uninstalled);
@@ -37,7 +38,7 @@ step() { printf '\n=== %s (%s)\n' "$*" "$(date +%H:%M:%S)"; }
 if [[ $(id -u) -ne 0 ]]; then
     echo "=================================================================================="
     echo "CLUSTER TESTS SKIPPED (needs root): scripts/cluster.sh build/up, h3i-scenarios smoke"
-    echo "h3i-scenarios journey, gateway, arch, node-checks and monitoring, dns-check, advertise, traefik-check, frontdoor, coexist, skew, rollout, upgrade and scale did NOT run; nothing was proven on a real API server or real nodes."
+    echo "h3i-scenarios journey, gateway, arch, node-checks and monitoring, dns-check, advertise, alt-svc, traefik-check, frontdoor, coexist, skew, rollout, upgrade and scale did NOT run; nothing was proven on a real API server or real nodes."
     echo "=================================================================================="
     [[ ${H3I_TESTS_REQUIRE_ROOT:-0} == 1 ]] && { echo "H3I_TESTS_REQUIRE_ROOT=1: failing" >&2; exit 1; }
     exit 0
@@ -107,6 +108,8 @@ step "h3i-scenarios dns-check (CoreDNS: pod network, hostNetwork with ClusterFir
 timed dns-check "$SCENARIOS" dns-check
 step "h3i-scenarios advertise (DNS HTTPS records in Knot DNS: published after the host is served, withdrawn when it is not, each within 5 s)"
 timed advertise "$SCENARIOS" advertise
+step "h3i-scenarios alt-svc (Alt-Svc managed on Traefik by the operator: sent after the host is served, clear when it is not, each within 5 s; the user's own Middleware list untouched)"
+timed alt-svc "$SCENARIOS" alt-svc
 step "h3i-scenarios traefik-check (Traefik as the TCP ingress: routing, ipAllowList, forwarded headers, PROXY protocol v2)"
 timed traefik-check "$SCENARIOS" traefik-check
 step "h3i-scenarios frontdoor (HTTP/3 meets the TCP ingress's rules: nginx and Traefik allowlists answer 200/403 as over TCP, a spoofed X-Forwarded-For still 403, Traefik logs the client, client-certificate hosts refused with their reason, a host's read timeout in its mirror)"

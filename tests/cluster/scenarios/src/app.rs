@@ -341,3 +341,33 @@ pub fn pod_names(pods: &[Pod]) -> String {
     v.sort();
     v.join(" ")
 }
+
+/// busybox httpd answering `body` on every path, behind Service `backend` port 80 that Traefik
+/// reaches through kube-proxy (`service.nativelb`), in `ns`.
+pub async fn backend(client: &Client, ns: &str, body: &str) -> Result<()> {
+    let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "www", "namespace": ns},
+        "data": {"index.html": format!("{body}\n")}});
+    let api: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), ns);
+    k8s::apply(&api, "www", &cm).await?;
+    let deploy = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "backend", "namespace": ns},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "backend"}},
+            "template": {"metadata": {"labels": {"app": "backend"}},
+                "spec": {"containers": [{"name": "httpd", "image": "registry.h3i.test/busybox:1",
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"],
+                    "ports": [{"containerPort": 8080}],
+                    "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+                    "volumeMounts": [{"name": "www", "mountPath": "/www"}]}],
+                    "volumes": [{"name": "www", "configMap": {"name": "www"}}]}}}});
+    let api: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(client.clone(), ns);
+    k8s::apply(&api, "backend", &deploy).await?;
+    let svc = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "backend", "namespace": ns,
+            "annotations": {"traefik.ingress.kubernetes.io/service.nativelb": "true"}},
+        "spec": {"selector": {"app": "backend"}, "ports": [{"port": 80, "targetPort": 8080}]}});
+    let api: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(client.clone(), ns);
+    k8s::apply(&api, "backend", &svc).await?;
+    Ok(())
+}

@@ -5,6 +5,7 @@
 //! `H3I_TESTS_REQUIRE_ROOT=1`.
 
 mod advertise;
+mod altsvc;
 mod arch;
 mod coexist;
 mod dns;
@@ -25,12 +26,13 @@ use std::process::ExitCode;
 use h3i_scenarios::{drive, indent, is_root, ok, Env, Run, Scenario};
 
 const USAGE: &str =
-    "usage: h3i-scenarios SCENARIO\n\n  advertise DNS HTTPS records published and withdrawn as the host is served or not (real\n            nodes, Knot DNS), timed\n  arch      the image index's platforms on real nodes, pods kept to nodes of its\n            architectures\n  coexist   two installations side by side, a forceBuffers roll, one uninstalled\n  dns-check the cluster DNS (CoreDNS) from the pod network and from hostNetwork pods\n  journey   the user's journey (tests/cluster/README.md)\n  monitoring  the chart's monitors, rules and dashboard under a real Prometheus Operator\n  smoke     the test cluster itself, end to end\n  traefik-check  Traefik as the TCP ingress: routing, ipAllowList, forwarded headers, PROXY protocol\n  frontdoor HTTP/3 keeps the TCP ingress's per-host rules (real nodes, nginx and Traefik)\n  gateway   Gateway API: HTTPRoutes, Gateways, ReferenceGrant\n  node-checks  what only a real node answers (image, capabilities, NodePort, Chromium, grace, probes, OOM)\n  skew      CRD version skew both ways, certificate renewal\n  rollout   a DaemonSet roll under three clients per node\n  upgrade   helm upgrade from the previous release, helm rollback back, under clients\n            (`upgrade build`: only build the previous release's binary)\n  scale HOSTS [options]   the scale harness against a 4-host baseline (`scale` alone: options)\n";
+    "usage: h3i-scenarios SCENARIO\n\n  advertise DNS HTTPS records published and withdrawn as the host is served or not (real\n            nodes, Knot DNS), timed\n  alt-svc   Alt-Svc kept by the operator on Traefik (real nodes): sent while served, clear\n            when not, the user's own Middleware list untouched, timed\n  arch      the image index's platforms on real nodes, pods kept to nodes of its\n            architectures\n  coexist   two installations side by side, a forceBuffers roll, one uninstalled\n  dns-check the cluster DNS (CoreDNS) from the pod network and from hostNetwork pods\n  journey   the user's journey (tests/cluster/README.md)\n  monitoring  the chart's monitors, rules and dashboard under a real Prometheus Operator\n  smoke     the test cluster itself, end to end\n  traefik-check  Traefik as the TCP ingress: routing, ipAllowList, forwarded headers, PROXY protocol\n  frontdoor HTTP/3 keeps the TCP ingress's per-host rules (real nodes, nginx and Traefik)\n  gateway   Gateway API: HTTPRoutes, Gateways, ReferenceGrant\n  node-checks  what only a real node answers (image, capabilities, NodePort, Chromium, grace, probes, OOM)\n  skew      CRD version skew both ways, certificate renewal\n  rollout   a DaemonSet roll under three clients per node\n  upgrade   helm upgrade from the previous release, helm rollback back, under clients\n            (`upgrade build`: only build the previous release's binary)\n  scale HOSTS [options]   the scale harness against a 4-host baseline (`scale` alone: options)\n";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("advertise") => start::<advertise::Advertise>(),
+        Some("alt-svc") => start::<altsvc::AltSvc>(),
         Some("arch") => start::<arch::Arch>(),
         Some("coexist") => start::<coexist::Coexist>(),
         Some("dns-check") => start::<dns::Dns>(),

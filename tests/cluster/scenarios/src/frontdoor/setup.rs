@@ -304,7 +304,7 @@ impl Frontdoor {
         let class = json!({"apiVersion": "networking.k8s.io/v1", "kind": "IngressClass",
             "metadata": {"name": "nginx"}, "spec": {"controller": "k8s.io/ingress-nginx"}});
         k8s::apply(&self.all::<IngressClass>(), "nginx", &class).await?;
-        self.backend().await?;
+        h3i_scenarios::app::backend(&self.client, NS_APP, "traefik backend").await?;
         let allow = self.allowlist();
         self.ingress("nginx", GUARDED, json!({WHITELIST: allow.join(",")}))
             .await?;
@@ -347,36 +347,6 @@ impl Frontdoor {
              (UDP {UDP_TRAEFIK} -> 127.0.0.1:{TCP_TRAEFIK})",
             allow.join(", ")
         ));
-        Ok(())
-    }
-
-    /// busybox httpd behind a Service Traefik reaches through kube-proxy (as
-    /// `h3i-scenarios traefik-check` does).
-    async fn backend(&self) -> Result<()> {
-        let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "www", "namespace": NS_APP},
-            "data": {"index.html": "traefik backend\n"}});
-        let api: Api<k8s_openapi::api::core::v1::ConfigMap> = self.ns(NS_APP);
-        k8s::apply(&api, "www", &cm).await?;
-        let deploy = json!({"apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": "backend", "namespace": NS_APP},
-            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "backend"}},
-                "template": {"metadata": {"labels": {"app": "backend"}},
-                    "spec": {"containers": [{"name": "httpd", "image": "registry.h3i.test/busybox:1",
-                        "imagePullPolicy": "IfNotPresent",
-                        "command": ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"],
-                        "ports": [{"containerPort": 8080}],
-                        "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
-                        "volumeMounts": [{"name": "www", "mountPath": "/www"}]}],
-                        "volumes": [{"name": "www", "configMap": {"name": "www"}}]}}}});
-        let api: Api<k8s_openapi::api::apps::v1::Deployment> = self.ns(NS_APP);
-        k8s::apply(&api, "backend", &deploy).await?;
-        let svc = json!({"apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": "backend", "namespace": NS_APP,
-                "annotations": {"traefik.ingress.kubernetes.io/service.nativelb": "true"}},
-            "spec": {"selector": {"app": "backend"}, "ports": [{"port": 80, "targetPort": 8080}]}});
-        let api: Api<k8s_openapi::api::core::v1::Service> = self.ns(NS_APP);
-        k8s::apply(&api, "backend", &svc).await?;
         Ok(())
     }
 }
