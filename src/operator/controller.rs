@@ -50,11 +50,13 @@ pub const ERROR_REQUEUE: Duration = Duration::from_secs(15);
 /// the operator when they have (they load it from their own watches within seconds), so
 /// without a prompt look `kubectl get h3l` would show the host pending for a whole
 /// [`REQUEUE`] after an Ingress was annotated, or still refused (the pods' earlier word) after
-/// a ReferenceGrant permitted its Secret.
-pub const SETTLE_REQUEUE: Duration = Duration::from_secs(3);
-/// Prompt looks in a row per listener, so a pod that never loads a host does not keep the
-/// operator busy (it then shows what the pods say, and looks every [`REQUEUE`]).
-pub const SETTLE_ATTEMPTS: u32 = 20;
+/// a ReferenceGrant permitted its Secret; and the advertisements (`spec.advertise`), which
+/// follow what the status calls served, would wait as long.
+pub const SETTLE_REQUEUE: Duration = Duration::from_secs(1);
+/// Prompt looks in a row per listener (a minute of them), so a pod that never loads a host
+/// does not keep the operator busy (it then shows what the pods say, and looks every
+/// [`REQUEUE`]). A look reads the caches and the pods' `/status`, no API call.
+pub const SETTLE_ATTEMPTS: u32 = 60;
 /// How soon a listener is looked at again while one of its Secrets cannot be read (its
 /// hosts keep the last good certificate meanwhile).
 pub const UNREADABLE_REQUEUE: Duration = Duration::from_secs(10);

@@ -430,8 +430,11 @@ pub const RANK_ENV: &str = "H3_INGRESS_ROLLOUT_RANK";
 /// The label the DaemonSet controller puts the pod template generation in.
 const TEMPLATE_GENERATION_LABEL: &str = "pod-template-generation";
 /// How long the startup probe gives the data plane to load its configuration (all hosts
-/// and Secrets): 150 x 2 s.
-pub const STARTUP_PROBE_FAILURES: i32 = 150;
+/// and Secrets): 300 x 1 s.
+pub const STARTUP_PROBE_FAILURES: i32 = 300;
+/// Period of the startup and readiness probes: a pod that serves is called ready within about
+/// a second, and the advertisements (`spec.advertise`), which wait for a ready pod, follow.
+const PROBE_PERIOD_SECONDS: i32 = 1;
 /// The grace a data plane that failed its liveness probe gets before SIGKILL, instead of the
 /// pod's drain grace: a process that cannot answer its probe cannot drain either. On real
 /// nodes a SIGSTOPped data plane was replaced 74 s after it hung with the pod's 45 s; the
@@ -593,12 +596,16 @@ fn data_plane_container(
         ports: None,
         // Live answers from the first instant (before the configuration is loaded), so a
         // slow load is never taken for a hang; the startup probe gives the load its time.
-        startup_probe: Some(probe("startup", 2, STARTUP_PROBE_FAILURES)),
+        startup_probe: Some(probe(
+            "startup",
+            PROBE_PERIOD_SECONDS,
+            STARTUP_PROBE_FAILURES,
+        )),
         liveness_probe: Some(Probe {
             termination_grace_period_seconds: Some(LIVENESS_KILL_GRACE_SECONDS),
             ..probe("live", 10, 3)
         }),
-        readiness_probe: Some(probe("ready", 2, 2)),
+        readiness_probe: Some(probe("ready", PROBE_PERIOD_SECONDS, 4)),
         resources: Some(data_plane_resources(listener, config)),
         security_context: Some(container_security(config)),
         volume_mounts: Some(vec![

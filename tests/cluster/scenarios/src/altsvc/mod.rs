@@ -11,7 +11,10 @@
 //! (d) the annotation removed: `clear`, then the reference and the Middleware gone while Traefik
 //! still routes the host (200 over TCP);
 //! (e) an Ingress with the user's own Middleware list: the list is left as the user wrote it,
-//! the status names the reference to add, no header until the user adds it, then the header.
+//! the status names the reference to add, no header until the user adds it, then the header;
+//! (f) Debian's Chromium (tests/browser/chromium.py, an empty profile) loads
+//! `https://shop.h3i.test/` from Traefik, gets the operator's `Alt-Svc` and tries QUIC to the
+//! data plane on the next load; forced onto QUIC, the page and 1 MiB come over h3.
 //! Real nodes only; `H3I_ALTSVC_KEEP=1` keeps the objects and Traefik.
 
 mod steps;
@@ -29,6 +32,8 @@ const NS_APP: &str = "h3i-altsvc";
 /// The host whose Ingress names no Middleware, and the one with the user's own.
 const WWW: &str = "www.altsvc.h3i.test";
 const OWN: &str = "own.altsvc.h3i.test";
+/// The browser test's host (tests/browser/chromium.py's `HOST`).
+const SHOP: &str = "shop.h3i.test";
 const LISTENER: &str = "altsvc";
 const CLASS: &str = "traefik";
 /// The user's own Middleware on [`OWN`]: a response header of theirs.
@@ -85,6 +90,7 @@ impl Scenario for AltSvc {
         self.back_on_the_nodes(run).await?;
         self.unannotated(run).await?;
         self.users_own_list(run).await?;
+        self.browser(run).await?;
         run.step(format!("the timings (target: <= {TARGET_SECONDS} s each)"));
         let mut missed = Vec::new();
         for (what, secs, within) in &self.rows {

@@ -9,6 +9,7 @@ use h3_ingress::api::altsvc::header_value;
 use h3_ingress::api::{annotations, AltSvcAdvertiseStatus, Http3Listener, DEFAULT_ALT_SVC_MAX_AGE};
 use h3_ingress::operator::advertise::altsvc::{middleware_name, reference, CLEAR};
 use h3_ingress::operator::hosts::policy::keys::TRAEFIK_ROUTER_MIDDLEWARES;
+use h3i_scenarios::cmd::repo;
 use h3i_scenarios::h3::{self, Expect};
 use h3i_scenarios::poll::{self, wait_ok};
 use h3i_scenarios::{ensure, info, ok, Pki};
@@ -35,6 +36,16 @@ fn advertised() -> String {
     header_value(443, DEFAULT_ALT_SVC_MAX_AGE)
 }
 
+/// The backend Service of a host: the browser's page and 1 MiB for [`SHOP`], busybox's for the
+/// others.
+fn service_of(host: &str) -> &'static str {
+    if host == SHOP {
+        "shop"
+    } else {
+        "backend"
+    }
+}
+
 fn name_of(host: &str) -> &str {
     host.split('.').next().unwrap_or(host)
 }
@@ -59,7 +70,7 @@ impl AltSvc {
         indent(sh(&traefik_sh(), &["up"]).await?);
         app::namespace(&self.client, NS_APP, &[]).await?;
         let pki = Pki::new(&self.tmp.join("pki"), "h3i-altsvc-ca")?;
-        for host in [WWW, OWN] {
+        for host in [WWW, OWN, SHOP] {
             let leaf = pki.leaf(name_of(host), host)?;
             app::tls_secret(
                 &self.client,
@@ -77,6 +88,9 @@ impl AltSvc {
         let theirs = format!("{NS_APP}-{TEAM}@kubernetescrd");
         let own = json!({annotations::ENABLED: "true", TRAEFIK_ROUTER_MIDDLEWARES: theirs});
         self.ingress(OWN, own).await?;
+        self.shop_backend().await?;
+        self.ingress(SHOP, json!({annotations::ENABLED: "true"}))
+            .await?;
         let spec = json!({"ingressClassName": CLASS, "upstream": {"address": "127.0.0.1:443"},
             "http": {"drainTimeoutSeconds": 2}, "advertise": {"altSvc": {}}});
         app::listener(&self.client, LISTENER, spec.clone()).await?;
@@ -84,7 +98,7 @@ impl AltSvc {
             90,
             "Traefik routes both hosts over TCP on both nodes",
             || async {
-                for host in [WWW, OWN] {
+                for host in [WWW, OWN, SHOP] {
                     for ip in &self.env.ips {
                         if self.tcp(host, ip).await?.0 != 200 {
                             return Ok(false);
@@ -109,6 +123,40 @@ impl AltSvc {
         Ok(())
     }
 
+    /// The browser test's page (tests/browser/chromium.py's own) and a 1 MiB `/1m.bin`, from
+    /// busybox httpd behind Service `shop`.
+    async fn shop_backend(&self) -> Result<()> {
+        let py = h3::python().to_string_lossy().to_string();
+        let browser = repo().join("tests/browser");
+        let page = sh(&py, &["-c", "import sys; sys.path.insert(0, sys.argv[1]); import chromium; print(chromium.PAGE.format(fetch_path=chromium.FETCH_PATH))", &browser.to_string_lossy()]).await?;
+        let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "shop-page", "namespace": NS_APP}, "data": {"index.html": page}});
+        let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(self.client.clone(), NS_APP);
+        h3i_scenarios::k8s::apply(&api, "shop-page", &cm).await?;
+        let start = "cp /page/index.html /www/ && dd if=/dev/urandom of=/www/1m.bin bs=1024 count=1024 2>/dev/null && exec httpd -f -p 8080 -h /www";
+        let deploy = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "shop", "namespace": NS_APP},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "shop"}},
+                "template": {"metadata": {"labels": {"app": "shop"}},
+                    "spec": {"containers": [{"name": "httpd", "image": "registry.h3i.test/busybox:1",
+                        "imagePullPolicy": "IfNotPresent", "command": ["/bin/busybox", "sh", "-c", start],
+                        "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+                        "volumeMounts": [{"name": "page", "mountPath": "/page"}, {"name": "www", "mountPath": "/www"}]}],
+                        "volumes": [{"name": "page", "configMap": {"name": "shop-page"}}, {"name": "www", "emptyDir": {}}]}}}});
+        let api: Api<k8s_openapi::api::apps::v1::Deployment> =
+            Api::namespaced(self.client.clone(), NS_APP);
+        h3i_scenarios::k8s::apply(&api, "shop", &deploy).await?;
+        let svc = json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "shop", "namespace": NS_APP,
+                "annotations": {"traefik.ingress.kubernetes.io/service.nativelb": "true"}},
+            "spec": {"selector": {"app": "shop"}, "ports": [{"port": 80, "targetPort": 8080}]}});
+        let api: Api<k8s_openapi::api::core::v1::Service> =
+            Api::namespaced(self.client.clone(), NS_APP);
+        h3i_scenarios::k8s::apply(&api, "shop", &svc).await?;
+        Ok(())
+    }
+
     /// The user's own headers Middleware.
     async fn team_middleware(&self, spec: Value) -> Result<()> {
         let obj = json!({"apiVersion": "traefik.io/v1alpha1", "kind": "Middleware",
@@ -130,7 +178,7 @@ impl AltSvc {
             "spec": {"ingressClassName": CLASS,
                 "tls": [{"hosts": [host], "secretName": format!("{name}-tls")}],
                 "rules": [{"host": host, "http": {"paths": [{"path": "/", "pathType": "Prefix",
-                    "backend": {"service": {"name": "backend", "port": {"number": 80}}}}]}}]}});
+                    "backend": {"service": {"name": service_of(host), "port": {"number": 80}}}}]}}]}});
         h3i_scenarios::k8s::apply(&self.ingresses(), name, &ing).await?;
         Ok(())
     }
@@ -463,6 +511,39 @@ impl AltSvc {
         ok(format!(
             "after the user listed {own}: alt-svc and x-team on both nodes at {header:.2} s"
         ));
+        Ok(())
+    }
+}
+
+impl AltSvc {
+    pub(super) async fn browser(&mut self, run: &mut Run) -> Result<()> {
+        let (ip, want) = (self.env.ips[0].clone(), advertised());
+        run.step(format!("(f) Debian's Chromium, empty profile, through Traefik on {ip}: the Alt-Svc the operator put there sends it to the data plane (tests/browser/chromium.py)"));
+        let what = format!("{SHOP} served and alt-svc: {want} from Traefik on both nodes");
+        wait_ok(60, &what, || async {
+            Ok(self.served(SHOP).await? && self.header_is(SHOP, Some(&want)).await?)
+        })
+        .await?;
+        let script = repo().join("tests/browser/run.sh");
+        let (ingress, ca, metrics) = (
+            format!("{ip}:443"),
+            self.ca.to_string_lossy().to_string(),
+            format!("http://{ip}:9476/metrics"),
+        );
+        let args = ["--ingress", &ingress, "--ca", &ca, "--metrics", &metrics];
+        let out = h3i_scenarios::cmd::output(&script.to_string_lossy(), &args).await?;
+        let text = out.stdout.clone() + &out.stderr;
+        indent(&text);
+        ensure!(
+            out.success(),
+            "tests/browser/chromium.py through Traefik on {ip} (exit {:?})",
+            out.status
+        );
+        let discovery = text
+            .lines()
+            .find(|l| l.starts_with("run 1 discovery:"))
+            .unwrap_or_default();
+        ok(format!("Chromium through Traefik on {ip}: {discovery}"));
         Ok(())
     }
 }
