@@ -30,7 +30,7 @@ use super::handler::{self, ConnCtx};
 use super::lifecycle::{Action, CloseReason, Event, Lifecycle};
 use super::serving::Serving;
 use super::streams::{self, ConnStreams, Delivered, StreamHandle, StreamLimits};
-use crate::api::{AddressValidationMode, HttpSettings};
+use crate::api::{AddressValidationMode, HttpSettings, TransportSettings};
 use crate::proxy::observe::metrics::{handshake, limit, Metrics};
 use crate::proxy::quic::admission::{Attempt, Policy, Ticket, Verdict};
 use crate::proxy::quic::amplification::CLOSING_TTL;
@@ -287,7 +287,7 @@ async fn connection(
         .max_field_section_size(max_field)
         .build::<_, Bytes>(streams::Connection::new(ctx.streams.clone()))
         .await;
-    let life = lifetime(&gen.config.http, jitter());
+    let life = lifetime(&gen.config.http, &gen.config.transport, jitter());
     match built {
         Ok(h3conn) => serve_requests(h3conn, &conn, ctx, drain, life).await,
         Err(e) => debug!(error = %e, "HTTP/3 setup failed"),
@@ -300,21 +300,26 @@ type H3Conn = h3::server::Connection<streams::Connection, Bytes>;
 /// HTTP/3's "no error" code, for closing a connection that reached its maximum age.
 const H3_NO_ERROR: u32 = 0x100;
 
-/// How long a connection may live (`http.maxConnectionAgeSeconds`, `None` when 0) and how
-/// long its requests then get to finish (`http.drainTimeoutSeconds`).
+/// How long a connection may live (`http.maxConnectionAgeSeconds`, `None` when 0), how
+/// long its requests then get to finish (`http.drainTimeoutSeconds`), and how long it may
+/// stay without a request in flight (`transport.idleTimeoutSeconds`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Lifetime {
     pub max_age: Option<Duration>,
     pub grace: Duration,
+    pub idle: Duration,
 }
 
 /// The lifetime of one connection: up to 10 % shorter than the maximum (`jitter` in 0..1), so
 /// connections opened together (after a restart) do not all get GOAWAY together.
-pub fn lifetime(http: &HttpSettings, jitter: f64) -> Lifetime {
+pub fn lifetime(http: &HttpSettings, transport: &TransportSettings, jitter: f64) -> Lifetime {
     let age = Duration::from_secs(http.max_connection_age_seconds.into());
     Lifetime {
         max_age: (!age.is_zero()).then(|| age.mul_f64(1.0 - 0.1 * jitter.clamp(0.0, 1.0))),
         grace: Duration::from_secs(http.drain_timeout_seconds.into()),
+        // The same as QUIC's max_idle_timeout, which our keep-alive PINGs no longer let end
+        // an idle connection (`quic::transport`).
+        idle: Duration::from_secs(transport.idle_timeout_seconds.into()),
     }
 }
 
@@ -351,7 +356,9 @@ async fn respond(
 /// Runs every request of one connection under its [`Lifecycle`]: this task turns the drain
 /// and close tokens, the timers and h3's events into lifecycle events and carries out what it
 /// decides (GOAWAY, timers, closing). Once nothing more is accepted it waits for the requests
-/// still in flight, bounded by the grace after the maximum age and by a drain deadline.
+/// still in flight, bounded by the grace after the maximum age and by a drain deadline. The
+/// idle timer runs from the start and again after each last request in flight; the lifecycle
+/// listens to it only while nothing is in flight.
 async fn serve_requests(
     mut h3conn: H3Conn,
     conn: &quinn::Connection,
@@ -371,7 +378,8 @@ async fn serve_requests(
     let age = tokio::time::sleep_until(life.max_age.map_or(far, |a| Instant::now() + a));
     let grace_over = tokio::time::sleep_until(far);
     let stray_over = tokio::time::sleep_until(far);
-    tokio::pin!(age, grace_over, stray_over);
+    let idle_over = tokio::time::sleep_until(Instant::now() + life.idle);
+    tokio::pin!(age, grace_over, stray_over, idle_over);
     while lc.accepting() {
         let listen = lc.listening();
         let event = tokio::select! {
@@ -380,6 +388,7 @@ async fn serve_requests(
             _ = &mut stray_over, if listen.stray_grace => Event::StrayGraceOver,
             _ = &mut age, if listen.max_age => Event::MaxAge,
             _ = &mut grace_over, if listen.grace => Event::GraceOver,
+            _ = &mut idle_over, if listen.idle => Event::IdleOver,
             Some(_) = requests.join_next(), if !requests.is_empty() => Event::Done,
             // Polled after GOAWAY too: the stream layer refuses new requests in it.
             r = h3conn.accept() => match r {
@@ -405,6 +414,7 @@ async fn serve_requests(
         match lc.step(event) {
             Action::Nothing => {}
             Action::ArmStrayGrace => stray_over.as_mut().reset(Instant::now() + STRAY_GRACE),
+            Action::ArmIdle => idle_over.as_mut().reset(Instant::now() + life.idle),
             Action::Goaway => send_goaway(&mut h3conn, &ctx.streams).await,
             Action::GoawayAtMaxAge => {
                 let m = &ctx.serving.metrics;
@@ -415,6 +425,12 @@ async fn serve_requests(
                 send_goaway(&mut h3conn, &ctx.streams).await;
             }
             Action::Close(reason) => {
+                conn.close(VarInt::from_u32(H3_NO_ERROR), reason.phrase());
+                return;
+            }
+            Action::GoawayAndClose(reason) => {
+                debug!("no request in flight for the idle timeout, closing");
+                send_goaway(&mut h3conn, &ctx.streams).await;
                 conn.close(VarInt::from_u32(H3_NO_ERROR), reason.phrase());
                 return;
             }
@@ -474,11 +490,13 @@ mod tests {
     #[test]
     fn the_maximum_age_is_off_by_default_and_jittered_downwards() {
         let http = HttpSettings::default();
+        let transport = TransportSettings::default();
         assert_eq!(
-            lifetime(&http, 0.5),
+            lifetime(&http, &transport, 0.5),
             Lifetime {
                 max_age: None,
-                grace: Duration::from_secs(30)
+                grace: Duration::from_secs(30),
+                idle: Duration::from_secs(30),
             }
         );
         let http = HttpSettings {
@@ -486,12 +504,20 @@ mod tests {
             drain_timeout_seconds: 5,
             ..Default::default()
         };
-        let l = |j| lifetime(&http, j).max_age.unwrap().as_secs_f64();
+        let l = |j| {
+            lifetime(&http, &transport, j)
+                .max_age
+                .unwrap()
+                .as_secs_f64()
+        };
         assert_eq!(l(0.0), 1000.0);
         assert_eq!(l(0.5), 950.0);
         assert!((900.0..901.0).contains(&l(0.9999)));
         assert_eq!(l(7.0), 900.0);
-        assert_eq!(lifetime(&http, 0.0).grace, Duration::from_secs(5));
+        assert_eq!(
+            lifetime(&http, &transport, 0.0).grace,
+            Duration::from_secs(5)
+        );
         assert!((0.0..1.0).contains(&jitter()));
     }
 }

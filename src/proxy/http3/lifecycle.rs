@@ -12,6 +12,10 @@
 //! - At its maximum age a connection sends GOAWAY and its requests get the drain grace; at
 //!   the end of it the connection closes whatever remains.
 //! - A drain deadline closes the connection at once.
+//! - A connection with no request in flight for `transport.idleTimeoutSeconds` sends GOAWAY
+//!   and closes. QUIC's own idle timeout cannot do this: the server's keep-alive PINGs
+//!   (`quic::transport`), which keep a connection whose request waits long upstream alive,
+//!   are ACKed, so at the transport level such a connection is never idle.
 
 /// Where a connection is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +52,9 @@ pub enum Event {
     Ended,
     /// The drain deadline: close now.
     CloseNow,
+    /// No request has been in flight for the idle timeout (armed by [`Action::ArmIdle`], and
+    /// by the task at the start).
+    IdleOver,
 }
 
 /// Why a connection is closed at once (the reason phrase of its CONNECTION_CLOSE).
@@ -55,6 +62,7 @@ pub enum Event {
 pub enum CloseReason {
     DrainDeadline,
     MaxAge,
+    IdleTimeout,
 }
 
 impl CloseReason {
@@ -62,6 +70,7 @@ impl CloseReason {
         match self {
             CloseReason::DrainDeadline => b"drain deadline",
             CloseReason::MaxAge => b"maximum connection age",
+            CloseReason::IdleTimeout => b"idle timeout",
         }
     }
 }
@@ -78,6 +87,12 @@ pub enum Action {
     GoawayAtMaxAge,
     /// Close the connection now.
     Close(CloseReason),
+    /// (Re)arm the idle timer ([`Event::IdleOver`] when it ends): the last request in flight
+    /// is done.
+    ArmIdle,
+    /// Send GOAWAY, then close the connection now: nothing is in flight, so the GOAWAY only
+    /// tells a client whose request crosses the close that it was not processed.
+    GoawayAndClose(CloseReason),
 }
 
 /// Which events the task should wait for now, besides requests, h3 and the drain deadline
@@ -88,6 +103,9 @@ pub struct Listening {
     pub stray_grace: bool,
     pub max_age: bool,
     pub grace: bool,
+    /// The idle timer: only while nothing is in flight, so a request that is accepted
+    /// stops it without an action of its own.
+    pub idle: bool,
 }
 
 /// One connection's lifecycle.
@@ -133,7 +151,14 @@ impl Lifecycle {
             stray_grace: self.phase == Phase::GoawayDue,
             max_age: matches!(self.phase, Phase::Open | Phase::GoawayDue),
             grace: self.grace_armed && self.phase != Phase::Closed,
+            idle: self.idle_may_close(),
         }
+    }
+
+    /// Whether the idle timer may close the connection now: nothing in flight, and no GOAWAY
+    /// sent (after one the connection finishes by itself once nothing is in flight).
+    fn idle_may_close(&self) -> bool {
+        self.in_flight == 0 && matches!(self.phase, Phase::Open | Phase::GoawayDue)
     }
 
     /// GOAWAY is (about to be) sent: finish now if nothing is in flight.
@@ -178,14 +203,12 @@ impl Lifecycle {
                 self.going_away();
                 Action::GoawayAtMaxAge
             }
-            Event::Accepted => self.accepted(),
-            Event::Done => {
-                self.in_flight = self.in_flight.saturating_sub(1);
-                if self.phase == Phase::GoingAway && self.in_flight == 0 {
-                    self.phase = Phase::Finishing;
-                }
-                Action::Nothing
+            Event::IdleOver if self.idle_may_close() => {
+                self.phase = Phase::Closed;
+                Action::GoawayAndClose(CloseReason::IdleTimeout)
             }
+            Event::Accepted => self.accepted(),
+            Event::Done => self.done(),
             Event::Ended => {
                 if self.accepting() {
                     self.phase = Phase::Finishing;
@@ -193,6 +216,21 @@ impl Lifecycle {
                 Action::Nothing
             }
             _ => Action::Nothing,
+        }
+    }
+
+    fn done(&mut self) -> Action {
+        let was = self.in_flight;
+        self.in_flight = was.saturating_sub(1);
+        if self.phase == Phase::GoingAway && self.in_flight == 0 {
+            self.phase = Phase::Finishing;
+        }
+        if was == 1 && self.idle_may_close() {
+            // The idle time counts from the last response's delivery, not from the first
+            // request: a busy connection must not be closed between two requests.
+            Action::ArmIdle
+        } else {
+            Action::Nothing
         }
     }
 
@@ -342,6 +380,72 @@ mod tests {
         assert!(!l.listening().drain && !l.listening().max_age);
         assert_eq!(l.step(Done), Action::Nothing);
         assert_eq!(l.phase(), Phase::Finishing);
+    }
+
+    #[test]
+    fn a_connection_with_nothing_in_flight_closes_when_the_idle_timer_ends() {
+        use Event::*;
+        let (mut l, _) = run(&[]);
+        assert!(l.listening().idle, "armed from the start");
+        assert_eq!(
+            l.step(IdleOver),
+            Action::GoawayAndClose(CloseReason::IdleTimeout)
+        );
+        assert_eq!(l.phase(), Phase::Closed);
+        assert!(!l.accepting());
+        assert_eq!(CloseReason::IdleTimeout.phrase(), b"idle timeout");
+    }
+
+    #[test]
+    fn the_idle_timer_stops_while_a_request_is_in_flight_and_rearms_after_the_last() {
+        use Event::*;
+        let (mut l, a) = run(&[Accepted, Accepted]);
+        assert_eq!(a, [Action::Nothing, Action::Nothing]);
+        assert!(!l.listening().idle, "a request is in flight");
+        assert_eq!(l.step(IdleOver), Action::Nothing, "a timer that fired late");
+        assert_eq!(l.phase(), Phase::Open);
+        assert_eq!(l.step(Done), Action::Nothing, "one still in flight");
+        assert!(!l.listening().idle);
+        assert_eq!(l.step(Done), Action::ArmIdle);
+        assert!(l.listening().idle);
+        assert_eq!(l.step(Accepted), Action::Nothing);
+        assert!(!l.listening().idle, "accepting a request stops it again");
+        assert_eq!(l.step(Done), Action::ArmIdle);
+        assert_eq!(
+            l.step(IdleOver),
+            Action::GoawayAndClose(CloseReason::IdleTimeout)
+        );
+    }
+
+    #[test]
+    fn after_goaway_the_idle_timer_is_not_needed() {
+        use Event::*;
+        let (mut l, a) = run(&[Accepted, Drained]);
+        assert_eq!(a[1], Action::Goaway);
+        assert!(!l.listening().idle);
+        assert_eq!(l.step(IdleOver), Action::Nothing);
+        assert_eq!(
+            l.step(Done),
+            Action::Nothing,
+            "no timer: the connection finishes now"
+        );
+        assert_eq!(l.phase(), Phase::Finishing);
+        let (mut l, _) = run(&[MaxAge]);
+        assert!(!l.listening().idle);
+        assert_eq!(l.step(IdleOver), Action::Nothing);
+        assert_eq!(l.phase(), Phase::Finishing);
+    }
+
+    #[test]
+    fn a_drained_connection_without_a_request_also_goes_at_the_idle_timeout() {
+        use Event::*;
+        let (mut l, _) = run(&[Drained]);
+        assert!(l.listening().idle && l.listening().stray_grace);
+        assert_eq!(
+            l.step(IdleOver),
+            Action::GoawayAndClose(CloseReason::IdleTimeout)
+        );
+        assert_eq!(l.phase(), Phase::Closed);
     }
 
     #[test]
