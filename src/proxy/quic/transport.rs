@@ -55,6 +55,19 @@ pub fn max_udp_payload(t: &TransportSettings, ipv6: bool, interface_mtu: Option<
     mtu.saturating_sub(headers).clamp(INITIAL_MTU, 65_527)
 }
 
+/// How long the server lets a connection go without sending before it sends a PING.
+///
+/// While a request waits for its upstream (a host's response timeout may be far longer than
+/// the idle timeout) the server has nothing to send; a client that does not PING (aioquic,
+/// curl) would then see the connection idle-time out and lose the request. A third of the
+/// idle timeout leaves two more PINGs (or their ACKs) to get through a lossy path before
+/// the peer's timer, if it is as long as ours, runs out. It also keeps connections with no
+/// request in flight alive, so those are closed by the connection task's own idle timer
+/// (`http3::lifecycle`), not by QUIC's.
+pub fn keep_alive_interval(idle_timeout: Duration) -> Duration {
+    idle_timeout / 3
+}
+
 /// Builds the whole transport config for one address family: flow control, stream limits,
 /// idle timeout, path MTU and the congestion controller (`transport.congestionControl`, whose
 /// counters go to `cc_stats`).
@@ -74,10 +87,11 @@ pub fn transport_config(
     );
     tc.receive_window(VarInt::from_u64(t.connection_receive_window_bytes).unwrap_or(VarInt::MAX));
     tc.send_window(t.send_window_bytes);
+    let idle = Duration::from_secs(t.idle_timeout_seconds as u64);
     tc.max_idle_timeout(Some(
-        IdleTimeout::try_from(Duration::from_secs(t.idle_timeout_seconds as u64))
-            .expect("idle timeout validated to at most 600 s"),
+        IdleTimeout::try_from(idle).expect("idle timeout validated to at most 600 s"),
     ));
+    tc.keep_alive_interval(Some(keep_alive_interval(idle)));
     tc.initial_mtu(INITIAL_MTU);
     tc.min_mtu(INITIAL_MTU);
     let mut mtud = MtuDiscoveryConfig::default();
@@ -91,6 +105,24 @@ pub fn transport_config(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keep_alive_pings_well_within_the_idle_timeout() {
+        assert_eq!(
+            keep_alive_interval(Duration::from_secs(30)),
+            Duration::from_secs(10)
+        );
+        let t = TransportSettings {
+            idle_timeout_seconds: 1,
+            ..Default::default()
+        };
+        let tc = transport_config(&t, 1452, Arc::new(CcStats::default()));
+        let debug = format!("{tc:?}");
+        assert!(
+            debug.contains("keep_alive_interval: Some(333.333333ms)"),
+            "{debug}"
+        );
+    }
 
     #[test]
     fn payload_bound_from_interface_mtu() {
