@@ -11,6 +11,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::pki_types::UnixTime;
 use tokio_util::sync::CancellationToken;
+use tracing::debug;
 
 use super::connect::{ConnectError, Connector, ConnectorInner, ProxyAddrs, Routes};
 use super::lanes::{Lanes, Lease};
@@ -210,8 +211,9 @@ impl Upstream {
     /// Sends a request; the error says which status the client should get. The response
     /// timeout (`limit`: the host's, else [`Self::response_timeout`]) runs from `body_sent`
     /// (the upstream has read the whole request body), so an upload of any length gets its
-    /// full time for the answer. Keep the lease until the response body is done: it is the
-    /// request's place on its upstream connection.
+    /// full time for the answer, both tries of [`Self::send_once_more`] included. Keep the
+    /// lease until the response body is done: it is the request's place on its upstream
+    /// connection.
     pub async fn send(
         &self,
         req: http::Request<UpstreamBody>,
@@ -222,11 +224,39 @@ impl Upstream {
             body_sent.cancelled().await;
             tokio::time::sleep(limit).await;
         };
-        let lease = self.lanes.lease();
-        let response = lease.client().request(req);
         tokio::select! {
-            r = response => r.map(|r| (r, lease)).map_err(classify),
+            r = self.send_once_more(req) => r.map_err(classify),
             _ = deadline => Err(UpstreamError::Timeout(limit)),
+        }
+    }
+
+    /// Sends `req`, and once more when the upstream said it did not process it
+    /// ([`unprocessed`]) and it has no body (a body is streamed once and not kept; nearly
+    /// every such request is a GET). nginx ends every HTTP/2 connection with GOAWAY after
+    /// `keepalive_requests` (1000 by default): the requests we had sent past its last stream
+    /// ID were answered 502 (4-30 of 4000 in tests/access_log_cost.rs) although RFC 9113 8.7
+    /// lets any unprocessed request be retried. The second try takes a lease anew; the pool
+    /// no longer hands out the connection that sent the GOAWAY, so it goes on another one
+    /// (tests/proxy_e2e.rs `requests_past_an_upstream_goaway_are_sent_again`).
+    async fn send_once_more(
+        &self,
+        req: http::Request<UpstreamBody>,
+    ) -> Result<(http::Response<hyper::body::Incoming>, UpstreamLease), ClientError> {
+        let again = http_body::Body::is_end_stream(req.body()).then(|| without_body(&req));
+        let lease = self.lanes.lease();
+        let e = match lease.client().request(req).await {
+            Ok(r) => return Ok((r, lease)),
+            Err(e) => e,
+        };
+        drop(lease);
+        match again {
+            Some(req) if unprocessed(&e) => {
+                debug!(error = %e, "the upstream did not process the request: sending it again");
+                let lease = self.lanes.lease();
+                let r = lease.client().request(req).await?;
+                Ok((r, lease))
+            }
+            _ => Err(e),
         }
     }
 
@@ -290,7 +320,38 @@ impl UpstreamError {
     }
 }
 
-fn classify(e: hyper_util::client::legacy::Error) -> UpstreamError {
+type ClientError = hyper_util::client::legacy::Error;
+
+/// A copy of `req`, whose body is empty, to send again.
+fn without_body(req: &http::Request<UpstreamBody>) -> http::Request<UpstreamBody> {
+    use http_body_util::BodyExt;
+    let empty = http_body_util::Empty::new().map_err(|never| match never {});
+    let mut copy = http::Request::new(empty.boxed());
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.version_mut() = req.version();
+    *copy.headers_mut() = req.headers().clone();
+    *copy.extensions_mut() = req.extensions().clone();
+    copy
+}
+
+/// Whether the upstream said it did not process the request (RFC 9113 8.7): its stream was
+/// above the last stream ID of a GOAWAY the upstream sent, or was refused (REFUSED_STREAM). h2
+/// hands a GOAWAY's error only to those streams, and to streams opened after it (never sent);
+/// a stream below the last ID that the closing connection cuts gets a broken pipe instead.
+fn unprocessed(e: &ClientError) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(h2) = s.downcast_ref::<h2::Error>() {
+            let refused = h2.reason() == Some(h2::Reason::REFUSED_STREAM);
+            return h2.is_remote() && (h2.is_go_away() || refused);
+        }
+        source = s.source();
+    }
+    false
+}
+
+fn classify(e: ClientError) -> UpstreamError {
     let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&e);
     while let Some(s) = source {
         if let Some(c) = s.downcast_ref::<ConnectError>() {
