@@ -50,8 +50,9 @@ pub const SCHEMA_HASHES: &[&str] = &[
     "sha256:3133b5ad2a2977eb",
     // 8: altSvc.probePath and status.altSvcProber (one Alt-Svc prober per listener).
     "sha256:ccbcd59bab4c091c",
-    // 9: advertise.altSvc and status.advertise.altSvc (managed Alt-Svc on Traefik).
-    "sha256:c33a8bb48e71d526",
+    // 9: advertise.altSvc and status.advertise.altSvc (managed Alt-Svc on Traefik); what
+    // transport.idleTimeoutSeconds closes (the proxy's own idle timer).
+    "sha256:c2735429bcd1aecc",
 ];
 
 /// This binary's schema revision.

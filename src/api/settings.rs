@@ -455,7 +455,9 @@ pub struct TransportSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = bounds::MAX_UDP_PAYLOAD_BYTES.min, max = bounds::MAX_UDP_PAYLOAD_BYTES.max))]
     pub max_udp_payload_bytes: Option<u16>,
-    /// Close a connection after this many seconds without traffic.
+    /// Close a connection after this many seconds with no request in flight (GOAWAY, then
+    /// CONNECTION_CLOSE "idle timeout"); while a request waits, PINGs every third of it keep
+    /// the connection open for clients that send none.
     #[serde(default = "default_idle_timeout")]
     #[schemars(range(min = bounds::IDLE_TIMEOUT_SECONDS.min, max = bounds::IDLE_TIMEOUT_SECONDS.max))]
     pub idle_timeout_seconds: u32,

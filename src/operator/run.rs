@@ -34,8 +34,11 @@ use super::{leader, triggers, FIELD_MANAGER};
 use crate::api::gateway::Gateway;
 use crate::api::{Http3Listener, SecretRef};
 
-/// How long the Controller gathers triggers for one listener before it reconciles it.
-pub const DEBOUNCE: Duration = Duration::from_secs(1);
+/// How long the Controller gathers triggers for one listener before it reconciles it. Short:
+/// every advertisement change waits for it (a pod that became ready, one that went), and a
+/// burst of triggers is gathered anyway while a reconcile of that listener runs (kube-rs runs
+/// one at a time per object and queues one more).
+pub const DEBOUNCE: Duration = Duration::from_millis(250);
 
 /// Command-line options of `h3-ingress operator`.
 #[derive(Debug, Clone)]

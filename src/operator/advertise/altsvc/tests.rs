@@ -275,3 +275,34 @@ fn a_deleted_listeners_middlewares_are_withdrawn_and_another_releases_never_touc
     // The Ingress gone: the garbage collector's.
     assert!(orphans([&mine], &BTreeMap::new(), "h3-ingress", |_| false).is_empty());
 }
+
+#[test]
+fn a_thousand_ingresses_at_rest_make_no_call() {
+    const N: usize = 1000;
+    let names: Vec<&'static str> = (0..N).map(|i| &*format!("web{i}").leak()).collect();
+    let hosts: Vec<&'static str> = (0..N)
+        .map(|i| &*format!("h{i}.example.com").leak())
+        .collect();
+    let refs: Vec<&'static str> = (names.iter())
+        .map(|n| &*reference("shop", n).leak())
+        .collect();
+    let fresh: Vec<Ingress> = (0..N)
+        .map(|i| ingress(names[i], vec![hosts[i]], None))
+        .collect();
+    let first = World::new(fresh, hosts.clone()).plan();
+    assert_eq!((first.middlewares.len(), first.annotate.len()), (N, N));
+    let done: Vec<Ingress> = (0..N)
+        .map(|i| ingress(names[i], vec![hosts[i]], Some(refs[i])))
+        .collect();
+    let at_rest = World {
+        middlewares: names.iter().map(|n| mw(&middleware_name(n), H3)).collect(),
+        ..World::new(done, hosts.clone())
+    };
+    let p = at_rest.plan();
+    assert!(
+        p.is_empty(),
+        "{} writes at rest",
+        p.middlewares.len() + p.annotate.len()
+    );
+    assert_eq!(p.status.unwrap().advertised, N as i64);
+}

@@ -96,7 +96,7 @@ impl AltSvc {
         app::listener(&self.client, LISTENER, spec.clone()).await?;
         wait_ok(
             90,
-            "Traefik routes both hosts over TCP on both nodes",
+            "Traefik routes the three hosts over TCP on both nodes",
             || async {
                 for host in [WWW, OWN, SHOP] {
                     for ip in &self.env.ips {
@@ -117,7 +117,7 @@ impl AltSvc {
             "{WWW} has Alt-Svc before its annotation"
         );
         ok(format!(
-            "Traefik answers both hosts with 200 on {}; no Alt-Svc on {WWW}",
+            "Traefik answers the three hosts with 200 on {}; no Alt-Svc on {WWW}",
             self.env.ips.join(", ")
         ));
         Ok(())
