@@ -450,17 +450,23 @@ async fn reconcile_as_leader(listener: &Http3Listener, ctx: &Context) -> Result<
         // Said in the status; retried on the error policy's schedule.
         Some(e) => Err(e.into()),
         None => {
-            let mut next = next_look(ctx, &name, !up_to_date);
-            if unreadable {
-                // Read again soon: the new content (a renewal) waits for it.
-                next = next.min(UNREADABLE_REQUEUE);
-            }
-            if alt_svc_failed {
-                next = next.min(ERROR_REQUEUE);
-            }
-            Ok(Action::requeue(next))
+            let look = next_look(ctx, &name, !up_to_date);
+            Ok(Action::requeue(sooner(look, unreadable, alt_svc_failed)))
         }
     }
+}
+
+/// The next look, sooner while a Secret cannot be read (its new content, a renewal, waits for
+/// it) or an Alt-Svc write failed.
+fn sooner(look: Duration, unreadable: bool, alt_svc_failed: bool) -> Duration {
+    let mut next = look;
+    if unreadable {
+        next = next.min(UNREADABLE_REQUEUE);
+    }
+    if alt_svc_failed {
+        next = next.min(ERROR_REQUEUE);
+    }
+    next
 }
 
 /// How often a listener another operator took over is looked at while its new pods start.

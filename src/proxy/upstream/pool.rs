@@ -211,7 +211,7 @@ impl Upstream {
     /// Sends a request; the error says which status the client should get. The response
     /// timeout (`limit`: the host's, else [`Self::response_timeout`]) runs from `body_sent`
     /// (the upstream has read the whole request body), so an upload of any length gets its
-    /// full time for the answer, both tries of [`Self::send_once_more`] included. Keep the
+    /// full time for the answer, both tries of `send_once_more` included. Keep the
     /// lease until the response body is done: it is the request's place on its upstream
     /// connection.
     pub async fn send(
