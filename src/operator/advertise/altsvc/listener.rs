@@ -7,12 +7,13 @@ use std::sync::Arc;
 
 use k8s_openapi::api::networking::v1::Ingress;
 
-use super::{plan, Inputs, Key, Managed, Plan, NAME_PREFIX};
+use super::{plan, Inputs, Key, Managed, Plan};
 use crate::api::traefik::Middleware;
 use crate::api::{HostStatus, Http3Listener};
 use crate::operator::advertise::dns::listener::served;
 use crate::operator::hosts::ingress::{ingress_class, ingress_key, targets_listener};
 use crate::operator::hosts::resolve::normalized;
+use crate::operator::hosts::traefik::ALT_SVC_PREFIX;
 
 /// What the listener's reconcile reads besides the listener.
 pub struct World<'a> {
@@ -72,15 +73,9 @@ pub fn plan_for(listener: &Http3Listener, w: &World) -> Plan {
         .filter_map(|i| i.metadata.namespace.as_deref())
         .collect();
     let middlewares: BTreeMap<Key, &Middleware> = (w.middlewares.iter())
-        .filter(|m| (m.metadata.name.as_deref()).is_some_and(|n| n.starts_with(NAME_PREFIX)))
+        .filter(|m| (m.metadata.name.as_deref()).is_some_and(|n| n.starts_with(ALT_SVC_PREFIX)))
         .filter(|m| (m.metadata.namespace.as_deref()).is_some_and(|n| namespaces.contains(n)))
-        .map(|m| {
-            let key = Key {
-                namespace: m.metadata.namespace.clone().unwrap_or_default(),
-                name: m.metadata.name.clone().unwrap_or_default(),
-            };
-            (key, m.as_ref())
-        })
+        .map(|m| (Key::of(&m.metadata), m.as_ref()))
         .collect();
     plan(&Inputs {
         enabled,

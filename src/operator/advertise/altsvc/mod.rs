@@ -20,6 +20,7 @@ pub mod sweep;
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::networking::v1::Ingress;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::api::altsvc::header_value;
 use crate::api::traefik::Middleware;
@@ -27,10 +28,7 @@ use crate::api::{AltSvcAdvertiseStatus, MAX_ADVERTISE_HOSTS};
 use crate::operator::hosts::ingress::{ingress_key, own_hosts};
 use crate::operator::hosts::policy::keys::TRAEFIK_ROUTER_MIDDLEWARES;
 use crate::operator::hosts::resolve::normalized;
-pub use crate::operator::hosts::traefik::{
-    alt_svc_middleware as middleware_name, alt_svc_reference as reference,
-    ALT_SVC_PREFIX as NAME_PREFIX,
-};
+use crate::operator::hosts::traefik::{alt_svc_middleware, alt_svc_reference};
 use crate::operator::labels;
 
 /// The header, and the value that withdraws every alternative (RFC 7838 section 3).
@@ -107,10 +105,34 @@ pub struct Inputs<'a> {
     pub unmanaged: Vec<String>,
 }
 
-fn key_of(ing: &Ingress) -> Key {
-    Key {
-        namespace: ing.metadata.namespace.clone().unwrap_or_default(),
-        name: ing.metadata.name.clone().unwrap_or_default(),
+impl Key {
+    pub fn of(m: &ObjectMeta) -> Key {
+        Key {
+            namespace: m.namespace.clone().unwrap_or_default(),
+            name: m.name.clone().unwrap_or_default(),
+        }
+    }
+
+    /// The operator's Middleware for this Ingress.
+    fn middleware(&self) -> Key {
+        Key {
+            namespace: self.namespace.clone(),
+            name: alt_svc_middleware(&self.name),
+        }
+    }
+}
+
+impl MiddlewareWrite {
+    /// The operator's Middleware for `ing`, saying `value`.
+    fn for_ingress(ing: &Ingress, value: &str) -> Self {
+        let key = Key::of(&ing.metadata);
+        MiddlewareWrite {
+            name: alt_svc_middleware(&key.name),
+            namespace: key.namespace,
+            value: value.to_string(),
+            ingress: key.name,
+            ingress_uid: ing.metadata.uid.clone().unwrap_or_default(),
+        }
     }
 }
 
@@ -142,7 +164,7 @@ pub fn plan(inputs: &Inputs) -> Plan {
         .iter()
         .filter(|m| inputs.enabled && m.traefik)
     {
-        let key = key_of(m.ingress);
+        let key = Key::of(&m.ingress.metadata);
         wanted.insert(key.clone());
         let hosts = own_hosts(m.ingress);
         let all_served =
@@ -153,21 +175,11 @@ pub fn plan(inputs: &Inputs) -> Plan {
         } else {
             status.withdrawn += 1;
         }
-        let mw = middleware_name(&key.name);
-        let mw_key = Key {
-            namespace: key.namespace.clone(),
-            name: mw.clone(),
-        };
-        if current(inputs.middlewares.get(&mw_key)).as_deref() != Some(value) {
-            p.middlewares.push(MiddlewareWrite {
-                namespace: key.namespace.clone(),
-                name: mw,
-                value: value.to_string(),
-                ingress: key.name.clone(),
-                ingress_uid: m.ingress.metadata.uid.clone().unwrap_or_default(),
-            });
+        if current(inputs.middlewares.get(&key.middleware())).as_deref() != Some(value) {
+            p.middlewares
+                .push(MiddlewareWrite::for_ingress(m.ingress, value));
         }
-        let own = reference(&key.namespace, &key.name);
+        let own = alt_svc_reference(&key.namespace, &key.name);
         match router_middlewares(m.ingress).map(str::trim) {
             None | Some("") => p.annotate.push((key, own)),
             Some(list) if list.split(',').any(|r| r.trim() == own) => {}
@@ -190,26 +202,17 @@ pub fn plan(inputs: &Inputs) -> Plan {
 /// An Ingress no longer managed: its Middleware says `clear` while a router names it, the
 /// operator's own annotation goes, and the Middleware goes once nothing names it.
 fn settle(ing: &Ingress, wanted: &BTreeSet<Key>, mws: &BTreeMap<Key, &Middleware>, p: &mut Plan) {
-    let key = key_of(ing);
+    let key = Key::of(&ing.metadata);
     if wanted.contains(&key) {
         return;
     }
-    let own = reference(&key.namespace, &key.name);
-    let mw_key = Key {
-        namespace: key.namespace.clone(),
-        name: middleware_name(&key.name),
-    };
+    let own = alt_svc_reference(&key.namespace, &key.name);
+    let mw_key = key.middleware();
     let list = router_middlewares(ing).map(str::trim).unwrap_or_default();
     if list.split(',').any(|r| r.trim() == own) {
         // Still named (the user's own list keeps it for good): it stays, withdrawn.
         if current(mws.get(&mw_key)).as_deref() != Some(CLEAR) {
-            p.middlewares.push(MiddlewareWrite {
-                namespace: key.namespace.clone(),
-                name: mw_key.name,
-                value: CLEAR.to_string(),
-                ingress: key.name.clone(),
-                ingress_uid: ing.metadata.uid.clone().unwrap_or_default(),
-            });
+            p.middlewares.push(MiddlewareWrite::for_ingress(ing, CLEAR));
         }
         if list == own {
             p.release.push(key);
@@ -238,22 +241,16 @@ pub fn orphans<'a>(
         if !ours || exists(&listener) {
             continue;
         }
-        let namespace = m.metadata.namespace.clone().unwrap_or_default();
+        let key = Key::of(&m.metadata);
         let owner = (m.metadata.owner_references.iter().flatten())
             .find(|o| o.kind == "Ingress")
-            .map(|o| o.name.clone());
-        let Some(ing) = owner.and_then(|name| {
-            ingresses.get(&Key {
-                namespace: namespace.clone(),
-                name,
-            })
-        }) else {
+            .map(|o| Key {
+                namespace: key.namespace.clone(),
+                name: o.name.clone(),
+            });
+        let Some(ing) = owner.and_then(|o| ingresses.get(&o)) else {
             // Its Ingress is gone: the garbage collector takes the Middleware.
             continue;
-        };
-        let key = Key {
-            namespace,
-            name: m.metadata.name.clone().unwrap_or_default(),
         };
         let mws = BTreeMap::from([(key, m)]);
         settle(

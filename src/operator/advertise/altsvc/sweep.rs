@@ -27,13 +27,7 @@ pub const PERIOD: Duration = Duration::from_secs(2);
 
 fn by_key(ingresses: &[Arc<Ingress>]) -> BTreeMap<Key, &Ingress> {
     (ingresses.iter())
-        .map(|i| {
-            let k = Key {
-                namespace: i.metadata.namespace.clone().unwrap_or_default(),
-                name: i.metadata.name.clone().unwrap_or_default(),
-            };
-            (k, i.as_ref())
-        })
+        .map(|i| (Key::of(&i.metadata), i.as_ref()))
         .collect()
 }
 

@@ -8,6 +8,7 @@ use k8s_openapi::api::networking::v1::Ingress;
 
 use super::*;
 use crate::operator::hosts::fixtures::Ing;
+use crate::operator::hosts::traefik::ALT_SVC_PREFIX;
 
 const H3: &str = "h3=\":443\"; ma=86400";
 
@@ -237,10 +238,10 @@ fn switched_off_or_not_traefik_writes_nothing_new() {
 fn long_ingress_names_give_distinct_valid_middleware_names() {
     let a = "a".repeat(250);
     let b = format!("{}b", "a".repeat(249));
-    let (ma, mb) = (middleware_name(&a), middleware_name(&b));
+    let (ma, mb) = (alt_svc_middleware(&a), alt_svc_middleware(&b));
     assert!(ma.len() <= 253 && mb.len() <= 253);
     assert_ne!(ma, mb);
-    assert!(ma.starts_with(NAME_PREFIX));
+    assert!(ma.starts_with(ALT_SVC_PREFIX));
 }
 
 fn labelled(name: &str, listener: &str, operator_ns: &str, ingress: &str) -> Middleware {
@@ -284,7 +285,7 @@ fn a_thousand_ingresses_at_rest_make_no_call() {
         .map(|i| &*format!("h{i}.example.com").leak())
         .collect();
     let refs: Vec<&'static str> = (names.iter())
-        .map(|n| &*reference("shop", n).leak())
+        .map(|n| &*alt_svc_reference("shop", n).leak())
         .collect();
     let fresh: Vec<Ingress> = (0..N)
         .map(|i| ingress(names[i], vec![hosts[i]], None))
@@ -295,7 +296,10 @@ fn a_thousand_ingresses_at_rest_make_no_call() {
         .map(|i| ingress(names[i], vec![hosts[i]], Some(refs[i])))
         .collect();
     let at_rest = World {
-        middlewares: names.iter().map(|n| mw(&middleware_name(n), H3)).collect(),
+        middlewares: names
+            .iter()
+            .map(|n| mw(&alt_svc_middleware(n), H3))
+            .collect(),
         ..World::new(done, hosts.clone())
     };
     let p = at_rest.plan();
