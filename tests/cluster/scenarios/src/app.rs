@@ -335,6 +335,14 @@ pub async fn remove_objects(client: &Client, namespaces: &[&str]) {
     let _ = k8s::delete(&crds, schema::CRD_NAME).await;
 }
 
+/// Whether no data plane pod of `listener` is both Ready and not being deleted.
+pub async fn none_serving(client: &Client, listener: &str) -> Result<bool> {
+    let pods = pods(client, &dp_selector(listener)).await?;
+    Ok(!pods
+        .iter()
+        .any(|p| pod_ready(p) && p.metadata.deletion_timestamp.is_none()))
+}
+
 /// The names of pods, sorted and joined by spaces.
 pub fn pod_names(pods: &[Pod]) -> String {
     let mut v: Vec<String> = pods.iter().map(|p| p.name_any()).collect();

@@ -62,6 +62,55 @@ where
     Ok(())
 }
 
+/// How often [`first_true`] asks: a change timed with it is exact to about this.
+pub const TIMING_POLL: Duration = Duration::from_millis(100);
+
+/// Seconds from `t0` to the start of the first ask of `cond` that held, asked every
+/// [`TIMING_POLL`] for at most `secs`.
+pub async fn first_true<F, Fut>(t0: Instant, secs: u64, what: &str, cond: F) -> Result<f64>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool>>,
+{
+    Ok(timed(t0, TIMING_POLL, secs, what, cond).await?.0)
+}
+
+/// Timed changes against one target, printed as one table at the end of a scenario.
+pub struct Timings {
+    target: f64,
+    rows: Vec<(String, f64)>,
+}
+
+impl Timings {
+    pub fn new(target_seconds: f64) -> Self {
+        Timings {
+            target: target_seconds,
+            rows: Vec::new(),
+        }
+    }
+
+    pub fn row(&mut self, what: impl Into<String>, secs: f64) {
+        self.rows.push((what.into(), secs));
+    }
+
+    /// The table, one line per change, and a failure naming every change over the target.
+    pub fn report(&self) -> Result<()> {
+        let mut missed = Vec::new();
+        for (what, secs) in &self.rows {
+            let within = *secs <= self.target;
+            let verdict = if within { "ok" } else { "MISSED" };
+            crate::indent(format!("{what:<72} {secs:>6.2} s  {verdict}"));
+            if !within {
+                missed.push(what.clone());
+            }
+        }
+        if missed.is_empty() {
+            return Ok(());
+        }
+        crate::fail(format!("over {} s: {}", self.target, missed.join("; ")))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

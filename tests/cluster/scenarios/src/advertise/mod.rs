@@ -19,7 +19,8 @@ mod steps;
 use std::path::PathBuf;
 
 use h3i_scenarios::app::{self, NS_OP};
-use h3i_scenarios::{indent, Env, Nginx, Result, Run, Scenario};
+use h3i_scenarios::poll::Timings;
+use h3i_scenarios::{Env, Nginx, Result, Run, Scenario};
 use kube::Client;
 
 use crate::FromEnv;
@@ -46,8 +47,8 @@ pub struct Advertise {
     host_ip: String,
     /// The host's certificate hash, as the data plane must serve it.
     cert: String,
-    /// (what, seconds, within the target): printed as one table at the end.
-    rows: Vec<(String, f64, bool)>,
+    /// Each change's figure, printed as one table at the end.
+    timings: Timings,
 }
 
 impl FromEnv for Advertise {
@@ -63,7 +64,7 @@ impl FromEnv for Advertise {
             knot: None,
             host_ip: std::env::var("H3I_HOST_IP").unwrap_or_default(),
             cert: String::new(),
-            rows: Vec::new(),
+            timings: Timings::new(TARGET_SECONDS),
         }
     }
 }
@@ -83,18 +84,7 @@ impl Scenario for Advertise {
         self.back_on_the_nodes(run).await?;
         self.unannotated(run).await?;
         run.step(format!("the timings (target: <= {TARGET_SECONDS} s each)"));
-        let mut missed = Vec::new();
-        for (what, secs, within) in &self.rows {
-            let verdict = if *within { "ok" } else { "MISSED" };
-            indent(format!("{what:<72} {secs:>6.2} s  {verdict}"));
-            if !within {
-                missed.push(what.clone());
-            }
-        }
-        if !missed.is_empty() {
-            return h3i_scenarios::fail(format!("over {TARGET_SECONDS} s: {}", missed.join("; ")));
-        }
-        Ok(())
+        self.timings.report()
     }
 
     async fn cleanup(&mut self) {

@@ -2,13 +2,12 @@
 //! the listener's status that every step repeats.
 
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use h3_ingress::api::{annotations, conditions, Http3Listener};
 use h3_ingress::operator::advertise::dns::plan::REGISTRY_LABEL;
 use h3i_scenarios::h3::{self, Expect};
-use h3i_scenarios::poll::{self, wait_ok};
+use h3i_scenarios::poll::{first_true, wait_ok};
 use h3i_scenarios::{ensure, info, ok, Error, Pki};
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::Api;
@@ -18,19 +17,6 @@ use super::*;
 
 /// The record the operator keeps for a host served on UDP 443.
 const RECORD: &str = "1 . alpn=h3,h2";
-/// How often the timed conditions are polled.
-const POLL: Duration = Duration::from_millis(100);
-
-/// Seconds from `t0` to the start of the first poll of `cond` that held (an error counts as
-/// not yet), polled every [`POLL`] for at most `secs`.
-async fn first_true<F, Fut>(t0: Instant, secs: u64, what: &str, cond: F) -> Result<f64>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<bool>>,
-{
-    Ok(poll::timed(t0, POLL, secs, what, cond).await?.0)
-}
-
 impl Advertise {
     pub(super) async fn prepare(&mut self) -> Result<()> {
         ensure!(
@@ -166,14 +152,6 @@ impl Advertise {
         Ok(true)
     }
 
-    /// No data plane pod both Ready and not being deleted.
-    async fn none_serving(&self) -> Result<bool> {
-        let pods = app::pods(&self.client, &app::dp_selector(LISTENER)).await?;
-        Ok(!pods
-            .iter()
-            .any(|p| app::pod_ready(p) && p.metadata.deletion_timestamp.is_none()))
-    }
-
     /// `status.advertise.dns.published` becomes `n`; the zone's lines and the condition shown.
     async fn status_says(&self, n: i64) -> Result<()> {
         let api: Api<Http3Listener> = Api::all(self.client.clone());
@@ -190,10 +168,6 @@ impl Advertise {
         ));
         info(self.dns_condition().await?.unwrap_or_default());
         Ok(())
-    }
-
-    fn row(&mut self, what: String, secs: f64) {
-        self.rows.push((what, secs, secs <= TARGET_SECONDS));
     }
 }
 
@@ -222,8 +196,8 @@ impl Advertise {
             "after the annotation: served on both nodes at {served:.2} s, the record in the zone at {published:.2} s"
         ));
         self.status_says(1).await?;
-        self.row(
-            "(a) annotation added: record in the zone after the host is served".into(),
+        self.timings.row(
+            "(a) annotation added: record in the zone after the host is served",
             published - served,
         );
         Ok(())
@@ -234,8 +208,9 @@ impl Advertise {
         let t0 = Instant::now();
         self.apply_listener(true).await?;
         let (stopped, gone) = tokio::join!(
-            first_true(t0, 120, "no data plane pod Ready and not deleted", || self
-                .none_serving()),
+            first_true(t0, 120, "no data plane pod Ready and not deleted", || {
+                app::none_serving(&self.client, LISTENER)
+            }),
             first_true(t0, 120, "the record and the TXT gone", || self.withdrawn()),
         );
         let (stopped, gone) = (stopped?, gone?);
@@ -249,8 +224,8 @@ impl Advertise {
             "after the nodeSelector: no pod serving at {stopped:.2} s, the record gone at {gone:.2} s, the pods gone at {pods_gone:.2} s"
         ));
         self.status_says(0).await?;
-        self.row(
-            "(b) data plane off the nodes: record gone after no pod serves".into(),
+        self.timings.row(
+            "(b) data plane off the nodes: record gone after no pod serves",
             gone - stopped,
         );
         Ok(())
@@ -267,8 +242,8 @@ impl Advertise {
             "after the nodeSelector went: served on both nodes at {served:.2} s, the record back at {published:.2} s"
         ));
         self.status_says(1).await?;
-        self.row(
-            "(c) data plane back: record in the zone after the host is served".into(),
+        self.timings.row(
+            "(c) data plane back: record in the zone after the host is served",
             published - served,
         );
         Ok(())
@@ -285,10 +260,8 @@ impl Advertise {
             "after the annotation went: the record gone at {gone:.2} s"
         ));
         self.status_says(0).await?;
-        self.row(
-            "(d) annotation removed: record gone after the change".into(),
-            gone,
-        );
+        self.timings
+            .row("(d) annotation removed: record gone after the change", gone);
         Ok(())
     }
 }

@@ -23,6 +23,7 @@ use std::path::PathBuf;
 
 use h3i_scenarios::app::{self, NS_OP};
 use h3i_scenarios::cmd::{repo, run as sh};
+use h3i_scenarios::poll::Timings;
 use h3i_scenarios::{indent, Env, Result, Run, Scenario};
 use kube::Client;
 
@@ -49,8 +50,8 @@ pub struct AltSvc {
     ca: PathBuf,
     /// Certificate hash per host, as the data plane must serve it.
     certs: Vec<(&'static str, String)>,
-    /// (what, seconds, within the target): printed as one table at the end.
-    rows: Vec<(String, f64, bool)>,
+    /// Each change's figure, printed as one table at the end.
+    timings: Timings,
 }
 
 impl FromEnv for AltSvc {
@@ -63,7 +64,7 @@ impl FromEnv for AltSvc {
             client,
             tmp,
             certs: Vec::new(),
-            rows: Vec::new(),
+            timings: Timings::new(TARGET_SECONDS),
         }
     }
 }
@@ -92,18 +93,7 @@ impl Scenario for AltSvc {
         self.users_own_list(run).await?;
         self.browser(run).await?;
         run.step(format!("the timings (target: <= {TARGET_SECONDS} s each)"));
-        let mut missed = Vec::new();
-        for (what, secs, within) in &self.rows {
-            let verdict = if *within { "ok" } else { "MISSED" };
-            indent(format!("{what:<72} {secs:>6.2} s  {verdict}"));
-            if !within {
-                missed.push(what.clone());
-            }
-        }
-        if !missed.is_empty() {
-            return h3i_scenarios::fail(format!("over {TARGET_SECONDS} s: {}", missed.join("; ")));
-        }
-        Ok(())
+        self.timings.report()
     }
 
     async fn cleanup(&mut self) {

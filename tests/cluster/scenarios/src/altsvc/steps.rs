@@ -2,16 +2,16 @@
 //! header over TCP on each node, the Ingress, the operator's Middleware, the status) that
 //! every step repeats.
 
-use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use h3_ingress::api::altsvc::header_value;
 use h3_ingress::api::{annotations, AltSvcAdvertiseStatus, Http3Listener, DEFAULT_ALT_SVC_MAX_AGE};
-use h3_ingress::operator::advertise::altsvc::{middleware_name, reference, CLEAR};
+use h3_ingress::operator::advertise::altsvc::CLEAR;
 use h3_ingress::operator::hosts::policy::keys::TRAEFIK_ROUTER_MIDDLEWARES;
+use h3_ingress::operator::hosts::traefik::{alt_svc_middleware, alt_svc_reference};
 use h3i_scenarios::cmd::repo;
 use h3i_scenarios::h3::{self, Expect};
-use h3i_scenarios::poll::{self, wait_ok};
+use h3i_scenarios::poll::{first_true, wait_ok};
 use h3i_scenarios::{ensure, info, ok, Pki};
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
@@ -19,18 +19,6 @@ use kube::Api;
 use serde_json::{json, Value};
 
 use super::*;
-
-/// How often the timed conditions are polled.
-const POLL: Duration = Duration::from_millis(100);
-
-/// Seconds from `t0` to the start of the first poll of `cond` that held.
-async fn first_true<F, Fut>(t0: Instant, secs: u64, what: &str, cond: F) -> Result<f64>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<bool>>,
-{
-    Ok(poll::timed(t0, POLL, secs, what, cond).await?.0)
-}
 
 fn advertised() -> String {
     header_value(443, DEFAULT_ALT_SVC_MAX_AGE)
@@ -269,14 +257,6 @@ impl AltSvc {
         Ok(true)
     }
 
-    /// No data plane pod both Ready and not being deleted.
-    async fn none_serving(&self) -> Result<bool> {
-        let pods = app::pods(&self.client, &app::dp_selector(LISTENER)).await?;
-        Ok(!pods
-            .iter()
-            .any(|p| app::pod_ready(p) && p.metadata.deletion_timestamp.is_none()))
-    }
-
     async fn status(&self) -> Result<Option<AltSvcAdvertiseStatus>> {
         let l = Api::<Http3Listener>::all(self.client.clone())
             .get(LISTENER)
@@ -312,16 +292,12 @@ impl AltSvc {
 
     /// The operator's Middleware for the host's Ingress: its Alt-Svc value, if it exists.
     async fn operator_middleware(&self, host: &str) -> Result<Option<String>> {
-        let name = middleware_name(name_of(host));
+        let name = alt_svc_middleware(name_of(host));
         let m = h3i_scenarios::k8s::get(&self.middlewares(), &name).await?;
         Ok(m.map(|m| {
             let v = &m.data["spec"]["headers"]["customResponseHeaders"]["Alt-Svc"];
             v.as_str().unwrap_or_default().to_string()
         }))
-    }
-
-    fn row(&mut self, what: String, secs: f64) {
-        self.rows.push((what, secs, secs <= TARGET_SECONDS));
     }
 }
 
@@ -347,7 +323,7 @@ impl AltSvc {
             .await?;
         let (served, header) = self.served_then(t0, WWW, &want).await?;
         ok(format!("after the annotation: served on both nodes at {served:.2} s, the header on both at {header:.2} s"));
-        let own = reference(NS_APP, name_of(WWW));
+        let own = alt_svc_reference(NS_APP, name_of(WWW));
         let list = self.router_middlewares(WWW).await?;
         ensure!(
             list.as_deref() == Some(own.as_str()),
@@ -361,12 +337,12 @@ impl AltSvc {
         ok(format!(
             "Ingress {NS_APP}/{} names {own}; Middleware {} says {want}",
             name_of(WWW),
-            middleware_name(name_of(WWW))
+            alt_svc_middleware(name_of(WWW))
         ));
         self.status_says("advertised >= 1", |s| s.advertised >= 1)
             .await?;
-        self.row(
-            "(a) annotation added: header after the host is served".into(),
+        self.timings.row(
+            "(a) annotation added: header after the host is served",
             header - served,
         );
         Ok(())
@@ -388,8 +364,9 @@ impl AltSvc {
         let t0 = Instant::now();
         self.apply_listener(true).await?;
         let (stopped, cleared) = tokio::join!(
-            first_true(t0, 120, "no data plane pod Ready and not deleted", || self
-                .none_serving()),
+            first_true(t0, 120, "no data plane pod Ready and not deleted", || {
+                app::none_serving(&self.client, LISTENER)
+            }),
             first_true(t0, 120, "alt-svc: clear on both nodes", || self
                 .header_is(WWW, Some(CLEAR))),
         );
@@ -397,8 +374,8 @@ impl AltSvc {
         ok(format!("after the nodeSelector: no pod serving at {stopped:.2} s, alt-svc: clear at {cleared:.2} s"));
         self.status_says("withdrawn >= 1", |s| s.withdrawn >= 1 && s.advertised == 0)
             .await?;
-        self.row(
-            "(b) data plane off the nodes: clear after no pod serves".into(),
+        self.timings.row(
+            "(b) data plane off the nodes: clear after no pod serves",
             cleared - stopped,
         );
         Ok(())
@@ -413,8 +390,8 @@ impl AltSvc {
         self.apply_listener(false).await?;
         let (served, header) = self.served_then(t0, WWW, &want).await?;
         ok(format!("after the nodeSelector went: served at {served:.2} s, the header back at {header:.2} s"));
-        self.row(
-            "(c) data plane back: header after the host is served".into(),
+        self.timings.row(
+            "(c) data plane back: header after the host is served",
             header - served,
         );
         Ok(())
@@ -452,15 +429,15 @@ impl AltSvc {
             "{WWW}: a header left after the Middleware went"
         );
         ok(format!("after the annotation went: clear at {cleared:.2} s; reference and Middleware gone at {tidy:.2} s; Traefik answers 200 without Alt-Svc on both nodes"));
-        self.row(
-            "(d) annotation removed: clear (or no header) after the change".into(),
+        self.timings.row(
+            "(d) annotation removed: clear (or no header) after the change",
             cleared,
         );
         Ok(())
     }
 
     pub(super) async fn users_own_list(&mut self, run: &mut Run) -> Result<()> {
-        let (own, want) = (reference(NS_APP, name_of(OWN)), advertised());
+        let (own, want) = (alt_svc_reference(NS_APP, name_of(OWN)), advertised());
         run.step(format!("(e) {OWN} names the user's own Middleware: its list untouched, the status names {own}, no header until the user adds it, then the header"));
         first_true(
             Instant::now(),
