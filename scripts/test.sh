@@ -46,6 +46,8 @@ if [[ $(id -u) -eq 0 ]]; then export H3I_TESTS_REQUIRE_ROOT=1; fi
 step "format and lints (workspace: product, lab, scenario runner; shellcheck; rustdoc links)"
 cargo fmt --all --check
 cargo fmt --manifest-path fuzz/Cargo.toml --check  # fuzz/ is its own workspace
+# Its lock must name what the product now depends on (checked here, not 10 minutes later in fuzz.sh).
+cargo metadata --manifest-path fuzz/Cargo.toml --locked --format-version 1 >/dev/null
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # No function longer than 120 lines, tests included, in the product, the lab, the tests and the
 # cluster scenario runner (tests/cluster/scenarios).
