@@ -204,7 +204,12 @@ impl Smoke {
                 "netns {n} lacks {}",
                 self.env.ips[i]
             );
-            let lease = self.ns::<Lease>("kube-node-lease").get(n).await?;
+            // A kubelet reports Ready a moment before its lease controller has created the
+            // lease (seen once: the second node Ready 8 s after registering, no lease yet).
+            let leases = self.ns::<Lease>("kube-node-lease");
+            let what = format!("{n}'s Lease in kube-node-lease");
+            until(30, &what, || async { k8s::exists(&leases, n).await }).await?;
+            let lease = leases.get(n).await?;
             let renew = lease
                 .spec
                 .and_then(|s| s.renew_time)
