@@ -13,13 +13,15 @@
 //! an outside client's own `X-Forwarded-For`/`Forwarded`/`X-Real-IP` naming the inside address
 //! still gets 403 over HTTP/3, Traefik's access log names the client, and a `rateLimit`
 //! Middleware gives two HTTP/3 clients their own buckets;
-//! (c) `proxy-read-timeout: "120"` reaches the host's mirror;
+//! (c) `proxy-read-timeout: "120"` reaches the host's mirror, and a 90 s response comes back
+//! 200 over HTTP/3 as over TCP and is in the data plane's access log (`slow.rs`);
 //! (d) hosts asking for client certificates (an annotation, a TLSOption) are refused with
 //! their reason. Every answer is printed again at the end as one table.
 //! `H3I_FRONTDOOR_KEEP=1` keeps the objects, nginx and Traefik afterwards; otherwise they go
 //! and the run waits for its namespaces to be gone (the next test finds the UDP ports free).
 
 mod setup;
+mod slow;
 mod steps;
 
 use h3i_scenarios::k8s::Apis;
@@ -74,6 +76,8 @@ pub struct Frontdoor {
     outside: String,
     /// Every verdict line, printed again as one table at the end.
     table: std::sync::Mutex<Vec<String>>,
+    /// What nginx proxies [`slow::SLOW_PATH`] of [`SLOW`] to (from `ingresses`).
+    slow_backend: Option<slow::SlowBackend>,
 }
 
 impl FromEnv for Frontdoor {
@@ -92,6 +96,7 @@ impl FromEnv for Frontdoor {
             outside_node,
             outside,
             table: Default::default(),
+            slow_backend: None,
         }
     }
 }
@@ -108,10 +113,11 @@ impl Scenario for Frontdoor {
         self.install(run).await?;
         self.ingresses(run).await?;
         self.objects(run).await?;
+        let slow = self.start_slow_requests(run).await?;
         self.held_back_by_default(run).await?;
         self.nginx_trusted(run).await?;
         self.traefik_checked(run).await?;
-        self.timeouts_and_certificates(run).await?;
+        self.timeouts_and_certificates(run, slow).await?;
         run.step("the answers, HTTP/3 beside TCP, per node, host and client address");
         for line in self.table.lock().map(|t| t.clone()).unwrap_or_default() {
             indent(line);
@@ -263,7 +269,7 @@ impl Frontdoor {
             "metadata": {"name": name},
             "spec": {"ingressClassName": class, "port": port, "upstream": upstream,
                 "metrics": {"address": format!("[::]:{metrics}")},
-                "http": {"drainTimeoutSeconds": 2}}});
+                "http": {"drainTimeoutSeconds": 2}, "accessLog": {"enabled": true}}});
         k8s::apply(&self.all::<Http3Listener>(), name, &obj).await?;
         Ok(())
     }

@@ -14,6 +14,7 @@ use kube::api::{Api, DynamicObject, GroupVersionKind};
 use kube::discovery::ApiResource;
 use serde_json::json;
 
+use super::slow::{SLOW_PATH, SLOW_SECONDS};
 use super::*;
 
 /// Every host of the run, with the ingress (class) serving it over TCP.
@@ -32,8 +33,9 @@ fn io(context: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {
 /// (`allow`, then `deny all` at the server, judged in the access phase before `/` is served),
 /// and with `real_ip` the real-IP module ingress-nginx configures for `use-forwarded-headers`
 /// (trusting only 127.0.0.1, where the data plane connects from). Every answer names the
-/// address nginx judged in `X-Judged`.
-pub fn nginx_conf(dir: &std::path::Path, allow: &[&str], real_ip: bool) -> String {
+/// address nginx judged in `X-Judged`. The slow host proxies [`SLOW_PATH`] to `slow`
+/// with a 120 s read timeout, as ingress-nginx renders `proxy-read-timeout: "120"`.
+pub fn nginx_conf(dir: &std::path::Path, allow: &[&str], real_ip: bool, slow: &str) -> String {
     let d = dir.display();
     let mut c = format!(
         "user root;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
@@ -54,6 +56,11 @@ pub fn nginx_conf(dir: &std::path::Path, allow: &[&str], real_ip: bool) -> Strin
                 rules += &format!("allow {a}; ");
             }
             rules += "deny all; ";
+        }
+        if h == SLOW {
+            rules += &format!(
+                "location {SLOW_PATH} {{ proxy_pass http://{slow}; proxy_read_timeout 120s; }} "
+            );
         }
         c += &format!(
             "    server {{\n        listen {TCP_NGINX} ssl http2;\n        \
@@ -81,10 +88,13 @@ impl Frontdoor {
     pub(super) async fn nginx(&self, real_ip: bool, reload: bool) -> Result<()> {
         let allow = self.allowlist();
         let allow: Vec<&str> = allow.iter().map(String::as_str).collect();
+        let slow = self.slow_backend.as_ref().map(|b| b.address.clone());
+        let slow = slow.unwrap_or_default();
         for node in &self.env.nodes {
             let d = self.nginx_dir(node);
             let conf = d.join("nginx.conf");
-            std::fs::write(&conf, nginx_conf(&d, &allow, real_ip)).map_err(io("nginx.conf"))?;
+            std::fs::write(&conf, nginx_conf(&d, &allow, real_ip, &slow))
+                .map_err(io("nginx.conf"))?;
             let (prefix, conf) = (
                 format!("{}/", d.display()),
                 conf.to_string_lossy().to_string(),
@@ -217,6 +227,12 @@ impl Frontdoor {
                 std::fs::copy(&leaves[h].key, d.join(format!("{h}.key"))).map_err(io("key"))?;
             }
         }
+        let backend = super::slow::SlowBackend::start(&self.inside).await?;
+        ok(format!(
+            "a backend answering after {SLOW_SECONDS} s on {}, nginx's upstream for {SLOW}{SLOW_PATH}",
+            backend.address
+        ));
+        self.slow_backend = Some(backend);
         self.nginx(false, false).await?;
         ok(format!("nginx runs in {}", self.env.nodes.join(", ")));
         let traefik = repo().join("tests/cluster/traefik.sh");

@@ -75,7 +75,7 @@ impl Frontdoor {
     }
 
     /// HTTP/3 from inside answers 200 on every node (the data plane serves `host`).
-    async fn h3_served(&self, host: &str, port: u16) -> Result<()> {
+    pub(super) async fn h3_served(&self, host: &str, port: u16) -> Result<()> {
         let what = format!("{host} answers over HTTP/3 on every node (UDP {port})");
         wait_ok(60, &what, || async {
             for ip in &self.env.ips {
@@ -362,8 +362,13 @@ impl Frontdoor {
         Ok(())
     }
 
-    /// (c) the read timeout in the mirror; (d) client certificates refused.
-    pub(super) async fn timeouts_and_certificates(&mut self, run: &mut Run) -> Result<()> {
+    /// (c) the read timeout in the mirror and the slow responses; (d) client certificates
+    /// refused.
+    pub(super) async fn timeouts_and_certificates(
+        &mut self,
+        run: &mut Run,
+        slow: super::slow::SlowRequests,
+    ) -> Result<()> {
         run.step(format!(
             "(c) {SLOW}'s proxy-read-timeout \"120\" in its certificate mirror"
         ));
@@ -387,6 +392,7 @@ impl Frontdoor {
             "mirror {NS_HOSTS}/{name}: want {SLOW} with 120 s response and response body idle timeouts"
         );
         ok(format!("{NS_HOSTS}/{name}: {SLOW} responseTimeoutSeconds 120, responseBodyIdleTimeoutSeconds 120"));
+        self.slow_answered(run, slow).await?;
         run.step(format!("(d) client certificates: {MTLS} (auth-tls-verify-client) and {T_MTLS} (TLSOption) refused"));
         let verify = "auth-tls-verify-client";
         self.held(L_NGINX, MTLS, reasons::CLIENT_CERTIFICATE_REQUIRED, verify)
