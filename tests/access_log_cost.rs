@@ -6,9 +6,12 @@
 //! cargo test --release --test access_log_cost -- --ignored --nocapture
 //! ```
 //!
-//! `H3I_COST_ROUNDS` (default 2) rounds of each mode, `H3I_COST_CONNECTIONS` (default 40)
-//! connections per round from `H3I_COST_CLIENTS` (default 4) aioquic clients at once, 100
-//! requests per connection. aioquic is the client, so the rate is aioquic's, not the proxy's.
+//! `H3I_COST_ROUNDS` (default 2) rounds of each mode, `H3I_COST_CONNECTIONS` connections per
+//! round, 100 requests per connection. The client is quinn and h3 in this process (default
+//! 200 connections, 8 at a time, 10 requests in flight on each: the fastest client here), or
+//! with `H3I_COST_CLIENT=aioquic` an independent one, `H3I_COST_CLIENTS` (default 4) aioquic
+//! processes at once (default 40 connections; about 400 requests a second, aioquic's rate,
+//! not the proxy's).
 //!
 //! A request that does not get its 200 is a failure; after the table each round's failures
 //! are listed by reason (h3client.py's status, stream reset or error), then each connection
@@ -184,31 +187,25 @@ fn log_notes(
     notes
 }
 
-fn round(pki: &TestPki, nginx: &NginxFixture, log: bool) -> Round {
-    let leaf = pki.leaf("a.test");
-    let proxy = ProxyProcess::start_with_default_log(json!({
-        "port": free_udp_port(),
-        "addresses": {"ipv4": "127.0.0.1", "ipv6": null},
-        "upstream": {"address": format!("127.0.0.1:{}", nginx.port())},
-        "accessLog": {"enabled": log},
-        "hosts": [{"name": "a.test", "certFile": leaf.cert_path.display().to_string(),
-                   "keyFile": leaf.key_path.display().to_string()}],
-    }))
-    .unwrap();
-    let (clients, connections) = (env("H3I_COST_CLIENTS", 4), env("H3I_COST_CONNECTIONS", 40));
-    let per_connection = 100;
+/// One round's requests from `H3I_COST_CLIENTS` aioquic processes at once (h3client.py,
+/// `--parallel`, one connection each run): failures by reason and a line per connection
+/// that had one, per client.
+fn aioquic_load(
+    pki: &TestPki,
+    proxy: &ProxyProcess,
+    connections: usize,
+    per_connection: usize,
+) -> Vec<(BTreeMap<String, usize>, Vec<String>)> {
+    let clients = env("H3I_COST_CLIENTS", 4);
     let specs = |conn: usize| -> Value {
         (0..per_connection)
             .map(|i| json!({"name": format!("r{i}"), "path": format!("/whoami?c={conn}&r={i}")}))
             .collect()
     };
-    let (nginx_from, error_from) = (nginx.access_log_entries().len(), nginx.error_log().len());
-    let cpu0 = cpu_seconds(proxy.pid());
-    let start = Instant::now();
-    let per_client: Vec<(BTreeMap<String, usize>, Vec<String>)> = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let workers: Vec<_> = (0..clients)
             .map(|c| {
-                let (specs, proxy) = (&specs, &proxy);
+                let specs = &specs;
                 s.spawn(move || {
                     let (mut reasons, mut lines) = (BTreeMap::new(), Vec::new());
                     for conn in (c..connections).step_by(clients) {
@@ -227,7 +224,160 @@ fn round(pki: &TestPki, nginx: &NginxFixture, log: bool) -> Round {
             })
             .collect();
         workers.into_iter().map(|w| w.join().unwrap()).collect()
+    })
+}
+
+/// Connections of the Rust client open at once, and requests in flight on each.
+const QUINN_CONNECTIONS_AT_ONCE: usize = 8;
+const QUINN_LANES: usize = 10;
+
+/// One round's requests from quinn and h3 in this process, the fastest client this machine
+/// has (aioquic reaches about 400 requests a second): `connections` connections,
+/// [`QUINN_CONNECTIONS_AT_ONCE`] at a time, [`QUINN_LANES`] requests in flight on each.
+/// Failed requests by reason.
+fn quinn_load(port: u16, connections: usize, per_connection: usize) -> BTreeMap<String, usize> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let ep = support::quic::any_certificate_client();
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let places = Arc::new(tokio::sync::Semaphore::new(QUINN_CONNECTIONS_AT_ONCE));
+        let mut set = tokio::task::JoinSet::new();
+        for c in 0..connections {
+            let place = places.clone().acquire_owned().await.unwrap();
+            let ep = ep.clone();
+            set.spawn(async move {
+                let r = quinn_connection(&ep, addr, c, per_connection).await;
+                drop(place);
+                r
+            });
+        }
+        let mut reasons = BTreeMap::new();
+        while let Some(r) = set.join_next().await {
+            for (why, n) in r.unwrap() {
+                *reasons.entry(why).or_default() += n;
+            }
+        }
+        ep.wait_idle().await;
+        reasons
+    })
+}
+
+type Send = h3::client::SendRequest<h3_quinn::OpenStreams, bytes::Bytes>;
+
+/// `per_connection` GETs on one connection, [`QUINN_LANES`] at a time.
+async fn quinn_connection(
+    ep: &quinn::Endpoint,
+    addr: std::net::SocketAddr,
+    conn: usize,
+    per_connection: usize,
+) -> BTreeMap<String, usize> {
+    let mut reasons = BTreeMap::new();
+    let q = match ep.connect(addr, "a.test") {
+        Ok(c) => c.await.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    let opened = match q {
+        Ok(q) => h3::client::new(h3_quinn::Connection::new(q.clone()))
+            .await
+            .map(|h| (q, h))
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e),
+    };
+    let (q, (mut driver, send)) = match opened {
+        Ok(o) => o,
+        Err(e) => {
+            reasons.insert(format!("connection: {}", cut(&e)), per_connection);
+            return reasons;
+        }
+    };
+    let drive = tokio::spawn(async move {
+        let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
     });
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut lanes = tokio::task::JoinSet::new();
+    for _ in 0..QUINN_LANES {
+        let (mut send, next) = (send.clone(), next.clone());
+        lanes.spawn(async move {
+            let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= per_connection {
+                    return reasons;
+                }
+                match quinn_get(&mut send, conn, i).await {
+                    Ok(200) => {}
+                    Ok(s) => *reasons.entry(format!("status {s}")).or_default() += 1,
+                    Err(e) => *reasons.entry(cut(&e)).or_default() += 1,
+                }
+            }
+        });
+    }
+    while let Some(r) = lanes.join_next().await {
+        for (why, n) in r.unwrap() {
+            *reasons.entry(why).or_default() += n;
+        }
+    }
+    q.close(0u32.into(), b"done");
+    drive.abort();
+    reasons
+}
+
+/// A reason short enough to count by (an error's text may name a stream).
+fn cut(e: &str) -> String {
+    e.chars().take(80).collect()
+}
+
+async fn quinn_get(send: &mut Send, conn: usize, i: usize) -> Result<u16, String> {
+    let req = http::Request::get(format!("https://a.test/whoami?c={conn}&r={i}"))
+        .body(())
+        .unwrap();
+    let mut s = send
+        .send_request(req)
+        .await
+        .map_err(|e| format!("send: {e}"))?;
+    s.finish().await.map_err(|e| format!("finish: {e}"))?;
+    let resp = s
+        .recv_response()
+        .await
+        .map_err(|e| format!("response: {e}"))?;
+    while s
+        .recv_data()
+        .await
+        .map_err(|e| format!("body: {e}"))?
+        .is_some()
+    {}
+    Ok(resp.status().as_u16())
+}
+
+fn round(pki: &TestPki, nginx: &NginxFixture, log: bool) -> Round {
+    let leaf = pki.leaf("a.test");
+    let proxy = ProxyProcess::start_with_default_log(json!({
+        "port": free_udp_port(),
+        "addresses": {"ipv4": "127.0.0.1", "ipv6": null},
+        "upstream": {"address": format!("127.0.0.1:{}", nginx.port())},
+        "accessLog": {"enabled": log},
+        "hosts": [{"name": "a.test", "certFile": leaf.cert_path.display().to_string(),
+                   "keyFile": leaf.key_path.display().to_string()}],
+    }))
+    .unwrap();
+    let aioquic = std::env::var("H3I_COST_CLIENT").is_ok_and(|c| c == "aioquic");
+    let connections = env("H3I_COST_CONNECTIONS", if aioquic { 40 } else { 200 });
+    let per_connection = 100;
+    let (nginx_from, error_from) = (nginx.access_log_entries().len(), nginx.error_log().len());
+    let cpu0 = cpu_seconds(proxy.pid());
+    let start = Instant::now();
+    let per_client = if aioquic {
+        aioquic_load(pki, &proxy, connections, per_connection)
+    } else {
+        vec![(
+            quinn_load(proxy.port, connections, per_connection),
+            Vec::new(),
+        )]
+    };
     let seconds = start.elapsed().as_secs_f64();
     let cpu = cpu_seconds(proxy.pid()) - cpu0;
     let requests = connections * per_connection;
