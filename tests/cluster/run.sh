@@ -112,7 +112,7 @@ step "h3i-scenarios alt-svc (Alt-Svc managed on Traefik by the operator: sent af
 timed alt-svc "$SCENARIOS" alt-svc
 step "h3i-scenarios traefik-check (Traefik as the TCP ingress: routing, ipAllowList, forwarded headers, PROXY protocol v2)"
 timed traefik-check "$SCENARIOS" traefik-check
-step "h3i-scenarios frontdoor (HTTP/3 meets the TCP ingress's rules: nginx and Traefik allowlists answer 200/403 as over TCP, a spoofed X-Forwarded-For still 403, Traefik logs the client, client-certificate hosts refused with their reason, a host's read timeout in its mirror)"
+step "h3i-scenarios frontdoor (HTTP/3 meets the TCP ingress's rules: nginx and Traefik allowlists answer 200/403 as over TCP, a spoofed X-Forwarded-For still 403, Traefik logs the client, client-certificate hosts refused with their reason, a 90 s response under a host's 120 s read timeout over HTTP/3 as over TCP, in the data plane's access log)"
 timed frontdoor "$SCENARIOS" frontdoor
 # Side by side for 2 minutes in CI (the fight it guards against showed within 60 s; run it
 # with H3I_COEXIST_SECONDS=300 for the 5 minutes of docs/behaviour.md's measurement).

@@ -203,7 +203,7 @@ impl Frontdoor {
             return fail(format!("no {L_NGINX} data-plane pod on {node}"));
         };
         let lp = LogParams {
-            container: Some("proxy".into()),
+            container: Some(h3_ingress::operator::resources::CONTAINER_NAME.into()),
             ..Default::default()
         };
         let text = pods.logs(&pod.name_any(), &lp).await?;
