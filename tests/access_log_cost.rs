@@ -6,7 +6,8 @@
 //! cargo test --release --test access_log_cost -- --ignored --nocapture
 //! ```
 //!
-//! `H3I_COST_ROUNDS` (default 2) rounds of each mode, `H3I_COST_CONNECTIONS` connections per
+//! After one round that is not counted, `H3I_COST_ROUNDS` (default 2) rounds of each mode (off
+//! then on, then on then off, and so on), `H3I_COST_CONNECTIONS` connections per
 //! round, 100 requests per connection. The client is quinn and h3 in this process (default
 //! 200 connections, 8 at a time, 10 requests in flight on each: the fastest client here), or
 //! with `H3I_COST_CLIENT=aioquic` an independent one, `H3I_COST_CLIENTS` (default 4) aioquic
@@ -397,12 +398,28 @@ fn round(pki: &TestPki, nginx: &NginxFixture, log: bool) -> Round {
         notes.extend(log_notes(&proxy, nginx, nginx_from, error_from));
     }
     if log {
-        let lines = proxy
-            .log()
+        let lines = || {
+            proxy
+                .log()
+                .lines()
+                .filter(|l| l.starts_with("{\"time\""))
+                .count()
+        };
+        // The writer gathers lines for 100 ms before it writes them.
+        let until = Instant::now() + std::time::Duration::from_secs(2);
+        while lines() < requests && Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let dropped = proxy
+            .metrics()
             .lines()
-            .filter(|l| l.starts_with("{\"time\""))
-            .count();
-        assert_eq!(lines, requests, "one access-log line per request");
+            .find_map(|l| l.strip_prefix("h3_ingress_access_log_dropped_total "))
+            .map_or(-1.0, |v| v.trim().parse::<f64>().unwrap_or(-1.0));
+        assert_eq!(
+            (lines(), dropped),
+            (requests, 0.0),
+            "one access-log line per request, none dropped"
+        );
     }
     Round {
         log,
@@ -426,8 +443,28 @@ fn access_log_cost_per_request() {
     .unwrap();
     let rounds = env("H3I_COST_ROUNDS", 2);
     let mut all = Vec::new();
-    for _ in 0..rounds {
-        for log in [false, true] {
+    // One round first that is not counted (nginx's and the page cache's first requests), then
+    // the modes in turns of off-on, on-off, so neither always runs second.
+    let warm = round(&pki, &nginx, false);
+    println!(
+        "warm-up round (not counted): {} requests, {} failed, {:.0}/s",
+        warm.requests,
+        warm.failures,
+        warm.requests as f64 / warm.seconds
+    );
+    for line in warm.reasons.iter().map(|(why, n)| format!("{n} x {why}")) {
+        println!("  warm-up: {line}");
+    }
+    for note in warm.notes.iter().take(20) {
+        println!("  warm-up: {note}");
+    }
+    for i in 0..rounds {
+        let order = if i % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
+        for log in order {
             all.push(round(&pki, &nginx, log));
         }
     }
