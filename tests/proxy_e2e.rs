@@ -1296,8 +1296,21 @@ fn a_header_section_that_never_completes_is_refused_while_the_connection_is_busy
 /// 100).
 #[test]
 fn requests_past_an_upstream_goaway_are_sent_again() {
+    goaways_cost_no_request(60);
+}
+
+/// As above with `keepalive_requests 40`: 100 GETs at once need three upstream connections,
+/// and a request sent past the first GOAWAY can be sent past the second one too.
+#[test]
+fn requests_past_two_upstream_goaways_are_sent_again() {
+    goaways_cost_no_request(40);
+}
+
+/// 100 GETs at once through nginx ending each HTTP/2 connection after `keepalive_requests`:
+/// every one answered 200, none counted as an upstream error, each processed once.
+fn goaways_cost_no_request(keepalive_requests: usize) {
     let opts = NginxOptions {
-        extra_http: "keepalive_requests 60;".into(),
+        extra_http: format!("keepalive_requests {keepalive_requests};"),
         ..Default::default()
     };
     let s = Setup::start_with(opts, |c| c);

@@ -211,7 +211,7 @@ impl Upstream {
     /// Sends a request; the error says which status the client should get. The response
     /// timeout (`limit`: the host's, else [`Self::response_timeout`]) runs from `body_sent`
     /// (the upstream has read the whole request body), so an upload of any length gets its
-    /// full time for the answer, both tries of `send_once_more` included. Keep the
+    /// full time for the answer, every try of `send_until_processed` included. Keep the
     /// lease until the response body is done: it is the request's place on its upstream
     /// connection.
     pub async fn send(
@@ -225,39 +225,45 @@ impl Upstream {
             tokio::time::sleep(limit).await;
         };
         tokio::select! {
-            r = self.send_once_more(req) => r.map_err(classify),
+            r = self.send_until_processed(req) => r.map_err(classify),
             _ = deadline => Err(UpstreamError::Timeout(limit)),
         }
     }
 
-    /// Sends `req`, and once more when the upstream said it did not process it
-    /// ([`unprocessed`]) and it has no body (a body is streamed once and not kept; nearly
-    /// every such request is a GET). nginx ends every HTTP/2 connection with GOAWAY after
+    /// Sends `req`, and again when the upstream said it did not process it ([`unprocessed`])
+    /// and it has no body (a body is streamed once and not kept; nearly every such request is
+    /// a GET), [`MAX_SENDS`] times in all. nginx ends every HTTP/2 connection with GOAWAY after
     /// `keepalive_requests` (1000 by default): the requests we had sent past its last stream
     /// ID were answered 502 (4-30 of 4000 in tests/access_log_cost.rs) although RFC 9113 8.7
-    /// lets any unprocessed request be retried. The second try takes a lease anew; the pool
-    /// no longer hands out the connection that sent the GOAWAY, so it goes on another one
-    /// (tests/proxy_e2e.rs `requests_past_an_upstream_goaway_are_sent_again`).
-    async fn send_once_more(
+    /// lets any unprocessed request be retried. Each try takes a lease anew, after a turn for
+    /// the connection's task to take the GOAWAY in, so the pool hands out another connection;
+    /// that one can reach its own GOAWAY first when many requests are in flight (one more try
+    /// was not always enough: tests/proxy_e2e.rs `requests_past_two_upstream_goaways_are_sent_again`).
+    async fn send_until_processed(
         &self,
         req: http::Request<UpstreamBody>,
     ) -> Result<(http::Response<hyper::body::Incoming>, UpstreamLease), ClientError> {
         let again = http_body::Body::is_end_stream(req.body()).then(|| without_body(&req));
         let lease = self.lanes.lease();
-        let e = match lease.client().request(req).await {
+        let mut e = match lease.client().request(req).await {
             Ok(r) => return Ok((r, lease)),
             Err(e) => e,
         };
         drop(lease);
-        match again {
-            Some(req) if unprocessed(&e) => {
-                debug!(error = %e, "the upstream did not process the request: sending it again");
-                let lease = self.lanes.lease();
-                let r = lease.client().request(req).await?;
-                Ok((r, lease))
+        let Some(req) = again else { return Err(e) };
+        for _ in 1..MAX_SENDS {
+            if !unprocessed(&e) {
+                return Err(e);
             }
-            _ => Err(e),
+            debug!(error = %e, "the upstream did not process the request: sending it again");
+            tokio::task::yield_now().await;
+            let lease = self.lanes.lease();
+            match lease.client().request(without_body(&req)).await {
+                Ok(r) => return Ok((r, lease)),
+                Err(next) => e = next,
+            }
         }
+        Err(e)
     }
 
     /// Where `host`'s requests go (`host:port` as configured), for the access log.
@@ -279,6 +285,11 @@ impl Upstream {
         self.config.response_body_idle_timeout
     }
 }
+
+/// Sends of one request without a body, at most, while the upstream says it did not
+/// process it: a GOAWAY or REFUSED_STREAM each time (the bound keeps an upstream that refuses
+/// every stream from holding the request in a loop).
+pub const MAX_SENDS: usize = 3;
 
 /// Upstream failures as the client sees them.
 #[derive(Debug, thiserror::Error)]
