@@ -21,7 +21,7 @@ use super::*;
 const NGINX_HOSTS: [&str; 4] = [GUARDED, OPEN, MTLS, SLOW];
 const TRAEFIK_HOSTS: [&str; 3] = [T_GUARDED, T_MTLS, T_RATE];
 
-fn io(context: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {
+pub(super) fn io(context: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {
     move |source| Error::Io {
         context: context.to_string(),
         source,

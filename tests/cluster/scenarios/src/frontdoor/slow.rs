@@ -19,6 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
+use super::setup::io;
 use super::*;
 
 /// How long the backend waits before it answers.
@@ -59,13 +60,6 @@ impl SlowBackend {
             }
         });
         Ok(SlowBackend { address, task })
-    }
-}
-
-fn io(context: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {
-    move |source| Error::Io {
-        context: context.to_string(),
-        source,
     }
 }
 
@@ -148,7 +142,7 @@ impl Frontdoor {
         Ok(requests)
     }
 
-    /// Both requests answered 200 with the backend's body after at least [`SLOW_SECONDS`],
+    /// Both requests answered 200, the HTTP/3 one after at least [`SLOW_SECONDS`],
     /// and the data plane's access log on that node has the HTTP/3 one.
     pub(super) async fn slow_answered(&self, run: &mut Run, r: SlowRequests) -> Result<()> {
         run.step(format!(
