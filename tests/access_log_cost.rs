@@ -269,6 +269,24 @@ fn quinn_load(port: u16, connections: usize, per_connection: usize) -> BTreeMap<
 
 type Send = h3::client::SendRequest<h3_quinn::OpenStreams, bytes::Bytes>;
 
+type Driver = h3::client::Connection<h3_quinn::Connection, bytes::Bytes>;
+
+/// A QUIC connection to `addr` for `a.test` and HTTP/3 on it.
+async fn quinn_open(
+    ep: &quinn::Endpoint,
+    addr: std::net::SocketAddr,
+) -> Result<(quinn::Connection, (Driver, Send)), String> {
+    let q = ep
+        .connect(addr, "a.test")
+        .map_err(|e| e.to_string())?
+        .await
+        .map_err(|e| e.to_string())?;
+    let h3 = h3::client::new(h3_quinn::Connection::new(q.clone()))
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((q, h3))
+}
+
 /// `per_connection` GETs on one connection, [`QUINN_LANES`] at a time.
 async fn quinn_connection(
     ep: &quinn::Endpoint,
@@ -277,18 +295,7 @@ async fn quinn_connection(
     per_connection: usize,
 ) -> BTreeMap<String, usize> {
     let mut reasons = BTreeMap::new();
-    let q = match ep.connect(addr, "a.test") {
-        Ok(c) => c.await.map_err(|e| e.to_string()),
-        Err(e) => Err(e.to_string()),
-    };
-    let opened = match q {
-        Ok(q) => h3::client::new(h3_quinn::Connection::new(q.clone()))
-            .await
-            .map(|h| (q, h))
-            .map_err(|e| e.to_string()),
-        Err(e) => Err(e),
-    };
-    let (q, (mut driver, send)) = match opened {
+    let (q, (mut driver, send)) = match quinn_open(ep, addr).await {
         Ok(o) => o,
         Err(e) => {
             reasons.insert(format!("connection: {}", cut(&e)), per_connection);
