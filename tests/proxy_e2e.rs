@@ -1296,26 +1296,39 @@ fn a_header_section_that_never_completes_is_refused_while_the_connection_is_busy
 /// 100).
 #[test]
 fn requests_past_an_upstream_goaway_are_sent_again() {
-    goaways_cost_no_request(60);
+    goaways_cost_no_request(60, None);
 }
 
 /// As above with `keepalive_requests 40`: 100 GETs at once need three upstream connections,
 /// and a request sent past the first GOAWAY can be sent past the second one too.
 #[test]
 fn requests_past_two_upstream_goaways_are_sent_again() {
-    goaways_cost_no_request(40);
+    goaways_cost_no_request(40, None);
+}
+
+/// As above, each GET's stream ended 50 ms after its HEADERS (a client whose FIN comes in a
+/// later packet): the proxy has forwarded the request before it knows the body is empty.
+#[test]
+fn requests_past_an_upstream_goaway_are_sent_again_when_the_fin_comes_later() {
+    goaways_cost_no_request(40, Some(0.05));
 }
 
 /// 100 GETs at once through nginx ending each HTTP/2 connection after `keepalive_requests`:
 /// every one answered 200, none counted as an upstream error, each processed once.
-fn goaways_cost_no_request(keepalive_requests: usize) {
+fn goaways_cost_no_request(keepalive_requests: usize, fin_seconds: Option<f64>) {
     let opts = NginxOptions {
         extra_http: format!("keepalive_requests {keepalive_requests};"),
         ..Default::default()
     };
     let s = Setup::start_with(opts, |c| c);
     let reqs: Vec<Value> = (0..100)
-        .map(|i| json!({"name": format!("r{i}"), "path": format!("/whoami?r={i}")}))
+        .map(|i| {
+            let mut r = json!({"name": format!("r{i}"), "path": format!("/whoami?r={i}")});
+            if let Some(f) = fin_seconds {
+                r["fin_seconds"] = json!(f);
+            }
+            r
+        })
         .collect();
     let run = s
         .h3("a.test", "/", Family::V4)

@@ -43,6 +43,8 @@ once with --parallel):
    "body": "text" | "body_file": "path" | "body_size": N,
    "end_stream": true,                           # false: leave the request open
    "body_seconds": S,                            # send the body spread evenly over S s
+   "fin_seconds": S,                             # without a body: end the stream S s
+                                                 # after the HEADERS, not with them
    "partial_headers": N,                         # send only the start of a HEADERS frame
                                                  # declaring N bytes, never the rest
    "delay": seconds,                             # wait before sending (with --parallel)
@@ -371,6 +373,10 @@ class Client(QuicConnectionProtocol):
             self._quic.send_stream_data(stream_id, b"\x01" + varint(n) + b"\0" * min(10, n - 1))
             self.transmit()
             return None
+        if not body and "fin_seconds" in spec:
+            self.h3.send_headers(stream_id, headers, end_stream=False)
+            self.transmit()
+            return self.trickle(stream_id, b"", float(spec["fin_seconds"]), end_stream)
         self.h3.send_headers(stream_id, headers, end_stream=end_stream and not body)
         if body and "body_seconds" in spec:
             self.transmit()
@@ -382,10 +388,11 @@ class Client(QuicConnectionProtocol):
         self.transmit()
 
     async def trickle(self, stream_id, body, seconds, end_stream):
-        """Sends `body` in 20 pieces a second, spread evenly over `seconds`."""
+        """Sends `body` in 20 pieces a second, spread evenly over `seconds` (an empty body:
+        only the end of the stream, after `seconds`)."""
         pieces = max(1, int(seconds * 20))
-        size = -(-len(body) // pieces)
-        for off in range(0, len(body), size):
+        size = max(1, -(-len(body) // pieces))
+        for off in range(0, max(1, len(body)), size):
             await asyncio.sleep(seconds / pieces)
             if self.closing or self.close_info is not None:
                 return

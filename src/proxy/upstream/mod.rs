@@ -16,6 +16,7 @@ pub mod lanes;
 pub mod pool;
 pub mod renewal;
 pub mod resolve;
+pub mod retained;
 pub mod verify;
 
 use bytes::Bytes;

@@ -17,6 +17,7 @@ use super::connect::{ConnectError, Connector, ConnectorInner, ProxyAddrs, Routes
 use super::lanes::{Lanes, Lease};
 use super::renewal::Renewals;
 use super::resolve::{system_lookup, Target};
+use super::retained::Retained;
 use super::verify::{client_tls, UpstreamSetupError};
 use super::UpstreamBody;
 use crate::config::{HostTable, UpstreamAddress, UpstreamConfig};
@@ -210,60 +211,94 @@ impl Upstream {
 
     /// Sends a request; the error says which status the client should get. The response
     /// timeout (`limit`: the host's, else [`Self::response_timeout`]) runs from `body_sent`
-    /// (the upstream has read the whole request body), so an upload of any length gets its
-    /// full time for the answer, every try of `send_until_processed` included. Keep the
-    /// lease until the response body is done: it is the request's place on its upstream
-    /// connection.
+    /// (the upstream has read the whole request body, or dropped it unread), so an upload of
+    /// any length gets its full time for the answer. Keep the lease until the response body
+    /// is done: it is the request's place on its upstream connection.
+    ///
+    /// A request the upstream did not process ([`unprocessed`]) is sent again, [`MAX_SENDS`]
+    /// times in all, while the upstream has taken nothing from its body ([`Retained`]). nginx
+    /// ends every HTTP/2 connection with GOAWAY after `keepalive_requests` (1000 by default):
+    /// the requests we had sent past its last stream ID were answered 502 (4-30 of 4000 in
+    /// tests/access_log_cost.rs) although RFC 9113 8.7 lets them be retried. Each try takes a
+    /// lease anew, after a turn for the connection's task to take the GOAWAY in, so the pool
+    /// hands out another connection; that one can reach its own GOAWAY first when many
+    /// requests are in flight (tests/proxy_e2e.rs `requests_past_two_upstream_goaways_are_sent_again`).
     pub async fn send(
         &self,
         req: http::Request<UpstreamBody>,
         body_sent: CancellationToken,
         limit: Duration,
     ) -> Result<(http::Response<hyper::body::Incoming>, UpstreamLease), UpstreamError> {
-        let deadline = async {
-            body_sent.cancelled().await;
-            tokio::time::sleep(limit).await;
-        };
-        tokio::select! {
-            r = self.send_until_processed(req) => r.map_err(classify),
-            _ = deadline => Err(UpstreamError::Timeout(limit)),
-        }
-    }
-
-    /// Sends `req`, and again when the upstream said it did not process it ([`unprocessed`])
-    /// and it has no body (a body is streamed once and not kept; nearly every such request is
-    /// a GET), [`MAX_SENDS`] times in all. nginx ends every HTTP/2 connection with GOAWAY after
-    /// `keepalive_requests` (1000 by default): the requests we had sent past its last stream
-    /// ID were answered 502 (4-30 of 4000 in tests/access_log_cost.rs) although RFC 9113 8.7
-    /// lets any unprocessed request be retried. Each try takes a lease anew, after a turn for
-    /// the connection's task to take the GOAWAY in, so the pool hands out another connection;
-    /// that one can reach its own GOAWAY first when many requests are in flight (one more try
-    /// was not always enough: tests/proxy_e2e.rs `requests_past_two_upstream_goaways_are_sent_again`).
-    async fn send_until_processed(
-        &self,
-        req: http::Request<UpstreamBody>,
-    ) -> Result<(http::Response<hyper::body::Incoming>, UpstreamLease), ClientError> {
-        let again = http_body::Body::is_end_stream(req.body()).then(|| without_body(&req));
-        let lease = self.lanes.lease();
-        let mut e = match lease.client().request(req).await {
-            Ok(r) => return Ok((r, lease)),
-            Err(e) => e,
-        };
-        drop(lease);
-        let Some(req) = again else { return Err(e) };
-        for _ in 1..MAX_SENDS {
-            if !unprocessed(&e) {
-                return Err(e);
+        let (parts, mut body) = req.into_parts();
+        for sends in 1.. {
+            let (e, back) = match self.send_once(&parts, body, &body_sent, limit).await {
+                Sent::Answered(r, lease) => return Ok((r, lease)),
+                Sent::TimedOut => return Err(UpstreamError::Timeout(limit)),
+                Sent::Failed(e, back) => (e, back),
+            };
+            match back {
+                Some(b) if sends < MAX_SENDS && unprocessed(&e) => body = b,
+                _ => return Err(classify(e)),
             }
             debug!(error = %e, "the upstream did not process the request: sending it again");
             tokio::task::yield_now().await;
-            let lease = self.lanes.lease();
-            match lease.client().request(without_body(&req)).await {
-                Ok(r) => return Ok((r, lease)),
-                Err(next) => e = next,
+        }
+        unreachable!("the loop returns by its last send")
+    }
+
+    /// One send of a request, on a lease of its own.
+    async fn send_once(
+        &self,
+        parts: &http::request::Parts,
+        body: UpstreamBody,
+        body_sent: &CancellationToken,
+        limit: Duration,
+    ) -> Sent {
+        let (retained, mut back, unread) = Retained::new(body);
+        let lease = self.lanes.lease();
+        let req = http::Request::from_parts(parts.clone(), retained.boxed());
+        let request = lease.client().request(req);
+        let deadline = async {
+            tokio::select! {
+                _ = body_sent.cancelled() => {}
+                _ = unread.cancelled() => {}
+            }
+            tokio::time::sleep(limit).await;
+        };
+        // The body given back while the request is under way: the HTTP/2 client drops a
+        // refused stream's body a moment before or after the response fails; the HTTP/1
+        // client drops the body of a GET it sends without one and goes on, and then the body
+        // must go soon, or its pump would wait on it.
+        let mut returned: Option<UpstreamBody> = None;
+        let mut back_done = false;
+        let forget = tokio::time::sleep(Duration::MAX);
+        tokio::pin!(request, deadline, forget);
+        loop {
+            tokio::select! {
+                r = &mut request => {
+                    let e = match r {
+                        Ok(r) => return Sent::Answered(r, lease),
+                        Err(e) => e,
+                    };
+                    let body = match returned {
+                        Some(b) => Some(b),
+                        None if back_done => None,
+                        None => {
+                            let b = tokio::time::timeout(BODY_RETURN_WAIT, back).await;
+                            b.ok().and_then(Result::ok)
+                        }
+                    };
+                    return Sent::Failed(e, body);
+                }
+                b = &mut back, if !back_done => {
+                    back_done = true;
+                    returned = b.ok();
+                    forget.as_mut().reset(tokio::time::Instant::now() + BODY_RETURN_WAIT);
+                }
+                _ = &mut forget, if returned.is_some() => returned = None,
+                _ = &mut deadline => return Sent::TimedOut,
             }
         }
-        Err(e)
     }
 
     /// Where `host`'s requests go (`host:port` as configured), for the access log.
@@ -286,10 +321,14 @@ impl Upstream {
     }
 }
 
-/// Sends of one request without a body, at most, while the upstream says it did not
-/// process it: a GOAWAY or REFUSED_STREAM each time (the bound keeps an upstream that refuses
-/// every stream from holding the request in a loop).
+/// Sends of one request, at most, while the upstream says it did not process it: a GOAWAY
+/// or REFUSED_STREAM each time (the bound keeps an upstream that refuses every stream from
+/// holding the request in a loop).
 pub const MAX_SENDS: usize = 3;
+
+/// How long a refused send may take to give the body back: the HTTP/2 client drops the
+/// stream's body task when the stream ends, a moment after the response future fails.
+const BODY_RETURN_WAIT: Duration = Duration::from_secs(1);
 
 /// Upstream failures as the client sees them.
 #[derive(Debug, thiserror::Error)]
@@ -333,17 +372,12 @@ impl UpstreamError {
 
 type ClientError = hyper_util::client::legacy::Error;
 
-/// A copy of `req`, whose body is empty, to send again.
-fn without_body(req: &http::Request<UpstreamBody>) -> http::Request<UpstreamBody> {
-    use http_body_util::BodyExt;
-    let empty = http_body_util::Empty::new().map_err(|never| match never {});
-    let mut copy = http::Request::new(empty.boxed());
-    *copy.method_mut() = req.method().clone();
-    *copy.uri_mut() = req.uri().clone();
-    *copy.version_mut() = req.version();
-    *copy.headers_mut() = req.headers().clone();
-    *copy.extensions_mut() = req.extensions().clone();
-    copy
+/// How one send of a request ended.
+enum Sent {
+    Answered(http::Response<hyper::body::Incoming>, UpstreamLease),
+    TimedOut,
+    /// The error, and the body if the upstream took nothing from it.
+    Failed(ClientError, Option<UpstreamBody>),
 }
 
 /// Whether the upstream said it did not process the request (RFC 9113 8.7): its stream was
