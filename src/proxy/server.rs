@@ -175,6 +175,7 @@ pub async fn serve(
         let (ep, s) = (f.endpoint.clone(), shared.serving.clone());
         tokio::spawn(connection::accept_loop(
             ep,
+            f.gate.clone(),
             f.name,
             s,
             tracker.clone(),

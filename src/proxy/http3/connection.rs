@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use quinn::VarInt;
 use ring::rand::{SecureRandom, SystemRandom};
 use tokio::task::JoinSet;
@@ -35,6 +36,7 @@ use crate::proxy::observe::metrics::{handshake, limit, Metrics};
 use crate::proxy::quic::admission::{Attempt, Policy, Ticket, Verdict};
 use crate::proxy::quic::amplification::CLOSING_TTL;
 use crate::proxy::quic::cc;
+use crate::proxy::quic::shed::Gate;
 
 /// How long a drained connection that has not sent a request yet (a stray of a superseded
 /// process, or one whose handshake crossed the drain) may stay before it gets its GOAWAY.
@@ -42,20 +44,40 @@ pub const STRAY_GRACE: Duration = Duration::from_secs(2);
 
 /// Accepts connections on `endpoint` until it closes or `stop` is cancelled; each one runs
 /// on `tracker` so the drain can wait for them, under the drain token current when it came.
+/// Decisions the accept loop makes before it lets its worker thread run other tasks.
+const YIELD_EVERY: u32 = 64;
+
+/// Tells `gate` of each decision and of each time it finds no attempt waiting.
 pub async fn accept_loop(
     endpoint: quinn::Endpoint,
+    gate: Arc<Gate>,
     family: &'static str,
     serving: Arc<Serving>,
     tracker: TaskTracker,
     stop: CancellationToken,
 ) {
-    loop {
-        let incoming = tokio::select! {
-            i = endpoint.accept() => i,
-            _ = stop.cancelled() => break,
+    let mut decided: u32 = 0;
+    while !stop.is_cancelled() {
+        // An attempt that is ready spends no runtime budget: under a flood this loop would
+        // keep its worker thread from every other task.
+        decided = decided.wrapping_add(1);
+        if decided % YIELD_EVERY == 0 {
+            tokio::task::yield_now().await;
+        }
+        let mut next = std::pin::pin!(endpoint.accept());
+        let incoming = match next.as_mut().now_or_never() {
+            Some(i) => i,
+            None => {
+                gate.drained();
+                tokio::select! {
+                    i = next => i,
+                    _ = stop.cancelled() => break,
+                }
+            }
         };
         let Some(incoming) = incoming else { break };
         admit(incoming, family, &serving, &tracker);
+        gate.decided();
     }
 }
 

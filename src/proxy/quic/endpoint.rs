@@ -12,13 +12,14 @@ use tracing::{error, info, warn};
 use super::amplification::{Guard, GuardedSocket};
 use super::cc::CcStats;
 use super::keys::Keys;
+use super::shed::{Gate, SheddingSocket};
 use super::socket::{self, BoundSocket};
 use super::tls;
 use super::transport;
 use crate::api::SocketReport;
 use crate::config::ListenConfig;
 use crate::config::ProxyConfig;
-use crate::proxy::observe::metrics::{Metrics, FAMILY_IPV6};
+use crate::proxy::observe::metrics::{limit, Metrics, FAMILY_IPV6};
 
 /// One address family's endpoint.
 pub struct Family {
@@ -30,6 +31,8 @@ pub struct Family {
     /// Seals Retry tokens; the same for every configuration generation (and, with a keys
     /// file, every process of the listener).
     pub token_key: Arc<dyn HandshakeTokenKey>,
+    /// What the socket sheds and the accept loop decides ([`super::shed`]).
+    pub gate: Arc<Gate>,
 }
 
 /// Connection attempts quinn queues for the accept loop. The loop decides on each at once, so
@@ -228,6 +231,9 @@ pub fn endpoints(
         let endpoint_error = |source| EndpointError::Create { addr, source };
         let runtime: Arc<dyn quinn::Runtime> = Arc::new(quinn::TokioRuntime);
         let socket = runtime.wrap_udp_socket(b.socket).map_err(endpoint_error)?;
+        let shed = metrics.limits.with_label_values(&[limit::INITIAL_SHED]);
+        let gate = Gate::new(shed);
+        let socket = SheddingSocket::new(socket, gate.clone(), id.keys.cids(id.slot));
         let socket = GuardedSocket::new(socket, id.guard.clone());
         let endpoint = quinn::Endpoint::new_with_abstract_socket(
             id.keys.endpoint_config(id.slot),
@@ -243,6 +249,7 @@ pub fn endpoints(
             endpoint,
             max_udp_payload,
             token_key,
+            gate,
         });
     }
     Ok(families)

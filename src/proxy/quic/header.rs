@@ -2,8 +2,9 @@
 //! v1 packet types and lengths that let a reader step over coalesced packets (RFC 9000
 //! section 17.2), and the variable-length integer both QUIC and HTTP/3 frames use. Pure.
 //!
-//! The socket layers read this much: the reuseport program routes on it, and the
-//! amplification guard learns from it when a client has proven its address.
+//! The socket layers read this much: the reuseport program routes on it, the amplification
+//! guard learns from it when a client has proven its address, and the shedding layer tells a
+//! client's first Initial from one carrying a token.
 
 /// QUIC versions whose long-header types we know: v1 and the drafts quinn speaks (29-34),
 /// which share v1's type bits.
@@ -79,6 +80,8 @@ pub struct LongHeader<'a> {
     pub ty: u32,
     pub dcid: &'a [u8],
     pub scid: &'a [u8],
+    /// The token's length (Initial packets; 0 for the others).
+    pub token_len: usize,
     /// Bytes from the packet's first byte to its end (the next coalesced packet starts there).
     pub len: usize,
 }
@@ -106,11 +109,11 @@ pub fn long_header(b: &[u8]) -> Option<LongHeader<'_>> {
     let (dcid, at) = cid_at(b, 5)?;
     let (scid, mut at) = cid_at(b, at)?;
     let ty = u32::from(first) & TYPE_MASK;
+    let mut token_len = 0;
     if ty == TYPE_INITIAL {
-        let (token_len, n) = varint(b.get(at..)?)?;
-        at = at
-            .checked_add(n)?
-            .checked_add(usize::try_from(token_len).ok()?)?;
+        let (n_token, n) = varint(b.get(at..)?)?;
+        token_len = usize::try_from(n_token).ok()?;
+        at = at.checked_add(n)?.checked_add(token_len)?;
     } else if ty != TYPE_ZERO_RTT && ty != TYPE_HANDSHAKE {
         return None;
     }
@@ -122,6 +125,7 @@ pub fn long_header(b: &[u8]) -> Option<LongHeader<'_>> {
         ty,
         dcid,
         scid,
+        token_len,
         len,
     })
 }
