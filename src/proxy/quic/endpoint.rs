@@ -12,7 +12,7 @@ use tracing::{error, info, warn};
 use super::amplification::{Guard, GuardedSocket};
 use super::cc::CcStats;
 use super::keys::Keys;
-use super::shed::{Gate, SheddingSocket};
+use super::shed::{Gate, SheddingSocket, MAX_INCOMING};
 use super::socket::{self, BoundSocket};
 use super::tls;
 use super::transport;
@@ -35,9 +35,6 @@ pub struct Family {
     pub gate: Arc<Gate>,
 }
 
-/// Connection attempts quinn queues for the accept loop. The loop decides on each at once, so
-/// the queue is short; quinn's default (65536) would let a flood park that many Initials.
-pub const MAX_INCOMING: usize = 4096;
 /// Datagrams quinn buffers for one attempt before it is decided (a ClientHello spanning a few
 /// datagrams, 0-RTT that we refuse anyway); quinn's default is 10 MB.
 pub const INCOMING_BUFFER_BYTES: u64 = 64 * 1024;

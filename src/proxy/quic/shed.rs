@@ -50,9 +50,12 @@ use quinn::{AsyncUdpSocket, UdpPoller};
 use quinn_proto::{ConnectionId, ConnectionIdGenerator};
 
 use super::cid::{SlotCids, CID_LEN};
-use super::endpoint::MAX_INCOMING;
 use super::header::{self, TYPE_INITIAL};
 
+/// Connection attempts quinn queues for the accept loop (its `max_incoming`). The loop
+/// decides on each at once, so the queue is short; quinn's default (65536) would let a flood
+/// park that many Initials.
+pub const MAX_INCOMING: usize = 4096;
 /// Undecided attempts (as estimated) from which token-less first Initials are shed.
 pub const SHED_FROM: i64 = MAX_INCOMING as i64 / 4;
 /// Undecided attempts up to which a resent first Initial still goes on.

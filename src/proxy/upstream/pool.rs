@@ -215,7 +215,7 @@ impl Upstream {
     /// any length gets its full time for the answer. Keep the lease until the response body
     /// is done: it is the request's place on its upstream connection.
     ///
-    /// A request the upstream did not process ([`unprocessed`]) is sent again, [`MAX_SENDS`]
+    /// A request the upstream did not process (GOAWAY, REFUSED_STREAM) is sent again, [`MAX_SENDS`]
     /// times in all, while the upstream has taken nothing from its body ([`Retained`]). nginx
     /// ends every HTTP/2 connection with GOAWAY after `keepalive_requests` (1000 by default):
     /// the requests we had sent past its last stream ID were answered 502 (4-30 of 4000 in
