@@ -42,11 +42,11 @@ use crate::proxy::quic::shed::Gate;
 /// process, or one whose handshake crossed the drain) may stay before it gets its GOAWAY.
 pub const STRAY_GRACE: Duration = Duration::from_secs(2);
 
-/// Accepts connections on `endpoint` until it closes or `stop` is cancelled; each one runs
-/// on `tracker` so the drain can wait for them, under the drain token current when it came.
 /// Decisions the accept loop makes before it lets its worker thread run other tasks.
 const YIELD_EVERY: u32 = 64;
 
+/// Accepts connections on `endpoint` until it closes or `stop` is cancelled; each one runs
+/// on `tracker` so the drain can wait for them, under the drain token current when it came.
 /// Tells `gate` of each decision and of each time it finds no attempt waiting.
 pub async fn accept_loop(
     endpoint: quinn::Endpoint,

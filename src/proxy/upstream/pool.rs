@@ -282,7 +282,8 @@ impl Upstream {
                     };
                     let body = match returned {
                         Some(b) => Some(b),
-                        None if back_done => None,
+                        // Only a request the upstream did not process may go again.
+                        None if back_done || !unprocessed(&e) => None,
                         None => {
                             let b = tokio::time::timeout(BODY_RETURN_WAIT, back).await;
                             b.ok().and_then(Result::ok)
