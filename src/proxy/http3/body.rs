@@ -22,7 +22,7 @@ use tracing::debug;
 
 use super::streams;
 use crate::proxy::observe::metrics::{limit, rejected, Metrics};
-use crate::proxy::upstream::{BoxError, UpstreamBody};
+use crate::proxy::upstream::{empty_body, BoxError, UpstreamBody};
 
 pub type SendHalf = RequestStream<streams::SendHalf, Bytes>;
 pub type RecvHalf = RequestStream<streams::GuardedRecv, Bytes>;
@@ -160,9 +160,7 @@ fn complete(data: Option<Bytes>, trailers: Option<http::HeaderMap>) -> UpstreamB
         (Some(data), None) => http_body_util::Full::new(data)
             .map_err(|never| match never {})
             .boxed(),
-        (None, None) => http_body_util::Empty::new()
-            .map_err(|never| match never {})
-            .boxed(),
+        (None, None) => empty_body(),
         (data, Some(t)) => {
             let frames: Vec<Result<Frame<Bytes>, BoxError>> = data
                 .map(Frame::data)
@@ -410,10 +408,11 @@ struct ChannelBody {
     sent: CancellationToken,
 }
 
-/// The HTTP/1 client drops a body it will not send without reading it: a GET or HEAD of
-/// unknown length goes out with `content-length: 0`, which is what a GET whose stream FIN
-/// came in a later packet than its HEADERS looks like. The response timeout must run from
-/// then too, or such a request would wait for its upstream with no limit at all.
+/// Dropped, the body will be read no further, so the response timeout runs from then: an
+/// upstream that stopped reading it part-way still owes its answer within the limit. (A body
+/// dropped before its first frame, such as the HTTP/1 client's for a GET of unknown length,
+/// is `upstream::retained`'s case: that layer starts the timer and keeps the body for a
+/// second send, so this drop comes later.)
 impl Drop for ChannelBody {
     fn drop(&mut self) {
         self.sent.cancel();

@@ -28,3 +28,11 @@ pub use verify::{client_tls, UpstreamSetupError};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type UpstreamBody = BoxBody<Bytes, BoxError>;
+
+/// An empty request body.
+pub fn empty_body() -> UpstreamBody {
+    use http_body_util::BodyExt;
+    http_body_util::Empty::new()
+        .map_err(|never| match never {})
+        .boxed()
+}

@@ -19,7 +19,7 @@ use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::{BoxError, UpstreamBody};
+use super::{empty_body, BoxError, UpstreamBody};
 
 /// One send's body; see the module's doc.
 pub struct Retained {
@@ -81,7 +81,7 @@ impl Body for Retained {
             // this one was (a finished body need not answer a second poll the same way).
             Poll::Ready(None) => {
                 this.unread = CancellationToken::new();
-                this.inner = Some(empty());
+                this.inner = Some(empty_body());
             }
             Poll::Ready(Some(_)) => {
                 this.back = None;
@@ -100,13 +100,6 @@ impl Body for Retained {
             .as_ref()
             .map_or_else(|| SizeHint::with_exact(0), |b| b.size_hint())
     }
-}
-
-/// An empty request body.
-pub fn empty() -> UpstreamBody {
-    http_body_util::Empty::new()
-        .map_err(|never| match never {})
-        .boxed()
 }
 
 #[cfg(test)]
@@ -141,7 +134,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_empty_body_read_to_its_end_comes_back_empty() {
-        let (mut r, back, unread) = Retained::new(empty());
+        let (mut r, back, unread) = Retained::new(empty_body());
         assert!(r.frame().await.is_none());
         drop(r);
         assert!(!unread.is_cancelled(), "its end was read");
