@@ -17,14 +17,17 @@
 //! - an Initial with a token (a client answering our Retry, or with a NEW_TOKEN token) always
 //!   goes on: three quarters of the queue stay free for it;
 //! - an Initial to a connection ID of ours (a handshake already under way) always goes on;
-//! - a token-less first Initial goes on below [`SHED_FROM`], and otherwise only if it is a
-//!   resend (the same source address, port and destination ID as one shed before, but another
+//! - a token-less first Initial goes on below [`SHED_FROM`] and within [`FIRST_PER_SECOND`],
+//!   and otherwise only if it is a resend (the same source address, port and destination ID as one shed before, but another
 //!   packet: a client's resend has a new packet number, so other ciphertext; remembered
 //!   in a table of [`RESEND_SLOTS`] fingerprints, for [`RESEND_WINDOW`]) and the backlog is
 //!   below [`RESENDS_UNTIL`].
 //!   A client resends its first Initial on its probe timeout; a spoofer with a new source per
 //!   datagram never does. So a real client's first Initial gets through at its first or
-//!   second send, and the flood gets through only at the rate the accept loop decides. A
+//!   second send, and the flood gets through only at the rate the accept loop decides, at
+//!   most [`FIRST_PER_SECOND`]. Without that rate the accept loop's Retries took most of a
+//!   core at 200,000 Initials a second, the socket overflowed (the kernel drops without
+//!   looking), and a real client's handshake took 6.2 s (five probe timeouts) in a CI run. A
 //!   flood that replays the same datagrams is not resending. (One that sends other bytes in
 //!   each spoofed Initial's name within the window passes as resends, up to
 //!   [`RESENDS_UNTIL`], and costs quinn a decryption each: the quarter of the queue kept for
@@ -71,6 +74,14 @@ pub const RESEND_SLOTS: usize = 1 << 20;
 pub const RESEND_WINDOW: Duration = Duration::from_secs(2);
 /// The clock of the fingerprints: 16 bits of 50 ms ticks.
 const TICK: Duration = Duration::from_millis(50);
+/// Token-less first Initials a second that go on to quinn even below [`SHED_FROM`], in a
+/// burst of up to [`FIRST_BURST`]. Each costs quinn a decryption and the accept loop a Retry
+/// (about 17 us together): 8,192 a second is a seventh of a core, and the rest of the core is
+/// left to draining the socket, whose overflow the gate cannot choose among. Past it a client
+/// gets through on its resend, which this rate does not hold back.
+pub const FIRST_PER_SECOND: u64 = 8_192;
+/// The burst of [`FIRST_PER_SECOND`].
+pub const FIRST_BURST: u64 = SHED_FROM as u64;
 /// The smallest datagram quinn makes a connection attempt of (RFC 9000 section 14.1).
 const MIN_INITIAL_DATAGRAM: usize = 1200;
 /// Receive batches shed whole in one poll before the endpoint's task is made to yield: quinn
@@ -99,8 +110,8 @@ impl Gate {
         })
     }
 
-    fn micros(&self) -> u64 {
-        self.epoch.elapsed().as_micros() as u64
+    fn micros(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.epoch).as_micros() as u64
     }
 
     /// The accept loop decided on one attempt.
@@ -108,7 +119,8 @@ impl Gate {
         let _ = (self.backlog).fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
             Some((b - 1).max(0))
         });
-        self.last_move.store(self.micros(), Ordering::Relaxed);
+        self.last_move
+            .store(self.micros(Instant::now()), Ordering::Relaxed);
     }
 
     /// The accept loop found no attempt waiting.
@@ -116,14 +128,17 @@ impl Gate {
         self.backlog.store(0, Ordering::Relaxed);
     }
 
-    /// The estimate now, zeroed when stale.
-    fn backlog(&self) -> i64 {
+    /// The estimate at `now`, zeroed when stale. (A decision on another thread may come
+    /// after `now`.)
+    fn backlog(&self, now: Instant) -> i64 {
         let b = self.backlog.load(Ordering::Relaxed);
         if b > 0 {
-            let idle = self.micros() - self.last_move.load(Ordering::Relaxed);
+            let idle = self
+                .micros(now)
+                .saturating_sub(self.last_move.load(Ordering::Relaxed));
             if idle > STALE.as_micros() as u64 {
                 self.backlog.store(0, Ordering::Relaxed);
-                self.last_move.store(self.micros(), Ordering::Relaxed);
+                self.last_move.store(self.micros(now), Ordering::Relaxed);
                 return 0;
             }
         }
@@ -147,11 +162,46 @@ pub enum Kind {
     First,
 }
 
-/// Whether a datagram goes on to quinn, given the backlog and whether it is a resend.
-pub fn passes(kind: Kind, backlog: i64, resend: bool) -> bool {
+/// Whether a datagram goes on to quinn, given the backlog; for a first Initial, `credit`
+/// takes one of [`FIRST_PER_SECOND`] and `resend` tells (and remembers) a resend, each asked
+/// only when it decides.
+pub fn passes(
+    kind: Kind,
+    backlog: i64,
+    credit: impl FnOnce() -> bool,
+    resend: impl FnOnce() -> bool,
+) -> bool {
     match kind {
         Kind::Other | Kind::Token => true,
-        Kind::First => backlog < SHED_FROM || (resend && backlog < RESENDS_UNTIL),
+        Kind::First => (backlog < SHED_FROM && credit()) || (resend() && backlog < RESENDS_UNTIL),
+    }
+}
+
+/// The credit of [`FIRST_PER_SECOND`].
+#[derive(Debug)]
+struct Credit {
+    /// In millionths of a first Initial.
+    micro: u64,
+    at: Instant,
+}
+
+impl Credit {
+    fn new(now: Instant) -> Self {
+        Credit {
+            micro: FIRST_BURST * 1_000_000,
+            at: now,
+        }
+    }
+
+    fn take(&mut self, now: Instant) -> bool {
+        let gained = now.saturating_duration_since(self.at).as_micros() as u64 * FIRST_PER_SECOND;
+        self.at = now;
+        self.micro = (self.micro + gained).min(FIRST_BURST * 1_000_000);
+        if self.micro < 1_000_000 {
+            return false;
+        }
+        self.micro -= 1_000_000;
+        true
     }
 }
 
@@ -238,7 +288,13 @@ pub struct SheddingSocket {
     inner: Arc<dyn AsyncUdpSocket>,
     gate: Arc<Gate>,
     ours: SlotCids,
-    resends: Mutex<Resends>,
+    firsts: Mutex<Firsts>,
+}
+
+/// What the socket keeps of first Initials.
+struct Firsts {
+    credit: Credit,
+    resends: Resends,
 }
 
 impl std::fmt::Debug for SheddingSocket {
@@ -255,13 +311,16 @@ impl SheddingSocket {
             inner,
             gate,
             ours,
-            resends: Mutex::new(Resends::new()),
+            firsts: Mutex::new(Firsts {
+                credit: Credit::new(Instant::now()),
+                resends: Resends::new(),
+            }),
         })
     }
 
     /// Whether one received entry goes on. A GRO batch (several datagrams of one source)
     /// always does: a flood from new sources is never batched.
-    fn keep(&self, data: &[u8], m: &RecvMeta) -> bool {
+    fn keep(&self, data: &[u8], m: &RecvMeta, now: Instant) -> bool {
         if m.len > m.stride {
             return true;
         }
@@ -270,15 +329,17 @@ impl SheddingSocket {
         if kind == Kind::Other {
             return true;
         }
-        let backlog = self.gate.backlog();
-        let resend = kind == Kind::First
-            && backlog >= SHED_FROM
-            && self
-                .resends
-                .lock()
-                .expect("resends lock")
-                .seen(m.addr, &read, Instant::now());
-        if passes(kind, backlog, resend) {
+        let backlog = self.gate.backlog(now);
+        let mut firsts = self.firsts.lock().expect("first Initials lock");
+        let Firsts { credit, resends } = &mut *firsts;
+        let pass = passes(
+            kind,
+            backlog,
+            || credit.take(now),
+            || resends.seen(m.addr, &read, now),
+        );
+        drop(firsts);
+        if pass {
             self.gate.passed();
             return true;
         }
@@ -288,10 +349,12 @@ impl SheddingSocket {
 
     /// Moves the entries that go on to the front; how many there are.
     fn sift(&self, bufs: &mut [IoSliceMut<'_>], meta: &mut [RecvMeta], n: usize) -> usize {
+        // One clock read a batch: the batch came off the socket at once.
+        let now = Instant::now();
         let mut kept = 0;
         for i in 0..n {
             let len = meta[i].len.min(bufs[i].len());
-            if self.keep(&bufs[i][..len], &meta[i]) {
+            if self.keep(&bufs[i][..len], &meta[i], now) {
                 bufs.swap(i, kept);
                 meta.swap(i, kept);
                 kept += 1;
@@ -407,15 +470,50 @@ mod tests {
     }
 
     #[test]
-    fn first_initials_are_shed_past_a_quarter_and_resends_until_three_quarters() {
-        assert!(passes(Kind::First, SHED_FROM - 1, false));
-        assert!(!passes(Kind::First, SHED_FROM, false));
-        assert!(passes(Kind::First, SHED_FROM, true));
-        assert!(!passes(Kind::First, RESENDS_UNTIL, true));
+    fn first_initials_are_shed_past_a_quarter_or_their_rate_and_resends_until_three_quarters() {
+        let yes = || true;
+        let no = || false;
+        assert!(passes(Kind::First, SHED_FROM - 1, yes, no));
+        assert!(!passes(Kind::First, SHED_FROM - 1, no, no), "no credit");
+        assert!(
+            passes(Kind::First, SHED_FROM - 1, no, yes),
+            "no credit, a resend"
+        );
+        assert!(!passes(Kind::First, SHED_FROM, yes, no));
+        assert!(passes(Kind::First, SHED_FROM, yes, yes));
+        assert!(!passes(Kind::First, RESENDS_UNTIL, yes, yes));
         for b in [0, SHED_FROM, RESENDS_UNTIL, i64::MAX] {
-            assert!(passes(Kind::Token, b, false), "{b}");
-            assert!(passes(Kind::Other, b, false), "{b}");
+            assert!(passes(Kind::Token, b, no, no), "{b}");
+            assert!(passes(Kind::Other, b, no, no), "{b}");
         }
+        // A credit that would go unused is not taken; a resend is remembered whenever a
+        // first Initial is not let through on credit.
+        let mut asked = false;
+        assert!(passes(
+            Kind::First,
+            SHED_FROM,
+            || panic!("credit"),
+            || {
+                asked = true;
+                true
+            }
+        ));
+        assert!(asked);
+        assert!(passes(Kind::First, 0, yes, || panic!("resend")));
+    }
+
+    #[test]
+    fn the_credit_is_a_burst_then_the_rate() {
+        let t = Instant::now();
+        let mut c = Credit::new(t);
+        let burst = (0..FIRST_BURST * 2).filter(|_| c.take(t)).count();
+        assert_eq!(burst as u64, FIRST_BURST);
+        let later = t + Duration::from_millis(100);
+        let then = (0..FIRST_PER_SECOND).filter(|_| c.take(later)).count();
+        assert_eq!(then as u64, FIRST_PER_SECOND / 10);
+        let much_later = later + Duration::from_secs(60);
+        let capped = (0..FIRST_BURST * 2).filter(|_| c.take(much_later)).count();
+        assert_eq!(capped as u64, FIRST_BURST);
     }
 
     #[test]
@@ -455,13 +553,17 @@ mod tests {
             g.passed();
         }
         g.decided();
-        assert_eq!(g.backlog(), 2);
+        assert_eq!(g.backlog(Instant::now()), 2);
         g.drained();
-        assert_eq!(g.backlog(), 0);
+        assert_eq!(g.backlog(Instant::now()), 0);
         g.decided();
-        assert_eq!(g.backlog(), 0, "never below zero");
+        assert_eq!(g.backlog(Instant::now()), 0, "never below zero");
         g.passed();
         std::thread::sleep(STALE * 2);
-        assert_eq!(g.backlog(), 0, "no decision for longer than STALE");
+        assert_eq!(
+            g.backlog(Instant::now()),
+            0,
+            "no decision for longer than STALE"
+        );
     }
 }
