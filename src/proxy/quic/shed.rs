@@ -18,10 +18,10 @@
 //!   goes on: three quarters of the queue stay free for it;
 //! - an Initial to a connection ID of ours (a handshake already under way) always goes on;
 //! - a token-less first Initial goes on below [`SHED_FROM`] and within [`FIRST_PER_SECOND`],
-//!   and otherwise only if it is a resend (the same source address, port and destination ID as one shed before, but another
-//!   packet: a client's resend has a new packet number, so other ciphertext; remembered
-//!   in a table of [`RESEND_SLOTS`] fingerprints, for [`RESEND_WINDOW`]) and the backlog is
-//!   below [`RESENDS_UNTIL`].
+//!   and otherwise only if it is a resend (the same source address, port and destination ID
+//!   as one shed before, but another packet: a client's resend has a new packet number, so
+//!   other ciphertext; remembered in a table of [`RESEND_SLOTS`] fingerprints, for
+//!   [`RESEND_WINDOW`]) and the backlog is below [`RESENDS_UNTIL`].
 //!   A client resends its first Initial on its probe timeout; a spoofer with a new source per
 //!   datagram never does. So a real client's first Initial gets through at its first or
 //!   second send, and the flood gets through only at the rate the accept loop decides, at
@@ -194,9 +194,13 @@ impl Credit {
     }
 
     fn take(&mut self, now: Instant) -> bool {
-        let gained = now.saturating_duration_since(self.at).as_micros() as u64 * FIRST_PER_SECOND;
+        let waited = now.saturating_duration_since(self.at).as_micros() as u64;
         self.at = now;
-        self.micro = (self.micro + gained).min(FIRST_BURST * 1_000_000);
+        let gained = waited.saturating_mul(FIRST_PER_SECOND);
+        self.micro = self
+            .micro
+            .saturating_add(gained)
+            .min(FIRST_BURST * 1_000_000);
         if self.micro < 1_000_000 {
             return false;
         }
