@@ -76,6 +76,8 @@ struct Jobs {
     pool: String,
     /// The ServiceMonitor's: the name of the Service it selects.
     operator: String,
+    /// Its scrape pool: `serviceMonitor/NAMESPACE/NAME/0`.
+    operator_pool: String,
     /// The PrometheusRule's name.
     rule: String,
 }

@@ -22,6 +22,14 @@ fn series_names(exposition: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// How long a monitor created after Prometheus started may take to be scraped: the Prometheus
+/// Operator writes the config into a Secret, and Prometheus sees it once the kubelet has synced
+/// that Secret into its pod, minutes at worst (166 s measured once for the ScrapeConfig). The
+/// chart's monitors come in one `helm install`, yet the operator may write them in two configs:
+/// once the PodMonitor's data-plane targets were scraped at once and the ServiceMonitor's
+/// operator target not within 150 s.
+const CONFIG_SYNC_SECS: u64 = 300;
+
 /// An alert's state as `ALERTS` has it; inactive alerts have no series.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum AlertState {
@@ -61,7 +69,13 @@ impl Monitoring {
             dp.sort();
             let op = self.prom.query(&q_op).await?;
             let op: Vec<&str> = op.iter().map(|s| s.value.as_str()).collect();
-            let got = format!("data plane {dp:?}; operator {op:?}");
+            let mut got = format!("data plane {dp:?}; operator {op:?}");
+            if op.is_empty() {
+                // Whether Prometheus has the ServiceMonitor's job yet, should this fail.
+                let pool = &self.jobs.operator_pool;
+                let n = self.prom.active_targets(pool).await?.len();
+                got.push_str(&format!(" ({n} active targets in {pool})"));
+            }
             Ok((dp == want && op == ["1"], got))
         })
         .await;
@@ -75,10 +89,8 @@ impl Monitoring {
         )
     }
 
-    /// The TCP ingress's exporters (the share's denominator) scraped through the ScrapeConfig.
-    /// Prometheus learns of it only once the kubelet has synced the operator-written config
-    /// Secret into its pod (minutes at worst: 166 s measured once), so this is waited for on
-    /// its own, before any query needs its series.
+    /// The TCP ingress's exporters (the share's denominator) scraped through the ScrapeConfig,
+    /// waited for on its own ([`CONFIG_SYNC_SECS`]) before any query needs its series.
     async fn exporters_up(&mut self, secs: u64) -> Result<()> {
         let q = format!("up{{job=\"scrapeConfig/{PROM_NS}/{SCRAPE_CONFIG}\"}}");
         let mut want: Vec<String> = (self.env.ips.iter())
@@ -172,8 +184,8 @@ impl Monitoring {
 
     pub(super) async fn targets(&mut self, run: &mut Run) -> Result<()> {
         run.step("targets: every data plane pod, the operator and the TCP ingress's exporters scraped (up == 1), each with its series");
-        self.targets_up(150).await?;
-        self.exporters_up(300).await?;
+        self.targets_up(CONFIG_SYNC_SECS).await?;
+        self.exporters_up(CONFIG_SYNC_SECS).await?;
         self.series().await
     }
 

@@ -244,6 +244,7 @@ impl Monitoring {
             data_plane: format!("{NS_OP}/{}", pm.name_any()),
             pool: format!("podMonitor/{NS_OP}/{}/0", pm.name_any()),
             operator: services[0].clone(),
+            operator_pool: format!("serviceMonitor/{NS_OP}/{}/0", sm.name_any()),
             rule: rule.name_any(),
         };
         ok(format!(
