@@ -154,7 +154,8 @@ pub mod limit {
     pub const AMPLIFICATION: &str = "amplification";
     /// An Initial dropped because too many sources were awaiting a decision.
     pub const INITIAL_BACKLOG: &str = "initial_backlog";
-    /// A client's first Initial dropped at the socket while the accept loop was behind.
+    /// A client's first Initial dropped at the socket while the accept loop was behind or past
+    /// the rate of first Initials.
     pub const INITIAL_SHED: &str = "initial_shed";
 
     pub const ALL: &[&str] = &[

@@ -198,7 +198,7 @@ pub struct Identity<'a> {
 
 /// A quinn endpoint on each bound socket, serving `config`, with the identity of `id`, its sends
 /// to unvalidated addresses held to 3x by the guard, and first Initials shed at the socket while
-/// its accept loop is behind ([`super::shed`]).
+/// its accept loop is behind or past their rate ([`super::shed`]).
 pub fn endpoints(
     sockets: Vec<BoundSocket>,
     config: &ProxyConfig,

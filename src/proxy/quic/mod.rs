@@ -9,8 +9,8 @@
 //! - [`admission`]: Retry or refusal at a cap for each attempt; [`amplification`]: replies to
 //!   unvalidated addresses held to 3x at the socket ([`header`] reads the datagrams' long
 //!   headers for it)
-//! - [`shed`]: first Initials dropped at the socket while the accept loop is behind, so a
-//!   client answering a Retry finds room in quinn's queue
+//! - [`shed`]: first Initials dropped at the socket while the accept loop is behind or past
+//!   their rate, so a client answering a Retry finds room in quinn's queue
 //! - [`keys`], [`cid`]: the endpoint's identity (reset, Retry and connection-ID keys) and the
 //!   process slot in every connection ID, so restarts and rollouts keep connections
 //!

@@ -1,5 +1,6 @@
-//! First Initials shed at the socket while the accept loop is behind, so that a client
-//! answering our Retry always finds a place in quinn's queue of connection attempts.
+//! First Initials shed at the socket while the accept loop is behind or past their rate, so
+//! that a client answering our Retry always finds a place in quinn's queue of connection
+//! attempts and the socket keeps the core it needs to drain.
 //!
 //! quinn keeps at most [`MAX_INCOMING`] attempts awaiting the accept loop and ignores any
 //! Initial beyond them, whatever it carries. A spoofed flood from a new source per datagram
@@ -287,7 +288,8 @@ impl Resends {
     }
 }
 
-/// A UDP socket that sheds first Initials while its endpoint's accept loop is behind.
+/// A UDP socket that sheds first Initials while its endpoint's accept loop is behind or past
+/// [`FIRST_PER_SECOND`].
 pub struct SheddingSocket {
     inner: Arc<dyn AsyncUdpSocket>,
     gate: Arc<Gate>,

@@ -5,12 +5,12 @@ entries within its lifetime. For reference, 200,000/s from only 1,000 sources (t
 datagrams replayed). A legitimate client opens a new connection (a handshake) for every
 request throughout; every one must be served, and its handshake must not wait for the flood
 to end: p99 within 1 s at 60,000/s and 5 s at 200,000/s. The socket sheds first Initials once
-the accept loop is behind (src/proxy/quic/shed.rs; checked at 200,000/s: initial_shed moved),
-so the Initial with a Retry's token finds room in quinn's queue. Without that, on this 2-core
-machine with the sender on one core, a handshake begun during the flood completed only when
-the flood stopped (7.9 s). Runs in a network namespace of its own: the flood stays off the
-machine's loopback, and the replies to the spoofed sources go nowhere. The figures are only
-comparable at low load: each line gives the load average."""
+the accept loop is behind or past their rate (src/proxy/quic/shed.rs; checked at 200,000/s:
+initial_shed moved), so the Initial with a Retry's token finds room in quinn's queue.
+Without that, on this 2-core machine with the sender on one core, a handshake begun during
+the flood completed only when the flood stopped (7.9 s). Runs in a network namespace of its
+own: the flood stays off the machine's loopback, and the replies to the spoofed sources go
+nowhere. The figures are only comparable at low load: each line gives the load average."""
 
 import asyncio
 import os
